@@ -1,0 +1,155 @@
+"""What workers and mxdelay's servers say to each other: keys, commands and replies.
+
+Keys
+----
+MXNet's native worker sends a key of fewer than ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements to
+server ``(key * 9973) % num_servers``. mxdelay chooses its integer keys so that this formula
+lands every key on the server it wants:
+
+- one *status* key per server (``status_key(s)``), a small array through which the server
+  answers the hand-shake and the commands (text encoded as float32 byte values);
+- ``R`` *slot* keys per tensor chunk (``slot_key(chunk, slot)``), all on the chunk's server.
+
+Commands
+--------
+MXNet hands the Python controller only command id 0, with a NUL-free text body. Every mxdelay
+command is ``'mxdelay:' + name + ' ' + json_body`` on id 0 (:func:`encode_command`); the
+server dispatches on ``name`` (:class:`Command`). A reply is written into the requesting
+worker's segment of the server's status key and read back with a pull.
+"""
+import base64
+import enum
+import json
+import pickle
+
+import numpy as np
+
+__all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN',
+           'KeyLayout', 'encode_command', 'decode_command', 'encode_reply', 'decode_reply',
+           'pack_object', 'unpack_object']
+
+PROTOCOL_VERSION = 1
+#: First two entries of every reply; a stock MXNet server leaves the status key at zero.
+MAGIC = (7301.0, 1789.0)
+COMMAND_PREFIX = 'mxdelay:'
+#: Float32 entries per worker in a status key: 2 magic + ok flag + length + text bytes.
+REPLY_LEN = 1 << 14
+_HEADER = 4
+_MXNET_KEY_MULTIPLIER = 9973  # src/kvstore/kvstore_dist.h, EncodeDefaultKey
+
+
+class Command(str, enum.Enum):
+    """Controller commands, each with a JSON body (a dict)."""
+    HELLO = 'hello'            # {rank, num_workers, slots, protocol, config}: first command
+    REGISTER = 'register'      # {chunks: [[chunk_id, param_index, name, lr_mult, wd_mult]]}
+    OPTIMIZER = 'optimizer'    # {rank, optimizer: pack_object(Optimizer)}
+    SET_LR = 'set_lr'          # {rank, lr}
+    SAVE = 'save'              # {rank, paths}: server i writes paths[i] (weights, optimizer, rounds)
+    LOAD = 'load'              # {rank, paths}: server i validates paths[i], then restores it
+    STATS = 'stats'            # {rank}: reply with per-chunk rounds and pending counts
+
+
+def encode_command(command, body):
+    """Return the NUL-free text of `command` with JSON `body`, for command id 0."""
+    return '%s%s %s' % (COMMAND_PREFIX, Command(command).value, json.dumps(body))
+
+
+def decode_command(text):
+    """Parse a command body; return ``(Command, dict)``.
+
+    Raises
+    ------
+    ValueError
+        If `text` is not an mxdelay command (wrong prefix, unknown name or bad JSON).
+    """
+    if isinstance(text, bytes):
+        text = text.decode('utf-8', 'replace')
+    if not text.startswith(COMMAND_PREFIX):
+        raise ValueError('not an mxdelay command (no %r prefix): %.60r' % (COMMAND_PREFIX, text))
+    name, _, body = text[len(COMMAND_PREFIX):].partition(' ')
+    try:
+        command = Command(name)
+    except ValueError:
+        raise ValueError('unknown mxdelay command %r; known: %s'
+                         % (name, ', '.join(c.value for c in Command))) from None
+    try:
+        return command, json.loads(body)
+    except json.JSONDecodeError as err:
+        raise ValueError('command %s has a malformed JSON body: %s' % (name, err)) from None
+
+
+def pack_object(obj):
+    """Pickle `obj` into NUL-free ASCII text (base64) for a command body."""
+    return base64.b64encode(pickle.dumps(obj, protocol=4)).decode('ascii')
+
+
+def unpack_object(text):
+    """Inverse of :func:`pack_object`."""
+    return pickle.loads(base64.b64decode(text.encode('ascii')))
+
+
+def encode_reply(ok, payload):
+    """Encode a reply (`ok` flag and a JSON-able `payload`) as a float32 segment."""
+    data = json.dumps(payload).encode('utf-8')
+    if len(data) > REPLY_LEN - _HEADER:
+        ok, data = False, json.dumps('reply of %d bytes is too long for the status key'
+                                     % len(data)).encode('utf-8')
+    out = np.zeros(REPLY_LEN, dtype=np.float32)
+    out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, len(data))
+    out[_HEADER:_HEADER + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    return out
+
+
+def decode_reply(segment):
+    """Decode a reply segment; return ``(ok, payload)``, or None if no mxdelay server wrote it."""
+    segment = np.asarray(segment)
+    if tuple(segment[:2]) != MAGIC:
+        return None
+    length = int(segment[3])
+    text = segment[_HEADER:_HEADER + length].astype(np.uint8).tobytes().decode('utf-8')
+    return bool(segment[2]), json.loads(text)
+
+
+class KeyLayout(object):
+    """The integer keys of a job with `num_servers` servers and `slots` slot keys per chunk.
+
+    Parameters
+    ----------
+    num_servers : int
+        Number of servers of the job.
+    slots : int
+        Slot keys per chunk (the slack plus one).
+    """
+
+    def __init__(self, num_servers, slots):
+        if not 1 <= num_servers < _MXNET_KEY_MULTIPLIER:
+            raise ValueError('num_servers=%d is outside 1..%d' % (num_servers, _MXNET_KEY_MULTIPLIER - 1))
+        self.num_servers = num_servers
+        self.slots = slots
+        # residue[s]: the key residue modulo num_servers that MXNet sends to server s
+        self._residue = [0] * num_servers
+        for r in range(num_servers):
+            self._residue[(r * _MXNET_KEY_MULTIPLIER) % num_servers] = r
+
+    def _key(self, index, server):
+        return index * self.num_servers + self._residue[server]
+
+    def status_key(self, server):
+        """Key of server `server`'s status array."""
+        return self._key(0, server)
+
+    def slot_key(self, chunk, slot, server):
+        """Key of slot `slot` of chunk `chunk`, placed on server `server`."""
+        return self._key(1 + chunk * self.slots + slot, server)
+
+    def decode(self, key):
+        """Return ``('status', None, None)`` or ``('slot', chunk, slot)`` for `key`."""
+        index = key // self.num_servers
+        if index == 0:
+            return 'status', None, None
+        chunk, slot = divmod(index - 1, self.slots)
+        return 'slot', chunk, slot
+
+    def server_of(self, key):
+        """The server MXNet sends `key` to."""
+        return (key * _MXNET_KEY_MULTIPLIER) % self.num_servers

@@ -1,0 +1,340 @@
+"""mxdelay's parameter server: claim 4's server flow with exact rounds.
+
+MXNet's native server runs in *sync mode*: for every key it sums the pushes until it holds
+one from each of the N workers, then calls the updater once and acknowledges the N pushes.
+mxdelay's worker (:class:`kvstore_ext.DistDelay`) gives every chunk of every tensor R
+*slot keys* and pushes round t into slot ``t mod R``, so the native sum of a slot is exactly
+one round (a worker's next push into a slot waits for the slot's previous round to be
+acknowledged). This controller's updater turns slot completions back into one global update
+per chunk per round:
+
+- it keeps the authoritative weights ``W`` and the optimizer state of every chunk;
+- when round t of chunk c completes (in slot ``t mod R``) it applies the optimizer once to
+  ``W`` with the round's summed gradient and writes ``W_{t+1}`` into that slot's stored
+  value, which the native server returns to every pull of the slot;
+- rounds are applied in order: a round that completes before an earlier one (a worker's
+  engine may send two pushes of different slots out of order) is held until the earlier
+  rounds are applied, and the worker's pull waits for all earlier rounds (see
+  ``DistDelay.pull``), so a pull after round t returns exactly ``W_{t+1}``.
+
+Memory per chunk of n floats: the native server's R stored values and R merge buffers, the
+authoritative weights, the optimizer state (n per momentum buffer), plus a copy of a round's
+gradient while it waits for an earlier round: (2R + 1 + state) * n floats.
+
+Commands (:class:`kvstore_ext.protocol.Command`) arrive on MXNet's command id 0; replies go
+into the requesting worker's segment of this server's status key.
+"""
+import logging
+import os
+import pickle
+import tempfile
+import types
+
+import numpy as np
+import mxnet as mx
+from mxnet.kvstore import KVStoreServer
+
+from mxdelay import env
+from . import protocol
+from .protocol import Command
+
+__all__ = ['DelayServer', 'serve', 'SERVER_STATE_FORMAT']
+
+_LOG = logging.getLogger(__name__)
+SERVER_STATE_FORMAT = 'mxdelay-server-state'
+_STATE_VERSION = 1
+
+
+class DelayServer(KVStoreServer):
+    """A ``KVStoreServer`` whose controller and updater implement mxdelay's server flow.
+
+    Parameters
+    ----------
+    kvstore : mxnet.kvstore.KVStore
+        The native distributed store of this server process (``mx.kv.create('dist')``).
+    """
+
+    def __init__(self, kvstore):
+        super(DelayServer, self).__init__(kvstore)
+        # ps-lite answers rank and group size only once the server runs (before: segfault).
+        self._server_rank = None
+        self._num_workers = None
+        self._layout = None            # protocol.KeyLayout, from the hand-shake
+        self._hellos = {}              # worker rank -> hello body
+        self._status = None            # this server's status key (NDArray), from the hand-shake
+        self._optimizer = None
+        self._updater = None           # mx.optimizer.Updater over chunk ids
+        self._chunks = {}              # chunk id -> registration dict
+        self._weights = {}             # chunk id -> authoritative weights W
+        self._next_round = {}          # chunk id -> round whose completion is applied next
+        self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
+        self._held = {}                # chunk id -> {round: (gradient copy, stored)}
+        self._handlers = {
+            Command.HELLO: self._on_hello,
+            Command.REGISTER: self._on_register,
+            Command.OPTIMIZER: self._on_optimizer,
+            Command.SET_LR: self._on_set_lr,
+            Command.SAVE: self._on_save,
+            Command.LOAD: self._on_load,
+            Command.STATS: self._on_stats,
+        }
+
+    # -- controller ------------------------------------------------------------------------
+    def _controller(self):
+        def server_controller(cmd_id, cmd_body, _):
+            if self._server_rank is None:
+                self._server_rank = self.kvstore.rank
+                self._num_workers = self.kvstore.num_workers
+            if self._updater_not_installed():
+                # The native server needs the updater before any round completes, and it can
+                # only be installed once the server runs, i.e. from here (SPEC section 3).
+                self.kvstore._set_updater(self._on_round)
+            rank = None
+            try:
+                if cmd_id != 0:
+                    raise ValueError('command id %d is not mxdelay\'s (only id 0 reaches '
+                                     'the controller)' % cmd_id)
+                command, body = protocol.decode_command(cmd_body)
+                rank = body.get('rank')
+                reply = self._handlers[command](body)
+                if reply is not None:
+                    self._reply(rank, True, reply)
+            except Exception as err:  # pylint: disable=broad-except
+                # An exception must not escape into ctypes: log it and tell the worker.
+                _LOG.error('server %d: command failed: %s', self._server_rank, err)
+                if rank is not None and self._status is not None:
+                    self._reply(rank, False, str(err))
+        return server_controller
+
+    def _updater_not_installed(self):
+        return self.kvstore._updater is None
+
+    def _reply(self, rank, ok, payload):
+        segment = self._status[rank * protocol.REPLY_LEN:(rank + 1) * protocol.REPLY_LEN]
+        segment[:] = protocol.encode_reply(ok, payload)
+        # The worker pulls right after the command returns; the native pull copies the
+        # stored bytes without waiting on the engine.
+        segment.wait_to_read()
+
+    def _on_hello(self, body):
+        if body.get('protocol') != protocol.PROTOCOL_VERSION:
+            raise ValueError('worker speaks protocol %s, this server %d: install the same '
+                             'mxdelay version everywhere' % (body.get('protocol'),
+                                                             protocol.PROTOCOL_VERSION))
+        num_servers = env.get_int('DMLC_NUM_SERVER') or 1
+        self._layout = protocol.KeyLayout(num_servers, int(body['slots']))
+        self._hellos[int(body['rank'])] = body
+        return None  # answered when the hand-shake round completes
+
+    def _hello_reply(self):
+        reference = self._hellos.get(0)
+        if len(self._hellos) != self._num_workers or reference is None:
+            return False, ('server %d heard hellos from workers %s, expected ranks 0..%d'
+                           % (self._server_rank, sorted(self._hellos), self._num_workers - 1))
+        for rank, hello in sorted(self._hellos.items()):
+            for name in sorted(set(reference['config']) | set(hello['config'])):
+                mine, theirs = reference['config'].get(name), hello['config'].get(name)
+                if mine != theirs:
+                    return False, ('workers disagree on %s: worker 0 has %r, worker %d has %r; '
+                                   'start every worker with the same settings'
+                                   % (name, mine, rank, theirs))
+        return True, {'server': self._server_rank, 'protocol': protocol.PROTOCOL_VERSION,
+                      'num_workers': self._num_workers}
+
+    def _on_register(self, body):
+        for chunk, param_index, name, lr_mult, wd_mult, size in body['chunks']:
+            info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
+                    'wd_mult': wd_mult, 'size': size}
+            known = self._chunks.setdefault(chunk, info)
+            if known != info:
+                raise ValueError('worker %s registers chunk %d as %r but another worker as %r: '
+                                 'every worker must build the same model'
+                                 % (body.get('rank'), chunk, info, known))
+        self._attach_param_dict()
+        return {'chunks': len(self._chunks)}
+
+    def _attach_param_dict(self):
+        # The optimizer keys its state by chunk id; lr_mult and wd_mult come from the worker's
+        # Parameters (MXNet's stock server loses them: param_dict is not pickled).
+        if self._optimizer is not None:
+            self._optimizer.param_dict = {
+                chunk: types.SimpleNamespace(lr_mult=info['lr_mult'], wd_mult=info['wd_mult'])
+                for chunk, info in self._chunks.items()}
+
+    def _on_optimizer(self, body):
+        optimizer = protocol.unpack_object(body['optimizer'])
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise TypeError('optimizer command carried a %s, not an mx.optimizer.Optimizer'
+                            % type(optimizer).__name__)
+        if self._optimizer is None or body.get('rank') == 0:
+            # Every worker sends it (Gluon's set_optimizer); the first install wins and rank 0's
+            # replaces state-free settings only before the first round.
+            if self._optimizer is None or not self._weights:
+                self._optimizer = optimizer
+                self._updater = mx.optimizer.get_updater(optimizer)
+                self._attach_param_dict()
+                _LOG.info('server %d: optimizer %s installed', self._server_rank,
+                          type(optimizer).__name__)
+        return {'optimizer': type(self._optimizer).__name__}
+
+    def _on_set_lr(self, body):
+        self._require_optimizer('set the learning rate')
+        self._optimizer.set_learning_rate(float(body['lr']))
+        return {'lr': self._optimizer.learning_rate}
+
+    def _require_optimizer(self, what):
+        if self._optimizer is None:
+            raise ValueError('cannot %s: no optimizer installed on server %d (call '
+                             'set_optimizer first)' % (what, self._server_rank))
+
+    def _on_stats(self, _):
+        return {'server': self._server_rank,
+                'chunks': {str(c): {'rounds': self._next_round.get(c, 0),
+                                    'held': len(self._held.get(c, {}))}
+                           for c in sorted(self._chunks)}}
+
+    def _on_save(self, body):
+        path = body['paths'][self._server_rank]
+        if any(self._held.values()):
+            raise ValueError('cannot save server %d while rounds are in flight; save after a '
+                             'barrier' % self._server_rank)
+        state = {
+            'format': SERVER_STATE_FORMAT, 'version': _STATE_VERSION,
+            'server': self._server_rank, 'num_workers': self._num_workers,
+            'chunks': {c: dict(info, weight=self._weights[c].asnumpy() if c in self._weights
+                               else None, next_round=self._next_round.get(c, 0))
+                       for c, info in self._chunks.items()},
+            'updater': self._updater.get_states(dump_optimizer=True) if self._updater else None,
+        }
+        atomic_write(path, pickle.dumps(state, protocol=4))
+        return {'path': path, 'chunks': len(self._chunks)}
+
+    def _on_load(self, body):
+        path = body['paths'][self._server_rank]
+        state = read_server_state(path)
+        if state['server'] != self._server_rank:
+            raise ValueError('%s holds the state of server %d, not of server %d'
+                             % (path, state['server'], self._server_rank))
+        if set(state['chunks']) != set(self._chunks):
+            raise ValueError('%s holds chunks %s, this server has %s: the model differs from '
+                             'the one that was saved' % (path, sorted(state['chunks']),
+                                                         sorted(self._chunks)))
+        for chunk, saved in state['chunks'].items():
+            info = {k: saved[k] for k in ('param_index', 'name', 'lr_mult', 'wd_mult', 'size')}
+            if info != self._chunks[chunk]:
+                raise ValueError('%s: chunk %d was %r when saved, is %r now'
+                                 % (path, chunk, info, self._chunks[chunk]))
+        # Validated: now replace the state.
+        if state['updater'] is not None:
+            updater = mx.optimizer.get_updater(mx.optimizer.SGD())
+            updater.set_states(state['updater'])
+            self._updater, self._optimizer = updater, updater.optimizer
+            self._attach_param_dict()
+        for chunk, saved in state['chunks'].items():
+            if saved['weight'] is not None:
+                self._weights[chunk] = mx.nd.array(saved['weight'], dtype=saved['weight'].dtype)
+            self._next_round[chunk] = saved['next_round']
+            self._held.pop(chunk, None)
+            for slot in range(self._layout.slots):
+                self._slot_round.pop((chunk, slot), None)
+        return {'path': path, 'chunks': len(state['chunks'])}
+
+    # -- updater: called by the native server when a key's round is complete ---------------
+    def _on_round(self, key, merged, stored):
+        try:
+            kind, chunk, slot = self._layout.decode(key)
+            if kind == 'status':
+                self._status = stored
+                ok, payload = self._hello_reply()
+                for rank in range(self._num_workers):
+                    self._reply(rank, ok, payload)
+                return
+            self._on_chunk_round(chunk, slot, merged, stored)
+        except Exception:  # pylint: disable=broad-except
+            # Raising into ctypes would only print; a wrong server must stop the job.
+            _LOG.exception('server %d: updater failed on key %d; stopping', self._server_rank, key)
+            os._exit(3)
+
+    def _on_chunk_round(self, chunk, slot, merged, stored):
+        slots = self._layout.slots
+        next_round = self._next_round.setdefault(chunk, 0)
+        if chunk not in self._weights:
+            # Every slot was initialised with the same initial value.
+            self._weights[chunk] = stored.copy()
+        rnd = self._slot_round.get((chunk, slot))
+        if rnd is None:
+            rnd = next_round + (slot - next_round) % slots
+        self._slot_round[(chunk, slot)] = rnd + slots
+        if rnd != next_round:
+            held = self._held.setdefault(chunk, {})
+            held[rnd] = (merged.copy(), stored)
+            _LOG.debug('server %d: chunk %d round %d completed before round %d; held',
+                       self._server_rank, chunk, rnd, next_round)
+            return
+        self._apply(chunk, merged, stored)
+        held = self._held.get(chunk, {})
+        while self._next_round[chunk] in held:
+            grad, later_stored = held.pop(self._next_round[chunk])
+            self._apply(chunk, grad, later_stored)
+            later_stored.wait_to_read()
+
+    def _apply(self, chunk, grad, stored):
+        weight = self._weights[chunk]
+        if self._updater is None:
+            weight[:] = grad  # no optimizer: store the round's sum, as MXNet's server does
+        else:
+            self._updater(chunk, grad, weight)
+        stored[:] = weight
+        self._next_round[chunk] += 1
+
+
+def atomic_write(path, data):
+    """Write bytes `data` to `path` atomically: a temporary file in the same folder, then rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    handle, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % os.path.basename(path),
+                                   suffix='.tmp')
+    try:
+        with os.fdopen(handle, 'wb') as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_server_state(path):
+    """Read and validate a server state file; raise ValueError saying what is wrong."""
+    try:
+        with open(path, 'rb') as src:
+            state = pickle.load(src)
+    except FileNotFoundError:
+        raise ValueError('server state file %s does not exist' % path) from None
+    except Exception as err:  # truncated or foreign bytes raise many kinds of errors
+        raise ValueError('%s is not a readable mxdelay server state (%s: %s); it may be '
+                         'truncated or from another program' % (path, type(err).__name__, err)) \
+            from None
+    if not isinstance(state, dict) or state.get('format') != SERVER_STATE_FORMAT:
+        raise ValueError('%s is not an mxdelay server state file' % path)
+    if state.get('version') != _STATE_VERSION:
+        raise ValueError('%s has state version %r; this mxdelay reads version %d'
+                         % (path, state.get('version'), _STATE_VERSION))
+    return state
+
+
+def serve():
+    """Run mxdelay's server in this process until the workers stop it.
+
+    Called in a process whose ``DMLC_ROLE`` is 'server' (by ``mxdelay-run`` or by
+    ``import mxdelay``). Returns when rank 0's kvstore is destroyed at the end of the job.
+    """
+    level = getattr(logging, env.get('MXDELAY_LOG_LEVEL').upper(), logging.INFO)
+    logging.basicConfig(level=level, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    kvstore = mx.kv.create('dist')
+    server = DelayServer(kvstore)
+    _LOG.info('mxdelay server starting (%s servers, %s workers)', env.get('DMLC_NUM_SERVER'),
+              env.get('DMLC_NUM_WORKER'))
+    server.run()
+    _LOG.info('mxdelay server %s stopped', server._server_rank)

@@ -1,0 +1,63 @@
+"""Every environment variable mxdelay reads, read here and nowhere else.
+
+The README's table "Environment variables" documents each entry of :data:`VARIABLES`.
+This module imports nothing from MXNet: the role dispatch in ``mxdelay/__init__.py``
+reads ``DMLC_ROLE`` before MXNet may be imported.
+"""
+import os
+
+__all__ = ['VARIABLES', 'get', 'get_int', 'get_float', 'get_bool', 'role']
+
+#: name -> (default, one-line meaning). The README's table is generated from this.
+VARIABLES = {
+    'DMLC_ROLE': (None, "Role of this process ('scheduler', 'server', 'worker'); set by the launcher."),
+    'DMLC_NUM_WORKER': (None, 'Number of workers in the job; set by the launcher.'),
+    'DMLC_NUM_SERVER': (None, 'Number of servers in the job; set by the launcher.'),
+    'MXDELAY_CHUNK_SIZE': ('262144', 'Largest number of elements in one kvstore key; larger tensors '
+                                     'are split into chunks that spread over the servers.'),
+    'MXDELAY_SLACK': ('1', "Default slack of a 'dist_delay' kvstore in rounds (a worker may run this "
+                           'many rounds ahead of the slowest); DelayedTrainer raises it to at least delay.'),
+    'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes.'),
+    'MXDELAY_RANK': (None, 'Rank of this process within its role; set by mxdelay-launch for log prefixes.'),
+}
+
+
+def get(name):
+    """Return the value of environment variable `name`, or its documented default."""
+    if name not in VARIABLES:
+        raise KeyError('%s is not an mxdelay environment variable; add it to env.VARIABLES '
+                       'and to the README table' % name)
+    return os.environ.get(name, VARIABLES[name][0])
+
+
+def _parse(name, kind, convert):
+    raw = get(name)
+    if raw is None:
+        return None
+    try:
+        return convert(raw)
+    except ValueError:
+        raise ValueError('environment variable %s=%r is not a valid %s; unset it or set e.g. %s=%s'
+                         % (name, raw, kind, name, VARIABLES[name][0])) from None
+
+
+def get_int(name):
+    """Return environment variable `name` as an int (ValueError naming it if malformed)."""
+    return _parse(name, 'integer', int)
+
+
+def get_float(name):
+    """Return environment variable `name` as a float (ValueError naming it if malformed)."""
+    return _parse(name, 'number', float)
+
+
+def get_bool(name):
+    """Return environment variable `name` as a bool ('1', 'true', 'yes', 'on' are true)."""
+    raw = get(name)
+    return raw is not None and raw.strip().lower() in ('1', 'true', 'yes', 'on')
+
+
+def role():
+    """Return this process's DMLC role, or None outside a distributed job."""
+    value = get('DMLC_ROLE')
+    return value.strip().lower() if value else None

@@ -1,0 +1,24 @@
+"""mxdelay: k-step delayed updates and layer-wise pipelining for MXNet's parameter server."""
+from setuptools import setup
+
+setup(
+    name='mxdelay',
+    version='0.1.0',
+    description=('k-step delayed update with sparse communication and layer-wise pushes '
+                 "for Apache MXNet's parameter server"),
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    python_requires='>=3.8',
+    packages=['mxdelay', 'kvstore_ext'],
+    install_requires=['mxnet==1.9.1', 'numpy<1.24'],
+    extras_require={
+        'test': ['pytest>=7', 'pytest-timeout'],
+        'examples': ['tqdm', 'matplotlib'],
+    },
+    entry_points={
+        'console_scripts': [
+            'mxdelay-launch=mxdelay.launcher:main',
+            'mxdelay-run=mxdelay.run:main',
+        ],
+    },
+)
