@@ -200,8 +200,12 @@ class DistDelay(KVStoreBase):
         return replies
 
     def _ensure_started(self):
+        # The hand-shake waits for the first init or command, so that a trainer can still
+        # configure the slack and the shared settings after creating the store.
         if self._layout is None:
             self._handshake()
+            if self._optimizer is not None:
+                self._send_optimizer()
 
     # -- KVStoreBase -----------------------------------------------------------------------
     @property
@@ -229,11 +233,19 @@ class DistDelay(KVStoreBase):
                             % type(optimizer).__name__)
         self._optimizer = optimizer
         self._updater = _OptimizerHolder(optimizer)
-        self._command(Command.OPTIMIZER, {'optimizer': protocol.pack_object(optimizer)})
+        if self._layout is not None:
+            self._send_optimizer()
+
+    def _send_optimizer(self):
+        self._command(Command.OPTIMIZER, {'optimizer': protocol.pack_object(self._optimizer)})
 
     def set_learning_rate(self, lr):
         """Set the learning rate of the servers' optimizer (Gluon's trainer sets only its own)."""
-        self._command(Command.SET_LR, {'lr': float(lr)})
+        self._command(Command.SET_HYPER, {'lr': float(lr)})
+
+    def set_rescale_grad(self, rescale_grad):
+        """Set the servers' ``rescale_grad`` (1/batch size) after a change of batch size."""
+        self._command(Command.SET_HYPER, {'rescale_grad': float(rescale_grad)})
 
     def set_gradient_compression(self, compression_params):
         raise ValueError("'dist_delay' does not compress gradients (every gradient enters "

@@ -43,7 +43,7 @@ class Command(str, enum.Enum):
     HELLO = 'hello'            # {rank, num_workers, slots, protocol, config}: first command
     REGISTER = 'register'      # {chunks: [[chunk_id, param_index, name, lr_mult, wd_mult]]}
     OPTIMIZER = 'optimizer'    # {rank, optimizer: pack_object(Optimizer)}
-    SET_LR = 'set_lr'          # {rank, lr}
+    SET_HYPER = 'set_hyper'    # {rank, lr?, rescale_grad?}: change the servers' optimizer
     SAVE = 'save'              # {rank, paths}: server i writes paths[i] (weights, optimizer, rounds)
     LOAD = 'load'              # {rank, paths}: server i validates paths[i], then restores it
     STATS = 'stats'            # {rank}: reply with per-chunk rounds and pending counts

@@ -69,11 +69,12 @@ class DelayServer(KVStoreServer):
         self._next_round = {}          # chunk id -> round whose completion is applied next
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
         self._held = {}                # chunk id -> {round: (gradient copy, stored)}
+        self._stock_updater = None     # for stock MXNet workers that never say hello
         self._handlers = {
             Command.HELLO: self._on_hello,
             Command.REGISTER: self._on_register,
             Command.OPTIMIZER: self._on_optimizer,
-            Command.SET_LR: self._on_set_lr,
+            Command.SET_HYPER: self._on_set_hyper,
             Command.SAVE: self._on_save,
             Command.LOAD: self._on_load,
             Command.STATS: self._on_stats,
@@ -94,6 +95,9 @@ class DelayServer(KVStoreServer):
                 if cmd_id != 0:
                     raise ValueError('command id %d is not mxdelay\'s (only id 0 reaches '
                                      'the controller)' % cmd_id)
+                if not cmd_body.startswith(protocol.COMMAND_PREFIX.encode('ascii')):
+                    self._on_stock_optimizer(cmd_body)
+                    return
                 command, body = protocol.decode_command(cmd_body)
                 rank = body.get('rank')
                 reply = self._handlers[command](body)
@@ -105,6 +109,18 @@ class DelayServer(KVStoreServer):
                 if rank is not None and self._status is not None:
                     self._reply(rank, False, str(err))
         return server_controller
+
+    def _on_stock_optimizer(self, cmd_body):
+        # A stock MXNet worker ('dist_sync' without mxdelay) sends a pickled optimizer; serve
+        # it exactly as MXNet's server would, so `import mxdelay` breaks no stock script.
+        try:
+            optimizer = pickle.loads(cmd_body)
+        except Exception:  # pylint: disable=broad-except
+            raise ValueError('unknown command %.60r: neither an mxdelay command nor a pickled '
+                             'optimizer' % (cmd_body,)) from None
+        self._stock_updater = mx.optimizer.get_updater(optimizer)
+        _LOG.info('server %d: stock MXNet client; optimizer %s installed', self._server_rank,
+                  type(optimizer).__name__)
 
     def _updater_not_installed(self):
         return self.kvstore._updater is None
@@ -166,21 +182,25 @@ class DelayServer(KVStoreServer):
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError('optimizer command carried a %s, not an mx.optimizer.Optimizer'
                             % type(optimizer).__name__)
-        if self._optimizer is None or body.get('rank') == 0:
-            # Every worker sends it (Gluon's set_optimizer); the first install wins and rank 0's
-            # replaces state-free settings only before the first round.
-            if self._optimizer is None or not self._weights:
-                self._optimizer = optimizer
-                self._updater = mx.optimizer.get_updater(optimizer)
-                self._attach_param_dict()
+        # Every worker sends it (Gluon's set_optimizer): the first one installs it; later ones
+        # replace it only until the first round, so that an optimizer changed before training
+        # takes effect and one changed during training cannot drop the optimizer state.
+        if self._optimizer is None or not self._weights:
+            if self._optimizer is None:
                 _LOG.info('server %d: optimizer %s installed', self._server_rank,
                           type(optimizer).__name__)
+            self._optimizer = optimizer
+            self._updater = mx.optimizer.get_updater(optimizer)
+            self._attach_param_dict()
         return {'optimizer': type(self._optimizer).__name__}
 
-    def _on_set_lr(self, body):
-        self._require_optimizer('set the learning rate')
-        self._optimizer.set_learning_rate(float(body['lr']))
-        return {'lr': self._optimizer.learning_rate}
+    def _on_set_hyper(self, body):
+        self._require_optimizer('change the optimizer')
+        if 'lr' in body:
+            self._optimizer.set_learning_rate(float(body['lr']))
+        if 'rescale_grad' in body:
+            self._optimizer.rescale_grad = float(body['rescale_grad'])
+        return {'lr': self._optimizer.learning_rate, 'rescale_grad': self._optimizer.rescale_grad}
 
     def _require_optimizer(self, what):
         if self._optimizer is None:
@@ -242,6 +262,13 @@ class DelayServer(KVStoreServer):
     # -- updater: called by the native server when a key's round is complete ---------------
     def _on_round(self, key, merged, stored):
         try:
+            if self._layout is None:
+                # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
+                if self._stock_updater is None:
+                    stored[:] = merged
+                else:
+                    self._stock_updater(key, merged, stored)
+                return
             kind, chunk, slot = self._layout.decode(key)
             if kind == 'status':
                 self._status = stored

@@ -1,0 +1,425 @@
+"""``DelayedTrainer``: a ``gluon.Trainer`` with the k-step delayed update (CN112463189B)."""
+import json
+import logging
+import os
+import pickle
+
+import numpy as np
+import mxnet as mx
+from mxnet import gluon, nd
+
+from kvstore_ext import DistDelay
+from kvstore_ext.server import atomic_write
+from .rules import RuleContext, create_rule
+from .schedule import DelaySchedule, SWITCH, DELAYED
+
+__all__ = ['DelayedTrainer', 'TRAINER_STATE_FORMAT']
+
+_LOG = logging.getLogger(__name__)
+TRAINER_STATE_FORMAT = 'mxdelay-trainer-state'
+_STATE_VERSION = 1
+
+
+def _check_int(name, value, minimum, fix):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError('%s must be an integer >= %d, got %r; %s' % (name, minimum, value, fix))
+    return int(value)
+
+
+class DelayedTrainer(gluon.Trainer):
+    """Applies an optimizer on a set of Parameters with the k-step delayed update.
+
+    A drop-in replacement for :class:`mxnet.gluon.Trainer` in distributed training with
+    ``kvstore='dist_delay'``. It differs from ``gluon.Trainer`` in that:
+
+    1. After ``warmup_steps`` synchronous steps and a switch step, a worker pulls the
+       global weights only every ``delay`` steps; in between it pushes its gradient every
+       step (every gradient enters the global model exactly once, in its own round) and
+       advances its own weights with ``local_rule``. The pulled weights are applied at the
+       next step and waited for only there.
+    2. The servers run the optimizer once per round on the sum of all workers' gradients
+       (as ``dist_sync``); ``set_learning_rate`` and a changed ``batch_size`` reach them.
+    3. ``save_states`` and ``load_states`` are collective (every worker calls them) and
+       restore everything needed to continue bit for bit: the step counter, each worker's
+       weights, ``pre_weight`` and rule state, and the servers' weights and optimizer state.
+    4. With a non-distributed kvstore (``'local'``, ``'device'``, None) it is exactly
+       ``gluon.Trainer`` and logs once that ``delay`` has no effect.
+
+    Parameters
+    ----------
+    params : ParameterDict or list of Parameter
+        The parameters to optimize.
+    optimizer : str or Optimizer
+        The servers' optimizer (e.g. ``'sgd'``).
+    optimizer_params : dict, optional
+        Arguments of the optimizer, e.g. ``{'learning_rate': 0.1, 'momentum': 0.9}``.
+    kvstore : str or KVStore, default 'dist_delay'
+        ``'dist_delay'`` (or an instance of it) for distributed training; a
+        non-distributed type trains as ``gluon.Trainer``.
+    compression_params : None
+        Not supported with ``'dist_delay'``.
+    update_on_kvstore : bool or None, default None
+        Must not be False with ``'dist_delay'``: the servers own the global update.
+    delay : int, default 4
+        k: pull the global weights every k steps in the delayed phase.
+    warmup_steps : int, default 200
+        W: synchronous steps before the switch.
+    local_lr : float, optional
+        Learning rate of the local rule; default: the optimizer's. It follows the
+        optimizer's schedule by the same factor.
+    local_rule : str or LocalRule, default 'mirror'
+        ``'mirror'``, ``'sgd'``, ``'dc'``, ``'dc_adaptive'`` or a
+        :class:`mxdelay.rules.LocalRule` (see :mod:`mxdelay.rules`).
+    dc_lambda : float, optional
+        Delay-compensation weight added to a built-in rule (default: the rule's own, 0 for
+        ``'mirror'`` and ``'sgd'``, 0.04 for ``'dc'`` and ``'dc_adaptive'``).
+    slack : int, optional
+        Rounds a worker may run ahead of the slowest worker (default and minimum: delay).
+
+    Raises
+    ------
+    ValueError
+        For an argument out of range, with its value and the fix.
+
+    Examples
+    --------
+    >>> trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd',
+    ...                                  {'learning_rate': 0.05, 'momentum': 0.9},
+    ...                                  kvstore='dist_delay', delay=4, warmup_steps=200)
+    >>> with autograd.record():
+    ...     loss = loss_fn(net(x), y)
+    >>> loss.backward()
+    >>> trainer.step(batch_size)
+    """
+
+    def __init__(self, params, optimizer, optimizer_params=None, kvstore='dist_delay',
+                 compression_params=None, update_on_kvstore=None, delay=4, warmup_steps=200,
+                 local_lr=None, local_rule='mirror', dc_lambda=None, slack=None):
+        delay = _check_int('delay', delay, 1, 'use delay=1 to pull every step')
+        warmup_steps = _check_int('warmup_steps', warmup_steps, 0,
+                                  'use warmup_steps=0 to start delayed updates at once')
+        if local_lr is not None and (isinstance(local_lr, bool) or
+                                     not isinstance(local_lr, (int, float)) or
+                                     not local_lr >= 0):
+            raise ValueError('local_lr must be a number >= 0 or None (the optimizer\'s lr), '
+                             'got %r' % (local_lr,))
+        if slack is not None:
+            slack = _check_int('slack', slack, delay, 'the slack must cover a whole period '
+                               '(slack >= delay=%d)' % delay)
+        if update_on_kvstore is False and _is_dist_delay(kvstore):
+            raise ValueError("update_on_kvstore=False cannot be used with kvstore='dist_delay': "
+                             'the servers apply the optimizer once per round; leave it None')
+        if compression_params and _is_dist_delay(kvstore):
+            raise ValueError("compression_params=%r cannot be used with 'dist_delay' (every "
+                             'gradient enters its round exactly); remove it' % (compression_params,))
+        self._rule = create_rule(local_rule, dc_lambda)
+        self._local_lr = None if local_lr is None else float(local_lr)
+        self._schedule = DelaySchedule(delay, warmup_steps)
+        self._slack = slack or delay
+        super(DelayedTrainer, self).__init__(params, optimizer, optimizer_params, kvstore,
+                                             compression_params, update_on_kvstore)
+        self._base_lr = self._optimizer.learning_rate
+        self._pre_weight = {}     # param index -> NDArray on the first context
+        self._rule_state = {}     # param index -> rule state
+        self._pulled = {}         # param index -> pull target on the first context
+        self._grad_sum = {}       # param index -> gradient summed over devices (>1 device)
+        self._logged_phase = None
+        self._delayed_mode = None  # decided when the kvstore is created
+        _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
+                  delay, warmup_steps, self._rule, self._local_lr or 'optimizer lr', self._slack)
+
+    # -- kvstore ----------------------------------------------------------------------------
+    def _init_kvstore(self):
+        super(DelayedTrainer, self)._init_kvstore()
+        kvstore = self._kvstore
+        self._delayed_mode = bool(self._distributed)
+        if not self._delayed_mode:
+            _LOG.info('DelayedTrainer: kvstore %r is not distributed: training exactly as '
+                      'gluon.Trainer; delay=%d has no effect',
+                      getattr(kvstore, 'type', kvstore), self._schedule.delay)
+            return
+        if not isinstance(kvstore, DistDelay):
+            raise ValueError("DelayedTrainer needs kvstore='dist_delay' for distributed training, "
+                             'got %r; pass kvstore=\'dist_delay\' (and launch with mxdelay-launch '
+                             '... mxdelay-run)' % kvstore.type)
+        kvstore.configure(slack=max(self._slack, kvstore.slack))
+        kvstore.set_config(delay=self._schedule.delay, warmup_steps=self._schedule.warmup_steps,
+                           local_rule=repr(self._rule), local_lr=self._local_lr,
+                           optimizer=type(self._optimizer).__name__)
+
+    def _check_and_rescale_grad(self, scale):
+        # gluon.Trainer refuses a new batch size with update_on_kvstore; the servers here take it.
+        changed = self._optimizer.rescale_grad != scale
+        self._optimizer.rescale_grad = scale
+        if changed and self._delayed_mode and self._kv_initialized:
+            self._kvstore.set_rescale_grad(scale)
+
+    def set_learning_rate(self, lr):
+        """Set the learning rate of the optimizer, on the servers too.
+
+        Parameters
+        ----------
+        lr : float
+            The new learning rate.
+        """
+        super(DelayedTrainer, self).set_learning_rate(lr)
+        if self._delayed_mode:
+            self._kvstore.set_learning_rate(lr)
+
+    # -- step ---------------------------------------------------------------------------------
+    def step(self, batch_size, ignore_stale_grad=False):
+        """Make one step: push this worker's gradients and advance its weights.
+
+        Parameters
+        ----------
+        batch_size : int
+            Batch size of this worker's data; gradients are normalised by 1/batch_size.
+            It may change between steps.
+        ignore_stale_grad : bool, default False
+            As in ``gluon.Trainer``: do not raise for Parameters whose gradient is stale
+            (their gradient is still pushed: every worker contributes to every round).
+        """
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._delayed_mode:
+            return super(DelayedTrainer, self).step(batch_size, ignore_stale_grad)
+        self._check_and_rescale_grad(self._scale / batch_size)
+        if self._params_to_init:
+            self._init_params()
+        t = self._schedule.step
+        self._log_phase(t)
+        self._check_fresh(ignore_stale_grad)
+        self._push_all()
+        if self._schedule.is_synchronous(t):
+            self._synchronous_step(t)
+        else:
+            self._local_step(t)
+        self._schedule.step = t + 1
+        return None
+
+    def _log_phase(self, t):
+        phase = self._schedule.phase(t)
+        if phase != self._logged_phase:
+            self._logged_phase = phase
+            _LOG.info('DelayedTrainer: step %d enters the %s phase', t, phase)
+
+    def _check_fresh(self, ignore_stale_grad):
+        for param in self._trained_params():
+            for data in param._check_and_get(param._data, list):
+                if not data._fresh_grad and not ignore_stale_grad:
+                    raise UserWarning(
+                        'Gradient of Parameter `%s` on context %s has not been updated by '
+                        'backward since last `step`. Call step with ignore_stale_grad=True '
+                        'to push it anyway.' % (param.name, data.context))
+                data._fresh_grad = False
+
+    def _trained_params(self):
+        return [p for p in self._params if p.grad_req != 'null']
+
+    def _reduced_grad(self, i, param):
+        """This worker's gradient of `param` summed over its devices, on the first device."""
+        grads = param.list_grad()
+        if len(grads) == 1:
+            return grads[0]
+        if i not in self._grad_sum:
+            self._grad_sum[i] = nd.zeros_like(grads[0])
+        first = grads[0].context
+        nd.add_n(*[g.as_in_context(first) for g in grads], out=self._grad_sum[i])
+        return self._grad_sum[i]
+
+    def _push_all(self):
+        for i, param in enumerate(self._params):
+            if param.grad_req != 'null':
+                self._kvstore.push(i, self._reduced_grad(i, param), priority=-i)
+
+    def _synchronous_step(self, t):
+        # Warm-up (S1) and switch (S2): pull exactly W_{t+1} into the weights.
+        switch = self._schedule.phase(t) == SWITCH
+        for i, param in enumerate(self._params):
+            if param.grad_req == 'null':
+                continue
+            datas = param.list_data()
+            before = datas[0].copy() if switch else None          # W_W
+            self._kvstore.pull(i, out=datas, priority=-i)
+            if switch:
+                self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
+                self._rule_state[i] = self._rule.create_state(datas[0], datas[0] - before)
+
+    def _local_step(self, t):
+        # Delayed phase (S3), SPEC section 1 "Local update", steps 1-4, then the period's pull.
+        applies = self._schedule.applies_pull(t)
+        issues = self._schedule.issues_pull(t)
+        lr = self._local_learning_rate(t)
+        for i, param in enumerate(self._params):
+            if param.grad_req == 'null':
+                continue
+            datas = param.list_data()
+            weight = datas[0]
+            if applies:
+                self._pulled[i].copyto(weight)                   # 1. w' := W_t
+            grad_sync = weight - self._pre_weight[i] if self._rule.needs_grad_sync else None
+            if applies:
+                weight.copyto(self._pre_weight[i])               # 3. pre_weight := w'
+            ctx = RuleContext(lr=lr * param.lr_mult, wd=self._optimizer.wd * param.wd_mult,
+                              momentum=getattr(self._optimizer, 'momentum', 0.0) or 0.0,
+                              clip_gradient=self._clip_gradient(),
+                              rescale_grad=self._optimizer.rescale_grad,
+                              num_workers=self._kvstore.num_workers)
+            self._rule.update(weight, self._reduced_grad(i, param), grad_sync,  # 2. and 4.
+                              self._rule_state[i], ctx)
+            for other in datas[1:]:
+                weight.copyto(other)                             # device copies stay equal
+            if issues:
+                if i not in self._pulled:
+                    self._pulled[i] = nd.zeros_like(weight)
+                self._kvstore.pull(i, out=self._pulled[i], priority=-i)
+
+    def _clip_gradient(self):
+        clip = self._optimizer.clip_gradient
+        return -1.0 if clip is None else float(clip)
+
+    def _local_learning_rate(self, t):
+        """``local_lr`` scaled by the optimizer's schedule at round t (num_update t + 1)."""
+        scheduler = self._optimizer.lr_scheduler
+        current = scheduler(t + 1) if scheduler is not None else self._optimizer.learning_rate
+        if self._local_lr is None:
+            return current
+        return self._local_lr * current / self._base_lr if self._base_lr else self._local_lr
+
+    # -- state ----------------------------------------------------------------------------------
+    @property
+    def schedule(self):
+        """The :class:`mxdelay.schedule.DelaySchedule` (its ``step`` is the step counter)."""
+        return self._schedule
+
+    def save_states(self, fname):
+        """Save everything needed to resume; collective: every worker calls it.
+
+        Worker i writes ``fname + '.worker<i>'`` (its weights, ``pre_weight``, rule state and
+        any pulled weights not applied yet), the servers write ``fname + '.server<j>'``, and
+        worker 0 writes `fname`, the index. Every file is written atomically.
+
+        Parameters
+        ----------
+        fname : str
+            Path of the index file.
+        """
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._delayed_mode:
+            return super(DelayedTrainer, self).save_states(fname)
+        if self._params_to_init:
+            self._init_params()
+        nd.waitall()
+        kv = self._kvstore
+        worker_state = {
+            'format': TRAINER_STATE_FORMAT, 'version': _STATE_VERSION, 'rank': kv.rank,
+            'schedule': self._schedule.state_dict(), 'rescale_grad': self._optimizer.rescale_grad,
+            'weights': {i: p.list_data()[0].asnumpy() for i, p in enumerate(self._params)},
+            'pre_weight': {i: w.asnumpy() for i, w in self._pre_weight.items()},
+            'pulled': {i: w.asnumpy() for i, w in self._pulled.items()},
+            'rule_state': {i: _to_numpy(s) for i, s in self._rule_state.items()},
+        }
+        atomic_write(_worker_file(fname, kv.rank), pickle.dumps(worker_state, protocol=4))
+        kv.save_optimizer_states(_kvstore_file(fname))
+        if kv.rank == 0:
+            index = {'format': TRAINER_STATE_FORMAT, 'version': _STATE_VERSION,
+                     'num_workers': kv.num_workers, 'schedule': self._schedule.state_dict(),
+                     'kvstore': os.path.basename(_kvstore_file(fname))}
+            atomic_write(fname, json.dumps(index).encode('utf-8'))
+        kv.barrier()
+        return None
+
+    def load_states(self, fname):
+        """Restore what :meth:`save_states` saved; collective: every worker calls it.
+
+        Everything is validated before anything changes: a missing, truncated or foreign
+        file raises ``ValueError`` and leaves this trainer and the servers as they were.
+        """
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._delayed_mode:
+            return super(DelayedTrainer, self).load_states(fname)
+        if self._params_to_init:
+            self._init_params()
+        kv = self._kvstore
+        index = _read_json_state(fname)
+        if index['num_workers'] != kv.num_workers:
+            raise ValueError('%s was saved by %d workers, this job has %d'
+                             % (fname, index['num_workers'], kv.num_workers))
+        state = _read_pickle_state(_worker_file(fname, kv.rank))
+        saved = state['schedule']
+        if (saved['delay'], saved['warmup_steps']) != (self._schedule.delay,
+                                                        self._schedule.warmup_steps):
+            raise ValueError('%s was saved with delay=%d warmup_steps=%d; this trainer has '
+                             'delay=%d warmup_steps=%d' % (fname, saved['delay'],
+                                                           saved['warmup_steps'],
+                                                           self._schedule.delay,
+                                                           self._schedule.warmup_steps))
+        for i, param in enumerate(self._params):
+            if state['weights'][i].shape != param.shape:
+                raise ValueError('%s: parameter %s has shape %s, saved %s' % (
+                    fname, param.name, param.shape, state['weights'][i].shape))
+        kv.load_optimizer_states(_kvstore_file(fname))
+        for i, param in enumerate(self._params):
+            param.set_data(nd.array(state['weights'][i], dtype=param.dtype))
+        ctx0 = self._contexts[0]
+        self._pre_weight = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
+                            for i, w in state['pre_weight'].items()}
+        self._pulled = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
+                        for i, w in state['pulled'].items()}
+        self._rule_state = {i: _from_numpy(s, ctx0) for i, s in state['rule_state'].items()}
+        self._schedule.step = saved['step']
+        self._optimizer.rescale_grad = state['rescale_grad']
+        self._logged_phase = None
+        return None
+
+
+def _is_dist_delay(kvstore):
+    return (kvstore == 'dist_delay') if isinstance(kvstore, str) else isinstance(kvstore, DistDelay)
+
+
+def _worker_file(fname, rank):
+    return '%s.worker%d' % (fname, rank)
+
+
+def _kvstore_file(fname):
+    return fname + '.kvstore'
+
+
+def _to_numpy(state):
+    return None if state is None else state.asnumpy()
+
+
+def _from_numpy(state, ctx):
+    return None if state is None else nd.array(state, ctx=ctx, dtype=state.dtype)
+
+
+def _read_json_state(fname):
+    try:
+        with open(fname, 'rb') as src:
+            state = json.loads(src.read().decode('utf-8'))
+    except FileNotFoundError:
+        raise ValueError('trainer state file %s does not exist' % fname) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError('%s is not an mxdelay trainer state file (%s); it may be truncated or '
+                         'from another program (gluon.Trainer files are not)' % (fname, err)) \
+            from None
+    if not isinstance(state, dict) or state.get('format') != TRAINER_STATE_FORMAT:
+        raise ValueError('%s is not an mxdelay trainer state file' % fname)
+    return state
+
+
+def _read_pickle_state(fname):
+    try:
+        with open(fname, 'rb') as src:
+            state = pickle.load(src)
+    except FileNotFoundError:
+        raise ValueError('worker state file %s does not exist (every worker saves its own)'
+                         % fname) from None
+    except Exception as err:  # truncated or foreign bytes raise many kinds of errors
+        raise ValueError('%s is not a readable mxdelay worker state (%s: %s)'
+                         % (fname, type(err).__name__, err)) from None
+    if not isinstance(state, dict) or state.get('format') != TRAINER_STATE_FORMAT:
+        raise ValueError('%s is not an mxdelay worker state file' % fname)
+    return state
