@@ -347,10 +347,16 @@ class DistDelay(KVStoreBase):
         slot = max(last, 0) % (self._slack + 1)
         flats = [o.reshape(-1) for o in outs]
         for chunk in tensor.chunks:
-            if chunk.buffers is not None and last >= 0:
+            if last >= 0:
                 self._order_after_earlier_rounds(chunk, slot)
             self._native.pull(chunk.keys[slot], out=[f[chunk.start:chunk.stop] for f in flats],
                               priority=priority)
+        if last < 0:
+            # Before the first push the native store pulls into a buffer of its own, which no
+            # later push waits for: without this wait the request could reach the server after
+            # this worker's round 0 completed, and return W_1 instead of the initial value.
+            for out in outs:
+                out.wait_to_read()
 
     @staticmethod
     def _order_after_earlier_rounds(chunk, slot):

@@ -1,0 +1,113 @@
+"""A worker of the distributed trainer tests: a tiny tanh MLP on data that is a pure
+function of (rank, step), so that tests/reference.py can replay it exactly.
+
+Usage: ``mxdelay-launch -n N -s S python mlp_job.py CONFIG_JSON OUT_DIR``. Each worker writes
+``OUT_DIR/worker<rank>.npz``: every parameter after every step (key ``<name>``, shape
+``(steps,) + param.shape``). CONFIG keys: trainer ('delayed' or 'gluon'), kvstore, steps,
+batch, lr, momentum, wd, delay, warmup_steps, local_rule, dc_lambda, local_lr, slack,
+devices, sleep_rank, sleep, save_at, resume_from, stop_after.
+"""
+import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+IN, HIDDEN, OUT = 8, 16, 4
+
+
+def init_params():
+    """Initial weights, identical on every worker (and in the numpy reference)."""
+    rs = np.random.RandomState(0)
+    return {'w1': (rs.randn(HIDDEN, IN) * 0.3).astype(np.float32),
+            'b1': (rs.randn(HIDDEN) * 0.1).astype(np.float32),
+            'w2': (rs.randn(OUT, HIDDEN) * 0.3).astype(np.float32),
+            'b2': (rs.randn(OUT) * 0.1).astype(np.float32)}
+
+
+def batch(rank, step, size):
+    """The data of worker `rank` at `step`."""
+    rs = np.random.RandomState(10007 * step + 101 * rank + 7)
+    x = rs.randn(size, IN).astype(np.float32)
+    y = np.tanh(x[:, :OUT] * 1.5 + 0.2 * rank).astype(np.float32)
+    return x, y
+
+
+def numpy_grad(weights, x, y):
+    """Raw gradient (sum over the batch) of Gluon's L2Loss for the MLP, in numpy."""
+    h = np.tanh(x @ weights['w1'].T + weights['b1'])
+    pred = h @ weights['w2'].T + weights['b2']
+    dpred = (pred - y) / OUT
+    dz = (dpred @ weights['w2']) * (1 - h * h)
+    return {'w2': dpred.T @ h, 'b2': dpred.sum(0), 'w1': dz.T @ x, 'b1': dz.sum(0)}
+
+
+def build(ctxs):
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=IN, prefix='l1_'),
+            gluon.nn.Dense(OUT, in_units=HIDDEN, prefix='l2_'))
+    net.initialize(ctx=ctxs)
+    init = init_params()
+    names = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
+    for name, param in net.collect_params().items():
+        param.set_data(nd.array(init[names[name]]))
+    return net, names
+
+
+def main():
+    config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
+    ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
+    net, names = build(ctxs)
+    opt = {'learning_rate': config['lr'], 'momentum': config.get('momentum', 0.0),
+           'wd': config.get('wd', 0.0)}
+    if config.get('trainer', 'delayed') == 'delayed':
+        trainer = mxdelay.DelayedTrainer(
+            net.collect_params(), 'sgd', opt, kvstore=config.get('kvstore', 'dist_delay'),
+            delay=config['delay'], warmup_steps=config['warmup_steps'],
+            local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'),
+            local_lr=config.get('local_lr'), slack=config.get('slack'))
+    else:
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', opt,
+                                kvstore=config.get('kvstore', 'dist_sync'))
+    loss_fn = gluon.loss.L2Loss()
+    first = 0
+    if config.get('resume_from'):
+        trainer.load_states(config['resume_from'])
+        first = trainer.schedule.step
+    trainer._init_kvstore()  # pylint: disable=protected-access
+    rank = trainer._kvstore.rank  # pylint: disable=protected-access
+    history = {name: [] for name in names.values()}
+    steps = config['steps']
+    times = []
+    for step in range(first, steps):
+        x, y = batch(rank, step, config['batch'])
+        xs = gluon.utils.split_and_load(nd.array(x), ctxs, even_split=True)
+        ys = gluon.utils.split_and_load(nd.array(y), ctxs, even_split=True)
+        with autograd.record():
+            losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
+        autograd.backward(losses)
+        if rank == config.get('sleep_rank'):
+            time.sleep(config['sleep'])
+        start = time.time()
+        trainer.step(config['batch'])
+        times.append(time.time() - start)
+        for name, param in net.collect_params().items():
+            copies = [d.asnumpy() for d in param.list_data()]
+            for other in copies[1:]:
+                assert np.array_equal(copies[0], other), 'device copies differ'
+            history[names[name]].append(copies[0])
+        if config.get('save_at') == step:
+            trainer.save_states(os.path.join(out_dir, 'ckpt'))
+        if config.get('stop_after') == step:
+            break
+    np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
+             **{k: np.array(v) for k, v in history.items()})
+
+
+if __name__ == '__main__':
+    main()
