@@ -101,6 +101,7 @@ class DistDelay(KVStoreBase):
         self._layout = None
         self._status_out = None
         self._config = {}
+        self._seq = 0              # number of the last command, echoed by the replies
 
     # -- configuration and hand-shake ------------------------------------------------------
     def configure(self, slack=None, chunk_size=None):
@@ -172,7 +173,7 @@ class DistDelay(KVStoreBase):
                     "script put `import mxdelay` before `import mxnet`, or launch through "
                     "the dispatcher: `mxdelay-launch -n N -s S mxdelay-run python train.py` "
                     "(or MXNet's tools/launch.py ... mxdelay-run python train.py)." % server)
-            ok, payload = reply
+            ok, payload, _ = reply
             if not ok:
                 raise RuntimeError('mxdelay server %d refused the hand-shake: %s'
                                    % (server, payload))
@@ -186,13 +187,18 @@ class DistDelay(KVStoreBase):
     def _command(self, command, body):
         """Run `command` on every server; return the servers' replies (raise on refusal)."""
         self._ensure_started()
-        body = dict(body, rank=self.rank)
+        self._seq += 1
+        body = dict(body, rank=self.rank, seq=self._seq)
         self._native._send_command_to_servers(0, protocol.encode_command(command, body))
         keys = [self._layout.status_key(s) for s in range(self._num_servers)]
         self._native.pull(keys, out=self._status_out)
         replies = []
         for server in range(self._num_servers):
-            ok, payload = self._read_reply(server)
+            ok, payload, seq = self._read_reply(server)
+            if seq != self._seq:
+                raise RuntimeError('mxdelay server %d did not answer command %s (its last '
+                                   'reply is to command %d, not %d); see its log'
+                                   % (server, command.value, seq, self._seq))
             if not ok:
                 raise RuntimeError('mxdelay server %d: %s failed: %s'
                                    % (server, command.value, payload))
@@ -266,7 +272,8 @@ class DistDelay(KVStoreBase):
                 native_keys.extend(chunk.keys)
                 native_values.extend([flat[chunk.start:chunk.stop]] * len(chunk.keys))
                 lr_mult, wd_mult, name = self._mults(k)
-                chunks_msg.append([chunk.chunk_id, int(k) if isinstance(k, (int, np.integer))
+                chunks_msg.append([chunk.chunk_id, chunk.server,
+                                   int(k) if isinstance(k, (int, np.integer))
                                    else str(k), name, lr_mult, wd_mult,
                                    chunk.stop - chunk.start])
         self._command(Command.REGISTER, {'chunks': chunks_msg})
@@ -431,6 +438,8 @@ class DistDelay(KVStoreBase):
         nd.waitall()
         self.barrier()
         if self.rank == 0:
+            # Two phases: every server validates its file before any server changes.
+            self._command(Command.LOAD, {'paths': state['servers'], 'check_only': True})
             self._command(Command.LOAD, {'paths': state['servers']})
         self.barrier()
         for key, tensor in self._tensors.items():

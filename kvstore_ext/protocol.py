@@ -15,7 +15,8 @@ Commands
 MXNet hands the Python controller only command id 0, with a NUL-free text body. Every mxdelay
 command is ``'mxdelay:' + name + ' ' + json_body`` on id 0 (:func:`encode_command`); the
 server dispatches on ``name`` (:class:`Command`). A reply is written into the requesting
-worker's segment of the server's status key and read back with a pull.
+worker's segment of the server's status key and read back with a pull; it carries the
+command's sequence number, so that a worker never mistakes an older reply for the answer.
 """
 import base64
 import enum
@@ -25,27 +26,28 @@ import pickle
 import numpy as np
 
 __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN',
-           'KeyLayout', 'encode_command', 'decode_command', 'encode_reply', 'decode_reply',
+           'KeyLayout', 'encode_command', 'decode_command', 'command_rank', 'encode_reply',
+           'decode_reply',
            'pack_object', 'unpack_object']
 
 PROTOCOL_VERSION = 1
 #: First two entries of every reply; a stock MXNet server leaves the status key at zero.
 MAGIC = (7301.0, 1789.0)
 COMMAND_PREFIX = 'mxdelay:'
-#: Float32 entries per worker in a status key: 2 magic + ok flag + length + text bytes.
+#: Float32 entries per worker in a status key: 2 magic, ok flag, sequence, length, text.
 REPLY_LEN = 1 << 14
-_HEADER = 4
+_HEADER = 5
 _MXNET_KEY_MULTIPLIER = 9973  # src/kvstore/kvstore_dist.h, EncodeDefaultKey
 
 
 class Command(str, enum.Enum):
     """Controller commands, each with a JSON body (a dict)."""
     HELLO = 'hello'            # {rank, num_workers, slots, protocol, config}: first command
-    REGISTER = 'register'      # {chunks: [[chunk_id, param_index, name, lr_mult, wd_mult]]}
+    REGISTER = 'register'      # {chunks: [[chunk_id, server, param_index, name, lr_mult, wd_mult, size]]}
     OPTIMIZER = 'optimizer'    # {rank, optimizer: pack_object(Optimizer)}
     SET_HYPER = 'set_hyper'    # {rank, lr?, rescale_grad?}: change the servers' optimizer
     SAVE = 'save'              # {rank, paths}: server i writes paths[i] (weights, optimizer, rounds)
-    LOAD = 'load'              # {rank, paths}: server i validates paths[i], then restores it
+    LOAD = 'load'              # {rank, paths, check_only?}: server i validates paths[i], restores it
     STATS = 'stats'            # {rank}: reply with per-chunk rounds and pending counts
 
 
@@ -78,6 +80,16 @@ def decode_command(text):
         raise ValueError('command %s has a malformed JSON body: %s' % (name, err)) from None
 
 
+def command_rank(text):
+    """Best-effort rank of the worker that sent `text` (None if unreadable), so that even a
+    malformed or unknown command gets an error reply."""
+    try:
+        body = json.loads(text.decode('utf-8', 'replace').partition(' ')[2])
+        return int(body['rank']), int(body.get('seq', 0))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, 0
+
+
 def pack_object(obj):
     """Pickle `obj` into NUL-free ASCII text (base64) for a command body."""
     return base64.b64encode(pickle.dumps(obj, protocol=4)).decode('ascii')
@@ -88,26 +100,27 @@ def unpack_object(text):
     return pickle.loads(base64.b64decode(text.encode('ascii')))
 
 
-def encode_reply(ok, payload):
-    """Encode a reply (`ok` flag and a JSON-able `payload`) as a float32 segment."""
+def encode_reply(ok, payload, seq=0):
+    """Encode a reply to command number `seq` (`ok` flag, JSON-able `payload`) as float32."""
     data = json.dumps(payload).encode('utf-8')
     if len(data) > REPLY_LEN - _HEADER:
         ok, data = False, json.dumps('reply of %d bytes is too long for the status key'
                                      % len(data)).encode('utf-8')
     out = np.zeros(REPLY_LEN, dtype=np.float32)
-    out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, len(data))
+    out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, seq, len(data))
     out[_HEADER:_HEADER + len(data)] = np.frombuffer(data, dtype=np.uint8)
     return out
 
 
 def decode_reply(segment):
-    """Decode a reply segment; return ``(ok, payload)``, or None if no mxdelay server wrote it."""
+    """Decode a reply segment; return ``(ok, payload, seq)``, or None if no mxdelay server
+    wrote it (a stock MXNet server leaves the status key at zero)."""
     segment = np.asarray(segment)
     if tuple(segment[:2]) != MAGIC:
         return None
-    length = int(segment[3])
+    length = int(segment[4])
     text = segment[_HEADER:_HEADER + length].astype(np.uint8).tobytes().decode('utf-8')
-    return bool(segment[2]), json.loads(text)
+    return bool(segment[2]), json.loads(text), int(segment[3])
 
 
 class KeyLayout(object):

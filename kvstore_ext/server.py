@@ -90,7 +90,7 @@ class DelayServer(KVStoreServer):
                 # The native server needs the updater before any round completes, and it can
                 # only be installed once the server runs, i.e. from here (SPEC section 3).
                 self.kvstore._set_updater(self._on_round)
-            rank = None
+            rank, seq = protocol.command_rank(cmd_body)
             try:
                 if cmd_id != 0:
                     raise ValueError('command id %d is not mxdelay\'s (only id 0 reaches '
@@ -99,15 +99,14 @@ class DelayServer(KVStoreServer):
                     self._on_stock_optimizer(cmd_body)
                     return
                 command, body = protocol.decode_command(cmd_body)
-                rank = body.get('rank')
                 reply = self._handlers[command](body)
                 if reply is not None:
-                    self._reply(rank, True, reply)
+                    self._reply(rank, True, reply, seq)
             except Exception as err:  # pylint: disable=broad-except
                 # An exception must not escape into ctypes: log it and tell the worker.
                 _LOG.error('server %d: command failed: %s', self._server_rank, err)
                 if rank is not None and self._status is not None:
-                    self._reply(rank, False, str(err))
+                    self._reply(rank, False, str(err), seq)
         return server_controller
 
     def _on_stock_optimizer(self, cmd_body):
@@ -125,9 +124,9 @@ class DelayServer(KVStoreServer):
     def _updater_not_installed(self):
         return self.kvstore._updater is None
 
-    def _reply(self, rank, ok, payload):
+    def _reply(self, rank, ok, payload, seq=0):
         segment = self._status[rank * protocol.REPLY_LEN:(rank + 1) * protocol.REPLY_LEN]
-        segment[:] = protocol.encode_reply(ok, payload)
+        segment[:] = protocol.encode_reply(ok, payload, seq)
         # The worker pulls right after the command returns; the native pull copies the
         # stored bytes without waiting on the engine.
         segment.wait_to_read()
@@ -158,7 +157,9 @@ class DelayServer(KVStoreServer):
                       'num_workers': self._num_workers}
 
     def _on_register(self, body):
-        for chunk, param_index, name, lr_mult, wd_mult, size in body['chunks']:
+        for chunk, server, param_index, name, lr_mult, wd_mult, size in body['chunks']:
+            if server != self._server_rank:
+                continue
             info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
                     'wd_mult': wd_mult, 'size': size}
             known = self._chunks.setdefault(chunk, info)
@@ -244,6 +245,8 @@ class DelayServer(KVStoreServer):
             if info != self._chunks[chunk]:
                 raise ValueError('%s: chunk %d was %r when saved, is %r now'
                                  % (path, chunk, info, self._chunks[chunk]))
+        if body.get('check_only'):
+            return {'path': path, 'valid': True}
         # Validated: now replace the state.
         if state['updater'] is not None:
             updater = mx.optimizer.get_updater(mx.optimizer.SGD())

@@ -1,0 +1,154 @@
+"""A worker of the kvstore tests: pushes values that encode (rank, round) into a
+'dist_delay' store and checks what comes back. Prints one JSON line ``RESULT {...}``.
+
+Usage: ``mxdelay-launch -n N -s S python kv_job.py MODE [ARG...]``; MODE is one of
+``rounds`` (straggler + pulls of every round), ``slack`` (how long a fast worker runs
+ahead), ``commands`` (stats, learning rate, save/load, unknown command) and ``stock_first``
+(imports mxnet before mxdelay: the servers are MXNet's stock ones).
+"""
+import sys
+
+if sys.argv[1] == 'stock_first':
+    import mxnet  # noqa: F401  deliberately first: the servers become MXNet's stock servers
+import mxdelay  # noqa: E402,F401
+
+import json  # noqa: E402
+import os  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import mxnet as mx  # noqa: E402
+from mxnet import nd  # noqa: E402
+
+from kvstore_ext import protocol  # noqa: E402
+
+SHAPES = {0: (3, 4), 1: (2500,), 2: (7,)}   # key 1 spans several chunks with chunk_size 1000
+
+
+def value(rank, rnd, shape):
+    """What worker `rank` pushes in round `rnd`: rank and round are recoverable from a sum."""
+    return nd.full(shape, rnd + 1000.0 * rank)
+
+
+def expected_sum(num_workers, rnd):
+    return num_workers * rnd + 1000.0 * num_workers * (num_workers - 1) / 2
+
+
+def mode_rounds(kv, rounds, sleep):
+    """Straggler: rank 1 sleeps before every push; every worker pulls every round without
+    waiting; every pulled value must be exactly its own round's sum."""
+    outs = {k: [nd.zeros(s) for _ in range(rounds)] for k, s in SHAPES.items()}
+    for rnd in range(rounds):
+        if kv.rank == 1:
+            time.sleep(sleep)
+        for key, shape in SHAPES.items():
+            kv.push(key, value(kv.rank, rnd, shape), priority=-key)
+            kv.pull(key, out=outs[key][rnd], priority=-key)
+    bad = []
+    for key in SHAPES:
+        for rnd in range(rounds):
+            got = np.unique(outs[key][rnd].asnumpy())
+            if got.tolist() != [expected_sum(kv.num_workers, rnd)]:
+                bad.append([key, rnd, got.tolist()])
+    return {'bad': bad, 'stats': kv.server_stats()}
+
+
+def mode_slack(kv, sleep):
+    """Rank 0 runs ahead: how long does preparing round t's gradient wait, per round?"""
+    key, shape = 1, SHAPES[1]
+    grad = nd.zeros(shape)
+    waits = []
+    for rnd in range(kv.slack + 3):
+        if kv.rank != 0:
+            time.sleep(sleep)
+        start = time.time()
+        grad[:] = value(kv.rank, rnd, shape)   # waits until the previous push copied it
+        grad.wait_to_read()
+        waits.append(time.time() - start)
+        kv.push(key, grad)
+    out = nd.zeros(shape)
+    kv.pull(key, out=out)
+    ok = np.unique(out.asnumpy()).tolist() == [expected_sum(kv.num_workers, kv.slack + 2)]
+    # The copy of round t waits for round t - slack - 1: measure that wait directly.
+    return {'waits': waits, 'ok': ok, 'slack': kv.slack}
+
+
+def mode_commands(kv, workdir):
+    shape = (6,)
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
+    kv.init(5, nd.ones(shape))
+    out = nd.zeros(shape)
+    result = {}
+    kv.push(5, nd.ones(shape))                 # W1 = 1 - 0.5 * N
+    kv.pull(5, out=out)
+    result['after_round0'] = float(out.asnumpy()[0])
+    kv.barrier()
+    if kv.rank == 0:
+        kv.set_learning_rate(0.25)
+    kv.barrier()
+    kv.push(5, nd.ones(shape))                 # W2 = W1 - 0.25 * N
+    kv.pull(5, out=out)
+    result['after_round1'] = float(out.asnumpy()[0])
+    result['stats'] = kv.server_stats()
+    ckpt = os.path.join(workdir, 'kv.states')
+    kv.save_optimizer_states(ckpt)             # collective
+    kv.push(5, nd.ones(shape))                 # W3 = W2 - 0.25 * N
+    kv.pull(5, out=out)
+    result['after_round2'] = float(out.asnumpy()[0])
+    kv.load_optimizer_states(ckpt)             # collective: back to W2, round 2 next
+    kv.push(5, nd.ones(shape) * 2)             # W3' = W2 - 0.25 * 2N
+    kv.pull(5, out=out)
+    result['after_reload'] = float(out.asnumpy()[0])
+    result['rounds_after_reload'] = kv.rounds(5)
+    # A truncated server file is refused and changes nothing.
+    kv.barrier()
+    if kv.rank == 0:
+        with open(ckpt + '.server0', 'rb') as src:
+            data = src.read()
+        with open(os.path.join(workdir, 'broken.server0'), 'wb') as dst:
+            dst.write(data[:len(data) // 2])
+        state = json.load(open(ckpt))
+        state['servers'] = [os.path.join(workdir, 'broken.server%d' % s)
+                            for s in range(len(state['servers']))]
+        for s in range(1, len(state['servers'])):
+            with open(state['servers'][s], 'wb') as dst:
+                dst.write(open(ckpt + '.server%d' % s, 'rb').read())
+        json.dump(state, open(os.path.join(workdir, 'broken'), 'w'))
+        try:
+            kv._command(protocol.Command.LOAD, {'paths': state['servers']})
+            result['broken_load'] = 'accepted'
+        except RuntimeError as err:
+            result['broken_load'] = str(err)
+        # An unknown command gets an error reply naming it.
+        kv._native._send_command_to_servers(0, 'mxdelay:bogus {"rank": %d, "seq": 99}' % kv.rank)
+        kv._native.pull(kv._layout.status_key(0), out=kv._status_out[0])
+        result['bogus'] = kv._read_reply(0)
+    kv.barrier()
+    kv.pull(5, out=out)
+    result['after_broken_load'] = float(out.asnumpy()[0])
+    return result
+
+
+def main():
+    mode = sys.argv[1]
+    kv = mx.kv.create('dist_delay')
+    if mode == 'stock_first':
+        kv.init(0, nd.zeros((2,)))
+        print('RESULT ' + json.dumps({'trained': True}), flush=True)
+        return
+    if mode in ('rounds', 'slack'):
+        kv.configure(slack=int(sys.argv[2]))
+        for key, shape in SHAPES.items():
+            kv.init(key, nd.zeros(shape))
+    if mode == 'rounds':
+        result = mode_rounds(kv, int(sys.argv[3]), float(sys.argv[4]))
+    elif mode == 'slack':
+        result = mode_slack(kv, float(sys.argv[3]))
+    else:
+        result = mode_commands(kv, sys.argv[2])
+    result['rank'] = kv.rank
+    print('RESULT ' + json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+    main()
