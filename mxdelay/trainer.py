@@ -288,6 +288,21 @@ class DelayedTrainer(gluon.Trainer):
 
     # -- state ----------------------------------------------------------------------------------
     @property
+    def rank(self):
+        """This worker's rank (0 without a distributed kvstore); creates the kvstore if needed,
+        so that a script can shard its data before the first step."""
+        if not self._kv_initialized:
+            self._init_kvstore()
+        return self._kvstore.rank if self._distributed else 0
+
+    @property
+    def num_workers(self):
+        """Number of workers (1 without a distributed kvstore)."""
+        if not self._kv_initialized:
+            self._init_kvstore()
+        return self._kvstore.num_workers if self._distributed else 1
+
+    @property
     def schedule(self):
         """The :class:`mxdelay.schedule.DelaySchedule` (its ``step`` is the step counter)."""
         return self._schedule
@@ -362,7 +377,9 @@ class DelayedTrainer(gluon.Trainer):
                     fname, param.name, param.shape, state['weights'][i].shape))
         kv.load_optimizer_states(_kvstore_file(fname))
         for i, param in enumerate(self._params):
-            param.set_data(nd.array(state['weights'][i], dtype=param.dtype))
+            # Not Parameter.set_data: it resets the trainer's kvstore (impossible when dist).
+            for data in param.list_data():
+                data[:] = state['weights'][i]
         ctx0 = self._contexts[0]
         self._pre_weight = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
                             for i, w in state['pre_weight'].items()}

@@ -14,6 +14,7 @@ import sys
 import numpy as np
 import pytest
 
+import mxdelay.schedule
 import reference
 from jobs import run_job, assert_ok
 
@@ -27,7 +28,7 @@ RTOL, ATOL = 1e-5, 1e-6
 def run_mlp_job(tmp_path, num_workers, config, num_servers=1, timeout=120, env=None):
     """Run scripts/mlp_job.py under mxdelay-launch; return {rank: npz} of the workers."""
     out = tmp_path / 'out'
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, os.path.join(HERE, 'scripts', 'mlp_job.py'),
                json.dumps(config), str(out)]
     result = run_job(command, num_workers=num_workers, num_servers=num_servers,
@@ -87,3 +88,54 @@ def test_two_devices_equal_one_device_with_double_batch(tmp_path):
     config = dict(BASE, delay=3, warmup_steps=2, local_rule='mirror', devices=2)
     histories = run_mlp_job(tmp_path, 2, config)
     assert_matches_reference(histories, simulate(config, 2))
+
+
+def test_straggler_waits_only_at_pull_applications(tmp_path):
+    # Worker 1 sleeps 60 ms before every step. Worker 0's steps (trainer.step plus reading
+    # the new weights) must not wait for it except where a pull is applied; and the
+    # trajectory is still exactly the reference's.
+    sleep = 0.06
+    config = dict(BASE, steps=19, delay=4, warmup_steps=2, local_rule='mirror',
+                  sleep_rank=1, sleep=sleep)
+    histories = run_mlp_job(tmp_path, 2, config)
+    assert_matches_reference(histories, simulate(config, 2))
+    times = histories[0]['step_times']
+    schedule = mxdelay.schedule.DelaySchedule(config['delay'], config['warmup_steps'])
+    delayed = range(schedule.first_delayed_step + 1, config['steps'])
+    free = [times[t] for t in delayed if not schedule.applies_pull(t)]
+    waiting = [times[t] for t in delayed if schedule.applies_pull(t)]
+    assert len(free) >= 9 and len(waiting) >= 3
+    assert max(free) < sleep / 3, 'worker 0 waited at a step without a pull: %s' % free
+    # At each application worker 0 waits for the straggler's round (k steps of 60 ms each,
+    # minus what the fast worker spent): well above the free steps.
+    assert min(waiting) > sleep, waiting
+
+
+def test_save_kill_resume_continues_exactly(tmp_path):
+    # Save at step 8 (delayed phase, a pull pending: W=3, k=3 issues pulls at 6, 9, ...;
+    # 8 ends a period), run on to step 10, stop; a new job resumes from the files and must
+    # reproduce steps 9..15 of the uninterrupted run exactly.
+    config = dict(BASE, steps=16, delay=3, warmup_steps=3, local_rule='mirror')
+    full = run_mlp_job(tmp_path / 'full', 2, config)
+    first = run_mlp_job(tmp_path / 'first', 2, dict(config, save_at=8, stop_after=10))
+    ckpt = str(tmp_path / 'first' / 'out' / 'ckpt')
+    resumed = run_mlp_job(tmp_path / 'resumed', 2, dict(config, resume_from=ckpt))
+    for rank in range(2):
+        assert int(resumed[rank]['first']) == 9
+        for name in ('w1', 'b1', 'w2', 'b2'):
+            np.testing.assert_array_equal(first[rank][name][:9], full[rank][name][:9])
+            np.testing.assert_array_equal(resumed[rank][name], full[rank][name][9:],
+                                          err_msg='worker %d %s after resume' % (rank, name))
+
+
+def test_stock_gluon_trainer_on_dist_delay_equals_dist_sync(tmp_path):
+    # Stock gluon.Trainer: 'dist_delay' must train exactly like MXNet's 'dist_sync' (N = 2:
+    # the server's sum of two gradients is exact in any order, so the weights are equal).
+    config = dict(BASE, steps=20, delay=1, warmup_steps=0, trainer='gluon')
+    sync = run_mlp_job(tmp_path / 'sync', 2, dict(config, kvstore='dist_sync'))
+    delay = run_mlp_job(tmp_path / 'delay', 2, dict(config, kvstore='dist_delay'))
+    for rank in range(2):
+        for name in ('w1', 'b1', 'w2', 'b2'):
+            np.testing.assert_array_equal(delay[rank][name], sync[rank][name])
+    # ... and both equal synchronous SGD, i.e. the reference with warm-up over all steps.
+    assert_matches_reference(delay, simulate(dict(config, warmup_steps=20), 2))

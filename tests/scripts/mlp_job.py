@@ -47,6 +47,17 @@ def numpy_grad(weights, x, y):
     return {'w2': dpred.T @ h, 'b2': dpred.sum(0), 'w1': dz.T @ x, 'b1': dz.sum(0)}
 
 
+class StockTrainer(gluon.Trainer):
+    """gluon.Trainer with the rank available before the first step."""
+
+    def _kvstore_rank(self, batch_size):
+        if not self._kv_initialized:
+            # The servers get the optimizer, with rescale_grad, when the store is created.
+            self._optimizer.rescale_grad = self._scale / batch_size
+            self._init_kvstore()
+        return self._kvstore.rank
+
+
 def build(ctxs):
     net = gluon.nn.Sequential()
     net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=IN, prefix='l1_'),
@@ -72,15 +83,15 @@ def main():
             local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'),
             local_lr=config.get('local_lr'), slack=config.get('slack'))
     else:
-        trainer = gluon.Trainer(net.collect_params(), 'sgd', opt,
-                                kvstore=config.get('kvstore', 'dist_sync'))
+        trainer = StockTrainer(net.collect_params(), 'sgd', opt,
+                               kvstore=config.get('kvstore', 'dist_sync'))
     loss_fn = gluon.loss.L2Loss()
     first = 0
     if config.get('resume_from'):
         trainer.load_states(config['resume_from'])
         first = trainer.schedule.step
-    trainer._init_kvstore()  # pylint: disable=protected-access
-    rank = trainer._kvstore.rank  # pylint: disable=protected-access
+    rank = (trainer.rank if hasattr(trainer, 'rank')
+            else trainer._kvstore_rank(config['batch']))
     history = {name: [] for name in names.values()}
     steps = config['steps']
     times = []
@@ -95,12 +106,12 @@ def main():
             time.sleep(config['sleep'])
         start = time.time()
         trainer.step(config['batch'])
-        times.append(time.time() - start)
         for name, param in net.collect_params().items():
-            copies = [d.asnumpy() for d in param.list_data()]
+            copies = [d.asnumpy() for d in param.list_data()]   # waits for this step
             for other in copies[1:]:
                 assert np.array_equal(copies[0], other), 'device copies differ'
             history[names[name]].append(copies[0])
+        times.append(time.time() - start)
         if config.get('save_at') == step:
             trainer.save_states(os.path.join(out_dir, 'ckpt'))
         if config.get('stop_after') == step:
