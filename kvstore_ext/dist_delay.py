@@ -26,6 +26,8 @@ Measured alternatives are recorded in the README ("Design of the server").
 """
 import json
 import logging
+import os
+import sys
 
 import numpy as np
 import mxnet as mx
@@ -88,6 +90,7 @@ class DistDelay(KVStoreBase):
 
     def __init__(self):
         self._native = mx.kv.create('dist_sync')  # rank 0 switches the servers to sync mode
+        _exit_on_uncaught_exception()
         self._num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         self._slack = None
         self._chunk_size = None
@@ -457,6 +460,27 @@ class _OptimizerHolder(object):
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
+
+
+def _exit_on_uncaught_exception():
+    """Make an uncaught exception end this worker process at once.
+
+    Otherwise the interpreter's exit destroys the native store, whose destructor waits in
+    ps-lite's barrier for the other workers, which wait for this one: the whole job hangs
+    and no launcher sees a failure. After the traceback is printed, ``os._exit(1)`` skips
+    that barrier; mxdelay-launch then stops the job naming this worker.
+    """
+    previous = sys.excepthook
+    if getattr(previous, 'mxdelay_exits', False):
+        return
+
+    def excepthook(kind, value, traceback):
+        previous(kind, value, traceback)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    excepthook.mxdelay_exits = True
+    sys.excepthook = excepthook
 
 
 def _as_lists(key, value):

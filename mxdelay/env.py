@@ -17,8 +17,10 @@ VARIABLES = {
                                      'are split into chunks that spread over the servers.'),
     'MXDELAY_SLACK': ('1', "Default slack of a 'dist_delay' kvstore in rounds (a worker may run this "
                            'many rounds ahead of the slowest); DelayedTrainer raises it to at least delay.'),
-    'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes.'),
+    'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes and of mxdelay-launch.'),
     'MXDELAY_RANK': (None, 'Rank of this process within its role; set by mxdelay-launch for log prefixes.'),
+    'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
+                                    'exit by themselves once every worker has exited 0; then it kills them.'),
 }
 
 

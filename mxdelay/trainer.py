@@ -106,6 +106,12 @@ class DelayedTrainer(gluon.Trainer):
         if slack is not None:
             slack = _check_int('slack', slack, delay, 'the slack must cover a whole period '
                                '(slack >= delay=%d)' % delay)
+        if isinstance(kvstore, str) and 'dist' in kvstore.lower() and not _is_dist_delay(kvstore):
+            # MXNet turns any unknown type containing 'dist' (a typo of 'dist_delay' too)
+            # into its native dist_sync store, which has no delayed update.
+            raise ValueError("kvstore=%r: DelayedTrainer trains distributed only with "
+                             "kvstore='dist_delay'; use kvstore='dist_delay' (or 'local', "
+                             "'device', None on one machine)" % kvstore)
         if update_on_kvstore is False and _is_dist_delay(kvstore):
             raise ValueError("update_on_kvstore=False cannot be used with kvstore='dist_delay': "
                              'the servers apply the optimizer once per round; leave it None')

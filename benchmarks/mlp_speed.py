@@ -1,0 +1,52 @@
+"""Worker for quick throughput probes: the Fashion-MNIST MLP on fixed random batches.
+
+Usage: ``mxdelay-launch -n 2 -s 1 python mlp_speed.py MODE STEPS OUT_JSON`` with MODE
+``sync`` (gluon.Trainer on dist_sync), ``delay<k>`` (DelayedTrainer, delay k, warm-up 20)
+or ``compute`` (no communication at all).
+"""
+import mxdelay  # noqa: F401
+
+import json
+import sys
+import time
+
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+
+def main():
+    mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(1024, activation='relu', in_units=784),
+            gluon.nn.Dense(1024, activation='relu', in_units=1024),
+            gluon.nn.Dense(10, in_units=1024))
+    net.initialize(mx.init.Xavier())
+    net.hybridize()
+    opt = {'learning_rate': 0.05, 'momentum': 0.9}
+    if mode == 'sync':
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', opt, kvstore='dist_sync')
+    elif mode == 'compute':
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', opt, kvstore=None)
+    else:
+        trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', opt, kvstore='dist_delay',
+                                         delay=int(mode[5:]), warmup_steps=20)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rs = np.random.RandomState(0)
+    x = nd.array(rs.rand(128, 784))
+    y = nd.array(rs.randint(0, 10, 128))
+    times = []
+    for step in range(steps):
+        start = time.time()
+        with autograd.record():
+            loss = loss_fn(net(x), y)
+        loss.backward()
+        trainer.step(128)
+        loss.asnumpy()   # a real loop reads its loss: this is where waiting shows
+        times.append(time.time() - start)
+    with open(out + '.%s' % (trainer._kvstore.rank if trainer._kvstore else 0), 'w') as dst:
+        json.dump({'mode': mode, 'times': times}, dst)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,566 @@
+"""``mxdelay-launch``: start a parameter-server job and supervise it.
+
+Accepts the options of MXNet's ``tools/launch.py`` (``-n -s -H --launcher local|ssh
+--env-server --env-worker --env``) and runs one scheduler, ``-s`` servers and ``-n``
+workers, each running the same command with the DMLC variables of its role::
+
+    mxdelay-launch -n 2 -s 1 mxdelay-run python train.py --epochs 3
+
+What it adds to MXNet's launcher:
+
+1. A free TCP port for the scheduler (``--port`` to choose one). Local jobs bind every role
+   to loopback (``DMLC_PS_ROOT_URI=DMLC_NODE_HOST=127.0.0.1``), so two jobs on one machine
+   do not meet.
+2. Every output line is prefixed with its role and rank (``[worker 1] ``, ``[server 0] ``,
+   ``[scheduler] ``): stdout lines go to stdout, stderr lines to stderr, whole lines only.
+   ``MXDELAY_RANK`` is the index within the role; ps-lite assigns MXNet's own worker rank,
+   which may differ. ``PYTHONUNBUFFERED=1`` is set unless already set, so that Python
+   output arrives when printed and is not lost when a process is killed.
+3. Fail-fast supervision: the first process that exits non-zero or dies by a signal ends
+   the whole job (SIGTERM to each process group started, SIGKILL after
+   :data:`KILL_GRACE` seconds); the launcher names its role and rank and returns its exit
+   code (128 + signal number for a signal). When every worker has exited 0, the servers
+   and the scheduler get ``MXDELAY_SHUTDOWN_WAIT`` seconds (default 30) to exit by
+   themselves, then are killed with a warning. ``--timeout`` bounds the whole job (exit
+   124). SIGINT, SIGTERM and SIGHUP stop the job (exit 130, 143, 129).
+4. No process is left behind: each child runs in its own session and process group, which
+   is killed as a whole at the end; each child also gets ``PR_SET_PDEATHSIG=SIGKILL``, so
+   it dies if the launcher itself is killed. That covers what the child ``exec``\\ s, but
+   not grandchildren a shell forks, when the launcher dies by SIGKILL (they are killed
+   with their process group in every other case).
+5. Bad options fail at once with exit code 2, before anything starts; options it does not
+   know are refused (MXNet's launcher silently appends them to the command).
+
+``--launcher ssh`` (the default with ``-H``): the scheduler runs here; servers, then
+workers, are assigned round-robin over the hostfile's hosts (lines ``host`` or
+``host:port``; blank lines and ``#`` comments are ignored) and started with
+``ssh -o StrictHostKeyChecking=no -o BatchMode=yes [-p port] host 'sh -c ...'``. The remote
+shell ``cd``\\ s to the launcher's working directory and starts the command under ``env``
+with the role's variables, the ``--env`` variables and the role's pairs. Remote hosts need
+a POSIX ``sh`` and ``setsid`` (util-linux).
+
+How a remote process is stopped: ssh without a terminal does not signal the remote command
+when the client dies, so the remote shell runs the command in a session of its own
+(``setsid``) and a watcher reads the ssh connection's stdin, which the launcher holds open
+and never writes. When the connection closes (the launcher stops the job, or the ssh
+client or the launcher dies), the watcher reads end-of-file and sends SIGTERM to the
+command's process group, then SIGKILL 3 s later if it is still there.
+
+What it cannot see: a process that hangs instead of exiting. In MXNet 1.9.1 that includes
+a worker leaving through ``sys.exit`` or an uncaught exception while another worker waits
+for it: its kvstore's destructor waits in ps-lite's exit barrier forever. Such a worker
+must leave with ``os._exit``, or disable the barrier first
+(``MXKVStoreSetBarrierBeforeExit(handle, 0)``); ``--timeout`` bounds the rest.
+
+The launcher imports nothing from MXNet, and runs as a plain file too
+(``python path/to/mxdelay/launcher.py``), like MXNet's ``tools/launch.py``.
+"""
+import argparse
+import ctypes
+import ipaddress
+import logging
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+try:
+    from . import env
+except ImportError:  # run as a file, like MXNet's tools/launch.py: no package import (and no MXNet)
+    import env  # pylint: disable=import-error
+
+__all__ = ['main', 'build_parser', 'KILL_GRACE']
+
+# __name__ is '__main__' under `python -m`; the logger keeps one name however it runs.
+_LOG = logging.getLogger('mxdelay.launcher')
+
+#: Seconds between SIGTERM and SIGKILL when the launcher stops a job.
+KILL_GRACE = 3.0
+
+_LAUNCHERS = ('local', 'ssh')
+_EXIT_TIMEOUT = 124  # as coreutils' timeout(1)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_POLL_SECONDS = 0.05
+_DRAIN_SECONDS = 1.0  # how long to wait for the last output of a process that has exited
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+# The remote side of one ssh role (see the module docstring), one line so that any login
+# shell passes it to `sh -c` unchanged. fd 3 keeps the ssh connection's stdin for the
+# watcher; the command and everything else read /dev/null. The command and the watcher
+# each get a session (and process group) of their own, so that each can be killed whole:
+# the watcher kills the command's group on end of file, the shell kills the watcher's group
+# (its cat or sleep included) when the command has exited. Only the command writes to the
+# connection: the watcher's output could hold the ssh session open, and the shell's (sh
+# reports a killed job) would kill the shell by SIGPIPE once the connection is gone.
+_REMOTE_SCRIPT = ('cd {cwd} || exit 127; exec 3<&0 </dev/null; setsid {command} 3<&- & pid=$!; '
+                  "setsid sh -c 'cat; kill -TERM -$0; sleep 3; kill -KILL -$0' $pid "
+                  '<&3 >/dev/null 2>&1 & watcher=$!; exec 3<&- >/dev/null 2>&1; '
+                  'wait $pid; rc=$?; kill -KILL -$watcher; exit $rc')
+
+
+def build_parser():
+    """Return the argument parser of ``mxdelay-launch``.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        Options before the command are the launcher's; everything from the first
+        non-option word on is the command (``--`` may separate them).
+    """
+    parser = argparse.ArgumentParser(
+        prog='mxdelay-launch', allow_abbrev=False,
+        description='Launch a distributed MXNet job: 1 scheduler, S servers and N workers all '
+                    'running COMMAND; prefix their output with role and rank; stop the whole job '
+                    'when any process fails.',
+        epilog='Example: mxdelay-launch -n 2 -s 1 mxdelay-run python train.py --epochs 3')
+    parser.add_argument('-n', '--num-workers', type=int, required=True, metavar='N',
+                        help='number of worker processes (at least 1)')
+    parser.add_argument('-s', '--num-servers', type=int, metavar='S',
+                        help='number of server processes (at least 1; default: N)')
+    parser.add_argument('-H', '--hostfile', metavar='FILE',
+                        help="hosts for --launcher ssh, one 'host' or 'host:port' a line")
+    parser.add_argument('--launcher', metavar='|'.join(_LAUNCHERS),
+                        help='where to run the servers and workers (default: ssh with -H, '
+                             'else local)')
+    parser.add_argument('--env-server', action='append', default=[], metavar='NAME:VALUE',
+                        help='set NAME=VALUE for the servers (repeatable)')
+    parser.add_argument('--env-worker', action='append', default=[], metavar='NAME:VALUE',
+                        help='set NAME=VALUE for the workers (repeatable)')
+    parser.add_argument('--env', action='append', default=[], metavar='NAME',
+                        help="pass NAME from this environment to remote roles (repeatable; local "
+                             'roles inherit the whole environment)')
+    parser.add_argument('--timeout', type=float, metavar='SECONDS',
+                        help='stop the job (exit 124) if it runs longer than this')
+    parser.add_argument('--port', type=int,
+                        help="the scheduler's TCP port (default: a free one)")
+    parser.add_argument('--host-ip', metavar='ADDRESS',
+                        help="ssh: the scheduler's address as seen by the hosts (default: "
+                             '127.0.0.1 for loopback hosts, else the address of the interface '
+                             'that reaches the first host)')
+    parser.add_argument('--ssh-option', action='append', default=[], metavar='KEY=VALUE',
+                        help='ssh: pass -o KEY=VALUE to ssh (repeatable), e.g. '
+                             'IdentityFile=~/.ssh/id_ed25519')
+    parser.add_argument('command', nargs=argparse.REMAINDER, metavar='COMMAND',
+                        help='the command every role runs, e.g. mxdelay-run python train.py')
+    return parser
+
+
+class _Config:  # pylint: disable=too-many-instance-attributes,too-few-public-methods
+    """The validated options of one job."""
+
+    def __init__(self, args, parser):
+        def fail(message):
+            parser.error(message)  # prints usage and the message, exits 2
+
+        self.command = args.command[1:] if args.command[:1] == ['--'] else args.command
+        if not self.command:
+            fail('no command given; put the command every role runs after the options, e.g. '
+                 'mxdelay-launch -n 2 -s 1 mxdelay-run python train.py')
+        if args.num_workers < 1:
+            fail('-n/--num-workers must be at least 1, got %d; pass the number of worker '
+                 'processes, e.g. -n 2' % args.num_workers)
+        self.num_workers = args.num_workers
+        self.num_servers = args.num_workers if args.num_servers is None else args.num_servers
+        if self.num_servers < 1:
+            fail('-s/--num-servers must be at least 1, got %d; a parameter-server job needs a '
+                 'server, e.g. -s 1' % self.num_servers)
+        self.launcher = args.launcher or ('ssh' if args.hostfile else 'local')
+        if self.launcher not in _LAUNCHERS:
+            fail("--launcher %s is not supported; mxdelay-launch supports %s (MXNet's mpi, sge "
+                 "and yarn launchers are not implemented: use MXNet's tools/launch.py for them)"
+                 % (self.launcher, ' and '.join(_LAUNCHERS)))
+        self.env_server = _parse_pairs('--env-server', args.env_server, fail)
+        self.env_worker = _parse_pairs('--env-worker', args.env_worker, fail)
+        self.pass_env = {}
+        for name in args.env:
+            # A pass-through of the user's own variable, not one that mxdelay reads: not in env.
+            if name not in os.environ:
+                fail('--env %s: %s is not set in the launcher\'s environment; set it or drop '
+                     '--env %s' % (name, name, name))
+            self.pass_env[name] = os.environ[name]
+        if args.timeout is not None and args.timeout <= 0:
+            fail('--timeout must be a positive number of seconds, got %g' % args.timeout)
+        self.timeout = args.timeout
+        self.port = _check_port(args.port, fail)
+        try:
+            self.shutdown_wait = env.get_float('MXDELAY_SHUTDOWN_WAIT')
+        except ValueError as err:
+            fail(str(err))
+
+        if self.launcher == 'local':
+            for option, value in (('-H/--hostfile', args.hostfile), ('--host-ip', args.host_ip),
+                                  ('--ssh-option', args.ssh_option)):
+                if value:
+                    fail('%s is only used with --launcher ssh, got %r with --launcher local; '
+                         'drop it or pass --launcher ssh' % (option, value))
+            if not (os.sep in self.command[0] or shutil.which(self.command[0])):
+                fail('command %r not found on PATH; give its full path or fix PATH'
+                     % self.command[0])
+            self.hosts = []
+            self.root_uri = '127.0.0.1'
+        else:
+            if not args.hostfile:
+                fail('--launcher ssh needs -H/--hostfile FILE listing the hosts; got none')
+            if not shutil.which('ssh'):
+                fail('--launcher ssh needs the ssh client, which is not on PATH; install '
+                     'openssh-client')
+            self.hosts = _read_hostfile(args.hostfile, fail)
+            for option in args.ssh_option:
+                if '=' not in option:
+                    fail("--ssh-option %r is not KEY=VALUE; write e.g. --ssh-option "
+                         "IdentityFile=/path/to/key" % option)
+            self.ssh_options = args.ssh_option
+            self.root_uri = args.host_ip or _address_seen_by(self.hosts, fail)
+
+
+def _parse_pairs(option, values, fail):
+    pairs = {}
+    for value in values:
+        name, colon, setting = value.partition(':')
+        if not colon or not name.isidentifier():
+            fail('%s %r is not NAME:VALUE; write e.g. %s OMP_NUM_THREADS:4'
+                 % (option, value, option))
+        pairs[name] = setting
+    return pairs
+
+
+def _check_port(port, fail):
+    if port is None:
+        with socket.socket() as sock:
+            sock.bind(('', 0))  # ps-lite's scheduler binds all interfaces
+            return sock.getsockname()[1]
+    if not 0 < port < 65536:
+        fail('--port must be in 1..65535, got %d' % port)
+    with socket.socket() as sock:
+        # As ZeroMQ does: a port whose last connections are in TIME_WAIT can be bound.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(('', port))
+        except OSError as err:
+            # Two jobs on one port break both; refuse before starting anything.
+            fail('--port %d is not free (%s); drop --port to use a free one' % (port, err.strerror))
+    return port
+
+
+def _read_hostfile(path, fail):
+    try:
+        with open(path, encoding='utf-8') as file:
+            lines = file.read().splitlines()
+    except OSError as err:
+        fail('-H/--hostfile %r cannot be read (%s); pass a file with one host or host:port a line'
+             % (path, err.strerror))
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        line = line.split('#', 1)[0].strip()
+        if not line:
+            continue
+        host, colon, port = line.partition(':')
+        if colon and not (port.isdigit() and 0 < int(port) < 65536):
+            fail('-H/--hostfile %r line %d: %r is not host or host:port (port 1..65535)'
+                 % (path, number, line))
+        hosts.append((host, int(port) if colon else None))
+    if not hosts:
+        fail('-H/--hostfile %r lists no host; write one host or host:port a line' % path)
+    return hosts
+
+
+def _address_seen_by(hosts, fail):
+    """Return the scheduler's address for the hosts: loopback, or the local interface's."""
+    addresses = []
+    for host, _ in hosts:
+        try:
+            addresses.append(socket.gethostbyname(host))
+        except OSError as err:
+            fail('-H/--hostfile: cannot resolve host %r (%s); fix the name or use its address'
+                 % (host, err))
+    if all(ipaddress.ip_address(address).is_loopback for address in addresses):
+        return '127.0.0.1'
+    # Connecting a UDP socket sends nothing; it only selects the route and so the interface.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect((addresses[0], hosts[0][1] or 22))
+        return sock.getsockname()[0]
+
+
+class _Role:  # pylint: disable=too-few-public-methods
+    """One process of the job: its role, rank, host (ssh) and, once started, its Popen."""
+
+    def __init__(self, role, rank, host=None):
+        self.role, self.rank, self.host = role, rank, host
+        name = role if role == 'scheduler' else '%s %d' % (role, rank)
+        self.prefix = ('[%s] ' % name).encode()
+        self.label = name if host is None else '%s (on %s)' % (name, host[0])
+        self.popen = None
+        self.status = None  # the Popen-style return code once the process has exited
+
+    @property
+    def pipes(self):
+        """The process's stdout and stderr pipes."""
+        return self.popen.stdout, self.popen.stderr
+
+    def exited(self):
+        """Return the exit status if the process has exited, else None; do not reap it.
+
+        The exited process stays a zombie until :meth:`_Job.run` reaps it at the very end,
+        so its PID, which is also its process group's ID, cannot be reused meanwhile and
+        ``killpg`` reaches only what this job started.
+        """
+        if self.status is None:
+            info = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                self.status = (info.si_status if info.si_code == os.CLD_EXITED
+                               else -info.si_status)
+        return self.status
+
+    def signal_group(self, signum):
+        """Send `signum` to the process group this role's process leads."""
+        try:
+            os.killpg(self.popen.pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def _describe(status):
+    if status < 0:
+        return 'died with signal %s (exit %d)' % (signal.Signals(-status).name, status)
+    return 'exited with code %d' % status
+
+
+def _exit_code(status):
+    return 128 - status if status < 0 else status
+
+
+class _Output:
+    """Copy the children's pipes to our stdout and stderr, one prefixed line at a time."""
+
+    def __init__(self):
+        self._selector = selectors.DefaultSelector()
+        self._partial = {}
+
+    def add(self, pipe, prefix, sink):
+        """Copy `pipe` to `sink` (a binary stream), each line prefixed with `prefix`."""
+        os.set_blocking(pipe.fileno(), False)
+        self._selector.register(pipe, selectors.EVENT_READ, (prefix, sink))
+        self._partial[pipe] = b''
+
+    def pump(self, seconds, until_closed=()):
+        """Copy output for `seconds`, or less once every pipe of `until_closed` has closed."""
+        deadline = time.monotonic() + seconds
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (until_closed and
+                                  not any(pipe in self._partial for pipe in until_closed)):
+                return
+            for key, _ in self._selector.select(remaining):
+                self._read(key.fileobj, *key.data)
+
+    def _read(self, pipe, prefix, sink):
+        chunk = os.read(pipe.fileno(), 65536)
+        data = self._partial[pipe] + chunk
+        if not chunk:  # end of file: the last line may lack its newline
+            self._selector.unregister(pipe)
+            del self._partial[pipe]
+            pipe.close()
+            lines, rest = data, b''
+            if lines and not lines.endswith(b'\n'):
+                lines += b'\n'
+        else:
+            cut = data.rfind(b'\n') + 1
+            lines, rest = data[:cut], data[cut:]
+            self._partial[pipe] = rest
+        if lines:
+            sink.write(b''.join(prefix + line + b'\n' for line in lines[:-1].split(b'\n')))
+            sink.flush()
+
+
+def _die_with_parent(parent_pid, libc):
+    """Return a preexec_fn: the child gets SIGKILL when the launcher dies."""
+    def preexec():
+        # PDEATHSIG fires when the *thread* that forked exits: the launcher has only one.
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the launcher died before prctl: nothing would signal us
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
+
+
+class _Job:
+    """Start the roles of one job, copy their output, and stop them all at the end."""
+
+    def __init__(self, config):
+        self.config = config
+        self.roles = [_Role('scheduler', 0)]
+        hosts = config.hosts
+        for index in range(config.num_servers + config.num_workers):
+            role, rank = (('server', index) if index < config.num_servers
+                          else ('worker', index - config.num_servers))
+            self.roles.append(_Role(role, rank, hosts[index % len(hosts)] if hosts else None))
+        self.output = _Output()
+        self._signal = None
+        self._libc = ctypes.CDLL(None, use_errno=True)
+
+    def _role_env(self, role):
+        """Return the variables that `role` gets on top of its inherited environment."""
+        config = self.config
+        variables = {
+            'DMLC_ROLE': role.role,
+            'DMLC_PS_ROOT_URI': config.root_uri,
+            'DMLC_PS_ROOT_PORT': str(config.port),
+            'DMLC_NUM_WORKER': str(config.num_workers),
+            'DMLC_NUM_SERVER': str(config.num_servers),
+            # The address the others use to reach this process.
+            'DMLC_NODE_HOST': role.host[0] if role.host else config.root_uri,
+            'MXDELAY_RANK': str(role.rank),
+        }
+        if role.role == 'server':
+            variables.update(config.env_server)
+        elif role.role == 'worker':
+            variables.update(config.env_worker)
+        return variables
+
+    def _start(self, role):
+        config = self.config
+        variables = self._role_env(role)
+        if role.host is None:  # a local process inherits the launcher's environment
+            argv, stdin = config.command, subprocess.DEVNULL
+            child_env = {'PYTHONUNBUFFERED': '1', **os.environ, **variables}
+        else:
+            remote_env = {'PYTHONUNBUFFERED': '1', **config.pass_env, **variables}
+            command = shlex.join(['env'] + ['%s=%s' % item for item in remote_env.items()]
+                                 + config.command)
+            script = _REMOTE_SCRIPT.format(cwd=shlex.quote(os.getcwd()), command=command)
+            host, port = role.host
+            argv = ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
+            for option in config.ssh_options:
+                argv += ['-o', option]
+            argv += (['-p', str(port)] if port else []) + [host, 'sh -c ' + shlex.quote(script)]
+            # Held open and never written: its end of file tells the remote side to stop.
+            stdin, child_env = subprocess.PIPE, None
+        _LOG.debug('%s: %s', role.label, shlex.join(argv))
+        # pylint: disable-next=consider-using-with,subprocess-popen-preexec-fn
+        role.popen = subprocess.Popen(
+            argv, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=child_env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent(os.getpid(), self._libc))
+        self.output.add(role.popen.stdout, role.prefix, sys.stdout.buffer)
+        self.output.add(role.popen.stderr, role.prefix, sys.stderr.buffer)
+
+    def run(self):
+        """Run the job to its end and return the launcher's exit code."""
+        config = self.config
+        _LOG.info('starting 1 scheduler, %d server(s) and %d worker(s) (%s launcher; scheduler '
+                  'at %s:%d)', config.num_servers, config.num_workers, config.launcher,
+                  config.root_uri, config.port)
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in _STOP_SIGNALS}
+        try:
+            for role in self.roles:
+                try:
+                    self._start(role)
+                except OSError as err:
+                    _LOG.error('cannot start %s: %s; stopping the job', role.label, err)
+                    return 127
+            return self._supervise()
+        finally:
+            self._stop()
+            for role in self.roles:
+                if role.popen is not None:
+                    role.popen.wait()  # reap, only now that no group is signalled any more
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum, _frame):
+        self._signal = self._signal or signum
+
+    def _supervise(self):
+        """Wait for the job to succeed or fail; return the exit code."""
+        timeout = self.config.timeout
+        deadline = time.monotonic() + timeout if timeout else None
+        shutdown_wait = self.config.shutdown_wait
+        workers_done_at = None
+        while True:
+            self.output.pump(_POLL_SECONDS)
+            if self._signal is not None:
+                _LOG.error('received %s; stopping the job', signal.Signals(self._signal).name)
+                return 128 + self._signal
+            for role in self.roles:
+                was_running = role.status is None
+                status = role.exited()
+                if status == 0 and was_running:
+                    _LOG.debug('%s exited with code 0', role.label)
+                if status:
+                    # Its last words (a traceback, say) before the verdict.
+                    self.output.pump(_DRAIN_SECONDS, until_closed=role.pipes)
+                    _LOG.error('%s %s; stopping the job', role.label, _describe(status))
+                    return _exit_code(status)
+            running = [role for role in self.roles if role.exited() is None]
+            if not running:
+                return 0
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                _LOG.error('the job ran longer than --timeout %g s; stopping it', timeout)
+                return _EXIT_TIMEOUT
+            if all(role.role != 'worker' for role in running):
+                workers_done_at = workers_done_at or now
+                if now - workers_done_at > shutdown_wait:
+                    _LOG.warning('every worker finished, but %s still running %g s later '
+                                 '(MXDELAY_SHUTDOWN_WAIT); killing them',
+                                 ', '.join(role.label for role in running), shutdown_wait)
+                    return 0
+
+    def _stop(self):
+        """End every process started: SIGTERM, SIGKILL after a grace, and collect the output."""
+        started = [role for role in self.roles if role.popen is not None]
+        for role in started:
+            if role.popen.stdin:
+                role.popen.stdin.close()  # ssh: the remote side stops on end of file
+            role.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + KILL_GRACE
+        while time.monotonic() < deadline and any(role.exited() is None for role in started):
+            self.output.pump(_POLL_SECONDS)
+        # Every group, exited leaders included: it also ends what their children left behind.
+        for role in started:
+            role.signal_group(signal.SIGKILL)
+        self.output.pump(_DRAIN_SECONDS,
+                         until_closed=[pipe for role in started for pipe in role.pipes])
+
+
+def main(argv=None):
+    """Entry point of ``mxdelay-launch``: parse the options, run the job, return its exit code.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        0 when every worker exited 0; else the first failure's exit code (128 + signal
+        number for a signal), 124 on ``--timeout``, 130/143/129 on SIGINT/SIGTERM/SIGHUP.
+        Bad options exit 2 (``SystemExit``) before anything starts.
+    """
+    parser = build_parser()
+    if not _LOG.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter('mxdelay-launch: %(message)s'))
+        _LOG.addHandler(handler)
+        _LOG.propagate = False
+    level = env.get('MXDELAY_LOG_LEVEL')
+    try:
+        _LOG.setLevel(level.upper())
+    except ValueError:
+        parser.error('environment variable MXDELAY_LOG_LEVEL=%r is not a log level; use DEBUG, '
+                     'INFO, WARNING or ERROR' % level)
+    args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if unknown:
+        parser.error('unknown option %s before the command; mxdelay-launch takes the options '
+                     'listed above, and options meant for the command go after it'
+                     % ' '.join(unknown))
+    return _Job(_Config(args, parser)).run()
+
+
+if __name__ == '__main__':
+    sys.exit(main())
