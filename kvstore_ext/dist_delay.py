@@ -198,7 +198,7 @@ class DistDelay(KVStoreBase):
         replies = []
         for server in range(self._num_servers):
             ok, payload, seq = self._read_reply(server)
-            if seq != self._seq:
+            if seq != self._seq % protocol.SEQ_MODULUS:
                 raise RuntimeError('mxdelay server %d did not answer command %s (its last '
                                    'reply is to command %d, not %d); see its log'
                                    % (server, command.value, seq, self._seq))

@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN',
            'KeyLayout', 'encode_command', 'decode_command', 'command_rank', 'encode_reply',
-           'decode_reply',
+           'decode_reply', 'SEQ_MODULUS',
            'pack_object', 'unpack_object']
 
 PROTOCOL_VERSION = 1
@@ -38,6 +38,9 @@ COMMAND_PREFIX = 'mxdelay:'
 REPLY_LEN = 1 << 14
 _HEADER = 5
 _MXNET_KEY_MULTIPLIER = 9973  # src/kvstore/kvstore_dist.h, EncodeDefaultKey
+_MAX_KEY = (2 ** 31 - 1) // _MXNET_KEY_MULTIPLIER
+#: Sequence numbers travel in one float32: exact below 2**24, compared modulo that.
+SEQ_MODULUS = 1 << 24
 
 
 class Command(str, enum.Enum):
@@ -81,10 +84,12 @@ def decode_command(text):
 
 
 def command_rank(text):
-    """Best-effort rank of the worker that sent `text` (None if unreadable), so that even a
-    malformed or unknown command gets an error reply."""
+    """Best-effort ``(rank, seq)`` of the command `text` (rank None if unreadable), so that
+    even a malformed or unknown command gets an error reply."""
+    if isinstance(text, bytes):
+        text = text.decode('utf-8', 'replace')
     try:
-        body = json.loads(text.decode('utf-8', 'replace').partition(' ')[2])
+        body = json.loads(text.partition(' ')[2])
         return int(body['rank']), int(body.get('seq', 0))
     except (ValueError, KeyError, TypeError, AttributeError):
         return None, 0
@@ -107,7 +112,7 @@ def encode_reply(ok, payload, seq=0):
         ok, data = False, json.dumps('reply of %d bytes is too long for the status key'
                                      % len(data)).encode('utf-8')
     out = np.zeros(REPLY_LEN, dtype=np.float32)
-    out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, seq, len(data))
+    out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, seq % SEQ_MODULUS, len(data))
     out[_HEADER:_HEADER + len(data)] = np.frombuffer(data, dtype=np.uint8)
     return out
 
@@ -145,7 +150,12 @@ class KeyLayout(object):
             self._residue[(r * _MXNET_KEY_MULTIPLIER) % num_servers] = r
 
     def _key(self, index, server):
-        return index * self.num_servers + self._residue[server]
+        key = index * self.num_servers + self._residue[server]
+        if key > _MAX_KEY:
+            raise ValueError('key %d exceeds %d, the largest key MXNet places correctly (it '
+                             'computes (key * 9973) %% num_servers in a C int): use fewer, '
+                             'larger chunks (MXDELAY_CHUNK_SIZE) or a smaller slack' % (key, _MAX_KEY))
+        return key
 
     def status_key(self, server):
         """Key of server `server`'s status array."""

@@ -34,5 +34,5 @@ if 'mxnet' not in sys.modules:
     dispatch_on_import()
 
 # pylint: disable=wrong-import-position
-from kvstore_ext import DistDelay  # noqa: E402  registers 'dist_delay'
+from kvstore_ext.dist_delay import DistDelay  # noqa: E402  registers 'dist_delay'
 from .trainer import DelayedTrainer  # noqa: E402

@@ -31,6 +31,9 @@ class DelaySchedule(object):
     """
 
     def __init__(self, delay, warmup_steps, step=0):
+        if delay < 1 or warmup_steps < 0 or step < 0:
+            raise ValueError('DelaySchedule needs delay >= 1, warmup_steps >= 0, step >= 0; got '
+                             'delay=%r warmup_steps=%r step=%r' % (delay, warmup_steps, step))
         self.delay = delay
         self.warmup_steps = warmup_steps
         self.step = step

@@ -1,6 +1,7 @@
 """``DelayedTrainer``: a ``gluon.Trainer`` with the k-step delayed update (CN112463189B)."""
 import json
 import logging
+import numbers
 import os
 import pickle
 
@@ -8,7 +9,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import gluon, nd
 
-from kvstore_ext import DistDelay
+from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.server import atomic_write
 from .rules import RuleContext, create_rule
 from .schedule import DelaySchedule, SWITCH, DELAYED
@@ -99,8 +100,8 @@ class DelayedTrainer(gluon.Trainer):
         warmup_steps = _check_int('warmup_steps', warmup_steps, 0,
                                   'use warmup_steps=0 to start delayed updates at once')
         if local_lr is not None and (isinstance(local_lr, bool) or
-                                     not isinstance(local_lr, (int, float)) or
-                                     not local_lr >= 0):
+                                     not isinstance(local_lr, numbers.Real) or
+                                     not 0 <= local_lr < float('inf')):
             raise ValueError('local_lr must be a number >= 0 or None (the optimizer\'s lr), '
                              'got %r' % (local_lr,))
         if slack is not None:
@@ -132,7 +133,8 @@ class DelayedTrainer(gluon.Trainer):
         self._logged_phase = None
         self._delayed_mode = None  # decided when the kvstore is created
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
-                  delay, warmup_steps, self._rule, self._local_lr or 'optimizer lr', self._slack)
+                  delay, warmup_steps, self._rule,
+                  'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)
 
     # -- kvstore ----------------------------------------------------------------------------
     def _init_kvstore(self):
@@ -148,6 +150,10 @@ class DelayedTrainer(gluon.Trainer):
             raise ValueError("DelayedTrainer needs kvstore='dist_delay' for distributed training, "
                              'got %r; pass kvstore=\'dist_delay\' (and launch with mxdelay-launch '
                              '... mxdelay-run)' % kvstore.type)
+        if not self._update_on_kvstore:
+            raise ValueError('update_on_kvstore is False (set by the environment variable '
+                             'MXNET_UPDATE_ON_KVSTORE=0?), but with \'dist_delay\' the servers '
+                             'apply the optimizer: unset MXNET_UPDATE_ON_KVSTORE')
         kvstore.configure(slack=max(self._slack, kvstore.slack))
         kvstore.set_config(delay=self._schedule.delay, warmup_steps=self._schedule.warmup_steps,
                            local_rule=repr(self._rule), local_lr=self._local_lr,

@@ -268,18 +268,11 @@ def test_good_arguments_are_accepted(kwargs):
     assert trainer.schedule.step == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: local_lr=np.float32(0.05) is refused with 'local_lr must be a number >= 0 ..., "
-    "got 0.05': trainer.py checks isinstance(local_lr, (int, float)), which numpy float32 "
-    "scalars fail (delay/warmup_steps accept np.integer)"))
 def test_numpy_float_local_lr_is_accepted():
     mxdelay.DelayedTrainer(small_params(), 'sgd', {'learning_rate': 0.1},
                            local_lr=np.float32(0.05))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: local_lr=0 is logged as 'local_lr=optimizer lr' (trainer.py logs "
-    "`self._local_lr or 'optimizer lr'`, and 0.0 is falsy) although the local lr is 0"))
 def test_configuration_log_shows_local_lr_zero(caplog):
     caplog.set_level(logging.INFO, logger=TRAINER_LOG)
     mxdelay.DelayedTrainer(small_params(), 'sgd', {'learning_rate': 0.1}, local_lr=0.0)
@@ -509,12 +502,6 @@ def test_one_worker_local_weights_are_the_global_weights(delay, warmup_steps, lo
                                    err_msg='step %d, %s' % (step, name))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG (minor): rule 'sgd' with N = 1 and plain SGD on the server is not bit-equal to the "
-    "server (SPEC: 'Consequences that tests can check exactly'): LocalSGDRule uses "
-    "nd.sgd_update, the server's optimizer.SGD (through its Updater) nd.multi_sgd_update, "
-    "whose float32 rounding differs by an ulp; with nd.multi_sgd_update(num_weights=1) in "
-    "rules.py this test passes"))
 @pytest.mark.parametrize('delay', [1, 3])
 def test_one_worker_sgd_rule_is_the_server_bit_for_bit(delay):
     for step, name, local, glob in local_and_global(delay, 1, 'sgd', 0.0):
@@ -620,14 +607,6 @@ def test_delayed_load_refuses_foreign_files(tmp_path, content):
         trainer.load_states(str(tmp_path / 'missing'))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: with MXNET_UPDATE_ON_KVSTORE=0 in the environment, gluon's _create_kvstore sets "
-    "update_on_kvstore=False, so the optimizer is never sent to the 'dist_delay' servers; "
-    "DelayedTrainer._init_kvstore (trainer.py:132) does not check. The first step then fails "
-    "with the servers' RuntimeError 'set_hyper failed: ... no optimizer installed' (or, if "
-    "rescale_grad never changes, the servers silently store gradient sums as the weights, "
-    "kvstore_ext/server.py _apply). It should force update_on_kvstore or raise a ValueError "
-    "naming the variable"))
 def test_update_on_kvstore_environment_cannot_drop_the_optimizer(monkeypatch):
     _, _, _, want = run_delayed(4, delay=2, warmup_steps=1)
     monkeypatch.setenv('MXNET_UPDATE_ON_KVSTORE', '0')
