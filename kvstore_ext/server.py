@@ -191,9 +191,16 @@ class DelayServer(KVStoreServer):
                 _LOG.info('server %d: optimizer %s installed', self._server_rank,
                           type(optimizer).__name__)
             self._optimizer = optimizer
-            self._updater = mx.optimizer.get_updater(optimizer)
-            self._attach_param_dict()
+            self._install_updater()
         return {'optimizer': type(self._optimizer).__name__}
+
+    def _install_updater(self, states=None):
+        """Install an updater for the current optimizer, or for the one in saved `states`."""
+        updater = mx.optimizer.get_updater(self._optimizer or mx.optimizer.SGD())
+        if states is not None:
+            updater.set_states(states)  # also restores the saved optimizer
+        self._updater, self._optimizer = updater, updater.optimizer
+        self._attach_param_dict()
 
     def _on_set_hyper(self, body):
         self._require_optimizer('change the optimizer')
@@ -249,10 +256,7 @@ class DelayServer(KVStoreServer):
             return {'path': path, 'valid': True}
         # Validated: now replace the state.
         if state['updater'] is not None:
-            updater = mx.optimizer.get_updater(mx.optimizer.SGD())
-            updater.set_states(state['updater'])
-            self._updater, self._optimizer = updater, updater.optimizer
-            self._attach_param_dict()
+            self._install_updater(state['updater'])
         for chunk, saved in state['chunks'].items():
             if saved['weight'] is not None:
                 self._weights[chunk] = mx.nd.array(saved['weight'], dtype=saved['weight'].dtype)
@@ -312,10 +316,37 @@ class DelayServer(KVStoreServer):
         weight = self._weights[chunk]
         if self._updater is None:
             weight[:] = grad  # no optimizer: store the round's sum, as MXNet's server does
+        elif _is_plain_sgd(self._optimizer):
+            self._sgd(chunk, grad, weight)
         else:
             self._updater(chunk, grad, weight)
         stored[:] = weight
         self._next_round[chunk] += 1
+
+    def _sgd(self, chunk, grad, weight):
+        # optimizer.SGD always takes MXNet's multi-tensor kernels, which are 3x slower on CPU
+        # for one tensor than sgd_mom_update (6.3 ms vs 2.2 ms on 1.86M floats, measured);
+        # with momentum both do the same arithmetic. The state lives in the updater, so that
+        # saving and loading it is unchanged.
+        opt, updater = self._optimizer, self._updater
+        if chunk not in updater.states:
+            updater.states[chunk] = opt.create_state(chunk, weight)
+            updater.states_synced[chunk] = True
+        opt._update_count(chunk)  # pylint: disable=protected-access
+        kwargs = {'lr': opt._get_lr(chunk), 'wd': opt._get_wd(chunk),  # pylint: disable=protected-access
+                  'rescale_grad': opt.rescale_grad}
+        if opt.clip_gradient:
+            kwargs['clip_gradient'] = opt.clip_gradient
+        momentum = updater.states[chunk]
+        if momentum is not None:
+            mx.nd.sgd_mom_update(weight, grad, momentum, out=weight, momentum=opt.momentum,
+                                 **kwargs)
+        else:
+            mx.nd.sgd_update(weight, grad, out=weight, **kwargs)
+
+
+def _is_plain_sgd(optimizer):
+    return type(optimizer) is mx.optimizer.SGD and not optimizer.multi_precision  # noqa: E721
 
 
 def atomic_write(path, data):

@@ -30,7 +30,9 @@ def _check_mxnet_version():
 
 
 _check_mxnet_version()
-if 'mxnet' not in sys.modules:
+#: Whether mxdelay was imported before MXNet (so its MXNet defaults took effect).
+IMPORTED_BEFORE_MXNET = env.set_mxnet_defaults()
+if IMPORTED_BEFORE_MXNET:
     dispatch_on_import()
 
 # pylint: disable=wrong-import-position

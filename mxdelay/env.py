@@ -6,7 +6,8 @@ reads ``DMLC_ROLE`` before MXNet may be imported.
 """
 import os
 
-__all__ = ['VARIABLES', 'get', 'get_int', 'get_float', 'get_bool', 'role']
+__all__ = ['VARIABLES', 'get', 'get_int', 'get_float', 'get_bool', 'role',
+           'set_mxnet_defaults']
 
 #: name -> (default, one-line meaning). The README's table is generated from this.
 VARIABLES = {
@@ -19,6 +20,11 @@ VARIABLES = {
                            'many rounds ahead of the slowest); DelayedTrainer raises it to at least delay.'),
     'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes and of mxdelay-launch.'),
     'MXDELAY_RANK': (None, 'Rank of this process within its role; set by mxdelay-launch for log prefixes.'),
+    'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (
+        '4', "MXNet's backward bulk size. MXNet's default (15) runs a small network's whole "
+             'backward as one engine operation, so no push can start before backward ends; '
+             '`import mxdelay` (before mxnet) sets 4 when unset: every few operators end a '
+             'segment and their gradients are pushed while backward goes on.'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0; then it kills them.'),
 }
@@ -63,3 +69,16 @@ def role():
     """Return this process's DMLC role, or None outside a distributed job."""
     value = get('DMLC_ROLE')
     return value.strip().lower() if value else None
+
+
+def set_mxnet_defaults():
+    """Give MXNet mxdelay's defaults for variables the user has not set (see VARIABLES).
+
+    Must run before MXNet is imported (MXNet reads them once); returns False if too late.
+    """
+    import sys  # pylint: disable=import-outside-toplevel
+    if 'mxnet' in sys.modules:
+        return False
+    name = 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD'
+    os.environ.setdefault(name, VARIABLES[name][0])
+    return True

@@ -111,9 +111,9 @@ class LocalSGDRule(LocalRule):
             state[:] = m * state + (1 - m) * g * g + 1e-7
             lam = self.dc_lambda / nd.sqrt(state)
         g, rescale = self._compensated(grad, grad_sync, ctx, lam)
-        # multi_sgd_update: the kernel (and rounding) of the servers' optimizer.SGD.
-        nd.multi_sgd_update(weight, g, out=weight, lrs=(ctx.lr,), wds=(ctx.wd,),
-                            rescale_grad=rescale, clip_gradient=ctx.clip_gradient, num_weights=1)
+        # The servers' kernel (they run optimizer.SGD one chunk at a time, unaggregated).
+        nd.sgd_update(weight, g, out=weight, lr=ctx.lr, wd=ctx.wd, rescale_grad=rescale,
+                      clip_gradient=ctx.clip_gradient)
 
     def __repr__(self):
         return 'LocalSGDRule(dc_lambda=%g, adaptive=%s)' % (self.dc_lambda, self.adaptive)
@@ -127,9 +127,9 @@ class MirrorRule(LocalRule):
 
     def update(self, weight, grad, grad_sync, state, ctx):
         g, rescale = self._compensated(grad, grad_sync, ctx)
-        nd.multi_sgd_mom_update(weight, g, state, out=weight, lrs=(ctx.lr,), wds=(ctx.wd,),
-                                momentum=ctx.momentum, rescale_grad=rescale * ctx.num_workers,
-                                clip_gradient=ctx.clip_gradient, num_weights=1)
+        nd.sgd_mom_update(weight, g, state, out=weight, lr=ctx.lr, wd=ctx.wd,
+                          momentum=ctx.momentum, rescale_grad=rescale * ctx.num_workers,
+                          clip_gradient=ctx.clip_gradient)
 
 
 #: name -> (factory taking dc_lambda or None, default lam)

@@ -119,6 +119,7 @@ class DelayedTrainer(gluon.Trainer):
         if compression_params and _is_dist_delay(kvstore):
             raise ValueError("compression_params=%r cannot be used with 'dist_delay' (every "
                              'gradient enters its round exactly); remove it' % (compression_params,))
+        self._registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
         self._schedule = DelaySchedule(delay, warmup_steps)
@@ -132,9 +133,49 @@ class DelayedTrainer(gluon.Trainer):
         self._grad_sum = {}       # param index -> gradient summed over devices (>1 device)
         self._logged_phase = None
         self._delayed_mode = None  # decided when the kvstore is created
+        self._first_use = []       # param indices in the order the first forward used them
+        self._push_order = None    # param indices, last-used first; set at the first step
+        self._priority = {}        # param index -> priority (first used: highest)
+        self._watch_first_forward()
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, self._rule,
                   'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)
+
+    # -- priorities ------------------------------------------------------------------------
+    def _watch_first_forward(self):
+        # Record the order in which the first forward reads the parameters (every Block reads
+        # its weights through Parameter.data, hybridized or not): that order, not Gluon's
+        # name-sorted index ('dense10' sorts before 'dense2'), is what the next forward
+        # needs first. Removed again at the first step.
+        for i, param in enumerate(self._params):
+            original = param.data
+
+            def data(ctx=None, _i=i, _original=original):
+                if _i not in self._first_use:
+                    self._first_use.append(_i)
+                return _original(ctx)
+            param.data = data
+
+    def _decide_priorities(self):
+        for param in self._params:
+            param.__dict__.pop('data', None)
+        position = {name: n for n, name in enumerate(self._registration_order)}
+        unseen = sorted((i for i in range(len(self._params)) if i not in self._first_use),
+                        key=lambda i: position.get(self._params[i].name, len(position)))
+        order = self._first_use + unseen
+        self._priority = {i: -rank for rank, i in enumerate(order)}
+        self._push_order = [i for i in reversed(order) if self._params[i].grad_req != 'null']
+        _LOG.debug('DelayedTrainer: forward order %s', [self._params[i].name for i in order])
+
+    def priority_order(self):
+        """Parameter names from the highest push/pull priority to the lowest (forward order).
+
+        Known after the first step; before it, registration order.
+        """
+        if self._push_order is None:
+            return list(self._registration_order)
+        return [self._params[i].name for i in sorted(self._priority, key=self._priority.get,
+                                                     reverse=True)]
 
     # -- kvstore ----------------------------------------------------------------------------
     def _init_kvstore(self):
@@ -198,6 +239,8 @@ class DelayedTrainer(gluon.Trainer):
         self._check_and_rescale_grad(self._scale / batch_size)
         if self._params_to_init:
             self._init_params()
+        if self._push_order is None:
+            self._decide_priorities()
         t = self._schedule.step
         self._log_phase(t)
         self._check_fresh(ignore_stale_grad)
@@ -240,9 +283,12 @@ class DelayedTrainer(gluon.Trainer):
         return self._grad_sum[i]
 
     def _push_all(self):
-        for i, param in enumerate(self._params):
-            if param.grad_req != 'null':
-                self._kvstore.push(i, self._reduced_grad(i, param), priority=-i)
+        # Issued at once, last layer first: MXNet's engine starts each push as soon as its
+        # gradient is written (backward runs in segments of a few operators, see env.py),
+        # and the priority lets the layers the next forward needs first overtake.
+        for i in self._push_order:
+            self._kvstore.push(i, self._reduced_grad(i, self._params[i]),
+                               priority=self._priority[i])
 
     def _synchronous_step(self, t):
         # Warm-up (S1) and switch (S2): pull exactly W_{t+1} into the weights.
@@ -252,7 +298,7 @@ class DelayedTrainer(gluon.Trainer):
                 continue
             datas = param.list_data()
             before = datas[0].copy() if switch else None          # W_W
-            self._kvstore.pull(i, out=datas, priority=-i)
+            self._kvstore.pull(i, out=datas, priority=self._priority[i])
             if switch:
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
                 self._rule_state[i] = self._rule.create_state(datas[0], datas[0] - before)
@@ -284,7 +330,7 @@ class DelayedTrainer(gluon.Trainer):
             if issues:
                 if i not in self._pulled:
                     self._pulled[i] = nd.zeros_like(weight)
-                self._kvstore.pull(i, out=self._pulled[i], priority=-i)
+                self._kvstore.pull(i, out=self._pulled[i], priority=self._priority[i])
 
     def _clip_gradient(self):
         clip = self._optimizer.clip_gradient
@@ -402,6 +448,14 @@ class DelayedTrainer(gluon.Trainer):
         self._optimizer.rescale_grad = state['rescale_grad']
         self._logged_phase = None
         return None
+
+
+def _parameter_names(params):
+    if isinstance(params, (dict, gluon.ParameterDict)):
+        return [params[key].name for key in params.keys()]
+    if isinstance(params, (list, tuple)):
+        return [getattr(p, 'name', None) for p in params]
+    return []
 
 
 def _is_dist_delay(kvstore):

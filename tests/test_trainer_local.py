@@ -32,6 +32,7 @@ import filecmp
 import logging
 import os
 import pickle
+import types
 import sys
 
 import numpy as np
@@ -43,6 +44,7 @@ from mxnet import autograd, gluon, nd
 
 import reference
 from kvstore_ext.dist_delay import DistDelay
+from kvstore_ext.server import DelayServer, _is_plain_sgd
 from mxnet.kvstore import KVStoreBase
 from mxdelay.rules import LocalRule, MirrorRule
 
@@ -356,8 +358,13 @@ class FakeDistDelay(DistDelay):
         grad = value.copyto(mx.cpu())
         if self.server_updater is None:
             self.store[key][:] = grad
-        else:
+        elif not _is_plain_sgd(self.server_optimizer):
             self.server_updater(key, grad, self.store[key])
+        else:
+            # mxdelay's server applies plain SGD with the single-tensor kernels.
+            fake = types.SimpleNamespace(_optimizer=self.server_optimizer,
+                                         _updater=self.server_updater)
+            DelayServer._sgd(fake, key, grad, self.store[key])
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         self.log.append(('pull', key))
