@@ -85,7 +85,9 @@ class DistDelay(KVStoreBase):
     Raises
     ------
     RuntimeError
-        If the job's servers are not mxdelay's, or the workers' settings disagree.
+        If the job's servers are not mxdelay's.
+    ValueError
+        If the workers' settings disagree (both values are named).
     """
 
     def __init__(self):
@@ -105,6 +107,7 @@ class DistDelay(KVStoreBase):
         self._status_out = None
         self._config = {}
         self._seq = 0              # number of the last command, echoed by the replies
+        self._ballot = 0           # number of the last agree() call
 
     # -- configuration and hand-shake ------------------------------------------------------
     def configure(self, slack=None, chunk_size=None):
@@ -157,6 +160,7 @@ class DistDelay(KVStoreBase):
         """Prove the servers are mxdelay's and the workers agree; place the keys."""
         self._layout = protocol.KeyLayout(self._num_servers, self._slack + 1)
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': self._slack + 1,
+                 'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': protocol.PROTOCOL_VERSION,
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size)}
         self._native._send_command_to_servers(0, protocol.encode_command(Command.HELLO, hello))
@@ -178,8 +182,8 @@ class DistDelay(KVStoreBase):
                     "(or MXNet's tools/launch.py ... mxdelay-run python train.py)." % server)
             ok, payload, _ = reply
             if not ok:
-                raise RuntimeError('mxdelay server %d refused the hand-shake: %s'
-                                   % (server, payload))
+                raise ValueError('mxdelay server %d refused the hand-shake: %s'
+                                 % (server, payload))
         _LOG.info('dist_delay: worker %d of %d, %d mxdelay server(s), slack %d, chunk size %d',
                   self.rank, self.num_workers, self._num_servers, self._slack, self._chunk_size)
 
@@ -406,47 +410,103 @@ class DistDelay(KVStoreBase):
         """Wait for every worker (MXNet's worker barrier)."""
         self._native._barrier()
 
+    def agree(self, error=None):
+        """Collective: tell every worker whether any worker failed a step.
+
+        Every worker calls it with its own `error` (None or a message); each one gets the
+        same list of ``(rank, message)`` of the workers that failed, so that all raise (or
+        all go on) together instead of one raising while the others wait in a barrier.
+        """
+        self._ballot += 1
+        self._command(Command.VOTE, {'ballot': self._ballot, 'error': error})
+        self.barrier()
+        tally = self._command(Command.TALLY, {'ballot': self._ballot})[0]
+        return [(int(rank), message) for rank, message in sorted(tally['errors'].items())]
+
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Save the servers' weights, optimizer states and rounds, and this worker's rounds.
 
         Every worker must call it (it starts with a barrier so that no round is in flight).
-        The servers write ``fname + '.server<i>'``; worker 0 writes `fname`, an index of those
-        files. Every file is written atomically.
+        The servers write ``fname + '.server<i>'``; worker 0 writes `fname`, the index. A load
+        looks for the servers' files next to the index it is given, so a checkpoint can be
+        copied, moved or renamed as a whole. Every file is written atomically.
         """
         nd.waitall()
         self.barrier()
         if self.rank == 0:
-            servers = ['%s.server%d' % (fname, s) for s in range(self._num_servers)]
-            self._command(Command.SAVE, {'paths': servers})
+            self._command(Command.SAVE, {'paths': _server_files(fname, self._num_servers)})
             state = {'format': KVSTORE_STATE_FORMAT, 'version': 1,
                      'num_servers': self._num_servers, 'slack': self._slack,
-                     'chunk_size': self._chunk_size, 'servers': servers,
+                     'chunk_size': self._chunk_size,
                      'rounds': {str(k): t.next_round for k, t in self._tensors.items()}}
             atomic_write(fname, json.dumps(state).encode('utf-8'))
         self.barrier()
 
     def load_optimizer_states(self, fname):
-        """Restore what :meth:`save_optimizer_states` saved (every worker calls it)."""
-        state = read_kvstore_state(fname)
-        for name, expected in (('num_servers', self._num_servers), ('slack', self._slack),
-                               ('chunk_size', self._chunk_size)):
-            if state[name] != expected:
-                raise ValueError('%s was saved with %s=%r but this job has %s=%r; start the '
-                                 'job with the same setting' % (fname, name, state[name],
-                                                                name, expected))
-        rounds = state['rounds']
-        if set(rounds) != {str(k) for k in self._tensors}:
-            raise ValueError('%s holds keys %s, this kvstore has %s: the model differs'
-                             % (fname, sorted(rounds), sorted(str(k) for k in self._tensors)))
+        """Restore what :meth:`save_optimizer_states` saved (every worker calls it).
+
+        Raises
+        ------
+        ValueError
+            On every worker, if any file is missing, truncated or foreign, or was saved by a
+            different job layout; nothing changes then, on the workers or the servers.
+        """
+        self.apply_states(self.check_states(fname))
+
+    def check_states(self, fname, error=None):
+        """Collective first half of a load: validate everything, agree, change nothing.
+
+        Parameters
+        ----------
+        fname : str
+            The index file written by :meth:`save_optimizer_states`.
+        error : str, optional
+            A failure the caller found in its own files, to be agreed on as well.
+
+        Returns
+        -------
+        dict
+            The validated state, for :meth:`apply_states`.
+        """
         nd.waitall()
-        self.barrier()
+        state = None
+        try:
+            state = read_kvstore_state(fname)
+            for name, expected in (('num_servers', self._num_servers), ('slack', self._slack),
+                                   ('chunk_size', self._chunk_size)):
+                if state[name] != expected:
+                    raise ValueError('%s was saved with %s=%r but this job has %s=%r; start '
+                                     'the job with the same setting'
+                                     % (fname, name, state[name], name, expected))
+            if set(state['rounds']) != {str(k) for k in self._tensors}:
+                raise ValueError('%s holds keys %s, this kvstore has %s: the model differs'
+                                 % (fname, sorted(state['rounds']),
+                                    sorted(str(k) for k in self._tensors)))
+            state['servers'] = _server_files(fname, self._num_servers)
+            if self.rank == 0:
+                # Every server validates its file before any server changes.
+                self._command(Command.LOAD, {'paths': state['servers'], 'check_only': True})
+        except (ValueError, RuntimeError) as err:
+            error = error or str(err)
+        failures = self.agree(error)
+        if failures:
+            raise ValueError('cannot load %s, nothing was changed: %s' % (fname, '; '.join(
+                'worker %d: %s' % failure for failure in failures)))
+        return state
+
+    def apply_states(self, state):
+        """Collective second half of a load: servers and round counters take `state`."""
         if self.rank == 0:
-            # Two phases: every server validates its file before any server changes.
-            self._command(Command.LOAD, {'paths': state['servers'], 'check_only': True})
             self._command(Command.LOAD, {'paths': state['servers']})
         self.barrier()
         for key, tensor in self._tensors.items():
-            tensor.next_round = rounds[str(key)]
+            tensor.next_round = state['rounds'][str(key)]
+
+
+def _server_files(fname, num_servers):
+    """The servers' state files of the kvstore index `fname` (absolute: servers may run in
+    another working directory)."""
+    return ['%s.server%d' % (os.path.abspath(fname), s) for s in range(num_servers)]
 
 
 # KVStoreBase.register keys its registry by the lower-cased class name ('distdelay'); the

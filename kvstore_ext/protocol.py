@@ -52,6 +52,8 @@ class Command(str, enum.Enum):
     SAVE = 'save'              # {rank, paths}: server i writes paths[i] (weights, optimizer, rounds)
     LOAD = 'load'              # {rank, paths, check_only?}: server i validates paths[i], restores it
     STATS = 'stats'            # {rank}: reply with per-chunk rounds and pending counts
+    VOTE = 'vote'              # {rank, ballot, error}: one worker's outcome of a collective step
+    TALLY = 'tally'            # {rank, ballot}: reply with the ballot's errors by rank
 
 
 def encode_command(command, body):

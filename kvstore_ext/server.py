@@ -70,6 +70,7 @@ class DelayServer(KVStoreServer):
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
         self._held = {}                # chunk id -> {round: (gradient copy, stored)}
         self._stock_updater = None     # for stock MXNet workers that never say hello
+        self._ballots = {}             # ballot -> {rank: error or None}
         self._handlers = {
             Command.HELLO: self._on_hello,
             Command.REGISTER: self._on_register,
@@ -78,6 +79,8 @@ class DelayServer(KVStoreServer):
             Command.SAVE: self._on_save,
             Command.LOAD: self._on_load,
             Command.STATS: self._on_stats,
+            Command.VOTE: self._on_vote,
+            Command.TALLY: self._on_tally,
         }
 
     # -- controller ------------------------------------------------------------------------
@@ -150,9 +153,10 @@ class DelayServer(KVStoreServer):
             for name in sorted(set(reference['config']) | set(hello['config'])):
                 mine, theirs = reference['config'].get(name), hello['config'].get(name)
                 if mine != theirs:
-                    return False, ('workers disagree on %s: worker 0 has %r, worker %d has %r; '
-                                   'start every worker with the same settings'
-                                   % (name, mine, rank, theirs))
+                    return False, ('workers disagree on %s: worker 0%s has %r, worker %d%s has '
+                                   '%r; start every worker with the same settings'
+                                   % (name, _launcher_rank(reference), mine, rank,
+                                      _launcher_rank(hello), theirs))
         return True, {'server': self._server_rank, 'protocol': protocol.PROTOCOL_VERSION,
                       'num_workers': self._num_workers}
 
@@ -215,6 +219,20 @@ class DelayServer(KVStoreServer):
             raise ValueError('cannot %s: no optimizer installed on server %d (call '
                              'set_optimizer first)' % (what, self._server_rank))
 
+    def _on_vote(self, body):
+        ballot = int(body['ballot'])
+        self._ballots.setdefault(ballot, {})[int(body['rank'])] = body.get('error')
+        for old in [b for b in self._ballots if b < ballot - 1]:
+            del self._ballots[old]   # every worker has tallied those
+        return {'ballot': ballot}
+
+    def _on_tally(self, body):
+        votes = self._ballots.get(int(body['ballot']), {})
+        if len(votes) != self._num_workers:
+            raise ValueError('ballot %s has votes from workers %s only'
+                             % (body['ballot'], sorted(votes)))
+        return {'errors': {str(rank): error for rank, error in votes.items() if error}}
+
     def _on_stats(self, _):
         return {'server': self._server_rank,
                 'chunks': {str(c): {'rounds': self._next_round.get(c, 0),
@@ -268,6 +286,10 @@ class DelayServer(KVStoreServer):
 
     # -- updater: called by the native server when a key's round is complete ---------------
     def _on_round(self, key, merged, stored):
+        # The native server frees the last push's memory once this returns and waits only on
+        # `stored`; the sum into `merged` may still be reading that memory (a held round, or
+        # the status key, never writes `stored`): finish it first.
+        merged.wait_to_read()
         try:
             if self._layout is None:
                 # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
@@ -300,8 +322,7 @@ class DelayServer(KVStoreServer):
             rnd = next_round + (slot - next_round) % slots
         self._slot_round[(chunk, slot)] = rnd + slots
         if rnd != next_round:
-            held = self._held.setdefault(chunk, {})
-            held[rnd] = (merged.copy(), stored)
+            self._held.setdefault(chunk, {})[rnd] = (merged.copy(), stored)
             _LOG.debug('server %d: chunk %d round %d completed before round %d; held',
                        self._server_rank, chunk, rnd, next_round)
             return
@@ -343,6 +364,11 @@ class DelayServer(KVStoreServer):
                                  **kwargs)
         else:
             mx.nd.sgd_update(weight, grad, out=weight, **kwargs)
+
+
+def _launcher_rank(hello):
+    rank = hello.get('launcher_rank')
+    return '' if rank is None else " (mxdelay-launch's worker %s)" % rank
 
 
 def _is_plain_sgd(optimizer):
@@ -398,4 +424,5 @@ def serve():
     _LOG.info('mxdelay server starting (%s servers, %s workers)', env.get('DMLC_NUM_SERVER'),
               env.get('DMLC_NUM_WORKER'))
     server.run()
-    _LOG.info('mxdelay server %s stopped', server._server_rank)
+    _LOG.info('mxdelay server %s stopped', 'with no worker' if server._server_rank is None
+              else server._server_rank)

@@ -303,6 +303,27 @@ class DelayedTrainer(gluon.Trainer):
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
                 self._rule_state[i] = self._rule.create_state(datas[0], datas[0] - before)
 
+    def _read_worker_state(self, fname, kv):
+        """Read and validate this worker's files of checkpoint `fname`; change nothing."""
+        index = _read_json_state(fname)
+        if index['num_workers'] != kv.num_workers:
+            raise ValueError('%s was saved by %d workers, this job has %d'
+                             % (fname, index['num_workers'], kv.num_workers))
+        state = _read_pickle_state(_worker_file(fname, kv.rank))
+        saved = state['schedule']
+        if (saved['delay'], saved['warmup_steps']) != (self._schedule.delay,
+                                                        self._schedule.warmup_steps):
+            raise ValueError('%s was saved with delay=%d warmup_steps=%d; this trainer has '
+                             'delay=%d warmup_steps=%d' % (fname, saved['delay'],
+                                                           saved['warmup_steps'],
+                                                           self._schedule.delay,
+                                                           self._schedule.warmup_steps))
+        for i, param in enumerate(self._params):
+            if state['weights'][i].shape != param.shape:
+                raise ValueError('%s: parameter %s has shape %s, saved %s' % (
+                    fname, param.name, param.shape, state['weights'][i].shape))
+        return state
+
     def _local_step(self, t):
         # Delayed phase (S3), SPEC section 1 "Local update", steps 1-4, then the period's pull.
         applies = self._schedule.applies_pull(t)
@@ -416,24 +437,14 @@ class DelayedTrainer(gluon.Trainer):
         if self._params_to_init:
             self._init_params()
         kv = self._kvstore
-        index = _read_json_state(fname)
-        if index['num_workers'] != kv.num_workers:
-            raise ValueError('%s was saved by %d workers, this job has %d'
-                             % (fname, index['num_workers'], kv.num_workers))
-        state = _read_pickle_state(_worker_file(fname, kv.rank))
-        saved = state['schedule']
-        if (saved['delay'], saved['warmup_steps']) != (self._schedule.delay,
-                                                        self._schedule.warmup_steps):
-            raise ValueError('%s was saved with delay=%d warmup_steps=%d; this trainer has '
-                             'delay=%d warmup_steps=%d' % (fname, saved['delay'],
-                                                           saved['warmup_steps'],
-                                                           self._schedule.delay,
-                                                           self._schedule.warmup_steps))
-        for i, param in enumerate(self._params):
-            if state['weights'][i].shape != param.shape:
-                raise ValueError('%s: parameter %s has shape %s, saved %s' % (
-                    fname, param.name, param.shape, state['weights'][i].shape))
-        kv.load_optimizer_states(_kvstore_file(fname))
+        state, error = None, None
+        try:
+            state = self._read_worker_state(fname, kv)
+        except ValueError as err:
+            error = str(err)
+        # Collective: if any worker's or server's file is bad, every worker raises here.
+        kv_state = kv.check_states(_kvstore_file(fname), error)
+        kv.apply_states(kv_state)
         for i, param in enumerate(self._params):
             # Not Parameter.set_data: it resets the trainer's kvstore (impossible when dist).
             for data in param.list_data():
@@ -444,7 +455,7 @@ class DelayedTrainer(gluon.Trainer):
         self._pulled = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
                         for i, w in state['pulled'].items()}
         self._rule_state = {i: _from_numpy(s, ctx0) for i, s in state['rule_state'].items()}
-        self._schedule.step = saved['step']
+        self._schedule.step = state['schedule']['step']
         self._optimizer.rescale_grad = state['rescale_grad']
         self._logged_phase = None
         return None

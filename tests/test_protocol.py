@@ -53,6 +53,8 @@ BODIES = {
     Command.SAVE: {'rank': 0, 'paths': ['/tmp/a b/ckpt.server0', 'c\u00e9.server1']},
     Command.LOAD: {'rank': 0, 'paths': ['x.server0'], 'check_only': True},
     Command.STATS: {'rank': 1},
+    Command.VOTE: {'rank': 1, 'ballot': 3, 'error': 'ckpt.worker1 is truncated'},
+    Command.TALLY: {'rank': 0, 'ballot': 3},
 }
 
 

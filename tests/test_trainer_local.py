@@ -379,9 +379,17 @@ class FakeDistDelay(DistDelay):
             pickle.dump({'store': {k: v.asnumpy() for k, v in self.store.items()},
                          'updater': self.server_updater.get_states(dump_optimizer=True)}, out)
 
-    def load_optimizer_states(self, fname):
-        with open(fname, 'rb') as src:
-            state = pickle.load(src)
+    def check_states(self, fname, error=None):
+        # One worker: the "agreement" is this worker's own verdict.
+        if error is not None:
+            raise ValueError('cannot load %s, nothing was changed: worker 0: %s' % (fname, error))
+        try:
+            with open(fname, 'rb') as src:
+                return pickle.load(src)
+        except Exception as err:  # pylint: disable=broad-except
+            raise ValueError('cannot load %s: %s' % (fname, err)) from None
+
+    def apply_states(self, state):
         for key, value in state['store'].items():
             self.store[key][:] = value
         self.server_updater.set_states(state['updater'])
