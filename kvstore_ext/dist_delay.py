@@ -48,20 +48,47 @@ _BIGARRAY_BOUND = 1000000  # MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND
 
 class _Chunk(object):
     """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor."""
-    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'keys', 'buffers')
+    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'keys')
 
     def __init__(self, chunk_id, start, stop, server, keys):
         self.chunk_id, self.start, self.stop, self.server = chunk_id, start, stop, server
         self.keys = keys          # one native key per slot
-        self.buffers = None       # one send/receive buffer per slot, made at the first push
 
 
 class _Tensor(object):
-    """A user key: its shape, dtype, chunks and the next round this worker pushes."""
-    __slots__ = ('shape', 'dtype', 'chunks', 'next_round')
+    """A user key: its chunks, its slot buffers and the rounds this worker pushed and pulled.
+
+    ``buffers[s]`` is slot s's send/receive buffer (the flattened tensor; its chunks are
+    views of it, so one copy fills a whole round and MXNet's engine tracks it as one
+    variable); made at the first push, on the CPU (pinned memory for GPU gradients).
+    """
+    __slots__ = ('shape', 'dtype', 'chunks', 'next_round', 'last_pulled', 'buffers',
+                 'chunk_views', 'heads', 'views')
 
     def __init__(self, shape, dtype, chunks):
-        self.shape, self.dtype, self.chunks, self.next_round = shape, dtype, chunks, 0
+        self.shape, self.dtype, self.chunks = shape, dtype, chunks
+        self.next_round = 0
+        self.last_pulled = -1
+        self.buffers = self.chunk_views = self.heads = None
+        self.views = {}           # handle of a user array -> (array, its chunk views)
+
+    def make_buffers(self, slots, ctx):
+        size = self.chunks[-1].stop
+        self.buffers = [nd.zeros(size, ctx=ctx, dtype=self.dtype) for _ in range(slots)]
+        self.chunk_views = [[buf[c.start:c.stop] for c in self.chunks] for buf in self.buffers]
+        self.heads = [buf[0:1] for buf in self.buffers]
+
+    def views_of(self, array):
+        """Chunk views of a user array (cached: Gluon passes the same arrays every step)."""
+        handle = array.handle.value
+        cached = self.views.get(handle)
+        if cached is None or cached[0] is not array:
+            if len(self.views) >= 8:  # a few arrays per tensor: gradients, weights, pull target
+                self.views.clear()
+            flat = array.reshape(-1)
+            cached = (array, [flat[c.start:c.stop] for c in self.chunks], flat)
+            self.views[handle] = cached
+        return cached
 
 
 class DistDelay(KVStoreBase):
@@ -325,22 +352,20 @@ class DistDelay(KVStoreBase):
 
     def _push_one(self, key, grads, priority):
         tensor = self._tensor(key)
-        slot = tensor.next_round % (self._slack + 1)
-        flats = [g.reshape(-1) for g in grads]
-        for chunk in tensor.chunks:
-            if chunk.buffers is None:
-                ctx = mx.cpu() if grads[0].context.device_type == 'cpu' else mx.cpu_pinned()
-                chunk.buffers = [nd.zeros(chunk.stop - chunk.start, ctx=ctx,
-                                          dtype=tensor.dtype) for _ in chunk.keys]
-            buf = chunk.buffers[slot]
-            parts = [f[chunk.start:chunk.stop] for f in flats]
-            if len(parts) == 1:
-                parts[0].copyto(buf)
-            else:
-                # Sum on the first device (a GPU stays a GPU), then one copy to the buffer.
-                first = parts[0].context
-                nd.add_n(*[p.as_in_context(first) for p in parts]).copyto(buf)
-            self._native.push(chunk.keys[slot], buf, priority=priority)
+        slots = self._slack + 1
+        slot = tensor.next_round % slots
+        if tensor.buffers is None:
+            tensor.make_buffers(slots, mx.cpu() if grads[0].context.device_type == 'cpu'
+                                else mx.cpu_pinned())
+        buf = tensor.buffers[slot]
+        if len(grads) == 1:
+            tensor.views_of(grads[0])[2].copyto(buf)
+        else:
+            # Sum on the first device (a GPU stays a GPU), then one copy to the buffer.
+            first = grads[0].context
+            nd.add_n(*[tensor.views_of(g)[2].as_in_context(first) for g in grads]).copyto(buf)
+        self._native.push([c.keys[slot] for c in tensor.chunks], tensor.chunk_views[slot],
+                          priority=priority)
         tensor.next_round += 1
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
@@ -359,12 +384,12 @@ class DistDelay(KVStoreBase):
         tensor = self._tensor(key)
         last = tensor.next_round - 1
         slot = max(last, 0) % (self._slack + 1)
-        flats = [o.reshape(-1) for o in outs]
-        for chunk in tensor.chunks:
-            if last >= 0:
-                self._order_after_earlier_rounds(chunk, slot)
-            self._native.pull(chunk.keys[slot], out=[f[chunk.start:chunk.stop] for f in flats],
-                              priority=priority)
+        if last >= 0:
+            self._order_after_earlier_rounds(tensor, last)
+        per_chunk = list(zip(*[tensor.views_of(o)[1] for o in outs]))
+        self._native.pull([c.keys[slot] for c in tensor.chunks],
+                          out=[list(views) for views in per_chunk], priority=priority)
+        tensor.last_pulled = last
         if last < 0:
             # Before the first push the native store pulls into a buffer of its own, which no
             # later push waits for: without this wait the request could reach the server after
@@ -372,18 +397,22 @@ class DistDelay(KVStoreBase):
             for out in outs:
                 out.wait_to_read()
 
-    @staticmethod
-    def _order_after_earlier_rounds(chunk, slot):
-        # A one-element write on another slot's buffer runs only after that slot's push is
-        # acknowledged (its round complete); the following write on this slot's buffer then
-        # orders the pull (which writes the same buffer) after it. The touched elements hold
-        # pushed data that is no longer needed, and the pull overwrites this slot's buffer.
-        target = chunk.buffers[slot][0:1]
-        for other, buf in enumerate(chunk.buffers):
-            if other != slot:
-                head = buf[0:1]
-                nd._internal._plus_scalar(head, scalar=0.0, out=head)
-                nd.elemwise_add(target, head, out=target)
+    def _order_after_earlier_rounds(self, tensor, last):
+        """Queue the pull of round `last` behind the completion of every earlier round.
+
+        A one-element write on another slot's buffer runs only after that slot's push is
+        acknowledged (its round complete); the following write on this slot's buffer then
+        orders the pull (which writes the same buffer) after it. Rounds up to the previous
+        pull are covered by that pull (touching its slot waits for it), rounds more than a
+        slack back by the reuse of their slot. The touched elements hold pushed data that is
+        no longer needed, and the pull overwrites this slot's buffer.
+        """
+        slots = self._slack + 1
+        target = tensor.heads[last % slots]
+        for rnd in range(max(tensor.last_pulled, last - slots + 1, 0), last):
+            head = tensor.heads[rnd % slots]
+            nd._internal._plus_scalar(head, scalar=0.0, out=head)
+            nd.elemwise_add(target, head, out=target)
 
     def pushpull(self, key, value, out=None, priority=0):
         """Push a round of `value` and pull the weights after it into `out` (or `value`)."""

@@ -14,7 +14,7 @@ VARIABLES = {
     'DMLC_ROLE': (None, "Role of this process ('scheduler', 'server', 'worker'); set by the launcher."),
     'DMLC_NUM_WORKER': (None, 'Number of workers in the job; set by the launcher.'),
     'DMLC_NUM_SERVER': (None, 'Number of servers in the job; set by the launcher.'),
-    'MXDELAY_CHUNK_SIZE': ('262144', 'Largest number of elements in one kvstore key; larger tensors '
+    'MXDELAY_CHUNK_SIZE': ('524288', 'Largest number of elements in one kvstore key; larger tensors '
                                      'are split into chunks that spread over the servers.'),
     'MXDELAY_SLACK': ('1', "Default slack of a 'dist_delay' kvstore in rounds (a worker may run this "
                            'many rounds ahead of the slowest); DelayedTrainer raises it to at least delay.'),

@@ -46,6 +46,20 @@ and never writes. When the connection closes (the launcher stops the job, or the
 client or the launcher dies), the watcher reads end-of-file and sends SIGTERM to the
 command's process group, then SIGKILL 3 s later if it is still there.
 
+``--launcher netns`` (root only; never the default): every role runs on this machine, each
+in the Linux network namespace the hostfile gives it, as ``ip netns exec NAME COMMAND``
+(which ``exec``\ s the command: supervision, prefixes and cleanup are those of local mode,
+and the environment is inherited). Hostfile lines are ``NETNS_NAME IP``, IP being an IPv4
+address of that namespace's (blank lines and ``#`` comments are ignored). The first line
+hosts the scheduler; servers, then workers, are assigned round-robin over the remaining
+lines (over the first line too if it is the only one): with 1 + S + N lines, each role has
+a line of its own, in the order scheduler, servers, workers. ``DMLC_PS_ROOT_URI`` is the
+scheduler's IP and ``DMLC_NODE_HOST`` each role's own. For emulating a cluster on one
+machine: one namespace per node, linked through veth pairs to a bridge, each link shaped
+with ``tc`` (``benchmarks/netns.py`` builds such a network). The launcher checks that every
+namespace exists and has its IP before starting anything; the free port is chosen in the
+launcher's own namespace.
+
 What it cannot see: a process that hangs instead of exiting. In MXNet 1.9.1 that includes
 a worker leaving through ``sys.exit`` or an uncaught exception while another worker waits
 for it: its kvstore's destructor waits in ps-lite's exit barrier forever. Such a worker
@@ -82,7 +96,7 @@ _LOG = logging.getLogger('mxdelay.launcher')
 #: Seconds between SIGTERM and SIGKILL when the launcher stops a job.
 KILL_GRACE = 3.0
 
-_LAUNCHERS = ('local', 'ssh')
+_LAUNCHERS = ('local', 'ssh', 'netns')
 _EXIT_TIMEOUT = 124  # as coreutils' timeout(1)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL_SECONDS = 0.05
@@ -123,10 +137,12 @@ def build_parser():
     parser.add_argument('-s', '--num-servers', type=int, metavar='S',
                         help='number of server processes (at least 1; default: N)')
     parser.add_argument('-H', '--hostfile', metavar='FILE',
-                        help="hosts for --launcher ssh, one 'host' or 'host:port' a line")
+                        help="hosts for --launcher ssh, one 'host' or 'host:port' a line; for "
+                             "--launcher netns, one 'NETNS_NAME IP' a line")
     parser.add_argument('--launcher', metavar='|'.join(_LAUNCHERS),
                         help='where to run the servers and workers (default: ssh with -H, '
-                             'else local)')
+                             'else local; netns: each role in a network namespace of this '
+                             'machine, as the hostfile says)')
     parser.add_argument('--env-server', action='append', default=[], metavar='NAME:VALUE',
                         help='set NAME=VALUE for the servers (repeatable)')
     parser.add_argument('--env-worker', action='append', default=[], metavar='NAME:VALUE',
@@ -192,17 +208,34 @@ class _Config:  # pylint: disable=too-many-instance-attributes,too-few-public-me
         except ValueError as err:
             fail(str(err))
 
-        if self.launcher == 'local':
-            for option, value in (('-H/--hostfile', args.hostfile), ('--host-ip', args.host_ip),
-                                  ('--ssh-option', args.ssh_option)):
+        if self.launcher in ('local', 'netns'):  # both start the command on this machine
+            ssh_only = [('--host-ip', args.host_ip), ('--ssh-option', args.ssh_option)]
+            if self.launcher == 'local':
+                ssh_only.insert(0, ('-H/--hostfile', args.hostfile))
+            for option, value in ssh_only:
                 if value:
-                    fail('%s is only used with --launcher ssh, got %r with --launcher local; '
-                         'drop it or pass --launcher ssh' % (option, value))
+                    fail('%s is only used with --launcher %s, got %r with --launcher %s; drop it '
+                         'or pass --launcher ssh'
+                         % (option, 'ssh' if option != '-H/--hostfile' else 'ssh or netns',
+                            value, self.launcher))
             if not (os.sep in self.command[0] or shutil.which(self.command[0])):
                 fail('command %r not found on PATH; give its full path or fix PATH'
                      % self.command[0])
+        if self.launcher == 'local':
             self.hosts = []
             self.root_uri = '127.0.0.1'
+        elif self.launcher == 'netns':
+            if not args.hostfile:
+                fail("--launcher netns needs -H/--hostfile FILE with one 'NETNS_NAME IP' a line "
+                     '(scheduler first, then servers and workers); got none')
+            if os.geteuid() != 0:
+                fail('--launcher netns starts each role with `ip netns exec`, which needs root; '
+                     'run mxdelay-launch as root or use --launcher local')
+            if not shutil.which('ip'):
+                fail('--launcher netns needs the ip command, which is not on PATH; install '
+                     'iproute2')
+            self.hosts = _read_netns_hostfile(args.hostfile, fail)
+            self.root_uri = self.hosts[0][1]
         else:
             if not args.hostfile:
                 fail('--launcher ssh needs -H/--hostfile FILE listing the hosts; got none')
@@ -269,6 +302,47 @@ def _read_hostfile(path, fail):
     return hosts
 
 
+def _read_netns_hostfile(path, fail):
+    """Return the hostfile's ``(namespace, ip)`` pairs, each checked against the namespace."""
+    try:
+        with open(path, encoding='utf-8') as file:
+            lines = file.read().splitlines()
+    except OSError as err:
+        fail("-H/--hostfile %r cannot be read (%s); pass a file with one 'NETNS_NAME IP' a line"
+             % (path, err.strerror))
+    hosts = []
+    for number, line in enumerate(lines, 1):
+        fields = line.split('#', 1)[0].split()
+        if not fields:
+            continue
+        try:
+            name, address = fields
+            ipaddress.IPv4Address(address)
+        except ValueError:
+            fail("-H/--hostfile %r line %d: %r is not 'NETNS_NAME IP' (an IPv4 address) as "
+                 '--launcher netns needs' % (path, number, line.strip()))
+        hosts.append((name, address))
+    if not hosts:
+        fail("-H/--hostfile %r lists no namespace; write one 'NETNS_NAME IP' a line" % path)
+    # A wrong address would not fail: ps-lite would wait for the scheduler forever.
+    addresses = {}
+    for name, address in hosts:
+        if name not in addresses:
+            listed = subprocess.run(['ip', '-n', name, '-o', '-4', 'addr', 'show'],
+                                    capture_output=True, text=True, check=False)
+            if listed.returncode != 0:
+                fail('-H/--hostfile %r: network namespace %r is not usable (%s); create it with '
+                     '`ip netns add %s` or fix the name'
+                     % (path, name, listed.stderr.strip(), name))
+            addresses[name] = {field.split('/')[0] for line in listed.stdout.splitlines()
+                               for field in line.split()[3:4]}
+        if address not in addresses[name]:
+            fail('-H/--hostfile %r: %s is not an address of network namespace %r (it has %s); '
+                 'give the address of an interface in that namespace'
+                 % (path, address, name, ', '.join(sorted(addresses[name])) or 'none'))
+    return hosts
+
+
 def _address_seen_by(hosts, fail):
     """Return the scheduler's address for the hosts: loopback, or the local interface's."""
     addresses = []
@@ -287,13 +361,18 @@ def _address_seen_by(hosts, fail):
 
 
 class _Role:  # pylint: disable=too-few-public-methods
-    """One process of the job: its role, rank, host (ssh) and, once started, its Popen."""
+    """One process of the job: its role, rank, host (ssh: name, port) or network namespace
+    (netns: name, ip) and, once started, its Popen."""
 
-    def __init__(self, role, rank, host=None):
-        self.role, self.rank, self.host = role, rank, host
+    def __init__(self, role, rank, host=None, netns=None):
+        self.role, self.rank, self.host, self.netns = role, rank, host, netns
         name = role if role == 'scheduler' else '%s %d' % (role, rank)
         self.prefix = ('[%s] ' % name).encode()
-        self.label = name if host is None else '%s (on %s)' % (name, host[0])
+        self.label = name
+        if host is not None:
+            self.label = '%s (on %s)' % (name, host[0])
+        elif netns is not None:
+            self.label = '%s (in netns %s)' % (name, netns[0])
         self.popen = None
         self.status = None  # the Popen-style return code once the process has exited
 
@@ -392,12 +471,18 @@ class _Job:
 
     def __init__(self, config):
         self.config = config
-        self.roles = [_Role('scheduler', 0)]
         hosts = config.hosts
+        if config.launcher == 'netns':
+            self.roles = [_Role('scheduler', 0, netns=hosts[0])]
+            hosts = hosts[1:] or hosts
+        else:
+            self.roles = [_Role('scheduler', 0)]  # here, also with ssh
         for index in range(config.num_servers + config.num_workers):
             role, rank = (('server', index) if index < config.num_servers
                           else ('worker', index - config.num_servers))
-            self.roles.append(_Role(role, rank, hosts[index % len(hosts)] if hosts else None))
+            host = hosts[index % len(hosts)] if hosts else None
+            self.roles.append(_Role(role, rank, netns=host) if config.launcher == 'netns'
+                              else _Role(role, rank, host))
         self.output = _Output()
         self._signal = None
         self._libc = ctypes.CDLL(None, use_errno=True)
@@ -412,7 +497,8 @@ class _Job:
             'DMLC_NUM_WORKER': str(config.num_workers),
             'DMLC_NUM_SERVER': str(config.num_servers),
             # The address the others use to reach this process.
-            'DMLC_NODE_HOST': role.host[0] if role.host else config.root_uri,
+            'DMLC_NODE_HOST': (role.host[0] if role.host else role.netns[1] if role.netns
+                               else config.root_uri),
             'MXDELAY_RANK': str(role.rank),
         }
         if role.role == 'server':
@@ -426,6 +512,8 @@ class _Job:
         variables = self._role_env(role)
         if role.host is None:  # a local process inherits the launcher's environment
             argv, stdin = config.command, subprocess.DEVNULL
+            if role.netns is not None:  # ip exec()s the command: same PID, group and PDEATHSIG
+                argv = ['ip', 'netns', 'exec', role.netns[0]] + argv
             child_env = {'PYTHONUNBUFFERED': '1', **os.environ, **variables}
         else:
             remote_env = {'PYTHONUNBUFFERED': '1', **config.pass_env, **variables}

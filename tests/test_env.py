@@ -17,7 +17,7 @@ DOCUMENTED_DEFAULTS = {
     'DMLC_ROLE': None,
     'DMLC_NUM_WORKER': None,
     'DMLC_NUM_SERVER': None,
-    'MXDELAY_CHUNK_SIZE': 262144,
+    'MXDELAY_CHUNK_SIZE': 524288,
     'MXDELAY_SLACK': 1,
     'MXDELAY_RANK': None,
 }
@@ -91,7 +91,7 @@ def test_malformed_number(clean_env, raw):
 
 def test_malformed_message_says_the_fix(clean_env):
     clean_env.setenv('MXDELAY_CHUNK_SIZE', 'big')
-    with pytest.raises(ValueError, match=r'unset it or set e\.g\. MXDELAY_CHUNK_SIZE=262144'):
+    with pytest.raises(ValueError, match=r'unset it or set e\.g\. MXDELAY_CHUNK_SIZE=524288'):
         env.get_int('MXDELAY_CHUNK_SIZE')
 
 

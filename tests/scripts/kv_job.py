@@ -103,17 +103,14 @@ def mode_commands(kv, workdir):
     # A truncated server file is refused and changes nothing.
     kv.barrier()
     if kv.rank == 0:
-        with open(ckpt + '.server0', 'rb') as src:
-            data = src.read()
-        with open(os.path.join(workdir, 'broken.server0'), 'wb') as dst:
-            dst.write(data[:len(data) // 2])
-        state = json.load(open(ckpt))
-        state['servers'] = [os.path.join(workdir, 'broken.server%d' % s)
-                            for s in range(len(state['servers']))]
-        for s in range(1, len(state['servers'])):
-            with open(state['servers'][s], 'wb') as dst:
-                dst.write(open(ckpt + '.server%d' % s, 'rb').read())
-        json.dump(state, open(os.path.join(workdir, 'broken'), 'w'))
+        broken = os.path.join(workdir, 'broken')
+        servers = [broken + '.server%d' % i for i in range(kv._num_servers)]
+        for i, path in enumerate(servers):
+            with open(ckpt + '.server%d' % i, 'rb') as src:
+                data = src.read()
+            with open(path, 'wb') as dst:
+                dst.write(data[:len(data) // 2] if i == 0 else data)
+        state = {'servers': servers}
         try:
             kv._command(protocol.Command.LOAD, {'paths': state['servers']})
             result['broken_load'] = 'accepted'
