@@ -24,10 +24,13 @@ Why this design (SPEC section 1 measured three; this is the third, made exact an
 
 Measured alternatives are recorded in the README ("Design of the server").
 """
+import atexit
+import gc
 import json
 import logging
 import os
 import sys
+import weakref
 
 import numpy as np
 import mxnet as mx
@@ -120,6 +123,8 @@ class DistDelay(KVStoreBase):
     def __init__(self):
         self._native = mx.kv.create('dist_sync')  # rank 0 switches the servers to sync mode
         _exit_on_uncaught_exception()
+        # atexit runs last-registered first: this runs before MXNet's engine shutdown.
+        atexit.register(_close_at_exit, weakref.ref(self))
         self._num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         self._slack = None
         self._chunk_size = None
@@ -427,6 +432,10 @@ class DistDelay(KVStoreBase):
                            'or broadcast first' % (key,)) from None
 
     # -- rounds, state ---------------------------------------------------------------------
+    def num_chunks(self, key):
+        """Number of native keys (chunks) of `key`: push operations per round."""
+        return len(self._tensor(key).chunks)
+
     def rounds(self, key):
         """Number of rounds of `key` this worker has pushed."""
         return self._tensor(key).next_round
@@ -549,6 +558,22 @@ class _OptimizerHolder(object):
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
+
+
+def _close_at_exit(store_ref):
+    """Finish this worker's queued work, then leave the job (barrier, stop the servers).
+
+    Left to the interpreter, the native store's destructor (a barrier across workers) and
+    MXNet's engine shutdown can run in either order, and a worker whose engine is shutting
+    down while another waits in the barrier hangs the job at exit (seen with a trainer that
+    calls ``mx.nd.waitall()`` in its step).
+    """
+    store = store_ref()
+    if store is None or store._native is None:
+        return
+    nd.waitall()
+    store._native = None  # the native destructor: barrier, then rank 0 stops the servers
+    gc.collect()
 
 
 def _exit_on_uncaught_exception():

@@ -38,3 +38,4 @@ if IMPORTED_BEFORE_MXNET:
 # pylint: disable=wrong-import-position
 from kvstore_ext.dist_delay import DistDelay  # noqa: E402  registers 'dist_delay'
 from .trainer import DelayedTrainer  # noqa: E402
+from . import timeline  # noqa: E402,F401

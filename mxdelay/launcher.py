@@ -209,15 +209,14 @@ class _Config:  # pylint: disable=too-many-instance-attributes,too-few-public-me
             fail(str(err))
 
         if self.launcher in ('local', 'netns'):  # both start the command on this machine
-            ssh_only = [('--host-ip', args.host_ip), ('--ssh-option', args.ssh_option)]
+            only = [('--host-ip', args.host_ip, 'ssh'), ('--ssh-option', args.ssh_option, 'ssh')]
             if self.launcher == 'local':
-                ssh_only.insert(0, ('-H/--hostfile', args.hostfile))
-            for option, value in ssh_only:
+                only.insert(0, ('-H/--hostfile', args.hostfile, 'ssh or netns'))
+            for option, value, launchers in only:
                 if value:
                     fail('%s is only used with --launcher %s, got %r with --launcher %s; drop it '
-                         'or pass --launcher ssh'
-                         % (option, 'ssh' if option != '-H/--hostfile' else 'ssh or netns',
-                            value, self.launcher))
+                         'or pass --launcher %s' % (option, launchers, value, self.launcher,
+                                                    launchers))
             if not (os.sep in self.command[0] or shutil.which(self.command[0])):
                 fail('command %r not found on PATH; give its full path or fix PATH'
                      % self.command[0])
@@ -280,50 +279,43 @@ def _check_port(port, fail):
     return port
 
 
-def _read_hostfile(path, fail):
+def _hostfile_lines(path, fail, form):
+    """Return ``(number, line)`` for the hostfile's lines, comments and blank lines dropped."""
     try:
         with open(path, encoding='utf-8') as file:
             lines = file.read().splitlines()
     except OSError as err:
-        fail('-H/--hostfile %r cannot be read (%s); pass a file with one host or host:port a line'
-             % (path, err.strerror))
+        fail('-H/--hostfile %r cannot be read (%s); pass a file with one %s a line'
+             % (path, err.strerror, form))
+    lines = [(number, line.split('#', 1)[0].strip()) for number, line in enumerate(lines, 1)]
+    lines = [(number, line) for number, line in lines if line]
+    if not lines:
+        fail('-H/--hostfile %r lists no host; write one %s a line' % (path, form))
+    return lines
+
+
+def _read_hostfile(path, fail):
     hosts = []
-    for number, line in enumerate(lines, 1):
-        line = line.split('#', 1)[0].strip()
-        if not line:
-            continue
+    for number, line in _hostfile_lines(path, fail, 'host or host:port'):
         host, colon, port = line.partition(':')
         if colon and not (port.isdigit() and 0 < int(port) < 65536):
             fail('-H/--hostfile %r line %d: %r is not host or host:port (port 1..65535)'
                  % (path, number, line))
         hosts.append((host, int(port) if colon else None))
-    if not hosts:
-        fail('-H/--hostfile %r lists no host; write one host or host:port a line' % path)
     return hosts
 
 
 def _read_netns_hostfile(path, fail):
     """Return the hostfile's ``(namespace, ip)`` pairs, each checked against the namespace."""
-    try:
-        with open(path, encoding='utf-8') as file:
-            lines = file.read().splitlines()
-    except OSError as err:
-        fail("-H/--hostfile %r cannot be read (%s); pass a file with one 'NETNS_NAME IP' a line"
-             % (path, err.strerror))
     hosts = []
-    for number, line in enumerate(lines, 1):
-        fields = line.split('#', 1)[0].split()
-        if not fields:
-            continue
+    for number, line in _hostfile_lines(path, fail, "'NETNS_NAME IP'"):
         try:
-            name, address = fields
+            name, address = line.split()
             ipaddress.IPv4Address(address)
         except ValueError:
             fail("-H/--hostfile %r line %d: %r is not 'NETNS_NAME IP' (an IPv4 address) as "
-                 '--launcher netns needs' % (path, number, line.strip()))
+                 '--launcher netns needs' % (path, number, line))
         hosts.append((name, address))
-    if not hosts:
-        fail("-H/--hostfile %r lists no namespace; write one 'NETNS_NAME IP' a line" % path)
     # A wrong address would not fail: ps-lite would wait for the scheduler forever.
     addresses = {}
     for name, address in hosts:

@@ -382,6 +382,15 @@ class DelayedTrainer(gluon.Trainer):
         return self._kvstore.num_workers if self._distributed else 1
 
     @property
+    def keys_per_step(self):
+        """Push operations a step issues (chunks of all trained parameters); for
+        :func:`mxdelay.timeline.summarize`."""
+        if not self._delayed_mode:
+            return 0
+        return sum(self._kvstore.num_chunks(i) for i, p in enumerate(self._params)
+                   if p.grad_req != 'null')
+
+    @property
     def schedule(self):
         """The :class:`mxdelay.schedule.DelaySchedule` (its ``step`` is the step counter)."""
         return self._schedule

@@ -1,4 +1,5 @@
-"""mxdelay-launch with real processes: stock MXNet jobs, fail-fast, bad options, ssh mode.
+"""mxdelay-launch with real processes: stock MXNet jobs, fail-fast, bad options, ssh and
+netns modes.
 
 Every job has a hard timeout, picks a fresh free port, and records its processes' PIDs so
 that the test can kill exactly one and check that none is left behind.
@@ -248,6 +249,8 @@ BAD_INPUT = {
             '--launcher mpi is not supported; mxdelay-launch supports local and ssh'),
     'ssh without hosts': (['-n', '2', '--launcher', 'ssh'], {},
                           '--launcher ssh needs -H/--hostfile'),
+    'netns without hosts': (['-n', '2', '--launcher', 'netns'], {},
+                            '--launcher netns needs -H/--hostfile'),
     'hostfile with local': (['-n', '2', '--launcher', 'local', '-H', '{tmp}/empty-hosts'], {},
                             '-H/--hostfile is only used with --launcher ssh'),
     'unset --env': (['-n', '2', '--env', 'MXDELAY_TEST_UNSET'], {'MXDELAY_TEST_UNSET': None},
@@ -458,3 +461,133 @@ def test_ssh_mode_failure_stops_the_remote_processes(tmp_path, sshd):
     # Worker 0 waited in a pull on the far side of ssh: it must not outlive the job.
     pids.assert_all_dead()
     assert_no_remote_helper(tmp_path, pids)
+
+
+# --- netns mode ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def netns_nodes():
+    """Return a function that creates network namespaces linked by a bridge; delete them after.
+
+    ``make(count)`` creates `count` namespaces, each with an interface ``eth0`` and one
+    address of 10.231.0.0/24, linked by veth pairs to a bridge in one more namespace (so that
+    deleting the namespaces removes every interface too), and returns ``[(name, ip), ...]``.
+    """
+    if os.geteuid() != 0:
+        pytest.skip('--launcher netns needs root (ip netns exec); run the tests as root')
+    if not shutil.which('ip'):
+        pytest.skip('--launcher netns needs the ip command (apt-get install iproute2)')
+    created = []
+    prefix = 'mxdt%d-%d' % (os.getpid(), time.monotonic_ns() % 100000)
+
+    def ip(*args):
+        subprocess.run(('ip',) + args, check=True, capture_output=True, timeout=10)
+
+    def make(count):
+        switch = '%s-sw' % prefix
+        added = subprocess.run(['ip', 'netns', 'add', switch], capture_output=True, text=True,
+                               timeout=10, check=False)
+        if added.returncode:
+            pytest.skip('ip netns does not work here: %s' % added.stderr.strip())
+        created.append(switch)
+        ip('-n', switch, 'link', 'add', 'br0', 'type', 'bridge')
+        ip('-n', switch, 'link', 'set', 'br0', 'up')
+        nodes = []
+        for index in range(count):
+            name, address = '%s-%d' % (prefix, index), '10.231.0.%d' % (index + 1)
+            ip('netns', 'add', name)
+            created.append(name)
+            ip('link', 'add', 'eth0', 'netns', name, 'type', 'veth', 'peer', 'name',
+               'v%d' % index, 'netns', switch)
+            ip('-n', switch, 'link', 'set', 'v%d' % index, 'master', 'br0', 'up')
+            ip('-n', name, 'addr', 'add', address + '/24', 'dev', 'eth0')
+            ip('-n', name, 'link', 'set', 'eth0', 'up')
+            ip('-n', name, 'link', 'set', 'lo', 'up')
+            nodes.append((name, address))
+        return nodes
+
+    try:
+        yield make
+    finally:
+        for name in reversed(created):
+            subprocess.run(['ip', 'netns', 'del', name], capture_output=True, timeout=10,
+                           check=False)
+        listed = subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True,
+                                timeout=10, check=False).stdout
+        assert prefix not in listed, 'network namespaces left behind: %s' % listed
+
+
+def netns_args(tmp_path, nodes):
+    hostfile = tmp_path / 'netns-hosts'
+    hostfile.write_text('# scheduler, then servers and workers\n' +
+                        ''.join('%s %s\n' % node for node in nodes))
+    return ['--launcher', 'netns', '-H', hostfile]
+
+
+# Each role says, on stderr, which namespace it runs in and the addresses it was given.
+WHERE = ['sh', '-c', 'echo where $(ip netns identify $$) $DMLC_NODE_HOST $DMLC_PS_ROOT_URI >&2; '
+         'exec "$@"', 'sh']
+
+
+def test_netns_mode_runs_a_stock_mxnet_job(tmp_path, netns_nodes):
+    nodes = netns_nodes(4)  # one a role: scheduler, server 0, worker 0, worker 1
+    pids = PidFile(tmp_path / 'pids')
+    result = run_job(pids.wrap(WHERE + python_command(SUM_JOB)), num_workers=2, timeout=45,
+                     extra_launcher_args=netns_args(tmp_path, nodes) + SUM_ARGS)
+    check_sum_job(result, 2, 1)
+    root = nodes[0][1]
+    for (role, rank), (name, address) in zip(
+            [('scheduler', 0), ('server', 0), ('worker', 0), ('worker', 1)], nodes):
+        assert role_lines(result.stderr, role, rank)[0] == 'where %s %s %s' % (name, address, root)
+    assert 'scheduler at %s:' % root in result.stderr
+    pids.assert_all_dead()
+
+
+def test_netns_mode_assigns_the_other_lines_round_robin(tmp_path, netns_nodes):
+    nodes = netns_nodes(3)
+    result = run_job(WHERE + ['true'], num_workers=3, num_servers=2, timeout=20,
+                     extra_launcher_args=netns_args(tmp_path, nodes))
+    assert_ok(result)
+    # The first line hosts the scheduler; servers, then workers, take turns on the others.
+    expected = {('scheduler', 0): 0, ('server', 0): 1, ('server', 1): 2, ('worker', 0): 1,
+                ('worker', 1): 2, ('worker', 2): 1}
+    for (role, rank), index in expected.items():
+        name, address = nodes[index]
+        assert role_lines(result.stderr, role, rank) == [
+            'where %s %s %s' % (name, address, nodes[0][1])]
+
+
+def test_netns_mode_failure_names_the_namespace(tmp_path, netns_nodes):
+    nodes = netns_nodes(4)
+    pids = PidFile(tmp_path / 'pids')
+    result = run_job(pids.wrap(python_command(STALL_JOB, tmp_path, 'exit3')), num_workers=2,
+                     extra_launcher_args=netns_args(tmp_path, nodes), timeout=45)
+    assert result.returncode == 3, result.stderr
+    assert ('worker 1 (in netns %s) exited with code 3; stopping the job' % nodes[3][0]
+            in result.stderr)
+    pids.assert_all_dead()
+
+
+@pytest.mark.parametrize('case', ['bad line', 'bad address', 'unknown namespace',
+                                  'address of another namespace'])
+def test_netns_mode_bad_hostfile_fails_at_once(tmp_path, netns_nodes, case):
+    (name, address), (other, _) = netns_nodes(2)
+    line, message = {
+        'bad line': ('%s' % name, "line 2: '%s' is not 'NETNS_NAME IP'" % name),
+        'bad address': ('%s 10.231.0' % name, "line 2: '%s 10.231.0' is not 'NETNS_NAME IP'"
+                        % name),
+        'unknown namespace': ('%s-none %s' % (name, address),
+                              "network namespace '%s-none' is not usable" % name),
+        'address of another namespace': ('%s %s' % (other, address),
+                                         "%s is not an address of network namespace '%s' (it "
+                                         'has 10.231.0.2, 127.0.0.1)' % (address, other)),
+    }[case]
+    hostfile = tmp_path / 'netns-hosts'
+    hostfile.write_text('%s %s\n%s\n' % (name, address, line))
+    result = subprocess.run(list(LAUNCHER) + ['-n', '1', '--launcher', 'netns', '-H', hostfile,
+                                              'touch', 'started'], cwd=tmp_path, env=job_env(),
+                            capture_output=True, text=True, timeout=15, check=False)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert not (tmp_path / 'started').exists()

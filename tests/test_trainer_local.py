@@ -315,6 +315,7 @@ class FakeDistDelay(DistDelay):
         self.server_optimizer = self.server_updater = None
         self.store = {}
         self.log = []          # ('push' | 'pull', key)
+        self.priorities = []   # (key, priority) of every push, in issue order
 
     @property
     def rank(self):
@@ -355,6 +356,7 @@ class FakeDistDelay(DistDelay):
     def push(self, key, value, priority=0):
         assert not isinstance(value, (list, tuple)), 'the trainer sums devices itself'
         self.log.append(('push', key))
+        self.priorities.append((key, priority))
         grad = value.copyto(mx.cpu())
         if self.server_updater is None:
             self.store[key][:] = grad
@@ -633,3 +635,32 @@ def test_update_on_kvstore_environment_cannot_drop_the_optimizer(monkeypatch):
     assert kv.server_optimizer is not None
     for name in NAMES:
         np.testing.assert_array_equal(got[name][-1], want[name][-1])
+
+
+def test_priorities_follow_the_forward_order_not_the_names():
+    # Block names sort differently from their order of use ('dense10' < 'dense2' < 'dense9'):
+    # the first layer the forward uses must get the highest priority, and the pushes are
+    # issued last layer first (its gradient is ready first).
+    net = gluon.nn.Sequential()
+    for prefix, units, in_units in (('dense9_', 6, 4), ('dense10_', 5, 6), ('dense2_', 3, 5)):
+        net.add(gluon.nn.Dense(units, in_units=in_units, prefix=prefix))
+    net.initialize()
+    kv = FakeDistDelay()
+    trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                                     kvstore=kv, delay=2, warmup_steps=1)
+    assert trainer.priority_order() == list(net.collect_params().keys())  # registration
+    with autograd.record():
+        loss = net(nd.ones((2, 4))).sum()
+    loss.backward()
+    trainer.step(2)
+    forward = ['dense9_weight', 'dense9_bias', 'dense10_weight', 'dense10_bias',
+               'dense2_weight', 'dense2_bias']
+    assert trainer.priority_order() == forward
+    names = [p.name for p in trainer._params]  # pylint: disable=protected-access
+    assert names != forward                     # Gluon's index is name-sorted
+    pushed = [(names[key], priority) for key, priority in kv.priorities]
+    assert [name for name, _ in pushed] == forward[::-1]
+    assert [priority for _, priority in pushed] == sorted(p for _, p in pushed)
+    assert pushed[-1][1] > pushed[0][1]
+    # Data() is not wrapped any more after the first step.
+    assert all('data' not in vars(p) for p in net.collect_params().values())
