@@ -44,7 +44,8 @@ def main():
         trainer.step(128)
         loss.asnumpy()   # a real loop reads its loss: this is where waiting shows
         times.append(time.time() - start)
-    with open(out + '.%s' % (trainer._kvstore.rank if trainer._kvstore else 0), 'w') as dst:
+    rank = trainer._kvstore.rank if trainer._kvstore else int(mxdelay.env.get('MXDELAY_RANK'))
+    with open(out + '.%s' % rank, 'w') as dst:
         json.dump({'mode': mode, 'times': times}, dst)
 
 

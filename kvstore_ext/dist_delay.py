@@ -40,7 +40,7 @@ from mxnet.kvstore import KVStoreBase
 from mxdelay import env
 from . import protocol
 from .protocol import Command
-from .server import atomic_write
+from .state_files import atomic_write, read_json_state
 
 __all__ = ['DistDelay', 'KVSTORE_STATE_FORMAT']
 
@@ -607,14 +607,4 @@ def _as_lists(key, value):
 
 def read_kvstore_state(fname):
     """Read and validate the index file written by ``save_optimizer_states``."""
-    try:
-        with open(fname, 'rb') as src:
-            state = json.loads(src.read().decode('utf-8'))
-    except FileNotFoundError:
-        raise ValueError('kvstore state file %s does not exist' % fname) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError('%s is not an mxdelay kvstore state file (%s); it may be truncated '
-                         'or from another program' % (fname, err)) from None
-    if not isinstance(state, dict) or state.get('format') != KVSTORE_STATE_FORMAT:
-        raise ValueError('%s is not an mxdelay kvstore state file' % fname)
-    return state
+    return read_json_state(fname, KVSTORE_STATE_FORMAT, 'kvstore state')

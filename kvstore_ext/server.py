@@ -27,7 +27,6 @@ into the requesting worker's segment of this server's status key.
 import logging
 import os
 import pickle
-import tempfile
 import types
 
 import numpy as np
@@ -37,6 +36,7 @@ from mxnet.kvstore import KVStoreServer
 from mxdelay import env
 from . import protocol
 from .protocol import Command
+from .state_files import atomic_write, read_pickle_state
 
 __all__ = ['DelayServer', 'serve', 'SERVER_STATE_FORMAT']
 
@@ -375,36 +375,9 @@ def _is_plain_sgd(optimizer):
     return type(optimizer) is mx.optimizer.SGD and not optimizer.multi_precision  # noqa: E721
 
 
-def atomic_write(path, data):
-    """Write bytes `data` to `path` atomically: a temporary file in the same folder, then rename."""
-    folder = os.path.dirname(os.path.abspath(path))
-    handle, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % os.path.basename(path),
-                                   suffix='.tmp')
-    try:
-        with os.fdopen(handle, 'wb') as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def read_server_state(path):
     """Read and validate a server state file; raise ValueError saying what is wrong."""
-    try:
-        with open(path, 'rb') as src:
-            state = pickle.load(src)
-    except FileNotFoundError:
-        raise ValueError('server state file %s does not exist' % path) from None
-    except Exception as err:  # truncated or foreign bytes raise many kinds of errors
-        raise ValueError('%s is not a readable mxdelay server state (%s: %s); it may be '
-                         'truncated or from another program' % (path, type(err).__name__, err)) \
-            from None
-    if not isinstance(state, dict) or state.get('format') != SERVER_STATE_FORMAT:
-        raise ValueError('%s is not an mxdelay server state file' % path)
+    state = read_pickle_state(path, SERVER_STATE_FORMAT, 'server state')
     if state.get('version') != _STATE_VERSION:
         raise ValueError('%s has state version %r; this mxdelay reads version %d'
                          % (path, state.get('version'), _STATE_VERSION))

@@ -10,7 +10,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.server import atomic_write
+from kvstore_ext.state_files import atomic_write, read_json_state, read_pickle_state
 from .rules import RuleContext, create_rule
 from .schedule import DelaySchedule, SWITCH, DELAYED
 
@@ -305,11 +305,12 @@ class DelayedTrainer(gluon.Trainer):
 
     def _read_worker_state(self, fname, kv):
         """Read and validate this worker's files of checkpoint `fname`; change nothing."""
-        index = _read_json_state(fname)
+        index = read_json_state(fname, TRAINER_STATE_FORMAT, 'trainer state')
         if index['num_workers'] != kv.num_workers:
             raise ValueError('%s was saved by %d workers, this job has %d'
                              % (fname, index['num_workers'], kv.num_workers))
-        state = _read_pickle_state(_worker_file(fname, kv.rank))
+        state = read_pickle_state(_worker_file(fname, kv.rank), TRAINER_STATE_FORMAT,
+                                  'worker state')
         saved = state['schedule']
         if (saved['delay'], saved['warmup_steps']) != (self._schedule.delay,
                                                         self._schedule.warmup_steps):
@@ -496,33 +497,3 @@ def _to_numpy(state):
 
 def _from_numpy(state, ctx):
     return None if state is None else nd.array(state, ctx=ctx, dtype=state.dtype)
-
-
-def _read_json_state(fname):
-    try:
-        with open(fname, 'rb') as src:
-            state = json.loads(src.read().decode('utf-8'))
-    except FileNotFoundError:
-        raise ValueError('trainer state file %s does not exist' % fname) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError('%s is not an mxdelay trainer state file (%s); it may be truncated or '
-                         'from another program (gluon.Trainer files are not)' % (fname, err)) \
-            from None
-    if not isinstance(state, dict) or state.get('format') != TRAINER_STATE_FORMAT:
-        raise ValueError('%s is not an mxdelay trainer state file' % fname)
-    return state
-
-
-def _read_pickle_state(fname):
-    try:
-        with open(fname, 'rb') as src:
-            state = pickle.load(src)
-    except FileNotFoundError:
-        raise ValueError('worker state file %s does not exist (every worker saves its own)'
-                         % fname) from None
-    except Exception as err:  # truncated or foreign bytes raise many kinds of errors
-        raise ValueError('%s is not a readable mxdelay worker state (%s: %s)'
-                         % (fname, type(err).__name__, err)) from None
-    if not isinstance(state, dict) or state.get('format') != TRAINER_STATE_FORMAT:
-        raise ValueError('%s is not an mxdelay worker state file' % fname)
-    return state

@@ -8,6 +8,9 @@ Environment changes go through ``monkeypatch`` and are undone after each test.
 
 Tolerance: none; values are exact.
 """
+import os
+import re
+
 import pytest
 
 from mxdelay import env
@@ -108,3 +111,12 @@ def test_get_bool(clean_env, raw, expected):
 def test_role(clean_env, raw, expected):
     clean_env.setenv('DMLC_ROLE', raw)
     assert env.role() == expected
+
+
+def test_readme_documents_every_variable():
+    # The README's table is the one place users read; it must list exactly env.VARIABLES.
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               'README.md'), encoding='utf-8').read()
+    table = readme.split('<!-- env-table', 1)[1].split('\n\n', 1)[0]
+    documented = re.findall(r'^\| `([A-Z_]+)` \|', table, re.MULTILINE)
+    assert documented == list(env.VARIABLES)

@@ -38,34 +38,10 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-IN, HIDDEN, OUT = 8, 16, 4
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mlp_job import IN, HIDDEN, OUT, init_params, batch, numpy_grad  # noqa: E402,F401
+
 NAMES = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
-
-
-def init_params():
-    """Initial weights, identical on every worker (as mlp_job.py)."""
-    rs = np.random.RandomState(0)
-    return {'w1': (rs.randn(HIDDEN, IN) * 0.3).astype(np.float32),
-            'b1': (rs.randn(HIDDEN) * 0.1).astype(np.float32),
-            'w2': (rs.randn(OUT, HIDDEN) * 0.3).astype(np.float32),
-            'b2': (rs.randn(OUT) * 0.1).astype(np.float32)}
-
-
-def batch(rank, step, size):
-    """The data of worker `rank` at `step` (as mlp_job.py)."""
-    rs = np.random.RandomState(10007 * step + 101 * rank + 7)
-    x = rs.randn(size, IN).astype(np.float32)
-    y = np.tanh(x[:, :OUT] * 1.5 + 0.2 * rank).astype(np.float32)
-    return x, y
-
-
-def numpy_grad(weights, x, y):
-    """Raw gradient (sum over the batch) of Gluon's L2Loss for the MLP, in numpy."""
-    h = np.tanh(x @ weights['w1'].T + weights['b1'])
-    pred = h @ weights['w2'].T + weights['b2']
-    dpred = (pred - y) / OUT
-    dz = (dpred @ weights['w2']) * (1 - h * h)
-    return {'w2': dpred.T @ h, 'b2': dpred.sum(0), 'w1': dz.T @ x, 'b1': dz.sum(0)}
 
 
 def build():
