@@ -81,3 +81,32 @@ def test_resume_continues_at_epoch_2(first_job):
     names = sorted(os.listdir(str(out / 'ckpt')))
     assert 'epoch-0002.params' in names
     assert not [name for name in names if name.startswith('epoch-0001.')], names
+
+
+ACCURACY_STEPS = 300   # 300 steps of 2 x 128 samples: 1.3 epochs of Fashion-MNIST
+ACCURACY_MARGIN = 0.02
+
+
+def _accuracy(tmp_path, name, *extra):
+    out = tmp_path / name
+    out.mkdir()
+    command = [sys.executable, EXAMPLE, '--data-dir', DATA_DIR, '--epochs', '1',
+               '--max-steps-per-epoch', str(ACCURACY_STEPS), '--warmup-steps', '100',
+               '--no-progress', '--metrics-file', str(out / 'metrics.jsonl')] + list(extra)
+    assert_ok(run_job(command, num_workers=2, timeout=240, cwd=str(out)))
+    with open(str(out / 'metrics.jsonl'), encoding='utf-8') as src:
+        return json.loads(src.read().splitlines()[-1])['test_acc']
+
+
+def test_delayed_update_keeps_dist_sync_accuracy(tmp_path):
+    # Real data, 300 steps, 2 workers, SGD lr 0.05 momentum 0.9, warm-up 100: the default
+    # rule ('mirror') at k = 4 must stay within 2 points of stock gluon.Trainer on
+    # dist_sync (SPEC measured 0.8862 vs 0.8815 after 10 epochs). The patent's literal
+    # 'sgd' rule is allowed to be worse with server momentum (SPEC: it collapses at k = 4);
+    # it only has to run.
+    sync = _accuracy(tmp_path, 'sync', '--trainer', 'sync')
+    mirror = _accuracy(tmp_path, 'mirror', '--delay', '4', '--local-rule', 'mirror')
+    literal = _accuracy(tmp_path, 'sgd', '--delay', '4', '--local-rule', 'sgd')
+    assert sync > 0.75, sync
+    assert mirror > sync - ACCURACY_MARGIN, (mirror, sync)
+    assert math.isfinite(literal)
