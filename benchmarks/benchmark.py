@@ -1,0 +1,503 @@
+"""Does mxdelay's k-step delayed update pay? Throughput and accuracy, side by side.
+
+One invocation runs, on the same model, data and seed (Fashion-MNIST MLP 784-1024-1024-10,
+batch 128 per worker, 2 workers + 1 server, ``OMP_NUM_THREADS=1`` in every process, SGD lr
+0.05 momentum 0.9):
+
+- ``compute``: the compute-only bound, the same 2 worker processes training at the same
+  time with ``kvstore=None`` (no communication, no server);
+- ``sync``: stock ``gluon.Trainer`` on MXNet's native ``dist_sync`` (stock server);
+- ``k1`` ``k2`` ``k4`` ``k8``: ``mxdelay.DelayedTrainer`` on ``'dist_delay'`` with that
+  delay (rule ``'mirror'``);
+
+under these networks (``--networks``):
+
+- ``loopback``: every process on this machine's loopback (``mxdelay-launch`` local mode);
+- ``jitter``: the same, and before every step each worker sleeps, with probability 0.3,
+  a random 0-40 ms (``--jitter``);
+- ``1gbit`` and ``100mbit``: every node (scheduler, server, worker 0, worker 1) in a network
+  namespace of its own, linked to a bridge by a veth pair shaped with ``tc tbf`` to that
+  rate in each direction (``benchmarks/netns.py``; ``mxdelay-launch --launcher netns``).
+  They need root; without it they are skipped, with a message.
+
+Throughput runs (``benchmarks/bench_worker.py``): each run skips the warm-up and the switch
+step (``--warmup`` steps + 1: 200 + 1 on loopback, fewer on the slow shaped links, where
+only the delayed phase's throughput matters) and times the next ``--steps`` steps;
+``sync`` skips and times the same steps, and so does ``compute`` on loopback (it does not
+use the network: it takes loopback's steps on every network). Job throughput is 2 x steps x 128
+samples over the time from the first worker's window start to the last one's end. The
+methods run interleaved in ``--rounds`` rounds (every other round in reverse order, and the
+two loopback networks interleaved with each other), so that slow drifts of the machine hit
+all alike; tables report medians and each ratio to ``sync`` and to ``compute`` of the same
+network. During every run the CPU time of each role and of the whole machine is sampled
+(``benchmarks/cpu_monitor.py``), to show where the time goes.
+
+Accuracy runs (``examples/train_fashion_mnist.py``, loopback, ``--epochs`` 10, warm-up 200):
+stock ``--trainer sync``, delayed ``'mirror'`` with k=4 and k=8, and the patent's literal
+``'sgd'`` rule with k=4; test accuracy after every epoch.
+
+Output, in ``--out`` (default ``bench_out/``): ``results.md`` (every table, the target
+verdicts), ``runs.csv`` (every run), ``throughput.csv``, ``accuracy.csv``, ``cpu.csv``,
+``throughput.png``, ``accuracy.png``, and ``runs/`` with every run's logs and raw numbers.
+
+Every namespace created is deleted at the end, also on failure, SIGINT, SIGTERM or SIGHUP
+(a second signal during the clean-up is ignored); so is every process started.
+
+Quick check (about 3 minutes)::
+
+    python benchmarks/benchmark.py --networks loopback,1gbit --methods compute,sync,k4 \\
+        --rounds 1 --steps 40 --warmup 10 --accuracy sync,mirror-k4 --epochs 1 \\
+        --accuracy-steps 60 --out bench_out/quick
+
+The full benchmark (about 35 minutes on 2 cores)::
+
+    python benchmarks/benchmark.py
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
+import netns  # noqa: E402  pylint: disable=wrong-import-position
+import report  # noqa: E402  pylint: disable=wrong-import-position
+
+_LOG = logging.getLogger('benchmark')
+
+NUM_WORKERS, BATCH = 2, 128
+WORKER = os.path.join(HERE, 'bench_worker.py')
+EXAMPLE = os.path.join(REPO, 'examples', 'train_fashion_mnist.py')
+
+#: name -> (label, bench_worker arguments)
+METHODS = {
+    'compute': ('compute-only', ['--mode', 'compute']),
+    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
+    'k1': ('delayed k=1', ['--mode', 'delayed', '--delay', '1']),
+    'k2': ('delayed k=2', ['--mode', 'delayed', '--delay', '2']),
+    'k4': ('delayed k=4', ['--mode', 'delayed', '--delay', '4']),
+    'k8': ('delayed k=8', ['--mode', 'delayed', '--delay', '8']),
+}
+
+#: name -> settings. `group`: networks of one group share their set-up and are interleaved.
+#: warmup/steps: defaults chosen so that the full benchmark takes about 35 minutes; a
+#: shaped run's step is communication-bound and steady, so fewer steps measure it as well.
+#: The timed steps are a multiple of 8, so that every k's window holds whole pull periods.
+NETWORKS = {
+    'loopback': dict(label='loopback', group='loopback', rate=None, jitter=False,
+                     warmup=200, steps=304, step_bound=1.0),
+    'jitter': dict(label='loopback + jitter', group='loopback', rate=None, jitter=True,
+                   warmup=200, steps=304, step_bound=1.0),
+    '1gbit': dict(label='1 Gbit/s links', group='1gbit', rate='1gbit', jitter=False,
+                  warmup=20, steps=80, step_bound=2.0),
+    '100mbit': dict(label='100 Mbit/s links', group='100mbit', rate='100mbit', jitter=False,
+                    warmup=3, steps=8, step_bound=10.0),
+}
+
+#: name -> (label, train_fashion_mnist arguments)
+ACCURACY = {
+    'sync': ('dist_sync (stock)', ['--trainer', 'sync']),
+    'mirror-k4': ("delayed k=4 'mirror'", ['--trainer', 'delayed', '--delay', '4',
+                                          '--local-rule', 'mirror']),
+    'mirror-k8': ("delayed k=8 'mirror'", ['--trainer', 'delayed', '--delay', '8',
+                                          '--local-rule', 'mirror']),
+    'sgd-k4': ("delayed k=4 'sgd' (literal)", ['--trainer', 'delayed', '--delay', '4',
+                                              '--local-rule', 'sgd']),
+}
+
+
+class Interrupted(Exception):
+    """A stop signal arrived; the clean-up runs while this propagates."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_STOPPING = []
+
+
+def _on_signal(signum, _frame):
+    if _STOPPING:  # the first one is being handled: let the clean-up finish
+        _LOG.warning('%s again: still cleaning up', signal.Signals(signum).name)
+        return
+    _STOPPING.append(signum)
+    raise Interrupted(signum)
+
+
+def _names(value, known, option):
+    names = [name for name in value.split(',') if name]
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError('%s: unknown %s; choose from %s'
+                                         % (option, ', '.join(unknown), ', '.join(known)))
+    return names
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__.split('\n\n', maxsplit=1)[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='Networks: %s. Methods: %s. Accuracy runs: %s.' % (
+            ', '.join(NETWORKS), ', '.join(METHODS), ', '.join(ACCURACY)))
+    parser.add_argument('--out', default=os.path.join(REPO, 'bench_out'),
+                        help='output folder (default: %(default)s)')
+    parser.add_argument('--networks', default=','.join(NETWORKS),
+                        type=lambda v: _names(v, NETWORKS, '--networks'),
+                        help='comma-separated (default: all)')
+    parser.add_argument('--methods', default=','.join(METHODS),
+                        type=lambda v: _names(v, METHODS, '--methods'),
+                        help='comma-separated throughput methods (default: all)')
+    parser.add_argument('--rounds', type=int, default=3,
+                        help='rounds over all methods per network (default: %(default)s)')
+    parser.add_argument('--steps', type=int,
+                        help='timed steps of every throughput run (default: per network, %s)'
+                             % ', '.join('%s %d' % (n, s['steps']) for n, s in NETWORKS.items()))
+    parser.add_argument('--warmup', type=int,
+                        help='warm-up steps of every throughput run (default: per network, %s)'
+                             % ', '.join('%s %d' % (n, s['warmup']) for n, s in NETWORKS.items()))
+    parser.add_argument('--retries', type=int, default=1,
+                        help='repeat a noisy throughput run (other processes used more than '
+                             '%g cores) up to this many times (default: %%(default)s)'
+                             % report.NOISE_CORES)
+    parser.add_argument('--report-only', action='store_true',
+                        help='only write the report again from the files in --out')
+    parser.add_argument('--jitter', default='0.3,40', metavar='PROB,MAX_MS',
+                        help='the jitter network: per step and worker, sleep 0..MAX_MS ms with '
+                             'probability PROB (default: %(default)s)')
+    parser.add_argument('--accuracy', default=','.join(ACCURACY),
+                        type=lambda v: _names(v, ACCURACY, '--accuracy'),
+                        help="comma-separated accuracy runs, '' for none (default: all)")
+    parser.add_argument('--epochs', type=int, default=10,
+                        help='epochs of every accuracy run (default: %(default)s)')
+    parser.add_argument('--accuracy-warmup', type=int, default=200,
+                        help='warm-up steps of the delayed accuracy runs (default: %(default)s)')
+    parser.add_argument('--accuracy-steps', type=int,
+                        help='accuracy runs: at most this many steps per epoch (quick checks)')
+    parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.epochs < 1:
+        parser.error('--rounds and --epochs must be at least 1')
+    for name in ('steps', 'warmup'):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error('--%s must be at least 1' % name)
+    return args
+
+
+# -- processes -------------------------------------------------------------------------
+def _job_env():
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith('DMLC_') and name not in ('MXNET_CPU_WORKER_NTHREADS',
+                                                            'MXDELAY_RANK')}
+    env.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    return env
+
+
+def _stop(popen, grace=15.0):
+    """End `popen`, the leader of its own process group, if it still runs.
+
+    The launcher stops its job on SIGTERM (and its roles die with it on SIGKILL: they have
+    a parent-death signal); a worker of a compute-only run has no children.
+    """
+    if popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)  # the leader is alive: the group is ours
+        popen.wait()
+
+
+@contextlib.contextmanager
+def _started(argvs, log_path, env=None):
+    """Start each argv in a session of its own, output to `log_path`; stop them on exit."""
+    popens = []
+    with open(log_path, 'ab') as log:
+        try:
+            for argv in argvs:
+                log.write(('$ %s\n' % shlex.join(argv)).encode())
+                log.flush()
+                popens.append(subprocess.Popen(  # pylint: disable=consider-using-with
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=env or _job_env(), cwd=REPO, start_new_session=True))
+            yield popens
+        finally:
+            for popen in popens:
+                _stop(popen)
+
+
+def _wait_all(popens, timeout):
+    deadline = time.monotonic() + timeout
+    codes = []
+    for popen in popens:
+        try:
+            codes.append(popen.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append('timeout after %g s' % timeout)
+    return codes
+
+
+def _launcher(network, hostfile, timeout):
+    argv = [sys.executable, '-m', 'mxdelay.launcher', '-n', str(NUM_WORKERS), '-s', '1',
+            '--timeout', str(int(timeout))]
+    if network['rate']:
+        argv += ['--launcher', 'netns', '-H', hostfile]
+    return argv + ['--']
+
+
+# -- throughput ------------------------------------------------------------------------
+def run_throughput(args, net_name, network, method, round_index, hostfile, attempt=0):
+    """Run one throughput job; return its row for runs.csv."""
+    # Compute-only does not depend on the network: it takes loopback's (longer) window
+    # everywhere, which a slow network's few steps would measure poorly.
+    steps_of = NETWORKS['loopback'] if method == 'compute' else network
+    warmup = args.warmup or steps_of['warmup']
+    steps = args.steps or steps_of['steps']
+    name = '%s-%s-r%d%s' % (net_name, method, round_index, '-%d' % attempt if attempt else '')
+    folder = os.path.join(args.out, 'runs', name)
+    os.makedirs(folder, exist_ok=True)
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
+    out = os.path.join(folder, 'worker-{rank}.json')
+    worker = [sys.executable, WORKER] + METHODS[method][1] + [
+        '--warmup-steps', str(warmup), '--steps', str(steps), '--out', out,
+        '--data-dir', args.data_dir, '--jitter', args.jitter if network['jitter'] else '0,0']
+    timeout = 120 + (warmup + 1 + steps) * network['step_bound']
+    row = dict(network=net_name, method=method, round=round_index, attempt=attempt,
+               warmup=warmup, steps=steps, load_before=os.getloadavg()[0])
+    log_path = os.path.join(folder, 'log.txt')
+    if method == 'compute':
+        argvs = [worker + ['--rank', str(rank), '--num-workers', str(NUM_WORKERS)]
+                 for rank in range(NUM_WORKERS)]
+    else:
+        argvs = [_launcher(network, hostfile, timeout) + worker]
+    started = time.time()
+    with _started(argvs, log_path) as popens:
+        roots = {os.getpid(): 'driver'}
+        if method == 'compute':
+            roots.update({popen.pid: 'worker %d' % rank for rank, popen in enumerate(popens)})
+        with CpuMonitor(roots) as monitor:
+            codes = _wait_all(popens, timeout + 30)
+    row['wall_s'] = time.time() - started
+    if any(code != 0 for code in codes):
+        row['error'] = 'exit %s; see %s' % (codes, log_path)
+        return row
+    results = []
+    for rank in range(NUM_WORKERS):
+        with open(out.format(rank=rank), encoding='utf-8') as src:
+            results.append(json.load(src))
+    start = min(result['start'] for result in results)
+    end = max(result['end'] for result in results)
+    row.update(samples_per_s=NUM_WORKERS * steps * BATCH / (end - start),
+               ms_per_step=1000 * (end - start) / steps, window_s=end - start)
+    usage = monitor.usage(start, end)
+    row.update(cpu_workers=sum(v for k, v in usage.items() if k.startswith('worker')),
+               cpu_server=usage.get('server 0', 0.0), cpu_scheduler=usage.get('scheduler', 0.0),
+               cpu_launcher=usage.get('launcher', 0.0) + usage.get('driver', 0.0),
+               cpu_other=usage['other'])
+    # Step times of worker 0 by position in the pull period (delayed: the pull is issued at
+    # position k-1 and waited for at position 0 of the next period).
+    ends = [results[0]['start']] + results[0]['step_ends']
+    row['step_ms'] = ' '.join('%.1f' % (1000 * (b - a)) for a, b in zip(ends, ends[1:]))
+    with open(os.path.join(folder, 'row.json'), 'w', encoding='utf-8') as dst:
+        json.dump(row, dst)
+    return row
+
+
+def _network(net_name, network):
+    """Context: the set-up of a network; yields the hostfile (None for loopback)."""
+    @contextlib.contextmanager
+    def setup():
+        if not network['rate']:
+            yield None
+            return
+        with netns.ShapedNetwork(1 + 1 + NUM_WORKERS, network['rate']) as net, \
+                tempfile.TemporaryDirectory(prefix='mxbench-') as tmp:
+            hostfile = os.path.join(tmp, 'hosts')
+            net.write_hostfile(hostfile)
+            _LOG.info('%s: namespaces %s, each link shaped to %s in both directions',
+                      net_name, ', '.join(name for name, _ in net.nodes), network['rate'])
+            yield hostfile
+    return setup()
+
+
+def run_all_throughput(args, rows, rows_path):
+    """Run every throughput job, appending its row to `rows` (kept if interrupted)."""
+    networks = list(args.networks)
+    reason = netns.netns_available() if any(NETWORKS[n]['rate'] for n in networks) else None
+    if reason:
+        skipped = [n for n in networks if NETWORKS[n]['rate']]
+        _LOG.warning('skipping the shaped networks %s: %s', ', '.join(skipped), reason)
+        networks = [n for n in networks if not NETWORKS[n]['rate']]
+    groups = {}  # networks of one group share a set-up and are interleaved
+    for name in networks:
+        groups.setdefault(NETWORKS[name]['group'], []).append(name)
+    total = len(networks) * len(args.methods) * args.rounds
+    done = 0
+    for names in groups.values():
+        with _network(names[0], NETWORKS[names[0]]) as hostfile:
+            order = [(n, m) for m in args.methods for n in names]
+            for round_index in range(1, args.rounds + 1):
+                for net_name, method in (order if round_index % 2 else order[::-1]):
+                    done += 1
+                    attempt = 0
+                    while True:
+                        row = run_throughput(args, net_name, NETWORKS[net_name], method,
+                                             round_index, hostfile, attempt)
+                        rows.append(row)
+                        report.write_csv(rows_path, rows)
+                        _log_run(row, '[%d/%d]' % (done, total))
+                        if 'error' in row or not report.is_noisy(row) or attempt == args.retries:
+                            break
+                        attempt += 1
+                        _LOG.warning('other processes used %.2f cores during that run: '
+                                     'repeating it (attempt %d) in 10 s', row['cpu_other'],
+                                     attempt + 1)
+                        time.sleep(10)
+
+
+def _log_run(row, counter):
+    what = '%s %s %s round %d%s' % (counter, row['network'], row['method'], row['round'],
+                                    ' attempt %d' % (row['attempt'] + 1) if row['attempt'] else '')
+    if 'error' in row:
+        _LOG.error('%s FAILED: %s', what, row['error'])
+    else:
+        _LOG.info('%s: %.0f samples/s (%.1f ms/step); cores: workers %.2f server %.2f other '
+                  '%.2f; load %.2f', what, row['samples_per_s'], row['ms_per_step'],
+                  row['cpu_workers'], row['cpu_server'], row['cpu_other'], row['load_before'])
+
+
+# -- accuracy --------------------------------------------------------------------------
+def run_accuracy(args, name):
+    folder = os.path.join(args.out, 'runs', 'accuracy-%s' % name)
+    os.makedirs(folder, exist_ok=True)
+    metrics = os.path.join(folder, 'metrics.jsonl')
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    steps_per_epoch = args.accuracy_steps or 60000 // NUM_WORKERS // BATCH
+    timeout = 300 + args.epochs * steps_per_epoch * 1.0
+    argv = _launcher(NETWORKS['loopback'], None, timeout) + [
+        sys.executable, EXAMPLE, '--epochs', str(args.epochs), '--seed', '1',
+        '--warmup-steps', str(args.accuracy_warmup), '--metrics-file', metrics, '--no-progress',
+        '--data-dir', args.data_dir] + ACCURACY[name][1]
+    if args.accuracy_steps:
+        argv += ['--max-steps-per-epoch', str(args.accuracy_steps)]
+    started = time.time()
+    with _started([argv], os.path.join(folder, 'log.txt')) as popens:
+        codes = _wait_all(popens, timeout + 30)
+    records = []
+    if os.path.exists(metrics):
+        with open(metrics, encoding='utf-8') as src:
+            records = [json.loads(line) for line in src if line.strip()]
+    rows = [dict(method=name, epoch=r['epoch'], test_acc=r['test_acc'], loss=r['loss'],
+                 train_acc=r['train_acc'], samples_per_s=r['samples_per_s'],
+                 time_s=r['time']) for r in records]
+    if codes != [0]:
+        _LOG.error('accuracy %s FAILED (exit %s); see %s', name, codes[0],
+                   os.path.join(folder, 'log.txt'))
+        rows.append(dict(method=name, error='exit %s' % codes[0]))
+    else:
+        _LOG.info('accuracy %s: test accuracy %s (%.0f s)', name,
+                  ' '.join('%.4f' % r['test_acc'] for r in records), time.time() - started)
+    return rows
+
+
+# -- main ------------------------------------------------------------------------------
+def _machine():
+    return dict(nproc=os.cpu_count(), cpu=platform.processor() or _cpu_model(),
+                kernel=platform.release(), python=platform.python_version())
+
+
+def _cpu_model():
+    with contextlib.suppress(OSError):
+        with open('/proc/cpuinfo', encoding='utf-8') as src:
+            for line in src:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    return 'unknown'
+
+
+def _code_version():
+    """The commit, and the library files that differ from it (the runs import them anew)."""
+    def git(*args):
+        return subprocess.run(['git', '-C', REPO] + list(args), capture_output=True, text=True,
+                              check=False).stdout.strip()
+    return '%s%s' % (git('rev-parse', '--short', 'HEAD') or 'unknown', ''.join(
+        ' +modified ' + line[3:] for line in git('status', '--porcelain', '--', 'mxdelay',
+                                                 'kvstore_ext', 'examples').splitlines()))
+
+
+def main(argv=None):
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
+    args = parse_args(argv)
+    args.out = os.path.abspath(args.out)
+    os.makedirs(args.out, exist_ok=True)
+    meta_path = os.path.join(args.out, 'meta.json')
+    if args.report_only:
+        with open(meta_path, encoding='utf-8') as src:
+            meta = json.load(src)
+        rows, accuracy = [], []
+        for name, target in (('runs.csv', rows), ('accuracy.csv', accuracy)):
+            if os.path.exists(os.path.join(args.out, name)):
+                target += report.read_csv(os.path.join(args.out, name))
+        report.write_all(args.out, meta, rows, accuracy, METHODS, NETWORKS, ACCURACY,
+                         argparse.Namespace(**meta['settings']))
+        _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
+        return 0
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _on_signal)
+    if os.geteuid() == 0 and netns.netns_available() is None:
+        stale = netns.remove_stale()
+        if stale:
+            _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
+    meta = dict(command=('python benchmarks/benchmark.py ' + shlex.join(
+                    sys.argv[1:] if argv is None else argv)).strip(),
+                started=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+                load_start=os.getloadavg(), code_start=_code_version(), **_machine(),
+                settings={name: getattr(args, name) for name in (
+                    'rounds', 'warmup', 'steps', 'jitter', 'epochs', 'accuracy_warmup',
+                    'accuracy_steps', 'retries')})
+    _LOG.info('benchmark: %s; output in %s', meta['command'], args.out)
+    rows, accuracy, code = [], [], 0
+    try:
+        run_all_throughput(args, rows, os.path.join(args.out, 'runs.csv'))
+        for name in args.accuracy:
+            accuracy += run_accuracy(args, name)
+            report.write_csv(os.path.join(args.out, 'accuracy.csv'), accuracy)
+    except Interrupted as stop:
+        _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
+        code = 128 + stop.signum
+    finally:
+        meta.update(finished=datetime.datetime.now().astimezone().isoformat(timespec='seconds'),
+                    load_end=os.getloadavg(), code_end=_code_version())
+        listed = subprocess.run(['ip', 'netns', 'list'], capture_output=True, text=True,
+                                check=False).stdout.splitlines()
+        left = [line.split()[0] for line in listed
+                if line.startswith('%s%d-' % (netns.PREFIX, os.getpid()))]
+        if left:
+            _LOG.error('namespaces left behind: %s', left)
+    with open(meta_path, 'w', encoding='utf-8') as dst:
+        json.dump(meta, dst, indent=1)
+    if rows or accuracy:
+        report.write_all(args.out, meta, rows, accuracy, METHODS, NETWORKS, ACCURACY, args)
+        _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
+    failed = [row for row in rows + accuracy if 'error' in row]
+    return code or (1 if failed else 0)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
