@@ -29,7 +29,6 @@ import os
 import pickle
 import types
 
-import numpy as np
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 

@@ -4,8 +4,6 @@ Import this module *before* ``mxnet`` in scripts that a DMLC launcher runs: in a
 or server process the import becomes that role (mxdelay's server for servers) and never
 returns; in a worker it registers the kvstore type ``'dist_delay'``.
 """
-import sys
-
 from . import env
 from .roles import dispatch_on_import
 

@@ -48,7 +48,7 @@ command's process group, then SIGKILL 3 s later if it is still there.
 
 ``--launcher netns`` (root only; never the default): every role runs on this machine, each
 in the Linux network namespace the hostfile gives it, as ``ip netns exec NAME COMMAND``
-(which ``exec``\ s the command: supervision, prefixes and cleanup are those of local mode,
+(which execs the command: supervision, prefixes and cleanup are those of local mode,
 and the environment is inherited). Hostfile lines are ``NETNS_NAME IP``, IP being an IPv4
 address of that namespace's (blank lines and ``#`` comments are ignored). The first line
 hosts the scheduler; servers, then workers, are assigned round-robin over the remaining

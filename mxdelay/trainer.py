@@ -6,13 +6,12 @@ import os
 import pickle
 
 import numpy as np
-import mxnet as mx
 from mxnet import gluon, nd
 
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.state_files import atomic_write, read_json_state, read_pickle_state
 from .rules import RuleContext, create_rule
-from .schedule import DelaySchedule, SWITCH, DELAYED
+from .schedule import DelaySchedule, SWITCH
 
 __all__ = ['DelayedTrainer', 'TRAINER_STATE_FORMAT']
 
