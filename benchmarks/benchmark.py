@@ -18,7 +18,8 @@ under these networks (``--networks``):
 - ``1gbit`` and ``100mbit``: every node (scheduler, server, worker 0, worker 1) in a network
   namespace of its own, linked to a bridge by a veth pair shaped with ``tc tbf`` to that
   rate in each direction (``benchmarks/netns.py``; ``mxdelay-launch --launcher netns``).
-  They need root; without it they are skipped, with a message.
+  They need root; without it they are skipped, with a message;
+- ``jitter-1gbit`` (only when asked for): ``1gbit`` with the jitter of ``jitter``.
 
 Throughput runs (``benchmarks/bench_worker.py``): each run skips the warm-up and the switch
 step (``--warmup`` steps + 1: 200 + 1 on loopback, fewer on the slow shaped links, where
@@ -49,7 +50,7 @@ Quick check (about 3 minutes)::
         --rounds 1 --steps 40 --warmup 10 --accuracy sync,mirror-k4 --epochs 1 \\
         --accuracy-steps 60 --out bench_out/quick
 
-The full benchmark (about 35 minutes on 2 cores)::
+The full benchmark (about 40 minutes on 2 cores, more when noisy runs are repeated)::
 
     python benchmarks/benchmark.py
 """
@@ -92,7 +93,7 @@ METHODS = {
 }
 
 #: name -> settings. `group`: networks of one group share their set-up and are interleaved.
-#: warmup/steps: defaults chosen so that the full benchmark takes about 35 minutes; a
+#: warmup/steps: defaults chosen so that the full benchmark takes about 40 minutes; a
 #: shaped run's step is communication-bound and steady, so fewer steps measure it as well.
 #: The timed steps are a multiple of 8, so that every k's window holds whole pull periods.
 NETWORKS = {
@@ -104,7 +105,11 @@ NETWORKS = {
                   warmup=20, steps=80, step_bound=2.0),
     '100mbit': dict(label='100 Mbit/s links', group='100mbit', rate='100mbit', jitter=False,
                     warmup=3, steps=8, step_bound=10.0),
+    # Not run by default: jitter where the CPU is not the bottleneck (see the README).
+    'jitter-1gbit': dict(label='1 Gbit/s links + jitter', group='1gbit', rate='1gbit',
+                         jitter=True, warmup=20, steps=80, step_bound=2.0),
 }
+DEFAULT_NETWORKS = ('loopback', 'jitter', '1gbit', '100mbit')
 
 #: name -> (label, train_fashion_mnist arguments)
 ACCURACY = {
@@ -154,9 +159,9 @@ def parse_args(argv=None):
             ', '.join(NETWORKS), ', '.join(METHODS), ', '.join(ACCURACY)))
     parser.add_argument('--out', default=os.path.join(REPO, 'bench_out'),
                         help='output folder (default: %(default)s)')
-    parser.add_argument('--networks', default=','.join(NETWORKS),
+    parser.add_argument('--networks', default=','.join(DEFAULT_NETWORKS),
                         type=lambda v: _names(v, NETWORKS, '--networks'),
-                        help='comma-separated (default: all)')
+                        help='comma-separated (default: %(default)s)')
     parser.add_argument('--methods', default=','.join(METHODS),
                         type=lambda v: _names(v, METHODS, '--methods'),
                         help='comma-separated throughput methods (default: all)')
@@ -267,7 +272,7 @@ def run_throughput(args, net_name, network, method, round_index, hostfile, attem
     steps_of = NETWORKS['loopback'] if method == 'compute' else network
     warmup = args.warmup or steps_of['warmup']
     steps = args.steps or steps_of['steps']
-    name = '%s-%s-r%d%s' % (net_name, method, round_index, '-%d' % attempt if attempt else '')
+    name = report.run_name(net_name, method, round_index, attempt)
     folder = os.path.join(args.out, 'runs', name)
     os.makedirs(folder, exist_ok=True)
     for stale in os.listdir(folder):

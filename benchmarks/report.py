@@ -3,7 +3,10 @@ import csv
 import os
 import statistics
 
-__all__ = ['write_csv', 'read_csv', 'write_all', 'summarize', 'is_noisy', 'NOISE_CORES']
+import json
+
+__all__ = ['write_csv', 'read_csv', 'write_all', 'summarize', 'is_noisy', 'run_name',
+           'steady_ms_per_step', 'NOISE_CORES']
 
 #: A run during which processes outside the job used more than this many cores on average
 #: (the machine is shared) is *noisy*: the benchmark repeats it, and the medians leave it
@@ -47,6 +50,37 @@ def read_csv(path):
                 for row in csv.DictReader(src)]
 
 
+def run_name(network, method, round_index, attempt=0):
+    """The folder name of one throughput run under ``runs/``."""
+    return '%s-%s-r%d%s' % (network, method, round_index, '-%d' % attempt if attempt else '')
+
+
+def steady_ms_per_step(folder, period):
+    """Steady-state ms/step of a run, from its workers' step ends; None if too short.
+
+    The job-level measure (from the first window start to the last worker's end, after
+    ``nd.waitall()``) counts the start-up of the delayed phase and the drain of the pushes
+    still queued at the end, up to ``slack`` rounds: a bias against the delayed runs on slow
+    links, where a short window holds few steps. This one takes each worker's time between
+    two ends of a pull period's last step (the same point of the cycle, so the same queue),
+    leaving out the first period; the slower worker's rate is the job's.
+    """
+    worst = None
+    for rank in (0, 1):
+        path = os.path.join(folder, 'worker-%d.json' % rank)
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding='utf-8') as src:
+            ends = json.load(src)['step_ends']
+        first = 2 * period - 1
+        last = first + (len(ends) - 1 - first) // period * period
+        if last - first < 2 * period:
+            return None
+        value = 1000 * (ends[last] - ends[first]) / (last - first)
+        worst = value if worst is None else max(worst, value)
+    return worst
+
+
 def is_noisy(row):
     """Whether other processes used more than :data:`NOISE_CORES` during the run."""
     return row.get('cpu_other', 0.0) > NOISE_CORES
@@ -75,11 +109,16 @@ def summarize(rows):
             cpu_other=_median([r['cpu_other'] for r in runs]),
             cpu_launcher=_median([r['cpu_launcher'] + r['cpu_scheduler'] for r in runs]),
             load=_median([r['load_before'] for r in runs]),
-            values=sorted(rates))
+            values=sorted(rates),
+            steady_ms=_median([r['steady_ms_per_step'] for r in runs
+                               if r.get('steady_ms_per_step') is not None]))
     for (network, method), item in summary.items():
         for base in ('sync', 'compute'):
             ref = summary.get((network, base))
             item['x_' + base] = item['samples_per_s'] / ref['samples_per_s'] if ref else None
+        ref = summary.get((network, 'sync'))
+        item['steady_x_sync'] = (ref['steady_ms'] / item['steady_ms']
+                                 if ref and ref['steady_ms'] and item['steady_ms'] else None)
     return summary
 
 
@@ -154,6 +193,22 @@ def targets(summary, accuracy):
     return result
 
 
+#: network with jitter -> the same network without (as benchmark.JITTER_PAIRS)
+JITTER_PAIRS = {'jitter': 'loopback', 'jitter-1gbit': '1gbit'}
+
+
+def jitter_losses(summary, methods):
+    """Return ``[(jitter network, base network, method, loss)]``: 1 - jittered/plain."""
+    losses = []
+    for jittered, plain in JITTER_PAIRS.items():
+        for method in methods:
+            a, b = summary.get((plain, method)), summary.get((jittered, method))
+            if a and b:
+                losses.append((jittered, plain, method,
+                               1 - b['samples_per_s'] / a['samples_per_s']))
+    return losses
+
+
 def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
     """Return results.md's text."""
     summary = summarize(rows)
@@ -179,7 +234,12 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                 'network. Steps: %s. A run during which processes outside the job used more '
                 'than %.2f cores on average (the machine is shared) is noisy: it was repeated, '
                 'and it is left out of the median if the same network and method has a quiet '
-                'run (every run is in runs.csv).' % (args.rounds, settings, NOISE_CORES), '']
+                'run (every run is in runs.csv). *Steady* columns: the rate within the run, '
+                'between the same points of the pull cycle after the first period, without '
+                'the start-up of the delayed phase and without the drain of the pushes still '
+                'queued when the window ends (the main measure counts both, which costs the '
+                'delayed runs up to slack rounds on a slow link); blank where the window is '
+                'too short.' % (args.rounds, settings, NOISE_CORES), '']
         for network in present_networks:
             out += ['### %s' % networks[network]['label'], '']
             table = []
@@ -192,9 +252,10 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                     ', '.join('%.0f' % v for v in item['values']),
                     '; %d noisy left out' % item['excluded'] if item['excluded'] else ''),
                     '%.1f' % item['ms_per_step'], _fmt(item['x_sync'], '%.2fx'),
-                    _fmt(item['x_compute'], '%.2fx')])
-            out += [_table(['method', 'samples/s', 'ms/step', 'x dist_sync', 'x compute-only'],
-                           table), '']
+                    _fmt(item['x_compute'], '%.2fx'), _fmt(item['steady_ms'], '%.1f'),
+                    _fmt(item['steady_x_sync'], '%.2fx')])
+            out += [_table(['method', 'samples/s', 'ms/step', 'x dist_sync', 'x compute-only',
+                            'steady ms/step', 'steady x dist_sync'], table), '']
         out += ['### Where the CPU goes', '',
                 'Cores used on average during the timed window (medians over rounds): the two '
                 'workers together, the server, the scheduler + launcher + benchmark driver, and '
@@ -215,6 +276,19 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                                   '%.2f' % item['load']])
         out += [_table(['network', 'method', 'workers', 'server', 'sched+launcher', 'other',
                         'idle', 'load before'], table), '']
+        losses = jitter_losses(summary, present_methods)
+        if losses:
+            out += ['### What the jitter costs', '',
+                    'Throughput lost to the jitter (1 - jittered / plain, medians), each method '
+                    'against its own run without jitter on the same network. Each worker '
+                    'sleeps 6.0 ms per step on average; a job that waited at every step for '
+                    'the slower worker would lose 10.8 ms per step (the mean of the larger of '
+                    'two sleeps).', '',
+                    _table(['network', 'method', 'plain ms/step', 'jittered ms/step', 'loss'],
+                           [[networks[j]['label'], methods[m][0],
+                             '%.1f' % summary[(p, m)]['ms_per_step'],
+                             '%.1f' % summary[(j, m)]['ms_per_step'], '%.1f%%' % (100 * loss)]
+                            for j, p, m, loss in losses]), '']
         profile_rows = []
         for network in present_networks:
             for method, period in (('k4', 4), ('k8', 8)):
@@ -274,19 +348,28 @@ def plot_throughput(path, rows, methods, networks):
                    [item['max'] - m for m, item in zip(med, items)]]
             ax.errorbar(ks, med, yerr=err, marker='o', capsize=4, color='C0', lw=2,
                         label='DelayedTrainer (mxdelay)')
-            for k, value in zip(ks, med):
-                ax.annotate('%.0f' % value, (k, value), textcoords='offset points',
-                            xytext=(0, 8), ha='center', fontsize=8, color='C0')
+            for k, value, item in zip(ks, med, items):
+                ax.annotate('%.0f' % value + (' (%.2fx)' % item['x_sync'] if item['x_sync']
+                                              else ''), (k, value), textcoords='offset points',
+                            xytext=(0, 9), ha='center', fontsize=8, color='C0')
+        shown = [summary[(network, m)]['samples_per_s'] for m in methods
+                 if m != 'compute' and (network, m) in summary]
+        top = 1.3 * max(shown) if shown else None
         for method, style, color in (('sync', '--', 'C3'), ('compute', ':', 'C2')):
             item = summary.get((network, method))
-            if item:
-                ax.axhline(item['samples_per_s'], ls=style, color=color, lw=2,
-                           label='%s: %.0f' % (methods[method][0], item['samples_per_s']))
+            if not item:
+                continue
+            label = '%s: %.0f' % (methods[method][0], item['samples_per_s'])
+            if top is not None and item['samples_per_s'] > 2 * top:
+                # Far above the rest (a slow network): a line there would flatten the others.
+                ax.plot([], [], ls=style, color=color, lw=2, label=label + ' (off scale)')
+            else:
+                ax.axhline(item['samples_per_s'], ls=style, color=color, lw=2, label=label)
         ax.set_xscale('log', base=2)
         ax.set_xticks([1, 2, 4, 8])
         ax.set_xticklabels(['1', '2', '4', '8'])
         ax.set_xlim(0.8, 10)
-        ax.set_ylim(0, None)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.1)  # room for the labels
         ax.set_xlabel('k (pull every k steps)')
         ax.set_ylabel('samples/s (2 workers)')
         ax.set_title(networks[network]['label'])
@@ -294,7 +377,7 @@ def plot_throughput(path, rows, methods, networks):
         ax.legend(fontsize=8, loc='best')
     for ax in list(axes.flat)[len(present):]:
         ax.set_visible(False)
-    fig.suptitle('Throughput vs k (median over rounds; bars: min-max)')
+    fig.suptitle('Throughput vs k (median over rounds; bars: min-max; in brackets: x dist_sync)')
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -323,7 +406,7 @@ def plot_accuracy(path, accuracy, accuracy_runs):
             ax.plot(epochs, acc, marker='o', ms=4, color=color, ls=style,
                     label='%s: %.4f' % (accuracy_runs[name][0], acc[-1]))
         if name != 'sgd-k4':
-            finals += acc[len(acc) // 2:]
+            finals += acc
     axes[0].set_ylim(0, 1)
     axes[0].set_title('test accuracy per epoch')
     if finals:
@@ -343,6 +426,13 @@ def plot_accuracy(path, accuracy, accuracy_runs):
 
 def write_all(out, meta, rows, accuracy, methods, networks, accuracy_runs, args):
     """Write results.md, the CSV files and the plots into `out`."""
+    for row in rows:
+        if 'error' not in row and 'steady_ms_per_step' not in row:
+            method = row['method']
+            row['steady_ms_per_step'] = steady_ms_per_step(
+                os.path.join(out, 'runs', run_name(row['network'], method, row['round'],
+                                                   row.get('attempt', 0))),
+                int(method[1:]) if method.startswith('k') else 1)
     if rows:
         write_csv(os.path.join(out, 'runs.csv'), rows)
         summary = summarize(rows)
