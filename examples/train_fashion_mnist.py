@@ -352,6 +352,10 @@ def main(argv=None):
             correct += int((out.argmax(axis=1) == y).sum().asscalar())
             seen += x.shape[0]
         waited = time.perf_counter()
+        if args.trainer == 'delayed':
+            # mxdelay: the workers meet at the epoch's end (with uneven shards the shorter
+            # ones push zero gradients until every worker is done; here one small round trip)
+            trainer.join()
         wait_for_communication(params)
         comm_wait += time.perf_counter() - waited
         elapsed = time.perf_counter() - start

@@ -38,6 +38,8 @@ from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
 from mxdelay import env
+from mxdelay.checks import (ArgumentTypeError, check_int, check_optional_text, check_path,
+                            check_real)
 from . import protocol
 from .protocol import Command
 from .state_files import atomic_write, read_json_state
@@ -47,6 +49,7 @@ __all__ = ['DistDelay', 'KVSTORE_STATE_FORMAT']
 _LOG = logging.getLogger(__name__)
 KVSTORE_STATE_FORMAT = 'mxdelay-kvstore-state'
 _BIGARRAY_BOUND = 1000000  # MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND
+_FLAG_PRIORITY = 1 << 20   # the finish flag needs no gradient: let it go first
 
 
 class _Chunk(object):
@@ -66,13 +69,13 @@ class _Tensor(object):
     variable); made at the first push, on the CPU (pinned memory for GPU gradients).
     """
     __slots__ = ('shape', 'dtype', 'chunks', 'next_round', 'last_pulled', 'buffers',
-                 'chunk_views', 'heads', 'views')
+                 'chunk_views', 'heads', 'views', 'zero')
 
     def __init__(self, shape, dtype, chunks):
         self.shape, self.dtype, self.chunks = shape, dtype, chunks
         self.next_round = 0
         self.last_pulled = -1
-        self.buffers = self.chunk_views = self.heads = None
+        self.buffers = self.chunk_views = self.heads = self.zero = None
         self.views = {}           # handle of a user array -> (array, its chunk views)
 
     def make_buffers(self, slots, ctx):
@@ -80,6 +83,12 @@ class _Tensor(object):
         self.buffers = [nd.zeros(size, ctx=ctx, dtype=self.dtype) for _ in range(slots)]
         self.chunk_views = [[buf[c.start:c.stop] for c in self.chunks] for buf in self.buffers]
         self.heads = [buf[0:1] for buf in self.buffers]
+
+    def zeros(self):
+        """A zero array of the tensor's shape (made once), to fill rounds without data."""
+        if self.zero is None:
+            self.zero = nd.zeros(self.shape, dtype=self.dtype)
+        return self.zero
 
     def views_of(self, array):
         """Chunk views of a user array (cached: Gluon passes the same arrays every step)."""
@@ -140,6 +149,18 @@ class DistDelay(KVStoreBase):
         self._config = {}
         self._seq = 0              # number of the last command, echoed by the replies
         self._ballot = 0           # number of the last agree() call
+        # Uneven data (finish_round): a two-element counter key that every worker pushes once
+        # per round, (0, 0) while it has data, (1, leaving) once it has none; placed at the
+        # first init.
+        self._finish = None        # the counter's _Tensor
+        self._flags = {}           # (finished, leaving) -> constant; 'counts' -> pulled sums
+        self._flagged_rounds = 0   # rounds before this carry this worker's flag
+        self._all_finished = False  # the last vote found every worker finished; no push since
+        self._workers_left = 0     # workers that ended their script at that vote
+        # Gradient scaling (scale_gradients): this worker's rescale_grad, and the job's one
+        # that the servers apply (rank 0's at the hand-shake).
+        self._rescale_grad = None
+        self._job_rescale_grad = None
 
     # -- configuration and hand-shake ------------------------------------------------------
     def configure(self, slack=None, chunk_size=None):
@@ -155,6 +176,8 @@ class DistDelay(KVStoreBase):
 
         Raises
         ------
+        TypeError
+            If a value is not an integer (:class:`mxdelay.checks.ArgumentTypeError`).
         ValueError
             If a value is out of range, or if keys were already initialised.
         """
@@ -162,17 +185,19 @@ class DistDelay(KVStoreBase):
             raise ValueError('configure() must be called before the first init(); keys '
                              'were already placed with slack=%d' % self._slack)
         if slack is not None:
-            if not isinstance(slack, (int, np.integer)) or isinstance(slack, bool) or slack < 1:
-                raise ValueError('slack must be an integer >= 1 (rounds a worker may run '
-                                 'ahead of the slowest), got %r' % (slack,))
-            self._slack = int(slack)
+            slack = check_int('slack', slack, 1, 'it is the number of rounds a worker may run '
+                              'ahead of the slowest')
         if chunk_size is not None:
-            if (not isinstance(chunk_size, (int, np.integer)) or isinstance(chunk_size, bool)
-                    or not 1 <= chunk_size < _BIGARRAY_BOUND):
+            chunk_size = check_int('chunk_size', chunk_size, 1, 'it is the largest number of '
+                                   'elements per key')
+            if chunk_size >= _BIGARRAY_BOUND:
                 raise ValueError('chunk_size must be an integer in [1, %d) (MXNet splits '
                                  'larger keys across servers by itself), got %r'
                                  % (_BIGARRAY_BOUND, chunk_size))
-            self._chunk_size = int(chunk_size)
+        if slack is not None:
+            self._slack = slack
+        if chunk_size is not None:
+            self._chunk_size = chunk_size
 
     @property
     def slack(self):
@@ -185,7 +210,21 @@ class DistDelay(KVStoreBase):
         return self._chunk_size
 
     def set_config(self, **config):
-        """Record settings that every worker must share; checked by the hand-shake."""
+        """Record settings that every worker must share; checked by the hand-shake.
+
+        Raises
+        ------
+        TypeError
+            If a value cannot travel to the servers as JSON (str, number, bool, None, and
+            lists and dicts of those).
+        """
+        for name, value in config.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                raise ArgumentTypeError('set_config: %s=%r (%s) is not JSON-able; pass a str, '
+                                        'number, bool or None (e.g. repr(value))'
+                                        % (name, value, type(value).__name__)) from None
         self._config.update(config)
 
     def _handshake(self):
@@ -194,7 +233,10 @@ class DistDelay(KVStoreBase):
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': self._slack + 1,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': protocol.PROTOCOL_VERSION,
-                 'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size)}
+                 # The optimizer's description too: workers that set different optimizers
+                 # fail here, all of them, naming both (the servers apply one optimizer).
+                 'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
+                                optimizer=protocol.describe_optimizer(self._optimizer))}
         self._native._send_command_to_servers(0, protocol.encode_command(Command.HELLO, hello))
         keys = [self._layout.status_key(s) for s in range(self._num_servers)]
         length = protocol.REPLY_LEN * self.num_workers
@@ -216,6 +258,7 @@ class DistDelay(KVStoreBase):
             if not ok:
                 raise ValueError('mxdelay server %d refused the hand-shake: %s'
                                  % (server, payload))
+            self._job_rescale_grad = payload.get('rescale_grad')  # the same on every server
         _LOG.info('dist_delay: worker %d of %d, %d mxdelay server(s), slack %d, chunk size %d',
                   self.rank, self.num_workers, self._num_servers, self._slack, self._chunk_size)
 
@@ -223,8 +266,9 @@ class DistDelay(KVStoreBase):
         segment = slice(self.rank * protocol.REPLY_LEN, (self.rank + 1) * protocol.REPLY_LEN)
         return protocol.decode_reply(self._status_out[server][segment].asnumpy())
 
-    def _command(self, command, body):
-        """Run `command` on every server; return the servers' replies (raise on refusal)."""
+    def _command(self, command, body, refusal=RuntimeError):
+        """Run `command` on every server; return the servers' replies (raise `refusal` if a
+        server refuses)."""
         self._ensure_started()
         self._seq += 1
         body = dict(body, rank=self.rank, seq=self._seq)
@@ -239,8 +283,8 @@ class DistDelay(KVStoreBase):
                                    'reply is to command %d, not %d); see its log'
                                    % (server, command.value, seq, self._seq))
             if not ok:
-                raise RuntimeError('mxdelay server %d: %s failed: %s'
-                                   % (server, command.value, payload))
+                raise refusal('mxdelay server %d: %s failed: %s'
+                              % (server, command.value, payload))
             replies.append(payload)
         return replies
 
@@ -267,39 +311,88 @@ class DistDelay(KVStoreBase):
 
     @staticmethod
     def is_capable(capability):
+        if not isinstance(capability, str):
+            raise ArgumentTypeError("capability must be a str such as 'optimizer', got %r (%s)"
+                                    % (capability, type(capability).__name__))
         if capability.lower() == KVStoreBase.OPTIMIZER:
             return True
         raise ValueError('Unknown capability: {}'.format(capability))
 
     def set_optimizer(self, optimizer):
-        """Send `optimizer` to the servers, which apply it once per round (claim 4)."""
+        """Send `optimizer` to the servers, which apply it once per round (claim 4).
+
+        Every worker must set the same optimizer (type and hyper-parameters). It is sent at
+        the hand-shake (the first :meth:`init` or command) or at once if that has happened.
+
+        Raises
+        ------
+        TypeError
+            If `optimizer` is not an ``mx.optimizer.Optimizer``.
+        ValueError
+            If another worker set a different optimizer, or if the servers apply another
+            optimizer than this one (e.g. set after training started): both are named.
+        """
         if not isinstance(optimizer, mx.optimizer.Optimizer):
-            raise TypeError('optimizer must be an mx.optimizer.Optimizer, got %s'
-                            % type(optimizer).__name__)
+            raise ArgumentTypeError("optimizer must be an mx.optimizer.Optimizer, got %r (%s); "
+                                    "create one with mx.optimizer.create('sgd', ...)"
+                                    % (optimizer, type(optimizer).__name__))
         self._optimizer = optimizer
         self._updater = _OptimizerHolder(optimizer)
         if self._layout is not None:
             self._send_optimizer()
 
     def _send_optimizer(self):
-        self._command(Command.OPTIMIZER, {'optimizer': protocol.pack_object(self._optimizer)})
+        # Described before sending: the servers' reply describes what they will apply, and
+        # that must be this worker's optimizer as it is now (compared only here: the
+        # learning rate changes later through SET_HYPER, legitimately), except rescale_grad:
+        # the servers apply the job's (see scale_gradients).
+        mine = protocol.describe_optimizer(self._optimizer)
+        replies = self._command(Command.OPTIMIZER,
+                                {'optimizer': protocol.pack_object(self._optimizer)},
+                                refusal=ValueError)
+        for server, reply in enumerate(replies):
+            differences = protocol.optimizer_differences(reply.get('optimizer'), mine,
+                                                         protocol.PER_STEP_FIELDS)
+            if differences:
+                raise ValueError(
+                    'mxdelay server %d applies another optimizer than worker %d set: %s. A '
+                    'server keeps the optimizer it has applied since the first round (a new '
+                    'one would drop its state): set the optimizer before training starts, '
+                    'change the learning rate with set_learning_rate, or restart the job'
+                    % (server, self.rank, protocol.format_differences(
+                        differences, 'the server', 'this worker')))
 
     def set_learning_rate(self, lr):
-        """Set the learning rate of the servers' optimizer (Gluon's trainer sets only its own)."""
-        self._command(Command.SET_HYPER, {'lr': float(lr)})
+        """Set the learning rate of the servers' optimizer (Gluon's trainer sets only its own).
 
-    def set_rescale_grad(self, rescale_grad):
-        """Set the servers' ``rescale_grad`` (1/batch size) after a change of batch size."""
-        self._command(Command.SET_HYPER, {'rescale_grad': float(rescale_grad)})
+        Raises
+        ------
+        TypeError, ValueError
+            If `lr` is not a finite number >= 0.
+        """
+        lr = check_real('lr', lr, minimum=0, fix='e.g. set_learning_rate(0.01)')
+        self._command(Command.SET_HYPER, {'lr': lr})
 
     def set_gradient_compression(self, compression_params):
         raise ValueError("'dist_delay' does not compress gradients (every gradient enters "
                          'its round exactly); remove compression_params')
 
     def init(self, key, value):
-        """Place `key` (int or list of ints) on the servers with initial `value`."""
-        self._ensure_started()
+        """Place `key` (int or list of ints) on the servers with initial `value`.
+
+        Raises
+        ------
+        TypeError
+            If a key is not an int or str, or a value not an NDArray.
+        ValueError
+            If a key is already initialised or given twice (nothing is placed then).
+        """
         keys, values = _as_lists(key, value)
+        for k in keys:
+            if k in self._tensors or keys.count(k) > 1:
+                raise ValueError('key %r is already initialised or given twice; initialise '
+                                 'each key once' % (k,))
+        self._ensure_started()
         native_keys, native_values, chunks_msg = [], [], []
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
@@ -315,6 +408,19 @@ class DistDelay(KVStoreBase):
                                    int(k) if isinstance(k, (int, np.integer))
                                    else str(k), name, lr_mult, wd_mult,
                                    chunk.stop - chunk.start])
+        if self._finish is None:
+            # The counter is placed with the first keys, in the same collective init, so that
+            # its chunk id and server are the same on every worker.
+            value = nd.zeros(2)
+            self._finish = self._place_tensor(value)
+            chunk = self._finish.chunks[0]
+            native_keys.extend(chunk.keys)
+            native_values.extend([value] * len(chunk.keys))
+            chunks_msg.append([chunk.chunk_id, chunk.server, protocol.FINISH_KEY,
+                               protocol.FINISH_KEY, 1.0, 1.0, 2])
+            self._finish.make_buffers(self._slack + 1, mx.cpu())
+            self._flags = {flag: nd.array(flag) for flag in ((0, 0), (1, 0), (1, 1))}
+            self._flags['counts'] = nd.zeros(2)
         self._command(Command.REGISTER, {'chunks': chunks_msg})
         self._native.init(native_keys, native_values)
 
@@ -326,6 +432,11 @@ class DistDelay(KVStoreBase):
         return float(param.lr_mult), float(param.wd_mult), param.name
 
     def _place(self, key, value):
+        tensor = self._place_tensor(value)
+        self._tensors[key] = tensor
+        return tensor
+
+    def _place_tensor(self, value):
         size = int(np.prod(value.shape)) if value.shape else 1
         chunks = []
         for start in range(0, max(size, 1), self._chunk_size):
@@ -336,12 +447,11 @@ class DistDelay(KVStoreBase):
             self._next_chunk_id += 1
             keys = [self._layout.slot_key(chunk_id, s, server) for s in range(self._slack + 1)]
             chunks.append(_Chunk(chunk_id, start, stop, server, keys))
-        tensor = _Tensor(value.shape, value.dtype, chunks)
-        self._tensors[key] = tensor
-        return tensor
+        return _Tensor(value.shape, value.dtype, chunks)
 
     def broadcast(self, key, value, out, priority=0):
         """Initialise `key` with rank 0's `value` and pull it into `out` on every worker."""
+        _as_lists(key, out, 'out', priority)  # check before anything is placed
         self.init(key, value)
         self.pull(key, out=out, priority=priority)
 
@@ -350,13 +460,56 @@ class DistDelay(KVStoreBase):
 
         Returns at once; the push runs in MXNet's engine and waits only for the slot's
         previous round (``slack`` rounds back).
+
+        Raises
+        ------
+        TypeError
+            If a key is not an int or str, a value not an NDArray (or a list of them, one
+            per device), or `priority` not an int.
+        ValueError
+            If a value has another number of elements than its key's initial value.
+        KeyError
+            If a key was not initialised.
         """
-        keys, values = _as_lists(key, value)
+        keys, values = self._checked_lists(key, value, 'value', priority)
         for k, v in zip(keys, values):
             self._push_one(k, v if isinstance(v, (list, tuple)) else [v], priority)
 
     def _push_one(self, key, grads, priority):
         tensor = self._tensor(key)
+        if self._finish is not None and tensor.next_round >= self._flagged_rounds:
+            # The first push of a round: flag it "this worker has data" on the counter.
+            self._check_no_worker_left()
+            self._push_tensor(self._finish, [self._flags[(0, 0)]], _FLAG_PRIORITY)
+            self._flagged_rounds = tensor.next_round + 1
+            self._all_finished = False
+        self._push_tensor(tensor, grads, priority, self._gradient_factor())
+
+    def scale_gradients(self, rescale_grad):
+        """Scale this worker's gradients by its own `rescale_grad` (1/its batch size).
+
+        The servers apply one ``rescale_grad`` to the sum of a round's gradients: the job's,
+        worker 0's at the hand-shake. A worker whose ``rescale_grad`` differs (another batch
+        size, a smaller last batch, or a worker that has not stepped yet) multiplies its
+        pushes by ``rescale_grad / job's``, so that each gradient is scaled by its own batch
+        size, without a command and without changing the other workers' scaling. With the
+        same value (the common case) gradients are pushed unchanged.
+
+        Parameters
+        ----------
+        rescale_grad : float
+            This worker's ``rescale_grad`` for the following pushes.
+        """
+        self._rescale_grad = check_real('rescale_grad', rescale_grad, minimum=0,
+                                        min_inclusive=False, fix='pass 1/batch_size')
+
+    def _gradient_factor(self):
+        if self._rescale_grad is None or not self._job_rescale_grad:
+            return None
+        factor = self._rescale_grad / self._job_rescale_grad
+        return None if factor == 1.0 else factor
+
+    def _push_tensor(self, tensor, grads, priority, factor=None):
         slots = self._slack + 1
         slot = tensor.next_round % slots
         if tensor.buffers is None:
@@ -364,11 +517,17 @@ class DistDelay(KVStoreBase):
                                 else mx.cpu_pinned())
         buf = tensor.buffers[slot]
         if len(grads) == 1:
-            tensor.views_of(grads[0])[2].copyto(buf)
+            source = tensor.views_of(grads[0])[2]
         else:
             # Sum on the first device (a GPU stays a GPU), then one copy to the buffer.
             first = grads[0].context
-            nd.add_n(*[tensor.views_of(g)[2].as_in_context(first) for g in grads]).copyto(buf)
+            source = nd.add_n(*[tensor.views_of(g)[2].as_in_context(first) for g in grads])
+        if factor is None:
+            source.copyto(buf)
+        elif source.context == buf.context:
+            nd._internal._mul_scalar(source, scalar=factor, out=buf)  # in the copy's one pass
+        else:
+            (source * factor).copyto(buf)  # scaled on the device, then one copy
         self._native.push([c.keys[slot] for c in tensor.chunks], tensor.chunk_views[slot],
                           priority=priority)
         tensor.next_round += 1
@@ -380,13 +539,17 @@ class DistDelay(KVStoreBase):
         value. Returns at once: reading `out` waits for the pull (and therefore for every
         worker's push of round t), nothing else does.
         """
-        assert out is not None, 'pull needs out='
-        keys, outs = _as_lists(key, out)
+        if out is None:
+            raise ArgumentTypeError('pull needs out=: the NDArray (or list of NDArrays, one '
+                                    'per device) to receive the weights of key %r' % (key,))
+        keys, outs = self._checked_lists(key, out, 'out', priority)
         for k, o in zip(keys, outs):
             self._pull_one(k, o if isinstance(o, (list, tuple)) else [o], priority)
 
     def _pull_one(self, key, outs, priority):
-        tensor = self._tensor(key)
+        self._pull_tensor(self._tensor(key), outs, priority)
+
+    def _pull_tensor(self, tensor, outs, priority):
         last = tensor.next_round - 1
         slot = max(last, 0) % (self._slack + 1)
         if last >= 0:
@@ -421,8 +584,24 @@ class DistDelay(KVStoreBase):
 
     def pushpull(self, key, value, out=None, priority=0):
         """Push a round of `value` and pull the weights after it into `out` (or `value`)."""
+        if out is not None:
+            self._checked_lists(key, out, 'out', priority)  # before the push is issued
         self.push(key, value, priority)
         self.pull(key, out=value if out is None else out, priority=priority)
+
+    def _checked_lists(self, key, value, name, priority):
+        """:func:`_as_lists`, and each value's size against its initialised key."""
+        keys, values = _as_lists(key, value, name, priority)
+        for k, v in zip(keys, values):
+            tensor = self._tensor(k)
+            size = int(np.prod(tensor.shape)) if tensor.shape else 1
+            for array in (v if isinstance(v, (list, tuple)) else [v]):
+                if array.size != size:
+                    raise ValueError('%s for key %r has shape %s (%d elements), but the key was '
+                                     'initialised with shape %s (%d elements); pass arrays of '
+                                     'the initialised shape' % (name, k, array.shape, array.size,
+                                                                tensor.shape, size))
+        return keys, values
 
     def _tensor(self, key):
         try:
@@ -430,6 +609,65 @@ class DistDelay(KVStoreBase):
         except KeyError:
             raise KeyError('key %r was not initialised on the dist_delay kvstore; call init '
                            'or broadcast first' % (key,)) from None
+
+    # -- uneven data -----------------------------------------------------------------------
+    def finish_round(self, leaving=False):
+        """Vote that this worker has no data for its next round; wait for every worker's vote.
+
+        Every worker pushes a flag on the finish counter in every round: ``(0, 0)`` with its
+        first push of a round (automatically), ``(1, leaving)`` here. The round's sum reaches
+        every worker identically (rounds are exact), so all workers that call this see the
+        same first round in which every worker has finished, and stop there together.
+
+        Parameters
+        ----------
+        leaving : bool, default False
+            True when this worker's script is ending (called at exit).
+
+        Returns
+        -------
+        bool
+            True if every worker has finished in this round: no round is pushed; False if some
+            worker still has data: the caller must push this round (zero gradients) and vote
+            again.
+        """
+        if self._finish is None:
+            return True  # nothing was ever initialised: there are no rounds to fill
+        self._check_no_worker_left()
+        self._push_tensor(self._finish, [self._flags[(1, int(bool(leaving)))]], _FLAG_PRIORITY)
+        counts = self._flags['counts']
+        self._pull_tensor(self._finish, [counts], _FLAG_PRIORITY)
+        finished, left = (int(round(c)) for c in counts.asnumpy())
+        if finished < self.num_workers:
+            self._flagged_rounds += 1
+            return False
+        self._all_finished = True
+        if not leaving:
+            self._workers_left = left
+        return True
+
+    def _check_no_worker_left(self):
+        if self._workers_left:
+            raise RuntimeError(
+                '%d of %d workers ended their training script while this worker goes on '
+                '(training, or a collective call such as save_states): the job cannot '
+                'continue. With uneven data every worker must call trainer.join() (or '
+                'kvstore.finish_round()) at the same points, e.g. at the end of every epoch'
+                % (self._workers_left, self.num_workers))
+
+    def _fill_remaining_rounds(self):
+        """At exit: push zero gradients into the other workers' rounds until all finished."""
+        if self._finish is None or self._all_finished:
+            return
+        padded = 0
+        while not self.finish_round(leaving=True):
+            for tensor in self._tensors.values():
+                if tensor.next_round == self._flagged_rounds - 1:  # pushed every round so far
+                    self._push_tensor(tensor, [tensor.zeros()], 0)
+            padded += 1
+        if padded:
+            _LOG.info('dist_delay: worker %d had no data for the last %d rounds of the other '
+                      'workers and pushed zero gradients in them', self.rank, padded)
 
     # -- rounds, state ---------------------------------------------------------------------
     def num_chunks(self, key):
@@ -446,6 +684,7 @@ class DistDelay(KVStoreBase):
 
     def barrier(self):
         """Wait for every worker (MXNet's worker barrier)."""
+        self._check_no_worker_left()  # a worker that left never arrives
         self._native._barrier()
 
     def agree(self, error=None):
@@ -455,6 +694,7 @@ class DistDelay(KVStoreBase):
         same list of ``(rank, message)`` of the workers that failed, so that all raise (or
         all go on) together instead of one raising while the others wait in a barrier.
         """
+        check_optional_text('error', error, 'pass None, or a message saying what failed')
         self._ballot += 1
         self._command(Command.VOTE, {'ballot': self._ballot, 'error': error})
         self.barrier()
@@ -469,6 +709,7 @@ class DistDelay(KVStoreBase):
         looks for the servers' files next to the index it is given, so a checkpoint can be
         copied, moved or renamed as a whole. Every file is written atomically.
         """
+        fname = check_path('fname', fname)
         nd.waitall()
         self.barrier()
         if self.rank == 0:
@@ -476,7 +717,9 @@ class DistDelay(KVStoreBase):
             state = {'format': KVSTORE_STATE_FORMAT, 'version': 1,
                      'num_servers': self._num_servers, 'slack': self._slack,
                      'chunk_size': self._chunk_size,
-                     'rounds': {str(k): t.next_round for k, t in self._tensors.items()}}
+                     'rounds': {str(k): t.next_round for k, t in self._tensors.items()},
+                     'finish_rounds': self._finish.next_round if self._finish else 0,
+                     'rescale_grad': self._job_rescale_grad}
             atomic_write(fname, json.dumps(state).encode('utf-8'))
         self.barrier()
 
@@ -488,8 +731,10 @@ class DistDelay(KVStoreBase):
         ValueError
             On every worker, if any file is missing, truncated or foreign, or was saved by a
             different job layout; nothing changes then, on the workers or the servers.
+        TypeError
+            If `fname` is not a path.
         """
-        self.apply_states(self.check_states(fname))
+        self.apply_states(self.check_states(check_path('fname', fname)))
 
     def check_states(self, fname, error=None):
         """Collective first half of a load: validate everything, agree, change nothing.
@@ -506,6 +751,8 @@ class DistDelay(KVStoreBase):
         dict
             The validated state, for :meth:`apply_states`.
         """
+        fname = check_path('fname', fname)
+        check_optional_text('error', error, 'pass None, or a message saying what failed')
         nd.waitall()
         state = None
         try:
@@ -523,7 +770,9 @@ class DistDelay(KVStoreBase):
             state['servers'] = _server_files(fname, self._num_servers)
             if self.rank == 0:
                 # Every server validates its file before any server changes.
-                self._command(Command.LOAD, {'paths': state['servers'], 'check_only': True})
+                self._command(Command.LOAD, {'paths': state['servers'], 'check_only': True,
+                                             'optimizer': protocol.describe_optimizer(
+                                                 self._optimizer)})
         except (ValueError, RuntimeError) as err:
             error = error or str(err)
         failures = self.agree(error)
@@ -534,11 +783,21 @@ class DistDelay(KVStoreBase):
 
     def apply_states(self, state):
         """Collective second half of a load: servers and round counters take `state`."""
+        if not isinstance(state, dict) or 'servers' not in state or 'rounds' not in state:
+            raise ArgumentTypeError('state must be the dict that check_states returned, got '
+                                    '%.80r (%s)' % (state, type(state).__name__))
         if self.rank == 0:
-            self._command(Command.LOAD, {'paths': state['servers']})
+            self._command(Command.LOAD, {'paths': state['servers'],
+                                         'optimizer': protocol.describe_optimizer(
+                                             self._optimizer)})
         self.barrier()
         for key, tensor in self._tensors.items():
             tensor.next_round = state['rounds'][str(key)]
+        if self._finish is not None:
+            self._finish.next_round = state.get('finish_rounds', 0)
+        # The servers apply the saved job's rescale_grad from now on (its optimizer).
+        self._job_rescale_grad = state.get('rescale_grad', self._job_rescale_grad)
+        self._flagged_rounds = max([t.next_round for t in self._tensors.values()] + [0])
 
 
 def _server_files(fname, num_servers):
@@ -572,6 +831,11 @@ def _close_at_exit(store_ref):
     if store is None or store._native is None:
         return
     nd.waitall()
+    try:
+        store._fill_remaining_rounds()
+    except Exception:  # pylint: disable=broad-except
+        _LOG.exception('dist_delay: worker %d could not fill the other workers\' rounds',
+                       store.rank)
     store._native = None  # the native destructor: barrier, then rank 0 stops the servers
     gc.collect()
 
@@ -597,12 +861,35 @@ def _exit_on_uncaught_exception():
     sys.excepthook = excepthook
 
 
-def _as_lists(key, value):
+def _as_lists(key, value, name='value', priority=0):
+    """Return ``([keys], [values])`` of a call with one key or a list of keys, checked: a key
+    is an int or str, a value an NDArray or a non-empty list of NDArrays (one per device)."""
+    check_int('priority', priority, fix='a higher priority is sent first; Gluon uses -index')
     if isinstance(key, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(key):
-            raise ValueError('with a list of %d keys, pass a list of as many values' % len(key))
-        return list(key), list(value)
-    return [key], [value]
+            raise ValueError('with a list of %d keys, pass a list of as many values as %s, got '
+                             '%s' % (len(key), name, _describe(value)))
+        keys, values = list(key), list(value)
+    else:
+        keys, values = [key], [value]
+    for k, v in zip(keys, values):
+        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer, str)):
+            raise ArgumentTypeError('key must be an int or a str (or a list of them), got %r '
+                                    '(%s)' % (k, type(k).__name__))
+        arrays = v if isinstance(v, (list, tuple)) else [v]
+        if not arrays or not all(isinstance(a, nd.NDArray) for a in arrays):
+            raise ArgumentTypeError('%s for key %r must be an NDArray or a non-empty list of '
+                                    'NDArrays (one per device), got %s; convert with '
+                                    'mx.nd.array(...)' % (name, k, _describe(v)))
+    return keys, values
+
+
+def _describe(value):
+    if isinstance(value, (list, tuple)):
+        return '%s of %s' % (type(value).__name__,
+                             sorted({type(v).__name__ for v in value}) or 'nothing')
+    return '%.80r (%s)' % (value, type(value).__name__) if not isinstance(value, nd.NDArray) \
+        else 'an NDArray of shape %s' % (value.shape,)
 
 
 def read_kvstore_state(fname):

@@ -62,8 +62,11 @@ class DelayServer(KVStoreServer):
         self._hellos = {}              # worker rank -> hello body
         self._status = None            # this server's status key (NDArray), from the hand-shake
         self._optimizer = None
+        self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
+        self._rescale_grad = None      # the job's rescale_grad: rank 0's at the hand-shake
         self._updater = None           # mx.optimizer.Updater over chunk ids
         self._chunks = {}              # chunk id -> registration dict
+        self._counters = set()         # chunk ids of the finish counter (stores round sums)
         self._weights = {}             # chunk id -> authoritative weights W
         self._next_round = {}          # chunk id -> round whose completion is applied next
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
@@ -151,13 +154,23 @@ class DelayServer(KVStoreServer):
         for rank, hello in sorted(self._hellos.items()):
             for name in sorted(set(reference['config']) | set(hello['config'])):
                 mine, theirs = reference['config'].get(name), hello['config'].get(name)
-                if mine != theirs:
+                if name == 'optimizer':
+                    if protocol.optimizer_differences(mine, theirs, protocol.PER_STEP_FIELDS):
+                        return False, _optimizer_mismatch(
+                            mine, theirs, 'worker 0%s' % _launcher_rank(reference),
+                            'worker %d%s' % (rank, _launcher_rank(hello)))
+                elif mine != theirs:
                     return False, ('workers disagree on %s: worker 0%s has %r, worker %d%s has '
                                    '%r; start every worker with the same settings'
                                    % (name, _launcher_rank(reference), mine, rank,
                                       _launcher_rank(hello), theirs))
+        # One rescale_grad for the whole job, rank 0's (1/its first batch size): every worker
+        # scales its own gradient relative to it (DistDelay.scale_gradients), so that workers
+        # with other or changing batch sizes need no command and cannot rescale each other.
+        optimizer = reference['config'].get('optimizer')
+        self._rescale_grad = optimizer.get('rescale_grad') if optimizer else None
         return True, {'server': self._server_rank, 'protocol': protocol.PROTOCOL_VERSION,
-                      'num_workers': self._num_workers}
+                      'num_workers': self._num_workers, 'rescale_grad': self._rescale_grad}
 
     def _on_register(self, body):
         for chunk, server, param_index, name, lr_mult, wd_mult, size in body['chunks']:
@@ -166,6 +179,8 @@ class DelayServer(KVStoreServer):
             info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
                     'wd_mult': wd_mult, 'size': size}
             known = self._chunks.setdefault(chunk, info)
+            if param_index == protocol.FINISH_KEY:
+                self._counters.add(chunk)
             if known != info:
                 raise ValueError('worker %s registers chunk %d as %r but another worker as %r: '
                                  'every worker must build the same model'
@@ -186,6 +201,16 @@ class DelayServer(KVStoreServer):
         if not isinstance(optimizer, mx.optimizer.Optimizer):
             raise TypeError('optimizer command carried a %s, not an mx.optimizer.Optimizer'
                             % type(optimizer).__name__)
+        # One optimizer per job: a worker whose optimizer differs from another's is refused
+        # (the hand-shake catches this already when the optimizer is set before it; this
+        # catches an optimizer set later, e.g. on a bare kvstore).
+        rank, described = int(body['rank']), protocol.describe_optimizer(optimizer)
+        for other, theirs in sorted(self._sent_optimizers.items()):
+            if other != rank and protocol.optimizer_differences(theirs, described,
+                                                                protocol.PER_STEP_FIELDS):
+                raise ValueError(_optimizer_mismatch(theirs, described, 'worker %d' % other,
+                                                     'worker %d' % rank))
+        self._sent_optimizers[rank] = described
         # Every worker sends it (Gluon's set_optimizer): the first one installs it; later ones
         # replace it only until the first round, so that an optimizer changed before training
         # takes effect and one changed during training cannot drop the optimizer state.
@@ -194,8 +219,39 @@ class DelayServer(KVStoreServer):
                 _LOG.info('server %d: optimizer %s installed', self._server_rank,
                           type(optimizer).__name__)
             self._optimizer = optimizer
+            if self._rescale_grad is not None:
+                optimizer.rescale_grad = self._rescale_grad  # the job's, whoever sent it
             self._install_updater()
-        return {'optimizer': type(self._optimizer).__name__}
+        # The worker compares this with its own optimizer (DistDelay._send_optimizer).
+        return {'optimizer': protocol.describe_optimizer(self._optimizer)}
+
+    def _check_saved_optimizer(self, path, state, expected, warn):
+        """Refuse a state whose optimizer is of another type than the workers' `expected`
+        (a describe_optimizer dict, None: not checked); with `warn`, log the hyper-parameters
+        that the load will change (the saved ones take effect, as in gluon.Trainer)."""
+        if expected is None or state['updater'] is None:
+            return
+        try:
+            saved = pickle.loads(state['updater'])
+        except Exception as err:  # pylint: disable=broad-except
+            raise ValueError('%s: the saved optimizer state cannot be read (%s: %s); it may be '
+                             'truncated' % (path, type(err).__name__, err)) from None
+        saved = saved[1] if isinstance(saved, tuple) and len(saved) == 2 else None
+        if not isinstance(saved, mx.optimizer.Optimizer):
+            return  # saved without the optimizer: the current one stays
+        described = protocol.describe_optimizer(saved)
+        if described['type'] != expected.get('type'):
+            raise ValueError(
+                '%s was saved with optimizer %s, but the trainer loading it uses %s: its state '
+                '(e.g. momentum buffers) cannot drive %s. Create the trainer with the '
+                'checkpoint\'s optimizer (%r) to resume from it, or start without loading it'
+                % (path, described['type'], expected.get('type'), expected.get('type'),
+                   described['type'].lower()))
+        differences = protocol.optimizer_differences(expected, described)
+        if warn and differences:
+            _LOG.warning('server %d: loading %s sets the optimizer\'s %s', self._server_rank,
+                         path, protocol.format_differences(differences, 'the trainer',
+                                                           'the checkpoint'))
 
     def _install_updater(self, states=None):
         """Install an updater for the current optimizer, or for the one in saved `states`."""
@@ -209,9 +265,7 @@ class DelayServer(KVStoreServer):
         self._require_optimizer('change the optimizer')
         if 'lr' in body:
             self._optimizer.set_learning_rate(float(body['lr']))
-        if 'rescale_grad' in body:
-            self._optimizer.rescale_grad = float(body['rescale_grad'])
-        return {'lr': self._optimizer.learning_rate, 'rescale_grad': self._optimizer.rescale_grad}
+        return {'lr': self._optimizer.learning_rate}
 
     def _require_optimizer(self, what):
         if self._optimizer is None:
@@ -236,7 +290,8 @@ class DelayServer(KVStoreServer):
         return {'server': self._server_rank,
                 'chunks': {str(c): {'rounds': self._next_round.get(c, 0),
                                     'held': len(self._held.get(c, {}))}
-                           for c in sorted(self._chunks)}}
+                           for c in sorted(self._chunks) if c not in self._counters},
+                'finish_rounds': {str(c): self._next_round.get(c, 0) for c in self._counters}}
 
     def _on_save(self, body):
         path = body['paths'][self._server_rank]
@@ -269,11 +324,15 @@ class DelayServer(KVStoreServer):
             if info != self._chunks[chunk]:
                 raise ValueError('%s: chunk %d was %r when saved, is %r now'
                                  % (path, chunk, info, self._chunks[chunk]))
+        self._check_saved_optimizer(path, state, body.get('optimizer'),
+                                    warn=not body.get('check_only'))
         if body.get('check_only'):
             return {'path': path, 'valid': True}
         # Validated: now replace the state.
         if state['updater'] is not None:
             self._install_updater(state['updater'])
+            # The saved job's rescale_grad, which the workers also restore (apply_states).
+            self._rescale_grad = self._optimizer.rescale_grad
         for chunk, saved in state['chunks'].items():
             if saved['weight'] is not None:
                 self._weights[chunk] = mx.nd.array(saved['weight'], dtype=saved['weight'].dtype)
@@ -334,8 +393,8 @@ class DelayServer(KVStoreServer):
 
     def _apply(self, chunk, grad, stored):
         weight = self._weights[chunk]
-        if self._updater is None:
-            weight[:] = grad  # no optimizer: store the round's sum, as MXNet's server does
+        if self._updater is None or chunk in self._counters:
+            weight[:] = grad  # the round's sum: MXNet's server without optimizer; the counter
         elif _is_plain_sgd(self._optimizer):
             self._sgd(chunk, grad, weight)
         else:
@@ -363,6 +422,14 @@ class DelayServer(KVStoreServer):
                                  **kwargs)
         else:
             mx.nd.sgd_update(weight, grad, out=weight, **kwargs)
+
+
+def _optimizer_mismatch(first, second, first_name, second_name):
+    differences = protocol.optimizer_differences(first, second, protocol.PER_STEP_FIELDS)
+    return ('workers disagree on the optimizer: %s. Every worker must create the same '
+            'optimizer (type and hyper-parameters): the servers apply one optimizer to the '
+            'sum of all workers\' gradients' % protocol.format_differences(
+                differences, first_name, second_name))
 
 
 def _launcher_rank(hello):

@@ -22,6 +22,8 @@ import collections
 
 from mxnet import nd
 
+from .checks import ArgumentTypeError, check_bool, check_real
+
 __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'RuleContext', 'create_rule',
            'BUILTIN_RULES']
 
@@ -38,16 +40,21 @@ class LocalRule(object):
     ----------
     dc_lambda : float, default 0
         Weight of the delay-compensation term ``lam * g * g * grad_sync`` (>= 0).
+
+    Raises
+    ------
+    TypeError
+        If an argument has the wrong type (:class:`mxdelay.checks.ArgumentTypeError`).
+    ValueError
+        If an argument is out of range (here and in subclasses).
     """
     #: Whether :meth:`update` reads ``grad_sync``; the trainer skips computing it otherwise.
     needs_grad_sync = False
     dc_lambda = 0.0
 
     def __init__(self, dc_lambda=0.0):
-        if not dc_lambda >= 0:
-            raise ValueError('dc_lambda must be >= 0 (0 disables delay compensation), got %r'
-                             % (dc_lambda,))
-        self.dc_lambda = float(dc_lambda)
+        self.dc_lambda = check_real('dc_lambda', dc_lambda, minimum=0,
+                                    fix='0 disables delay compensation')
         self.needs_grad_sync = self.dc_lambda > 0
 
     def create_state(self, weight, last_global_step):
@@ -95,10 +102,9 @@ class LocalSGDRule(LocalRule):
 
     def __init__(self, dc_lambda=0.0, adaptive=False, ms_momentum=0.95):
         super(LocalSGDRule, self).__init__(dc_lambda)
-        if not 0 <= ms_momentum < 1:
-            raise ValueError('ms_momentum must be in [0, 1), got %r' % (ms_momentum,))
-        self.adaptive = bool(adaptive)
-        self.ms_momentum = float(ms_momentum)
+        self.adaptive = check_bool('adaptive', adaptive)
+        self.ms_momentum = check_real('ms_momentum', ms_momentum, minimum=0, maximum=1,
+                                      max_inclusive=False, fix='e.g. ms_momentum=0.95')
 
     def create_state(self, weight, last_global_step):
         return nd.zeros_like(weight) if self.adaptive else None
@@ -144,19 +150,35 @@ BUILTIN_RULES = {
 def create_rule(local_rule, dc_lambda=None):
     """Return a rule object for a built-in name or a :class:`LocalRule` instance.
 
+    Parameters
+    ----------
+    local_rule : str or LocalRule
+        A name of :data:`BUILTIN_RULES` or a rule object.
+    dc_lambda : float, optional
+        lam of a built-in rule (>= 0); None: the rule's default.
+
     Raises
     ------
+    TypeError
+        (:class:`mxdelay.checks.ArgumentTypeError`) If `local_rule` is neither a str nor a
+        LocalRule instance (a LocalRule class, say), or `dc_lambda` is not a number.
     ValueError
-        For an unknown name, or `dc_lambda` given with a rule object.
+        For an unknown name, a negative or non-finite `dc_lambda`, or `dc_lambda` given
+        with a rule object.
     """
+    names = ', '.join(repr(n) for n in BUILTIN_RULES)
     if isinstance(local_rule, LocalRule):
         if dc_lambda is not None:
             raise ValueError('dc_lambda=%r applies to built-in rules; set it on the rule '
                              'object %r instead' % (dc_lambda, local_rule))
         return local_rule
-    if isinstance(local_rule, str) and local_rule in BUILTIN_RULES:
-        if dc_lambda is not None and not dc_lambda >= 0:
-            raise ValueError('dc_lambda must be >= 0, got %r' % (dc_lambda,))
-        return BUILTIN_RULES[local_rule](dc_lambda)
-    raise ValueError('local_rule=%r is not a rule: use one of %s or a mxdelay.rules.LocalRule '
-                     'instance' % (local_rule, ', '.join(repr(n) for n in BUILTIN_RULES)))
+    if not isinstance(local_rule, str):
+        raise ArgumentTypeError('local_rule=%r is not a rule: use one of %s or an instance of '
+                                'mxdelay.rules.LocalRule (e.g. MirrorRule(), not MirrorRule)'
+                                % (local_rule, names))
+    if local_rule not in BUILTIN_RULES:
+        raise ValueError('local_rule=%r is not a rule: use one of %s or a '
+                         'mxdelay.rules.LocalRule instance' % (local_rule, names))
+    if dc_lambda is not None:
+        check_real('dc_lambda', dc_lambda, minimum=0, fix='0 disables delay compensation')
+    return BUILTIN_RULES[local_rule](dc_lambda)

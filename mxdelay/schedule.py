@@ -12,6 +12,8 @@ t >= t0 (delayed, S3)   push g; local update; the last step of each period of k
                         applied at step t + 1's local update
 ======================  ==========================================================
 """
+from .checks import check_int
+
 __all__ = ['DelaySchedule', 'WARMUP', 'SWITCH', 'DELAYED']
 
 WARMUP, SWITCH, DELAYED = 'warm-up', 'switch', 'delayed'
@@ -28,15 +30,22 @@ class DelaySchedule(object):
         W: synchronous steps before the switch (W >= 0).
     step : int, default 0
         The counter: the index of the next ``trainer.step`` call.
+
+    Raises
+    ------
+    TypeError
+        (:class:`mxdelay.checks.ArgumentTypeError`) If an argument is not an integer.
+    ValueError
+        If an argument is out of range.
+
+    The predicates take a step index ``t``, an integer >= 0, and raise the same way.
     """
 
     def __init__(self, delay, warmup_steps, step=0):
-        if delay < 1 or warmup_steps < 0 or step < 0:
-            raise ValueError('DelaySchedule needs delay >= 1, warmup_steps >= 0, step >= 0; got '
-                             'delay=%r warmup_steps=%r step=%r' % (delay, warmup_steps, step))
-        self.delay = delay
-        self.warmup_steps = warmup_steps
-        self.step = step
+        self.delay = check_int('delay', delay, 1, 'use delay=1 to pull every step')
+        self.warmup_steps = check_int('warmup_steps', warmup_steps, 0,
+                                      'use warmup_steps=0 to start delayed updates at once')
+        self.step = check_int('step', step, 0, 'steps are counted from 0')
 
     @property
     def first_delayed_step(self):
@@ -45,23 +54,31 @@ class DelaySchedule(object):
 
     def phase(self, t):
         """The phase of step `t`: WARMUP, SWITCH or DELAYED."""
+        t = _check_step(t)
         if t < self.warmup_steps:
             return WARMUP
         return SWITCH if t == self.warmup_steps else DELAYED
 
     def is_synchronous(self, t):
         """Step `t` pulls ``W_{t+1}`` and waits for it (warm-up and the switch)."""
-        return t <= self.warmup_steps
+        return _check_step(t) <= self.warmup_steps
 
     def issues_pull(self, t):
         """Step `t` of the delayed phase ends a period: it issues a pull without waiting."""
-        t0 = self.first_delayed_step
-        return t >= t0 and (t - t0) % self.delay == self.delay - 1
+        return self._issues_pull(_check_step(t))
 
     def applies_pull(self, t):
         """Step `t` starts its local update with the weights pulled at step t - 1."""
-        return self.issues_pull(t - 1)
+        return self._issues_pull(_check_step(t) - 1)
+
+    def _issues_pull(self, t):
+        t0 = self.first_delayed_step
+        return t >= t0 and (t - t0) % self.delay == self.delay - 1
 
     def state_dict(self):
         """The counter and the configuration, for checkpoints."""
         return {'step': self.step, 'delay': self.delay, 'warmup_steps': self.warmup_steps}
+
+
+def _check_step(t):
+    return check_int('t', t, 0, 't is a step index (the trainer counts from 0)')

@@ -1,15 +1,15 @@
 """``DelayedTrainer``: a ``gluon.Trainer`` with the k-step delayed update (CN112463189B)."""
 import json
 import logging
-import numbers
 import os
 import pickle
 
-import numpy as np
 from mxnet import gluon, nd
+from mxnet.kvstore import KVStoreBase
 
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.state_files import atomic_write, read_json_state, read_pickle_state
+from .checks import ArgumentTypeError, check_bool, check_int, check_path, check_real
 from .rules import RuleContext, create_rule
 from .schedule import DelaySchedule, SWITCH
 
@@ -18,12 +18,6 @@ __all__ = ['DelayedTrainer', 'TRAINER_STATE_FORMAT']
 _LOG = logging.getLogger(__name__)
 TRAINER_STATE_FORMAT = 'mxdelay-trainer-state'
 _STATE_VERSION = 1
-
-
-def _check_int(name, value, minimum, fix):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError('%s must be an integer >= %d, got %r; %s' % (name, minimum, value, fix))
-    return int(value)
 
 
 class DelayedTrainer(gluon.Trainer):
@@ -38,12 +32,14 @@ class DelayedTrainer(gluon.Trainer):
        advances its own weights with ``local_rule``. The pulled weights are applied at the
        next step and waited for only there.
     2. The servers run the optimizer once per round on the sum of all workers' gradients
-       (as ``dist_sync``); ``set_learning_rate`` and a changed ``batch_size`` reach them.
+       (as ``dist_sync``); ``set_learning_rate`` reaches them. Each worker's gradient is
+       scaled by its own ``1/batch_size``: workers may use different batch sizes, and a
+       batch size may change between steps (e.g. a smaller last batch).
     3. ``save_states`` and ``load_states`` are collective (every worker calls them) and
        restore everything needed to continue bit for bit: the step counter, each worker's
        weights, ``pre_weight`` and rule state, and the servers' weights and optimizer state.
     4. With a non-distributed kvstore (``'local'``, ``'device'``, None) it is exactly
-       ``gluon.Trainer`` and logs once that ``delay`` has no effect.
+       ``gluon.Trainer`` and warns once (logging) that ``delay`` has no effect.
 
     Parameters
     ----------
@@ -78,6 +74,9 @@ class DelayedTrainer(gluon.Trainer):
 
     Raises
     ------
+    TypeError
+        For an argument of the wrong type (:class:`mxdelay.checks.ArgumentTypeError`, also a
+        ``ValueError``), with its value and the fix.
     ValueError
         For an argument out of range, with its value and the fix.
 
@@ -95,17 +94,21 @@ class DelayedTrainer(gluon.Trainer):
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='dist_delay',
                  compression_params=None, update_on_kvstore=None, delay=4, warmup_steps=200,
                  local_lr=None, local_rule='mirror', dc_lambda=None, slack=None):
-        delay = _check_int('delay', delay, 1, 'use delay=1 to pull every step')
-        warmup_steps = _check_int('warmup_steps', warmup_steps, 0,
-                                  'use warmup_steps=0 to start delayed updates at once')
-        if local_lr is not None and (isinstance(local_lr, bool) or
-                                     not isinstance(local_lr, numbers.Real) or
-                                     not 0 <= local_lr < float('inf')):
-            raise ValueError('local_lr must be a number >= 0 or None (the optimizer\'s lr), '
-                             'got %r' % (local_lr,))
+        delay = check_int('delay', delay, 1, 'use delay=1 to pull every step')
+        warmup_steps = check_int('warmup_steps', warmup_steps, 0,
+                                 'use warmup_steps=0 to start delayed updates at once')
+        if local_lr is not None:
+            check_real('local_lr', local_lr, minimum=0,
+                       fix="or None for the optimizer's learning rate")
         if slack is not None:
-            slack = _check_int('slack', slack, delay, 'the slack must cover a whole period '
-                               '(slack >= delay=%d)' % delay)
+            slack = check_int('slack', slack, delay, 'the slack must cover a whole period '
+                              '(slack >= delay=%d)' % delay)
+        if kvstore is not None and not isinstance(kvstore, (str, KVStoreBase)):
+            # gluon.Trainer raises the same TypeError, but only at the first step.
+            raise ArgumentTypeError("kvstore must be a str, a KVStore or None, got %r (%s); use "
+                                    "kvstore='dist_delay'" % (kvstore, type(kvstore).__name__))
+        if update_on_kvstore is not None:
+            check_bool('update_on_kvstore', update_on_kvstore, 'or None to let the trainer choose')
         if isinstance(kvstore, str) and 'dist' in kvstore.lower() and not _is_dist_delay(kvstore):
             # MXNet turns any unknown type containing 'dist' (a typo of 'dist_delay' too)
             # into its native dist_sync store, which has no delayed update.
@@ -182,9 +185,11 @@ class DelayedTrainer(gluon.Trainer):
         kvstore = self._kvstore
         self._delayed_mode = bool(self._distributed)
         if not self._delayed_mode:
-            _LOG.info('DelayedTrainer: kvstore %r is not distributed: training exactly as '
-                      'gluon.Trainer; delay=%d has no effect',
-                      getattr(kvstore, 'type', kvstore), self._schedule.delay)
+            # A warning when the user asked for delayed updates they will not get.
+            _LOG.log(logging.WARNING if self._schedule.delay > 1 else logging.INFO,
+                     'DelayedTrainer: kvstore %r is not distributed: training exactly as '
+                     'gluon.Trainer; delay=%d has no effect',
+                     getattr(kvstore, 'type', kvstore), self._schedule.delay)
             return
         if not isinstance(kvstore, DistDelay):
             raise ValueError("DelayedTrainer needs kvstore='dist_delay' for distributed training, "
@@ -195,16 +200,17 @@ class DelayedTrainer(gluon.Trainer):
                              'MXNET_UPDATE_ON_KVSTORE=0?), but with \'dist_delay\' the servers '
                              'apply the optimizer: unset MXNET_UPDATE_ON_KVSTORE')
         kvstore.configure(slack=max(self._slack, kvstore.slack))
+        # The kvstore adds its optimizer's description to the hand-shake.
         kvstore.set_config(delay=self._schedule.delay, warmup_steps=self._schedule.warmup_steps,
-                           local_rule=repr(self._rule), local_lr=self._local_lr,
-                           optimizer=type(self._optimizer).__name__)
+                           local_rule=repr(self._rule), local_lr=self._local_lr)
 
     def _check_and_rescale_grad(self, scale):
-        # gluon.Trainer refuses a new batch size with update_on_kvstore; the servers here take it.
-        changed = self._optimizer.rescale_grad != scale
+        # gluon.Trainer refuses a new batch size with update_on_kvstore. Here each worker
+        # scales its own pushes by its own batch size (DistDelay.scale_gradients): workers
+        # with other batch sizes, or a smaller last batch, stay exact; no command is sent.
         self._optimizer.rescale_grad = scale
-        if changed and self._delayed_mode and self._kv_initialized:
-            self._kvstore.set_rescale_grad(scale)
+        if self._delayed_mode:
+            self._kvstore.scale_gradients(scale)
 
     def set_learning_rate(self, lr):
         """Set the learning rate of the optimizer, on the servers too.
@@ -214,6 +220,7 @@ class DelayedTrainer(gluon.Trainer):
         lr : float
             The new learning rate.
         """
+        check_real('lr', lr, minimum=0, fix='e.g. trainer.set_learning_rate(0.01)')
         super(DelayedTrainer, self).set_learning_rate(lr)
         if self._delayed_mode:
             self._kvstore.set_learning_rate(lr)
@@ -230,7 +237,15 @@ class DelayedTrainer(gluon.Trainer):
         ignore_stale_grad : bool, default False
             As in ``gluon.Trainer``: do not raise for Parameters whose gradient is stale
             (their gradient is still pushed: every worker contributes to every round).
+
+        Raises
+        ------
+        TypeError
+            If `batch_size` is not a number.
+        ValueError
+            If `batch_size` is not finite and > 0.
         """
+        _check_batch_size(batch_size)
         if not self._kv_initialized:
             self._init_kvstore()
         if not self._delayed_mode:
@@ -240,16 +255,65 @@ class DelayedTrainer(gluon.Trainer):
             self._init_params()
         if self._push_order is None:
             self._decide_priorities()
+        self._check_fresh(ignore_stale_grad)
+        self._advance()
+        return None
+
+    def _advance(self):
+        """Push this worker's gradients as round t and make step t's update."""
         t = self._schedule.step
         self._log_phase(t)
-        self._check_fresh(ignore_stale_grad)
         self._push_all()
         if self._schedule.is_synchronous(t):
             self._synchronous_step(t)
         else:
             self._local_step(t)
         self._schedule.step = t + 1
-        return None
+
+    def join(self):
+        """End this worker's epoch: take part in the other workers' remaining rounds with zero
+        gradients until every worker has called ``join``.
+
+        With uneven data (workers with different numbers of batches) call it on every worker
+        after its last batch of an epoch (and before any collective call such as
+        :meth:`save_states`, which calls it itself). It returns on every worker after the same
+        round, so the step counters stay equal. A round in which a worker had no data is a
+        round in which its gradient is zero: the servers apply the optimizer to the sum of the
+        gradients of the workers that had data (each scaled by 1/its batch size), so such a
+        round moves the weights less, while momentum, weight decay and the learning-rate
+        schedule advance as in any round. The round in which the last worker calls ``join``
+        is not pushed at all. A worker in its delayed phase also makes its local update
+        (with a zero gradient) and its pulls in these rounds, exactly as in a step.
+
+        Without ``join`` a worker whose script ends first fills the others' rounds with zero
+        gradients at exit (same arithmetic); ``join`` is needed only where the workers must
+        meet, e.g. at the end of an epoch before evaluation or a checkpoint.
+
+        Returns
+        -------
+        int
+            The number of rounds this worker filled with zero gradients.
+        """
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._delayed_mode:
+            return 0
+        if self._params_to_init:
+            self._init_params()
+        if self._push_order is None:
+            self._decide_priorities()
+        filled = 0
+        while not self._kvstore.finish_round():
+            if filled == 0:
+                for param in self._trained_params():
+                    param.zero_grad()
+            self._advance()
+            filled += 1
+        if filled:
+            _LOG.info('DelayedTrainer: worker %d had no data for %d rounds of the other '
+                      'workers (zero gradients); all workers continue at step %d',
+                      self._kvstore.rank, filled, self._schedule.step)
+        return filled
 
     def _log_phase(self, t):
         phase = self._schedule.phase(t)
@@ -404,15 +468,17 @@ class DelayedTrainer(gluon.Trainer):
 
         Parameters
         ----------
-        fname : str
+        fname : str or os.PathLike
             Path of the index file.
         """
+        fname = check_path('fname', fname)
         if not self._kv_initialized:
             self._init_kvstore()
         if not self._delayed_mode:
             return super(DelayedTrainer, self).save_states(fname)
         if self._params_to_init:
             self._init_params()
+        self.join()  # every worker at the same round, or a hang in the barriers below
         nd.waitall()
         kv = self._kvstore
         worker_state = {
@@ -438,13 +504,20 @@ class DelayedTrainer(gluon.Trainer):
 
         Everything is validated before anything changes: a missing, truncated or foreign
         file raises ``ValueError`` and leaves this trainer and the servers as they were.
+
+        Parameters
+        ----------
+        fname : str or os.PathLike
+            Path of the index file written by :meth:`save_states`.
         """
+        fname = check_path('fname', fname)
         if not self._kv_initialized:
             self._init_kvstore()
         if not self._delayed_mode:
             return super(DelayedTrainer, self).load_states(fname)
         if self._params_to_init:
             self._init_params()
+        self.join()
         kv = self._kvstore
         state, error = None, None
         try:
@@ -465,9 +538,16 @@ class DelayedTrainer(gluon.Trainer):
                         for i, w in state['pulled'].items()}
         self._rule_state = {i: _from_numpy(s, ctx0) for i, s in state['rule_state'].items()}
         self._schedule.step = state['schedule']['step']
-        self._optimizer.rescale_grad = state['rescale_grad']
+        self._check_and_rescale_grad(state['rescale_grad'])
         self._logged_phase = None
         return None
+
+
+def _check_batch_size(batch_size):
+    # gluon.Trainer divides by it unchecked: 0 raises ZeroDivisionError at the step, a
+    # negative or NaN size silently corrupts the update.
+    check_real('batch_size', batch_size, minimum=0, min_inclusive=False,
+               fix='pass the number of samples of this step, e.g. trainer.step(data.shape[0])')
 
 
 def _parameter_names(params):

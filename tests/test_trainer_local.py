@@ -133,7 +133,7 @@ def test_allreduce_and_update_like_gluon_trainer():
 
 @pytest.mark.parametrize('num_devices', [1, 2])
 @pytest.mark.parametrize('kvstore', KVSTORES)
-def test_logs_once_that_delay_has_no_effect(caplog, kvstore, num_devices):
+def test_warns_once_that_delay_has_no_effect(caplog, kvstore, num_devices):
     caplog.set_level(logging.INFO, logger=TRAINER_LOG)
     ctxs = contexts(num_devices)
     net, _ = mlp_job.build(ctxs)
@@ -146,7 +146,7 @@ def test_logs_once_that_delay_has_no_effect(caplog, kvstore, num_devices):
     train_step(net, trainer, ctxs, 4)
     notes = [r for r in caplog.records if 'no effect' in r.getMessage()]
     assert len(notes) == 1
-    assert notes[0].name == TRAINER_LOG and notes[0].levelno == logging.INFO
+    assert notes[0].name == TRAINER_LOG and notes[0].levelno == logging.WARNING
     assert 'delay=3' in notes[0].getMessage()
     # no phase is entered without a distributed kvstore
     assert not [r for r in caplog.records if 'phase' in r.getMessage()]
@@ -316,6 +316,7 @@ class FakeDistDelay(DistDelay):
         self.store = {}
         self.log = []          # ('push' | 'pull', key)
         self.priorities = []   # (key, priority) of every push, in issue order
+        self._rescale_grad = self._job_rescale_grad = None
 
     @property
     def rank(self):
@@ -339,11 +340,12 @@ class FakeDistDelay(DistDelay):
     def set_learning_rate(self, lr):
         self._server_optimizer('change the optimizer').set_learning_rate(lr)
 
-    def set_rescale_grad(self, rescale_grad):
-        self._server_optimizer('change the optimizer').rescale_grad = rescale_grad
-
     def init(self, key, value):
         assert key not in self.store
+        if self._job_rescale_grad is None and self.server_optimizer is not None:
+            # The hand-shake (at the first init): the job's rescale_grad is this worker's.
+            self._job_rescale_grad = self._rescale_grad or self.server_optimizer.rescale_grad
+            self.server_optimizer.rescale_grad = self._job_rescale_grad
         self.store[key] = value.copyto(mx.cpu())
         self._tensors[key] = None
 
@@ -358,6 +360,9 @@ class FakeDistDelay(DistDelay):
         self.log.append(('push', key))
         self.priorities.append((key, priority))
         grad = value.copyto(mx.cpu())
+        factor = self._gradient_factor()   # as DistDelay scales a push
+        if factor is not None:
+            grad = nd._internal._mul_scalar(grad, scalar=factor)
         if self.server_updater is None:
             self.store[key][:] = grad
         elif not _is_plain_sgd(self.server_optimizer):
@@ -375,6 +380,10 @@ class FakeDistDelay(DistDelay):
 
     def barrier(self):
         pass
+
+    def finish_round(self, leaving=False):
+        self.log.append(('finish', None))
+        return True   # one worker: when it has finished, every worker has
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         with open(fname, 'wb') as out:
@@ -396,6 +405,7 @@ class FakeDistDelay(DistDelay):
             self.store[key][:] = value
         self.server_updater.set_states(state['updater'])
         self.server_optimizer = self.server_updater.optimizer
+        self._job_rescale_grad = self.server_optimizer.rescale_grad
 
 
 NAMES = sorted(mlp_job.init_params())       # b1, b2, w1, w2: the trainer's key order

@@ -6,6 +6,14 @@ Usage: ``mxdelay-launch -n N -s S python mlp_job.py CONFIG_JSON OUT_DIR``. Each 
 ``(steps,) + param.shape``). CONFIG keys: trainer ('delayed' or 'gluon'), kvstore, steps,
 batch, lr, momentum, wd, delay, warmup_steps, local_rule, dc_lambda, local_lr, slack,
 devices, sleep_rank, sleep, save_at, resume_from, stop_after.
+
+Uneven data: with CONFIG ``batches`` (a list: worker r has ``batches[r]`` batches per epoch)
+and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
+``trainer.join()`` if ``join`` is true or a list holding r (otherwise it goes straight on; its script's end fills
+the other workers' rounds). A step's data is a function of (rank, round), and the npz also
+holds ``rounds``: the round of every recorded step. ``save_at_end``: save_states after the
+last step. ``batch_sizes`` ({rank: size}) and ``last_batch`` (the size of every epoch's last
+batch) vary the batch size.
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
 
@@ -93,10 +101,26 @@ def main():
     rank = (trainer.rank if hasattr(trainer, 'rank')
             else trainer._kvstore_rank(config['batch']))
     history = {name: [] for name in names.values()}
-    steps = config['steps']
-    times = []
-    for step in range(first, steps):
-        x, y = batch(rank, step, config['batch'])
+    times, rounds = [], []
+    size = config.get('batch_sizes', {}).get(str(rank), config['batch'])
+    if config.get('batches'):
+        epoch = [size] * config['batches'][rank]                 # a batch size: a round's data
+        if epoch and config.get('last_batch'):
+            epoch[-1] = config['last_batch']
+        join = config.get('join')
+        if join is True or (isinstance(join, list) and rank in join):
+            epoch.append('join')
+        plan = epoch * config['epochs']
+    else:
+        plan = [size] * (config['steps'] - first)
+    step = first
+    for action in plan:
+        if action == 'join':
+            trainer.join()
+            step = trainer.schedule.step
+            continue
+        size = action
+        x, y = batch(rank, step, size)
         xs = gluon.utils.split_and_load(nd.array(x), ctxs, even_split=True)
         ys = gluon.utils.split_and_load(nd.array(y), ctxs, even_split=True)
         with autograd.record():
@@ -105,19 +129,23 @@ def main():
         if rank == config.get('sleep_rank'):
             time.sleep(config['sleep'])
         start = time.time()
-        trainer.step(config['batch'])
+        trainer.step(size)
         for name, param in net.collect_params().items():
             copies = [d.asnumpy() for d in param.list_data()]   # waits for this step
             for other in copies[1:]:
                 assert np.array_equal(copies[0], other), 'device copies differ'
             history[names[name]].append(copies[0])
         times.append(time.time() - start)
+        rounds.append(step)
         if config.get('save_at') == step:
             trainer.save_states(os.path.join(out_dir, 'ckpt'))
         if config.get('stop_after') == step:
             break
+        step += 1
+    if config.get('save_at_end'):
+        trainer.save_states(os.path.join(out_dir, 'ckpt'))
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
-             **{k: np.array(v) for k, v in history.items()})
+             rounds=rounds, **{k: np.array(v) for k, v in history.items()})
 
 
 if __name__ == '__main__':
