@@ -20,6 +20,11 @@ VARIABLES = {
                            'many rounds ahead of the slowest); DelayedTrainer raises it to at least delay.'),
     'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes and of mxdelay-launch.'),
     'MXDELAY_RANK': (None, 'Rank of this process within its role; set by mxdelay-launch for log prefixes.'),
+    # Why 4 (docs/benchmarks/overlap.md, per-layer pushes): on 1 Gbit/s links 15 is faster
+    # in the synchronous warm-up (520 vs 554 ms/step: all gradients ready at once, sent
+    # first layer first) and ties in the delayed phase (331 vs 331); on loopback 4 is
+    # faster (64.5 vs 68.9, 52.4 vs 54.1); 1 is the slowest on the link; and 4, unlike 15,
+    # lets pushes overlap backward.
     'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (
         '4', "MXNet's backward bulk size. MXNet's default (15) runs a small network's whole "
              'backward as one engine operation, so no push can start before backward ends; '

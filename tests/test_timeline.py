@@ -1,11 +1,21 @@
 """Layer-wise pushes during backward (CN111985609A), read off a real 2-worker job's timeline.
 
 tests/scripts/timeline_job.py records MXNet's profiler trace of a 6-layer MLP (one large
-layer) over the last warm-up steps, the switch and the first delayed steps; the test reads
-mxdelay.timeline's summary of it: the first push of a step (the last layer's) must start
-before backward has finished (the first layer's gradient written). The same job with
-pushes forced after backward (``mx.nd.waitall()`` first) must show no such overlap: the
-criterion can fail.
+layer) over the last warm-up steps (W=10), the switch and the first delayed steps (k=2);
+the test reads mxdelay.timeline's summary of it: the first push of a step (the last
+layer's) must start before backward has finished (the first layer's gradient written). The
+same job with pushes forced after backward (``mx.nd.waitall()`` first) must show no such
+overlap: the criterion can fail.
+
+The pull columns are checked against the schedule, which summarize does not use to place
+them (it reads the Python thread's calls): every synchronous step pulls, and its pull is
+received after it was issued and after the step's last push started; in the delayed phase
+exactly the steps ``t0 + 1, t0 + 3`` pull (t0 = W + 1), and their weights are applied at
+the next step, once its backward is over. Waits are >= 0, never longer than the step, and
+a synchronous step (it waits for the round trip) waits.
+
+The definitions themselves (communication, hidden, wait) are checked exactly on a small
+hand-made trace. Tolerance: 1e-9 ms on that trace; none elsewhere (orderings only).
 """
 import json
 import os
@@ -14,13 +24,16 @@ import sys
 import pytest
 
 from jobs import run_job, assert_ok
+from mxdelay import timeline
+from mxdelay.schedule import DelaySchedule
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+WARMUP, DELAY, FIRST = 10, 2, 7           # timeline_job.py: W=STEPS, k=2, records 7..14
 
 
 def run_timeline(tmp_path, mode):
     result = run_job([sys.executable, os.path.join(HERE, 'scripts', 'timeline_job.py'), mode,
-                      str(tmp_path), '10'], num_workers=2, num_servers=1, timeout=150)
+                      str(tmp_path), str(WARMUP)], num_workers=2, num_servers=1, timeout=150)
     assert_ok(result)
     return [json.load(open(str(tmp_path / ('timeline%d.json' % rank)))) for rank in range(2)]
 
@@ -29,17 +42,141 @@ def run_timeline(tmp_path, mode):
 def test_pushes_start_while_backward_runs(tmp_path, mode):
     for worker in run_timeline(tmp_path, mode):
         rows = worker['rows']
-        assert {row['phase'] for row in rows} == {'warm-up', 'switch', 'delayed'}
-        assert len(rows) == 8, rows
+        assert (worker['warmup_steps'], worker['delay']) == (WARMUP, DELAY)
+        assert [row['step'] for row in rows] == list(range(FIRST, FIRST + 8)), rows
+        assert [row['phase'] for row in rows] == ['warm-up'] * 3 + ['switch'] + ['delayed'] * 4
         overlapping = [row for row in rows if row['overlap']]
         if mode == 'after_backward':
             assert not overlapping, overlapping        # impossible by construction
+            assert all(row['backward_hidden_ms'] == 0 for row in rows), rows
         else:
             # MXNet's CPU engine queue is FIFO by readiness: the copy that starts a layer's
             # push can land behind the next backward segment, so on a loaded machine steps
             # lose the overlap (8 of 8 overlap on a quiet machine; 5 of 8 seen at load 6).
             # Pushes after backward can never overlap: 3 of 8 cannot happen by chance.
             assert len(overlapping) >= 3, rows
+            assert sum(row['backward_hidden_ms'] for row in rows) > 0, rows
+        check_pulls(rows)
+        check_waits(rows)
+        assert '| all steps (8) |' in worker['table']
         # The trace is a real Chrome trace that MXNet's profiler wrote.
         trace = tmp_path / ('%s-%d.trace.json' % (mode, worker['rank']))
         assert 'traceEvents' in json.load(open(str(trace)))
+
+
+def check_pulls(rows):
+    t0 = WARMUP + 1
+    by_step = {row['step']: row for row in rows}
+    for row in rows:
+        t = row['step']
+        if t <= WARMUP:        # warm-up and switch: push, then pull W_{t+1} and wait for it
+            assert row['pull_issued'] is not None, row
+            assert row['pull_issued'] < row['pull_received'], row
+            assert row['last_push'] < row['pull_received'], row
+            assert row['pull_sent'] <= row['pull_received'], row
+            assert (row['pull_applied'], row['applied_step']) == (row['pull_received'], t)
+        elif (t - t0) % DELAY == DELAY - 1:          # t0 + 1, t0 + 3: issue, apply next
+            assert row['pull_issued'] is not None, row
+            assert row['pull_issued'] < row['pull_received'], row
+            assert row['applied_step'] == t + 1, row
+            if t + 1 in by_step:
+                assert row['pull_applied'] >= row['pull_received'], row
+                assert row['pull_applied'] >= by_step[t + 1]['backward_end'], row
+        else:                                        # t0, t0 + 2: no pull
+            assert row['pull_issued'] is None and row['pull_received'] is None, row
+    assert [row['step'] for row in rows if row['pull_issued'] is not None] == \
+        [7, 8, 9, 10, 12, 14]
+
+
+def check_waits(rows):
+    for row, after in zip(rows, rows[1:]):
+        assert 0 <= row['wait_ms'] <= after['first_push'] - row['first_push'], row
+    for row in rows:
+        assert 0 <= row['comm_hidden_ms'] <= row['comm_ms'], row
+        assert 0 <= row['backward_hidden_ms'] <= row['comm_hidden_ms'], row
+    assert all(row['wait_ms'] > 0 for row in rows if row['phase'] == 'warm-up'), rows
+    total = timeline.totals(rows)
+    assert total['steps'] == 8 and total['pulls'] == 6
+    assert 0 <= total['hidden_backward'] <= total['hidden'] <= 1
+
+
+# -- the definitions, exactly, on a hand-made trace ----------------------------------------
+def _op(name, start, end, tid=1):
+    return [{'name': name, 'cat': 'operator', 'ph': 'B', 'ts': start * 1000, 'tid': tid},
+            {'name': name, 'cat': 'operator', 'ph': 'E', 'ts': end * 1000, 'tid': tid}]
+
+
+def _call(name, at):
+    return [{'name': name, 'cat': 'MXNET_C_API', 'ph': 'b', 'ts': at * 1000, 'tid': 9},
+            {'name': name, 'cat': 'MXNET_C_API', 'ph': 'e', 'ts': at * 1000 + 10, 'tid': 9}]
+
+
+def _trace(tmp_path, control):
+    """Two steps of 2 gradient pushes; step 0 pulls (times in ms). With `control`, each step
+    also pushes a flag first (the kvstore's own traffic)."""
+    push, pull = timeline._PUSH, timeline._PULL
+    events = (_call('MXAutogradBackwardEx', 0) + _call('MXKVStorePush', 1) +
+              _call('MXKVStorePullWithSparse', 2) + _call('MXAutogradBackwardEx', 35) +
+              _call('MXKVStorePush', 36) +
+              _op('ImperativeBulk', 0, 5) + _op('ImperativeBulk', 5, 10) +   # fwd, bwd
+              _op(push, 8, 20, 2) + _op('ImperativeBulk', 10, 14) + _op(push, 14, 22, 2) +
+              _op(pull, 22, 30, 2) + _op('CopyCPU2CPU', 30, 31) +          # into weights
+              _op('ImperativeBulk', 31, 40) +                               # next forward
+              _op('ImperativeBulk', 40, 44) + _op(push, 43, 50, 2) + _op(push, 44, 52, 2) +
+              _op('sgd_mom_update', 45, 46) + _op('WaitForVar', 46, 54) +
+              _op('mean', 54, 55))
+    if control:  # step 0's flag before its gradients; step 1's before step 0's pull
+        events += _op(push, 3, 4, 2) + _op(push, 16, 17, 2)
+    path = tmp_path / 'trace.json'
+    path.write_text(json.dumps({'traceEvents': events}))
+    return str(path)
+
+
+@pytest.mark.parametrize('control', [False, True])
+def test_definitions_on_a_known_trace(tmp_path, control):
+    rows = timeline.summarize(_trace(tmp_path, control), 2)
+    first, second = rows
+    assert (first['step'], first['first_push'], first['last_push'], first['backward_end'],
+            first['overlap']) == (0, 8, 14, 14, True)
+    if not control:
+        # MXNet's trace does not say which end belongs to which start of overlapping pushes
+        # (paired first in, first out), so only sums over whole steps are exact.
+        assert first['push_ms'] == pytest.approx(12 + 8, abs=1e-9)
+    # span [8, 43): communication [8, 30]; local work [8, 14] of it (behind backward)
+    assert first['comm_ms'] == pytest.approx(22, abs=1e-9)
+    assert first['comm_hidden_ms'] == pytest.approx(6, abs=1e-9)
+    assert first['backward_hidden_ms'] == pytest.approx(6, abs=1e-9)
+    # idle [14, 30] ends with the pull's arrival: waiting; idle [40, 43] released by nothing
+    assert first['wait_ms'] == pytest.approx(16, abs=1e-9)
+    assert (first['pull_issued'], first['pull_sent'], first['pull_received'],
+            first['pull_applied'], first['applied_step']) == (2, 22, 30, 30, 0)
+    # span [43, 55]: communication [43, 52]; local [43, 44] + [45, 46]; WaitForVar is no
+    # work, so idle [46, 54] counts up to the last push's acknowledgement at 52
+    assert (second['first_push'], second['backward_end']) == (43, 44)
+    assert second['comm_ms'] == pytest.approx(9, abs=1e-9)
+    assert second['comm_hidden_ms'] == pytest.approx(2, abs=1e-9)
+    assert second['backward_hidden_ms'] == pytest.approx(1, abs=1e-9)
+    assert second['wait_ms'] == pytest.approx(6, abs=1e-9)
+    assert second['pull_issued'] is None and second['applied_step'] is None
+    total = timeline.totals(rows)
+    assert total['comm_ms'] == pytest.approx(31, abs=1e-9)
+    assert total['hidden'] == pytest.approx(8 / 31, abs=1e-9)
+    assert total['hidden_backward'] == pytest.approx(7 / 31, abs=1e-9)
+    assert total['wait_ms'] == pytest.approx(11, abs=1e-9)
+    assert total['pulls'] == 1
+    table = timeline.format_table(rows)
+    assert '| all steps (2) | 31.0 | 26% | 23% | 11.0 |' in table
+
+
+def test_delayed_pull_is_applied_at_the_next_step(tmp_path):
+    # Steps 2 and 3 of warmup_steps=0, k=2 (t0 = 1): step 2 issues a pull, step 3 applies it
+    # once step 3's backward is over (at 44, after the pull arrived at 30).
+    rows = timeline.summarize(_trace(tmp_path, False), 2, DelaySchedule(2, 0), first_step=2)
+    assert [(row['step'], row['phase']) for row in rows] == [(2, 'delayed'), (3, 'delayed')]
+    assert (rows[0]['pull_received'], rows[0]['pull_applied'], rows[0]['applied_step']) == \
+        (30, 44, 3)
+
+
+def test_pushes_per_step_is_checked(tmp_path):
+    with pytest.raises(ValueError, match='pushes_per_step must be a positive int'):
+        timeline.summarize(_trace(tmp_path, False), 0)
