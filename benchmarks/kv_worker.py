@@ -1,6 +1,6 @@
 """Worker of benchmarks/kvstore_roundtrip.py: push + pull of a 1.86M-float model per step.
 
-Usage (under mxdelay-launch): ``python kv_worker.py KVSTORE STEPS OUT_JSON``.
+Usage (under mxdelay-launch): ``python kv_worker.py KVSTORE STEPS OUT_JSON [none|sgd]``.
 """
 import mxdelay  # noqa: F401  before mxnet: the servers become mxdelay's
 
@@ -18,6 +18,8 @@ SHAPES = [(1024, 784), (1024,), (1024, 1024), (1024,), (10, 1024), (10,)]
 def main():
     kind, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     kv = mx.kv.create(kind)
+    if sys.argv[4:] == ['sgd']:
+        kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9))
     weights = [nd.zeros(s) for s in SHAPES]
     grads = [nd.ones(s) for s in SHAPES]
     for i, w in enumerate(weights):

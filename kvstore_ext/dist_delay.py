@@ -68,11 +68,12 @@ class _Tensor(object):
     views of it, so one copy fills a whole round and MXNet's engine tracks it as one
     variable); made at the first push, on the CPU (pinned memory for GPU gradients).
     """
-    __slots__ = ('shape', 'dtype', 'chunks', 'next_round', 'last_pulled', 'buffers',
-                 'chunk_views', 'heads', 'views', 'zero')
+    __slots__ = ('key', 'shape', 'size', 'dtype', 'chunks', 'next_round', 'last_pulled',
+                 'buffers', 'chunk_views', 'heads', 'views', 'zero')
 
-    def __init__(self, shape, dtype, chunks):
-        self.shape, self.dtype, self.chunks = shape, dtype, chunks
+    def __init__(self, key, shape, dtype, chunks):
+        self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
+        self.size = int(np.prod(shape)) if shape else 1
         self.next_round = 0
         self.last_pulled = -1
         self.buffers = self.chunk_views = self.heads = self.zero = None
@@ -90,11 +91,20 @@ class _Tensor(object):
             self.zero = nd.zeros(self.shape, dtype=self.dtype)
         return self.zero
 
-    def views_of(self, array):
-        """Chunk views of a user array (cached: Gluon passes the same arrays every step)."""
+    def views_of(self, array, name='value'):
+        """Chunk views of a user array (cached: Gluon passes the same arrays every step).
+
+        Raises ValueError (`name` is the argument's) if the array has another number of
+        elements than the tensor; checked once per array, when its views are made.
+        """
         handle = array.handle.value
         cached = self.views.get(handle)
         if cached is None or cached[0] is not array:
+            if array.size != self.size:
+                raise ValueError('%s for key %r has shape %s (%d elements), but the key was '
+                                 'initialised with shape %s (%d elements); pass arrays of the '
+                                 'initialised shape' % (name, self.key, array.shape, array.size,
+                                                        self.shape, self.size))
             if len(self.views) >= 8:  # a few arrays per tensor: gradients, weights, pull target
                 self.views.clear()
             flat = array.reshape(-1)
@@ -412,7 +422,7 @@ class DistDelay(KVStoreBase):
             # The counter is placed with the first keys, in the same collective init, so that
             # its chunk id and server are the same on every worker.
             value = nd.zeros(2)
-            self._finish = self._place_tensor(value)
+            self._finish = self._place_tensor(protocol.FINISH_KEY, value)
             chunk = self._finish.chunks[0]
             native_keys.extend(chunk.keys)
             native_values.extend([value] * len(chunk.keys))
@@ -432,11 +442,11 @@ class DistDelay(KVStoreBase):
         return float(param.lr_mult), float(param.wd_mult), param.name
 
     def _place(self, key, value):
-        tensor = self._place_tensor(value)
+        tensor = self._place_tensor(key, value)
         self._tensors[key] = tensor
         return tensor
 
-    def _place_tensor(self, value):
+    def _place_tensor(self, key, value):
         size = int(np.prod(value.shape)) if value.shape else 1
         chunks = []
         for start in range(0, max(size, 1), self._chunk_size):
@@ -447,7 +457,7 @@ class DistDelay(KVStoreBase):
             self._next_chunk_id += 1
             keys = [self._layout.slot_key(chunk_id, s, server) for s in range(self._slack + 1)]
             chunks.append(_Chunk(chunk_id, start, stop, server, keys))
-        return _Tensor(value.shape, value.dtype, chunks)
+        return _Tensor(key, value.shape, value.dtype, chunks)
 
     def broadcast(self, key, value, out, priority=0):
         """Initialise `key` with rank 0's `value` and pull it into `out` on every worker."""
@@ -590,17 +600,13 @@ class DistDelay(KVStoreBase):
         self.pull(key, out=value if out is None else out, priority=priority)
 
     def _checked_lists(self, key, value, name, priority):
-        """:func:`_as_lists`, and each value's size against its initialised key."""
+        """:func:`_as_lists`, and each value's size against its initialised key (before
+        anything is issued: a list of keys is pushed whole or not at all)."""
         keys, values = _as_lists(key, value, name, priority)
         for k, v in zip(keys, values):
             tensor = self._tensor(k)
-            size = int(np.prod(tensor.shape)) if tensor.shape else 1
             for array in (v if isinstance(v, (list, tuple)) else [v]):
-                if array.size != size:
-                    raise ValueError('%s for key %r has shape %s (%d elements), but the key was '
-                                     'initialised with shape %s (%d elements); pass arrays of '
-                                     'the initialised shape' % (name, k, array.shape, array.size,
-                                                                tensor.shape, size))
+                tensor.views_of(array, name)
         return keys, values
 
     def _tensor(self, key):
@@ -864,7 +870,8 @@ def _exit_on_uncaught_exception():
 def _as_lists(key, value, name='value', priority=0):
     """Return ``([keys], [values])`` of a call with one key or a list of keys, checked: a key
     is an int or str, a value an NDArray or a non-empty list of NDArrays (one per device)."""
-    check_int('priority', priority, fix='a higher priority is sent first; Gluon uses -index')
+    if type(priority) is not int:  # noqa: E721  (the common case, without the ABC check)
+        check_int('priority', priority, fix='a higher priority is sent first; Gluon uses -index')
     if isinstance(key, (list, tuple)):
         if not isinstance(value, (list, tuple)) or len(value) != len(key):
             raise ValueError('with a list of %d keys, pass a list of as many values as %s, got '

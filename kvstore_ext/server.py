@@ -393,13 +393,15 @@ class DelayServer(KVStoreServer):
 
     def _apply(self, chunk, grad, stored):
         weight = self._weights[chunk]
+        # copyto, not `a[:] = b`: the same copy without Python's indexing machinery, which
+        # cost a third of the server's updater time (profiled with py-spy).
         if self._updater is None or chunk in self._counters:
-            weight[:] = grad  # the round's sum: MXNet's server without optimizer; the counter
+            grad.copyto(weight)  # the round's sum: MXNet's server without optimizer; the counter
         elif _is_plain_sgd(self._optimizer):
             self._sgd(chunk, grad, weight)
         else:
             self._updater(chunk, grad, weight)
-        stored[:] = weight
+        weight.copyto(stored)
         self._next_round[chunk] += 1
 
     def _sgd(self, chunk, grad, weight):

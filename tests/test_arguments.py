@@ -321,7 +321,7 @@ class OfflineDistDelay(DistDelay):
     def __init__(self, placed=True):  # pylint: disable=super-init-not-called
         self._slack, self._chunk_size, self._config = 1, 1000, {}
         self._optimizer = self._updater = self._layout = None
-        self._tensors = {0: _Tensor((2, 3), np.float32, [])} if placed else {}
+        self._tensors = {0: _Tensor(0, (2, 3), np.float32, [])} if placed else {}
         self._ballot = 0
 
     def _command(self, command, body, refusal=RuntimeError):
@@ -399,7 +399,7 @@ def test_dist_delay_checks_arguments_before_any_network_use(method, kwargs, erro
 
 def test_dist_delay_keys_may_be_numpy_integers_and_strings():
     store = OfflineDistDelay()
-    store._tensors['w'] = _Tensor((3,), np.float32, [])
+    store._tensors['w'] = _Tensor('w', (3,), np.float32, [])
     assert store._checked_lists(np.int64(0), GOOD, 'value', np.int32(1)) == ([0], [GOOD])
     assert store._checked_lists(['w', 0], [nd.zeros(3), [GOOD, GOOD]], 'out', -2)[0] == ['w', 0]
     assert store._checked_lists(0, nd.zeros((3, 2)), 'value', 0)[0] == [0]  # same size: as before
