@@ -16,7 +16,7 @@ launcher, and a ``PidFile``: the tests kill only the PIDs it recorded, and check
 is left. Data is a pure function of (rank, step) (scripts/fault_job.py).
 
 Set ``MXDELAY_FAULTS_TABLE=path`` to write the measured fault matrix as a Markdown table
-(docs/faults.md reports one such run).
+(the README's section "Faults" reports one such run).
 """
 import json
 import os
