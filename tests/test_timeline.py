@@ -40,7 +40,14 @@ def run_timeline(tmp_path, mode):
 
 @pytest.mark.parametrize('mode', ['layerwise', 'after_backward'])
 def test_pushes_start_while_backward_runs(tmp_path, mode):
-    for worker in run_timeline(tmp_path, mode):
+    workers = run_timeline(tmp_path, mode)
+    if mode == 'layerwise':
+        # The issue asks for the overlap in both phases: at least one of the 2 x 4
+        # synchronous steps and one of the 2 x 4 delayed steps.
+        for phases in (('warm-up', 'switch'), ('delayed',)):
+            steps = [row for w in workers for row in w['rows'] if row['phase'] in phases]
+            assert any(row['overlap'] for row in steps), (phases, steps)
+    for worker in workers:
         rows = worker['rows']
         assert (worker['warmup_steps'], worker['delay']) == (WARMUP, DELAY)
         assert [row['step'] for row in rows] == list(range(FIRST, FIRST + 8)), rows
