@@ -25,6 +25,7 @@ Why this design (SPEC section 1 measured three; this is the third, made exact an
 Measured alternatives are recorded in the README ("Design of the server").
 """
 import atexit
+import difflib
 import gc
 import json
 import logging
@@ -816,6 +817,41 @@ def _server_files(fname, num_servers):
 # type string users write is 'dist_delay' (an unregistered name containing 'dist' silently
 # creates MXNet's native dist_sync store instead), so register under that name directly.
 KVStoreBase.kv_registry['dist_delay'] = DistDelay
+
+#: The distributed types MXNet 1.9's C++ store knows (src/kvstore/kvstore.cc); it accepts
+#: any other name containing 'dist' too, as a native store whose mode depends on substrings.
+NATIVE_DIST_TYPES = ('dist', 'dist_sync', 'dist_async', 'dist_sync_device',
+                     'dist_async_device', 'dist_device_sync', 'dist_device_async')
+
+
+def _refuse_unknown_dist_types(create):
+    """Wrap ``mx.kv.create`` so that a misspelt distributed type raises.
+
+    MXNet creates its native synchronous store for any unregistered name containing 'dist':
+    ``mx.kv.create('dist_dealy')`` would train without mxdelay's rounds and say nothing.
+    Every other name behaves exactly as before.
+    """
+    if getattr(create, 'mxdelay_checked', False):
+        return create
+
+    def checked_create(name='local'):
+        if (isinstance(name, str) and 'dist' in name.lower()
+                and name.lower() not in KVStoreBase.kv_registry
+                and name.lower() not in NATIVE_DIST_TYPES):
+            close = difflib.get_close_matches(name.lower(), ['dist_delay'] +
+                                              list(NATIVE_DIST_TYPES), n=1)
+            raise ValueError('kvstore type %r is unknown: MXNet would silently create its '
+                             'native dist_sync store for it; %s (MXNet\'s distributed types: '
+                             '%s; mxdelay: dist_delay)'
+                             % (name, 'did you mean %r?' % close[0] if close else
+                                'check the spelling', ', '.join(NATIVE_DIST_TYPES)))
+        return create(name)
+    checked_create.mxdelay_checked = True
+    checked_create.__doc__ = create.__doc__
+    return checked_create
+
+
+mx.kvstore.create = _refuse_unknown_dist_types(mx.kvstore.create)
 
 
 class _OptimizerHolder(object):

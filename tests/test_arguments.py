@@ -409,3 +409,20 @@ def test_dist_delay_keys_may_be_numpy_integers_and_strings():
     fresh.configure(slack=np.int64(3), chunk_size=np.int32(10))
     assert (fresh.slack, fresh.chunk_size) == (3, 10)
     assert type(fresh.slack) is int
+
+
+@pytest.mark.parametrize('name,suggestion', [('dist_dealy', 'dist_delay'),
+                                             ('Dist_Snyc', 'dist_sync')])
+def test_misspelt_distributed_kvstore_type_raises(name, suggestion):
+    # MXNet alone would create its native dist_sync store for any name containing 'dist'.
+    with pytest.raises(ValueError, match=r"kvstore type '%s' is unknown: MXNet would silently "
+                                         r"create its native dist_sync store for it; did you "
+                                         r"mean '%s'\?" % (name, suggestion)):
+        mx.kv.create(name)
+
+
+def test_other_kvstore_types_are_created_as_before():
+    assert mx.kv.create('local').type == 'local'
+    assert mx.kv.create('device').type == 'device'
+    with pytest.raises(TypeError, match='name must be a string'):
+        mx.kv.create(3)
