@@ -49,7 +49,6 @@ __all__ = ['DistDelay', 'KVSTORE_STATE_FORMAT']
 
 _LOG = logging.getLogger(__name__)
 KVSTORE_STATE_FORMAT = 'mxdelay-kvstore-state'
-_BIGARRAY_BOUND = 1000000  # MXNet's default MXNET_KVSTORE_BIGARRAY_BOUND
 _FLAG_PRIORITY = 1 << 20   # the finish flag needs no gradient: let it go first
 
 
@@ -201,10 +200,11 @@ class DistDelay(KVStoreBase):
         if chunk_size is not None:
             chunk_size = check_int('chunk_size', chunk_size, 1, 'it is the largest number of '
                                    'elements per key')
-            if chunk_size >= _BIGARRAY_BOUND:
+            if chunk_size >= protocol.bigarray_bound():
                 raise ValueError('chunk_size must be an integer in [1, %d) (MXNet splits '
-                                 'larger keys across servers by itself), got %r'
-                                 % (_BIGARRAY_BOUND, chunk_size))
+                                 'larger keys across servers by itself, '
+                                 'MXNET_KVSTORE_BIGARRAY_BOUND), got %r'
+                                 % (protocol.bigarray_bound(), chunk_size))
         if slack is not None:
             self._slack = slack
         if chunk_size is not None:
@@ -250,7 +250,8 @@ class DistDelay(KVStoreBase):
                                 optimizer=protocol.describe_optimizer(self._optimizer))}
         self._native._send_command_to_servers(0, protocol.encode_command(Command.HELLO, hello))
         keys = [self._layout.status_key(s) for s in range(self._num_servers)]
-        length = protocol.REPLY_LEN * self.num_workers
+        self._reply_len = protocol.reply_len(self.num_workers)
+        length = self._reply_len * self.num_workers
         self._native.init(keys, [nd.zeros(length) for _ in keys])
         # One round on the status keys: the server's updater answers it with the hand-shake.
         self._native.push(keys, [nd.zeros(length) for _ in keys])
@@ -274,7 +275,7 @@ class DistDelay(KVStoreBase):
                   self.rank, self.num_workers, self._num_servers, self._slack, self._chunk_size)
 
     def _read_reply(self, server):
-        segment = slice(self.rank * protocol.REPLY_LEN, (self.rank + 1) * protocol.REPLY_LEN)
+        segment = slice(self.rank * self._reply_len, (self.rank + 1) * self._reply_len)
         return protocol.decode_reply(self._status_out[server][segment].asnumpy())
 
     def _command(self, command, body, refusal=RuntimeError):
@@ -706,7 +707,12 @@ class DistDelay(KVStoreBase):
         self._command(Command.VOTE, {'ballot': self._ballot, 'error': error})
         self.barrier()
         tally = self._command(Command.TALLY, {'ballot': self._ballot})[0]
-        return [(int(rank), message) for rank, message in sorted(tally['errors'].items())]
+        failures = sorted((int(rank), message) for rank, message in tally['errors'].items())
+        if tally.get('more') and failures:
+            rank, message = failures[-1]
+            failures[-1] = (rank, '%s (and %d more workers failed; their messages do not fit '
+                                  'the reply)' % (message, tally['more']))
+        return failures
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Save the servers' weights, optimizer states and rounds, and this worker's rounds.

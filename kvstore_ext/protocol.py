@@ -25,8 +25,10 @@ import pickle
 
 import numpy as np
 
+from mxdelay import env
+
 __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN',
-           'KeyLayout', 'encode_command', 'decode_command', 'command_rank', 'encode_reply',
+           'MIN_REPLY_LEN', 'bigarray_bound', 'reply_len', 'KeyLayout', 'encode_command', 'decode_command', 'command_rank', 'encode_reply',
            'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
            'pack_object', 'unpack_object', 'describe_optimizer', 'optimizer_differences',
            'format_differences', 'PER_STEP_FIELDS']
@@ -35,8 +37,11 @@ PROTOCOL_VERSION = 1
 #: First two entries of every reply; a stock MXNet server leaves the status key at zero.
 MAGIC = (7301.0, 1789.0)
 COMMAND_PREFIX = 'mxdelay:'
-#: Float32 entries per worker in a status key: 2 magic, ok flag, sequence, length, text.
+#: Float32 entries per worker in a status key at most (2 magic, ok flag, sequence, length,
+#: text); fewer with many workers, see :func:`reply_len`.
 REPLY_LEN = 1 << 14
+#: The fewest entries per worker: enough for the hand-shake and every command's reply.
+MIN_REPLY_LEN = 1 << 10
 _HEADER = 5
 _MXNET_KEY_MULTIPLIER = 9973  # src/kvstore/kvstore_dist.h, EncodeDefaultKey
 _MAX_KEY = (2 ** 31 - 1) // _MXNET_KEY_MULTIPLIER
@@ -114,13 +119,41 @@ def unpack_object(text):
     return pickle.loads(base64.b64decode(text.encode('ascii')))
 
 
-def encode_reply(ok, payload, seq=0):
-    """Encode a reply to command number `seq` (`ok` flag, JSON-able `payload`) as float32."""
+def bigarray_bound():
+    """MXNet's ``MXNET_KVSTORE_BIGARRAY_BOUND``: a key of this many elements or more is split
+    over all servers, so every mxdelay key stays below it."""
+    return env.get_int('MXNET_KVSTORE_BIGARRAY_BOUND')
+
+
+def reply_len(num_workers, bound=None):
+    """Float32 entries per worker in a status key of `num_workers` segments: at most
+    :data:`REPLY_LEN`, and few enough that the key stays below MXNet's big-array bound (a
+    larger key would be split over the servers, and each server would hold only a slice).
+
+    Raises
+    ------
+    ValueError
+        If even :data:`MIN_REPLY_LEN` entries per worker would reach the bound.
+    """
+    bound = bigarray_bound() if bound is None else bound
+    length = min(REPLY_LEN, (bound - 1) // max(num_workers, 1))
+    if length < MIN_REPLY_LEN:
+        raise ValueError('%d workers need status keys of %d floats, above '
+                         'MXNET_KVSTORE_BIGARRAY_BOUND=%d: set MXNET_KVSTORE_BIGARRAY_BOUND to '
+                         'at least %d on every worker and server'
+                         % (num_workers, num_workers * MIN_REPLY_LEN, bound,
+                            num_workers * MIN_REPLY_LEN + 1))
+    return length
+
+
+def encode_reply(ok, payload, seq=0, length=REPLY_LEN):
+    """Encode a reply to command number `seq` (`ok` flag, JSON-able `payload`) as `length`
+    float32 entries."""
     data = json.dumps(payload).encode('utf-8')
-    if len(data) > REPLY_LEN - _HEADER:
+    if len(data) > length - _HEADER:
         ok, data = False, json.dumps('reply of %d bytes is too long for the status key'
                                      % len(data)).encode('utf-8')
-    out = np.zeros(REPLY_LEN, dtype=np.float32)
+    out = np.zeros(length, dtype=np.float32)
     out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, seq % SEQ_MODULUS, len(data))
     out[_HEADER:_HEADER + len(data)] = np.frombuffer(data, dtype=np.uint8)
     return out

@@ -41,6 +41,7 @@ __all__ = ['DelayServer', 'serve', 'SERVER_STATE_FORMAT']
 
 _LOG = logging.getLogger(__name__)
 SERVER_STATE_FORMAT = 'mxdelay-server-state'
+_MAX_ERROR = 600   # characters of one worker's error message in a tally
 _STATE_VERSION = 1
 
 
@@ -130,8 +131,9 @@ class DelayServer(KVStoreServer):
         return self.kvstore._updater is None
 
     def _reply(self, rank, ok, payload, seq=0):
-        segment = self._status[rank * protocol.REPLY_LEN:(rank + 1) * protocol.REPLY_LEN]
-        segment[:] = protocol.encode_reply(ok, payload, seq)
+        length = protocol.reply_len(self._num_workers)
+        segment = self._status[rank * length:(rank + 1) * length]
+        segment[:] = protocol.encode_reply(ok, payload, seq, length)
         # The worker pulls right after the command returns; the native pull copies the
         # stored bytes without waiting on the engine.
         segment.wait_to_read()
@@ -284,7 +286,17 @@ class DelayServer(KVStoreServer):
         if len(votes) != self._num_workers:
             raise ValueError('ballot %s has votes from workers %s only'
                              % (body['ballot'], sorted(votes)))
-        return {'errors': {str(rank): error for rank, error in votes.items() if error}}
+        # Every failure's message, as long as the reply has room (many workers failing alike
+        # would not fit): the rest are counted. Every worker reads the same reply.
+        room = protocol.reply_len(self._num_workers) // 2
+        errors, more = {}, 0
+        for rank, error in sorted(votes.items()):
+            if error and room > 0:
+                errors[str(rank)] = error[:_MAX_ERROR]
+                room -= len(errors[str(rank)].encode('utf-8')) + 32
+            elif error:
+                more += 1
+        return {'errors': errors, 'more': more}
 
     def _on_stats(self, _):
         return {'server': self._server_rank,

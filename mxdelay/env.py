@@ -30,6 +30,10 @@ VARIABLES = {
              'backward as one engine operation, so no push can start before backward ends; '
              '`import mxdelay` (before mxnet) sets 4 when unset: every few operators end a '
              'segment and their gradients are pushed while backward goes on.'),
+    'MXNET_KVSTORE_BIGARRAY_BOUND': (
+        '1000000', "MXNet's: keys of at least this many elements are split over all servers. "
+                   'mxdelay keeps every key below it (chunks, status keys); set it alike on '
+                   'every worker and server.'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0; then it kills them.'),
 }

@@ -17,6 +17,7 @@ import os
 import pickle
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -26,6 +27,7 @@ import mxnet as mx
 from mxnet import nd
 
 from kvstore_ext import protocol
+from kvstore_ext.server import DelayServer
 from kvstore_ext.protocol import (SEQ_MODULUS, Command, KeyLayout, COMMAND_PREFIX, MAGIC, REPLY_LEN,
                                   encode_command, decode_command, encode_reply, decode_reply,
                                   pack_object, unpack_object)
@@ -298,3 +300,40 @@ def test_kvstore_ext_imports_on_its_own():
          'assert mxnet.kvstore.KVStoreBase.kv_registry["dist_delay"] is kvstore_ext.DistDelay'],
         env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# -- status keys with many workers ---------------------------------------------------------------
+@pytest.mark.parametrize('num_workers,bound,expected', [
+    (1, 10 ** 6, REPLY_LEN), (61, 10 ** 6, REPLY_LEN),     # 61 * 16384 < 1e6
+    (62, 10 ** 6, 16129), (500, 10 ** 6, 1999), (1000, 10 ** 7, 9999)])
+def test_status_keys_stay_below_the_bigarray_bound(num_workers, bound, expected):
+    # A status key of num_workers segments at or above MXNet's bound would be split over the
+    # servers (each holding a slice): from 62 workers on, the segments shrink instead.
+    length = protocol.reply_len(num_workers, bound)
+    assert length == expected
+    assert num_workers * length < bound
+    segment = encode_reply(True, {'server': 0, 'workers': num_workers}, 7, length)
+    assert segment.shape == (length,)
+    assert decode_reply(segment) == (True, {'server': 0, 'workers': num_workers}, 7)
+
+
+def test_too_many_workers_for_the_bound_names_the_fix():
+    with pytest.raises(ValueError, match=r'1000 workers need status keys of 1024000 floats, '
+                                         r'above MXNET_KVSTORE_BIGARRAY_BOUND=1000000: set '
+                                         r'MXNET_KVSTORE_BIGARRAY_BOUND to at least 1024001'):
+        protocol.reply_len(1000, 10 ** 6)
+
+
+def test_a_tally_of_many_long_errors_fits_its_reply():
+    # 500 workers fail alike with long messages: the tally lists as many as fit and counts
+    # the rest; the reply decodes (an over-long one would turn into an error reply).
+    server = DelayServer(types.SimpleNamespace(handle=None))   # handlers only, no network
+    server._server_rank, server._num_workers = 0, 500
+    for rank in range(500):
+        server._on_vote({'rank': rank, 'ballot': 1, 'error': 'broken file %d ' % rank + 'x' * 900})
+    tally = server._on_tally({'rank': 0, 'ballot': 1})
+    length = protocol.reply_len(500)
+    ok, payload, _ = decode_reply(encode_reply(True, tally, 3, length))
+    assert ok and payload == tally
+    assert 0 < len(tally['errors']) < 500 and len(tally['errors']) + tally['more'] == 500
+    assert tally['errors']['0'].startswith('broken file 0 ') and len(tally['errors']['0']) == 600

@@ -139,3 +139,13 @@ def test_stock_gluon_trainer_on_dist_delay_equals_dist_sync(tmp_path):
             np.testing.assert_array_equal(delay[rank][name], sync[rank][name])
     # ... and both equal synchronous SGD, i.e. the reference with warm-up over all steps.
     assert_matches_reference(delay, simulate(dict(config, warmup_steps=20), 2))
+
+
+def test_status_keys_and_chunks_below_a_small_bigarray_bound(tmp_path):
+    # With MXNET_KVSTORE_BIGARRAY_BOUND = 3 * 1024 + 1 the status key of 3 workers has the
+    # smallest segments (1024 floats each) and every chunk must stay below the bound (MXNet
+    # would otherwise split a key over both servers): the trajectory is still exact.
+    config = dict(BASE, delay=2, warmup_steps=2, local_rule='mirror')
+    env = {'MXNET_KVSTORE_BIGARRAY_BOUND': 3 * 1024 + 1, 'MXDELAY_CHUNK_SIZE': 50}
+    histories = run_mlp_job(tmp_path, 3, config, num_servers=2, env=env)
+    assert_matches_reference(histories, simulate(config, 3))
