@@ -21,7 +21,7 @@ import sys
 # The servers of a job run what their `import` makes of them: mxdelay's server if mxdelay is
 # imported before mxnet, else MXNet's stock one. The baseline is stock MXNet throughout.
 if any(arg in ('--mode=delayed', 'delayed') for arg in sys.argv[1:]):
-    import mxdelay  # pylint: disable=unused-import
+    import mxdelay  # noqa: F401  pylint: disable=unused-import
 
 import argparse  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import json  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
