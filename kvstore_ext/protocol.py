@@ -28,7 +28,8 @@ import numpy as np
 from mxdelay import env
 
 __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN',
-           'MIN_REPLY_LEN', 'bigarray_bound', 'reply_len', 'KeyLayout', 'encode_command', 'decode_command', 'command_rank', 'encode_reply',
+           'MIN_REPLY_LEN', 'bigarray_bound', 'reply_len', 'KeyLayout', 'encode_command',
+           'decode_command', 'command_rank', 'encode_reply',
            'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
            'pack_object', 'unpack_object', 'describe_optimizer', 'optimizer_differences',
            'format_differences', 'PER_STEP_FIELDS']

@@ -21,9 +21,10 @@ What is tested:
    left): workers with a different momentum or optimizer type fail at start, before any
    step, naming both values; on a bare kvstore (optimizer set after the hand-shake) the
    server refuses the second worker's optimizer; a single worker that sets another optimizer
-   after training started is told the server keeps its own; ``set_learning_rate`` (SET_HYPER) and a
-   new batch size mid-training (scaled on the worker) are not mismatches; ``load_states`` of a checkpoint saved with SGD by a trainer using NAG raises
-   ValueError on every worker, changes no weight, and training goes on.
+   after training started is told the server keeps its own; ``set_learning_rate``
+   (SET_HYPER) and a new batch size mid-training (scaled on the worker) are not mismatches;
+   ``load_states`` of a checkpoint saved with SGD by a trainer using NAG raises ValueError on
+   every worker, changes no weight, and training goes on.
 """
 import json
 import os
@@ -147,7 +148,8 @@ def test_every_installed_optimizer_applies_the_jobs_rescale_grad():
     # accepted, and installing it keeps 1/6: the arrival order must not decide the update.
     server = make_server()
     for rank, optimizer in enumerate([sgd(rescale_grad=1 / 6.), sgd()]):
-        server._hellos[rank] = {'rank': rank, 'config': {'optimizer': describe_optimizer(optimizer)}}
+        server._hellos[rank] = {'rank': rank,
+                                'config': {'optimizer': describe_optimizer(optimizer)}}
     ok, payload = server._hello_reply()
     assert ok and payload['rescale_grad'] == 1 / 6.
     server._on_optimizer(optimizer_command(0, sgd(rescale_grad=1 / 6.)))
@@ -360,5 +362,3 @@ def test_load_states_of_another_optimizer_type_is_refused_and_changes_nothing(tm
         assert re.search(r"cannot load .*nothing was changed: .*%s\.kvstore\.server0 was saved "
                          r"with optimizer SGD, but the trainer loading it uses NAG"
                          % re.escape(ckpt), outcome['message']), outcome
-
-

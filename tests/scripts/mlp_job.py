@@ -9,11 +9,11 @@ devices, sleep_rank, sleep, save_at, resume_from, stop_after.
 
 Uneven data: with CONFIG ``batches`` (a list: worker r has ``batches[r]`` batches per epoch)
 and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
-``trainer.join()`` if ``join`` is true or a list holding r (otherwise it goes straight on; its script's end fills
-the other workers' rounds). A step's data is a function of (rank, round), and the npz also
-holds ``rounds``: the round of every recorded step. ``save_at_end``: save_states after the
-last step. ``batch_sizes`` ({rank: size}) and ``last_batch`` (the size of every epoch's last
-batch) vary the batch size.
+``trainer.join()`` if ``join`` is true or a list holding r (otherwise it goes straight on;
+its script's end fills the other workers' rounds). A step's data is a function of (rank,
+round), and the npz also holds ``rounds``: the round of every recorded step.
+``save_at_end``: save_states after the last step. ``batch_sizes`` ({rank: size}) and
+``last_batch`` (the size of every epoch's last batch) vary the batch size.
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
 
