@@ -386,6 +386,11 @@ class DelayedTrainer(gluon.Trainer):
             if state['weights'][i].shape != param.shape:
                 raise ValueError('%s: parameter %s has shape %s, saved %s' % (
                     fname, param.name, param.shape, state['weights'][i].shape))
+        optimizer = state.get('optimizer')
+        if optimizer is not None and type(optimizer) is not type(self._optimizer):
+            raise ValueError('%s was saved with optimizer %s, this trainer uses %s: create the '
+                             'trainer with the checkpoint\'s optimizer to resume from it'
+                             % (fname, type(optimizer).__name__, type(self._optimizer).__name__))
         return state
 
     def _local_step(self, t):
@@ -488,6 +493,9 @@ class DelayedTrainer(gluon.Trainer):
             'pre_weight': {i: w.asnumpy() for i, w in self._pre_weight.items()},
             'pulled': {i: w.asnumpy() for i, w in self._pulled.items()},
             'rule_state': {i: _to_numpy(s) for i, s in self._rule_state.items()},
+            # As gluon.Trainer's states: the optimizer (its param_dict is not pickled) and
+            # the learning rate local_lr is scaled against.
+            'optimizer': self._optimizer, 'base_lr': self._base_lr,
         }
         atomic_write(_worker_file(fname, kv.rank), pickle.dumps(worker_state, protocol=4))
         kv.save_optimizer_states(_kvstore_file(fname))
@@ -537,6 +545,12 @@ class DelayedTrainer(gluon.Trainer):
         self._pulled = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
                         for i, w in state['pulled'].items()}
         self._rule_state = {i: _from_numpy(s, ctx0) for i, s in state['rule_state'].items()}
+        if state.get('optimizer') is not None:
+            # The servers apply the saved optimizer from now on; so does the local rule
+            # (gluon.Trainer.load_states adopts the saved optimizer too).
+            self._optimizer = state['optimizer']
+            self._optimizer.param_dict = {i: param for i, param in enumerate(self._params)}
+            self._base_lr = state.get('base_lr', self._base_lr)
         self._schedule.step = state['schedule']['step']
         self._check_and_rescale_grad(state['rescale_grad'])
         self._logged_phase = None

@@ -588,6 +588,30 @@ def test_learning_rate_change_reaches_server_and_local_rule():
                                        rtol=RTOL, atol=ATOL, err_msg='step %d' % (4 + t))
 
 
+def test_delayed_load_adopts_the_saved_optimizer_like_gluon(tmp_path):
+    # gluon.Trainer.load_states takes the saved optimizer; so must the local rule, since the
+    # servers apply the saved optimizer after a load. A trainer created with another
+    # learning rate and momentum resumes exactly as the uninterrupted run.
+    args = dict(delay=2, warmup_steps=1, local_rule='mirror')
+    _, _, _, uninterrupted = run_delayed(8, **args)
+    trainer, _, _, _ = run_delayed(4, **args)
+    fname = str(tmp_path / 'ckpt')
+    trainer.save_states(fname)
+    params2 = make_params(contexts(1))
+    trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT, learning_rate=0.7, momentum=0.5),
+                                      kvstore=FakeDistDelay(), **args)
+    trainer2.load_states(fname)
+    assert (trainer2.learning_rate, trainer2.optimizer.momentum) == (0.1, 0.9)
+    assert trainer2.optimizer.param_dict[0] is params2[0]
+    _, _, _, resumed = run_delayed(4, trainer=trainer2, params=params2, first=4)
+    for name in NAMES:
+        np.testing.assert_array_equal(resumed[name], uninterrupted[name][4:])
+    wrong = mxdelay.DelayedTrainer(make_params(contexts(1)), 'nag', dict(OPT),
+                                   kvstore=FakeDistDelay(), **args)
+    with pytest.raises(ValueError, match=r"saved with optimizer SGD, this trainer uses NAG"):
+        wrong.load_states(fname)
+
+
 def test_delayed_save_and_load_resume_bit_for_bit(tmp_path):
     args = dict(delay=3, warmup_steps=1, local_rule='mirror', dc_lambda=0.2)
     _, _, _, uninterrupted = run_delayed(10, **args)
