@@ -682,6 +682,12 @@ class DistDelay(KVStoreBase):
         """Number of native keys (chunks) of `key`: push operations per round."""
         return len(self._tensor(key).chunks)
 
+    def send_buffer(self, key):
+        """The buffer that this worker's last push of `key` sends from (held by the push until
+        its round is acknowledged; for :mod:`mxdelay.timeline`)."""
+        tensor = self._tensor(key)
+        return tensor.buffers[(tensor.next_round - 1) % (self._slack + 1)]
+
     def rounds(self, key):
         """Number of rounds of `key` this worker has pushed."""
         return self._tensor(key).next_round

@@ -5,7 +5,8 @@ call (Chrome trace JSON, viewable in chrome://tracing or Perfetto): :func:`recor
 it on around a few steps (off by default; nothing is recorded outside the block, and the
 steps inside pay only MXNet's per-operation timestamps), :func:`summarize` reads the trace
 back into one row per step (offline, after the block), :func:`totals` sums the rows,
-:func:`format_table` prints both.
+:func:`format_table` prints both. Given the trainer, :func:`recording` also marks per
+parameter when its gradient, push and pull were done (:func:`parameter_rows`).
 
 Definitions. Times are in ms from the first recorded event. *Communication* is this worker's
 push and pull operations (``KVStoreDistDefaultPush``, ``KVStoreDistDefaultStoragePull``:
@@ -71,16 +72,19 @@ the fraction of it hidden behind local work and behind backward, and the mean wa
 step.
 """
 import bisect
+import concurrent.futures
 import contextlib
 import json
 import logging
 
 import mxnet as mx
+from mxnet.base import _LIB, check_call
 
-__all__ = ['recording', 'summarize', 'totals', 'format_table']
+__all__ = ['recording', 'summarize', 'parameter_rows', 'totals', 'format_table']
 
 _LOG = logging.getLogger(__name__)
 
+_MARKER_DOMAIN = 'mxdelay'
 _PUSH = 'KVStoreDistDefaultPush'
 _PULL = 'KVStoreDistDefaultStoragePull'
 _PUSH_CALL = 'MXKVStorePush'
@@ -91,7 +95,7 @@ _NOT_WORK = ('WaitForVar', 'DeleteVariable')
 
 
 @contextlib.contextmanager
-def recording(path):
+def recording(path, trainer=None):
     """Record MXNet's profiler trace of the enclosed steps into `path` (Chrome trace JSON).
 
     MXNet's profiler writes a complete trace only once per process (it cannot be restarted
@@ -103,17 +107,96 @@ def recording(path):
     ----------
     path : str
         Output file; written when the block ends (after all queued work has finished).
+    trainer : mxdelay.DelayedTrainer, optional
+        Also record, per step and per parameter, when backward wrote the gradient, when the
+        push's round was acknowledged, and when a pull arrived and was applied (instant
+        markers named after the parameter; read them with :func:`parameter_rows`). MXNet's
+        profiler does not say which parameter a push or pull operation belongs to; these
+        markers do. Each is taken by a waiting thread when its array becomes ready (within
+        about 0.3 ms).
     """
     mx.profiler.set_config(profile_symbolic=True, profile_imperative=True, profile_api=True,
                            profile_memory=False, aggregate_stats=False, filename=path)
+    # A thread per wait that a step may have outstanding: a gradient, a push and a pull
+    # per parameter (and the previous step's).
+    watcher = (_ParameterWatcher(8 + 6 * len(trainer._params)) if trainer is not None
+               else None)
     mx.profiler.set_state('run')
+    if watcher is not None:
+        trainer._watcher = watcher
     try:
         yield path
     finally:
         mx.nd.waitall()
+        if watcher is not None:
+            trainer._watcher = None
+            watcher.close()
         mx.profiler.set_state('stop')
         mx.profiler.dump()
         _LOG.info('timeline: profiler trace written to %s', path)
+
+
+class _ParameterWatcher(object):
+    """Marks in the profiler trace when arrays become ready, from waiting threads.
+
+    A wait for reading returns once every write issued before it has finished (backward
+    wrote a gradient, a pull filled its output, a copy applied it); a wait for writing also
+    waits for the reads (a push holds its send buffer until its round is acknowledged).
+    The threads block in MXNet's engine (the GIL is released); a pool large enough for a
+    step's waits keeps every mark on time.
+    """
+
+    def __init__(self, threads):
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, 'mxdelay-timeline')
+        self._domain = mx.profiler.Domain(_MARKER_DOMAIN)
+
+    def watch(self, events, parameter, step, array, for_writing=False):
+        """Mark ``'<event> <parameter> <step>'`` for each of `events` (a name or a tuple of
+        names) when `array` is ready."""
+        events = (events,) if isinstance(events, str) else events
+        self._pool.submit(self._wait, ['%s %s %d' % (event, parameter, step) for event in events],
+                          array, for_writing)
+
+    def _wait(self, names, array, for_writing):
+        if for_writing:
+            check_call(_LIB.MXNDArrayWaitToWrite(array.handle))
+        else:
+            array.wait_to_read()
+        for name in names:
+            mx.profiler.Marker(self._domain, name).mark('process')
+
+    def close(self):
+        self._pool.shutdown(wait=True)
+
+
+def parameter_rows(path):
+    """Per step and parameter, from a trace recorded with ``recording(path, trainer)``.
+
+    Returns
+    -------
+    list of dict
+        Sorted by step, then by the gradient's time: ``step``, ``parameter`` and, in ms from
+        the trace's first event (None where the step had no such event), ``gradient``
+        (backward wrote it), ``pushed`` (the round was acknowledged: every worker's gradient
+        arrived and the server applied it), ``pull_received`` and ``pull_applied`` (the
+        weights were replaced: at once in a synchronous step, at the next step's local
+        update in the delayed phase, once that update has run; listed under the step that
+        issued the pull).
+    """
+    with open(path, encoding='utf-8') as src:
+        events = json.load(src)['traceEvents']
+    stamps = [e['ts'] / 1000.0 for e in events if 'ts' in e and e.get('ph') in 'BEbe']
+    origin = min(stamps or [0.0])
+    rows = {}
+    for event in events:
+        if event.get('ph') != 'n' or not str(event.get('cat', '')).startswith(_MARKER_DOMAIN):
+            continue
+        kind, parameter, step = event['name'].rsplit(' ', 2)
+        row = rows.setdefault((int(step), parameter), dict(
+            step=int(step), parameter=parameter, gradient=None, pushed=None,
+            pull_received=None, pull_applied=None))
+        row[kind] = event['ts'] / 1000.0 - origin
+    return sorted(rows.values(), key=lambda r: (r['step'], r['gradient'] or 0.0))
 
 
 def _intervals(events, accept, category='operator', phases='BE'):

@@ -138,6 +138,7 @@ class DelayedTrainer(gluon.Trainer):
         self._first_use = []       # param indices in the order the first forward used them
         self._push_order = None    # param indices, last-used first; set at the first step
         self._priority = {}        # param index -> priority (first used: highest)
+        self._watcher = None       # set by mxdelay.timeline.recording(path, trainer)
         self._watch_first_forward()
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, self._rule,
@@ -350,8 +351,13 @@ class DelayedTrainer(gluon.Trainer):
         # gradient is written (backward runs in segments of a few operators, see env.py),
         # and the priority lets the layers the next forward needs first overtake.
         for i in self._push_order:
-            self._kvstore.push(i, self._reduced_grad(i, self._params[i]),
-                               priority=self._priority[i])
+            grad = self._reduced_grad(i, self._params[i])
+            self._kvstore.push(i, grad, priority=self._priority[i])
+            if self._watcher is not None:
+                name, t = self._params[i].name, self._schedule.step
+                self._watcher.watch('gradient', name, t, grad)
+                self._watcher.watch('pushed', name, t, self._kvstore.send_buffer(i),
+                                    for_writing=True)
 
     def _synchronous_step(self, t):
         # Warm-up (S1) and switch (S2): pull exactly W_{t+1} into the weights.
@@ -362,6 +368,8 @@ class DelayedTrainer(gluon.Trainer):
             datas = param.list_data()
             before = datas[0].copy() if switch else None          # W_W
             self._kvstore.pull(i, out=datas, priority=self._priority[i])
+            if self._watcher is not None:   # pulled straight into the weights
+                self._watcher.watch(('pull_received', 'pull_applied'), param.name, t, datas[0])
             if switch:
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
                 self._rule_state[i] = self._rule.create_state(datas[0], datas[0] - before)
@@ -405,6 +413,8 @@ class DelayedTrainer(gluon.Trainer):
             weight = datas[0]
             if applies:
                 self._pulled[i].copyto(weight)                   # 1. w' := W_t
+                if self._watcher is not None:
+                    self._watcher.watch('pull_applied', param.name, t - 1, weight)
             grad_sync = weight - self._pre_weight[i] if self._rule.needs_grad_sync else None
             if applies:
                 weight.copyto(self._pre_weight[i])               # 3. pre_weight := w'
@@ -421,6 +431,8 @@ class DelayedTrainer(gluon.Trainer):
                 if i not in self._pulled:
                     self._pulled[i] = nd.zeros_like(weight)
                 self._kvstore.pull(i, out=self._pulled[i], priority=self._priority[i])
+                if self._watcher is not None:
+                    self._watcher.watch('pull_received', param.name, t, self._pulled[i])
 
     def _clip_gradient(self):
         clip = self._optimizer.clip_gradient

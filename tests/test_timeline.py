@@ -21,6 +21,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from jobs import run_job, assert_ok
@@ -65,6 +66,7 @@ def test_pushes_start_while_backward_runs(tmp_path, mode):
             assert sum(row['backward_hidden_ms'] for row in rows) > 0, rows
         check_pulls(rows)
         check_waits(rows)
+        check_parameter_rows(worker['parameter_rows'], worker['forward_order'])
         assert '| all steps (8) |' in worker['table']
         # The trace is a real Chrome trace that MXNet's profiler wrote.
         trace = tmp_path / ('%s-%d.trace.json' % (mode, worker['rank']))
@@ -93,6 +95,28 @@ def check_pulls(rows):
             assert row['pull_issued'] is None and row['pull_received'] is None, row
     assert [row['step'] for row in rows if row['pull_issued'] is not None] == \
         [7, 8, 9, 10, 12, 14]
+
+
+def check_parameter_rows(rows, parameters):
+    """Per step and parameter (recording(path, trainer)): every parameter's gradient and
+    acknowledged push in each of the 8 steps, its pull exactly at the pulling steps, the
+    delayed pulls applied at the next step."""
+    steps = range(FIRST, FIRST + 8)
+    by_key = {(row['step'], row['parameter']): row for row in rows}
+    assert set(by_key) == {(t, name) for t in steps for name in parameters}, sorted(by_key)
+    for (t, name), row in by_key.items():
+        assert row['gradient'] is not None and row['pushed'] is not None, row
+        pulls = t in (7, 8, 9, 10, 12, 14)
+        assert (row['pull_received'] is not None) == pulls, row
+        if pulls and (t <= WARMUP or t + 1 in steps):
+            assert row['pull_applied'] is not None and \
+                row['pull_applied'] >= row['pull_received'], row
+    # The marks come from waiting threads that need a core and the GIL, so a single mark
+    # can be late by a few ms on a busy machine; in the typical row the round is
+    # acknowledged after backward wrote the gradient, and the pull arrives after that.
+    assert np.median([r['pushed'] - r['gradient'] for r in rows]) > 0, rows
+    pulled = [r for r in rows if r['pull_received'] is not None]
+    assert np.median([r['pull_received'] - r['pushed'] for r in pulled]) > 0, pulled
 
 
 def check_waits(rows):

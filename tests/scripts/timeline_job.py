@@ -1,7 +1,8 @@
 """A worker that records its timeline (mxdelay.timeline) during warm-up and the delayed
 phase, for a 6-layer MLP with one large layer. Writes ``OUT_DIR/timeline<rank>.json``:
 the per-step rows of the recording (``mxdelay.timeline.summarize`` with the trainer's
-schedule), the mean step time of each phase, the delay and warm-up length, and the
+schedule), the per-parameter rows (``parameter_rows``) with the forward order of the
+parameters, the mean step time of each phase, the delay and warm-up length, and the
 recording's table (``format_table``) as text.
 
 Usage: ``mxdelay-launch -n 2 -s 1 python timeline_job.py MODE OUT_DIR STEPS`` with MODE
@@ -86,10 +87,12 @@ def main():
     # the last warm-up steps, the switch and the first delayed steps.
     first = trainer.schedule.step
     path = os.path.join(out_dir, '%s-%d.trace.json' % (mode, rank))
-    with mxdelay.timeline.recording(path):
+    with mxdelay.timeline.recording(path, trainer):
         train(8)
     result['rows'] = mxdelay.timeline.summarize(path, trainer.keys_per_step, trainer.schedule,
                                                 first_step=first)
+    result['parameter_rows'] = mxdelay.timeline.parameter_rows(path)
+    result['forward_order'] = trainer.priority_order()
     result['table'] = mxdelay.timeline.format_table(result['rows'])
     result.update(delay=trainer.schedule.delay, warmup_steps=trainer.schedule.warmup_steps)
     result['delayed_step_s'] = train(10)
