@@ -73,7 +73,7 @@ class _Tensor(object):
 
     def __init__(self, key, shape, dtype, chunks):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
-        self.size = int(np.prod(shape)) if shape else 1
+        self.size = _num_elements(shape)
         self.next_round = 0
         self.last_pulled = -1
         self.buffers = self.chunk_views = self.heads = self.zero = None
@@ -163,7 +163,8 @@ class DistDelay(KVStoreBase):
         # per round, (0, 0) while it has data, (1, leaving) once it has none; placed at the
         # first init.
         self._finish = None        # the counter's _Tensor
-        self._flags = {}           # (finished, leaving) -> constant; 'counts' -> pulled sums
+        self._flags = {}           # (finished, leaving) -> the constant pushed
+        self._finish_counts = None  # receives a round's sums of the flags
         self._flagged_rounds = 0   # rounds before this carry this worker's flag
         self._all_finished = False  # the last vote found every worker finished; no push since
         self._workers_left = 0     # workers that ended their script at that vote
@@ -408,8 +409,6 @@ class DistDelay(KVStoreBase):
         native_keys, native_values, chunks_msg = [], [], []
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
-            if k in self._tensors:
-                raise ValueError('key %r is already initialised' % (k,))
             tensor = self._place(k, v)
             flat = v.reshape(-1)
             for chunk in tensor.chunks:
@@ -432,7 +431,7 @@ class DistDelay(KVStoreBase):
                                protocol.FINISH_KEY, 1.0, 1.0, 2])
             self._finish.make_buffers(self._slack + 1, mx.cpu())
             self._flags = {flag: nd.array(flag) for flag in ((0, 0), (1, 0), (1, 1))}
-            self._flags['counts'] = nd.zeros(2)
+            self._finish_counts = nd.zeros(2)
         self._command(Command.REGISTER, {'chunks': chunks_msg})
         self._native.init(native_keys, native_values)
 
@@ -449,7 +448,7 @@ class DistDelay(KVStoreBase):
         return tensor
 
     def _place_tensor(self, key, value):
-        size = int(np.prod(value.shape)) if value.shape else 1
+        size = _num_elements(value.shape)
         chunks = []
         for start in range(0, max(size, 1), self._chunk_size):
             stop = min(start + self._chunk_size, size)
@@ -643,9 +642,8 @@ class DistDelay(KVStoreBase):
             return True  # nothing was ever initialised: there are no rounds to fill
         self._check_no_worker_left()
         self._push_tensor(self._finish, [self._flags[(1, int(bool(leaving)))]], _FLAG_PRIORITY)
-        counts = self._flags['counts']
-        self._pull_tensor(self._finish, [counts], _FLAG_PRIORITY)
-        finished, left = (int(round(c)) for c in counts.asnumpy())
+        self._pull_tensor(self._finish, [self._finish_counts], _FLAG_PRIORITY)
+        finished, left = (int(round(c)) for c in self._finish_counts.asnumpy())
         if finished < self.num_workers:
             self._flagged_rounds += 1
             return False
@@ -913,6 +911,10 @@ def _exit_on_uncaught_exception():
         os._exit(1)
     excepthook.mxdelay_exits = True
     sys.excepthook = excepthook
+
+
+def _num_elements(shape):
+    return int(np.prod(shape)) if shape else 1
 
 
 def _as_lists(key, value, name='value', priority=0):

@@ -157,9 +157,11 @@ class DelayServer(KVStoreServer):
             for name in sorted(set(reference['config']) | set(hello['config'])):
                 mine, theirs = reference['config'].get(name), hello['config'].get(name)
                 if name == 'optimizer':
-                    if protocol.optimizer_differences(mine, theirs, protocol.PER_STEP_FIELDS):
+                    differences = protocol.optimizer_differences(mine, theirs,
+                                                                 protocol.PER_STEP_FIELDS)
+                    if differences:
                         return False, _optimizer_mismatch(
-                            mine, theirs, 'worker 0%s' % _launcher_rank(reference),
+                            differences, 'worker 0%s' % _launcher_rank(reference),
                             'worker %d%s' % (rank, _launcher_rank(hello)))
                 elif mine != theirs:
                     return False, ('workers disagree on %s: worker 0%s has %r, worker %d%s has '
@@ -208,9 +210,10 @@ class DelayServer(KVStoreServer):
         # catches an optimizer set later, e.g. on a bare kvstore).
         rank, described = int(body['rank']), protocol.describe_optimizer(optimizer)
         for other, theirs in sorted(self._sent_optimizers.items()):
-            if other != rank and protocol.optimizer_differences(theirs, described,
-                                                                protocol.PER_STEP_FIELDS):
-                raise ValueError(_optimizer_mismatch(theirs, described, 'worker %d' % other,
+            differences = protocol.optimizer_differences(theirs, described,
+                                                         protocol.PER_STEP_FIELDS)
+            if other != rank and differences:
+                raise ValueError(_optimizer_mismatch(differences, 'worker %d' % other,
                                                      'worker %d' % rank))
         self._sent_optimizers[rank] = described
         # Every worker sends it (Gluon's set_optimizer): the first one installs it; later ones
@@ -438,8 +441,7 @@ class DelayServer(KVStoreServer):
             mx.nd.sgd_update(weight, grad, out=weight, **kwargs)
 
 
-def _optimizer_mismatch(first, second, first_name, second_name):
-    differences = protocol.optimizer_differences(first, second, protocol.PER_STEP_FIELDS)
+def _optimizer_mismatch(differences, first_name, second_name):
     return ('workers disagree on the optimizer: %s. Every worker must create the same '
             'optimizer (type and hyper-parameters): the servers apply one optimizer to the '
             'sum of all workers\' gradients' % protocol.format_differences(

@@ -94,9 +94,8 @@ class DelayedTrainer(gluon.Trainer):
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='dist_delay',
                  compression_params=None, update_on_kvstore=None, delay=4, warmup_steps=200,
                  local_lr=None, local_rule='mirror', dc_lambda=None, slack=None):
-        delay = check_int('delay', delay, 1, 'use delay=1 to pull every step')
-        warmup_steps = check_int('warmup_steps', warmup_steps, 0,
-                                 'use warmup_steps=0 to start delayed updates at once')
+        self._schedule = DelaySchedule(delay, warmup_steps)  # checks both
+        delay = self._schedule.delay
         if local_lr is not None:
             check_real('local_lr', local_lr, minimum=0,
                        fix="or None for the optimizer's learning rate")
@@ -124,7 +123,6 @@ class DelayedTrainer(gluon.Trainer):
         self._registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
-        self._schedule = DelaySchedule(delay, warmup_steps)
         self._slack = slack or delay
         super(DelayedTrainer, self).__init__(params, optimizer, optimizer_params, kvstore,
                                              compression_params, update_on_kvstore)
