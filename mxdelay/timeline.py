@@ -169,6 +169,15 @@ class _ParameterWatcher(object):
         self._pool.shutdown(wait=True)
 
 
+def _read_trace(path):
+    """``(events sorted by time, first and last event time in ms)`` of a trace; both
+    :func:`summarize` and :func:`parameter_rows` count their times from that first event."""
+    with open(path, encoding='utf-8') as src:
+        events = sorted(json.load(src)['traceEvents'], key=lambda e: e.get('ts', 0))
+    stamps = [e['ts'] / 1000.0 for e in events if 'ts' in e and e.get('ph') in 'BEbe']
+    return events, min(stamps or [0.0]), max(stamps or [0.0])
+
+
 def parameter_rows(path):
     """Per step and parameter, from a trace recorded with ``recording(path, trainer)``.
 
@@ -183,10 +192,7 @@ def parameter_rows(path):
         update in the delayed phase, once that update has run; listed under the step that
         issued the pull).
     """
-    with open(path, encoding='utf-8') as src:
-        events = json.load(src)['traceEvents']
-    stamps = [e['ts'] / 1000.0 for e in events if 'ts' in e and e.get('ph') in 'BEbe']
-    origin = min(stamps or [0.0])
+    events, origin, _ = _read_trace(path)
     rows = {}
     for event in events:
         if event.get('ph') != 'n' or not str(event.get('cat', '')).startswith(_MARKER_DOMAIN):
@@ -340,17 +346,13 @@ def summarize(path, pushes_per_step, schedule=None, first_step=0):
     if not isinstance(pushes_per_step, int) or pushes_per_step < 1:
         raise ValueError('summarize: pushes_per_step must be a positive int (the trainer\'s '
                          'keys_per_step), got %r' % (pushes_per_step,))
-    with open(path, encoding='utf-8') as src:
-        events = sorted(json.load(src)['traceEvents'], key=lambda e: e.get('ts', 0))
+    events, origin, trace_end = _read_trace(path)
     pushes = _intervals(events, lambda name: name == _PUSH)
     pulls = _intervals(events, lambda name: name == _PULL)
     compute = _intervals(events, _is_compute)
     local = _union(_intervals(events, _is_local))
     comm = _union(pushes + pulls)
     comm_ends = sorted(e for _, e in pushes + pulls)
-    starts = [e['ts'] / 1000.0 for e in events if 'ts' in e and e.get('ph') in 'BEbe']
-    origin = min(starts or [0.0])
-    trace_end = max(starts or [0.0])
     steps, issued = _python_steps(events)
     per_step = pushes_per_step
     if steps and len(pushes) % steps == 0 and len(pushes) // steps >= pushes_per_step:
