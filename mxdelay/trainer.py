@@ -355,7 +355,7 @@ class DelayedTrainer(gluon.Trainer):
                 name, t = self._params[i].name, self._schedule.step
                 self._watcher.watch('gradient', name, t, grad)
                 self._watcher.watch('pushed', name, t, self._kvstore.send_buffer(i),
-                                    for_writing=True)
+                                    for_writing=True, after='gradient')
 
     def _synchronous_step(self, t):
         # Warm-up (S1) and switch (S2): pull exactly W_{t+1} into the weights.
@@ -367,7 +367,8 @@ class DelayedTrainer(gluon.Trainer):
             before = datas[0].copy() if switch else None          # W_W
             self._kvstore.pull(i, out=datas, priority=self._priority[i])
             if self._watcher is not None:   # pulled straight into the weights
-                self._watcher.watch(('pull_received', 'pull_applied'), param.name, t, datas[0])
+                self._watcher.watch(('pull_received', 'pull_applied'), param.name, t, datas[0],
+                                    after='pushed')
             if switch:
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
                 self._rule_state[i] = self._rule.create_state(datas[0], datas[0] - before)
@@ -412,7 +413,8 @@ class DelayedTrainer(gluon.Trainer):
             if applies:
                 self._pulled[i].copyto(weight)                   # 1. w' := W_t
                 if self._watcher is not None:
-                    self._watcher.watch('pull_applied', param.name, t - 1, weight)
+                    self._watcher.watch('pull_applied', param.name, t - 1, weight,
+                                        after='pull_received')
             grad_sync = weight - self._pre_weight[i] if self._rule.needs_grad_sync else None
             if applies:
                 weight.copyto(self._pre_weight[i])               # 3. pre_weight := w'
@@ -430,7 +432,8 @@ class DelayedTrainer(gluon.Trainer):
                     self._pulled[i] = nd.zeros_like(weight)
                 self._kvstore.pull(i, out=self._pulled[i], priority=self._priority[i])
                 if self._watcher is not None:
-                    self._watcher.watch('pull_received', param.name, t, self._pulled[i])
+                    self._watcher.watch('pull_received', param.name, t, self._pulled[i],
+                                        after='pushed')
 
     def _clip_gradient(self):
         clip = self._optimizer.clip_gradient

@@ -111,9 +111,13 @@ def check_parameter_rows(rows, parameters):
         if pulls and (t <= WARMUP or t + 1 in steps):
             assert row['pull_applied'] is not None and \
                 row['pull_applied'] >= row['pull_received'], row
-    # The marks come from waiting threads that need a core and the GIL, so a single mark
-    # can be late by a few ms on a busy machine; in the typical row the round is
-    # acknowledged after backward wrote the gradient, and the pull arrives after that.
+    # Each mark follows its cause's mark (the watcher chains them): backward wrote the
+    # gradient, then the round was acknowledged, then the pull arrived, then it was applied.
+    for row in rows:
+        assert row['gradient'] <= row['pushed'], row
+        if row['pull_received'] is not None:
+            assert row['pushed'] <= row['pull_received'], row
+    # Beyond the chaining, the typical row has real time between gradient and push.
     assert np.median([r['pushed'] - r['gradient'] for r in rows]) > 0, rows
     pulled = [r for r in rows if r['pull_received'] is not None]
     assert np.median([r['pull_received'] - r['pushed'] for r in pulled]) > 0, pulled
