@@ -10,8 +10,13 @@ setup(
     long_description_content_type='text/markdown',
     python_requires='>=3.8',
     packages=['mxdelay', 'kvstore_ext'],
-    install_requires=['mxnet==1.9.1', 'numpy<1.24'],
+    package_data={'kvstore_ext': ['autoload/sitecustomize.py']},
+    # MXNet is not a requirement: its builds are separate distributions (mxnet, mxnet-cu112,
+    # ...) of the same module, and pip would install the CPU wheel over a CUDA build.
+    # `import mxnet` checks the release (kvstore_ext.bootstrap); '[cpu]' installs the CPU wheel.
+    install_requires=['numpy<1.24'],
     extras_require={
+        'cpu': ['mxnet==1.9.1'],
         'test': ['pytest>=7', 'pytest-timeout'],
         'examples': ['tqdm', 'matplotlib'],
     },

@@ -1,30 +1,27 @@
 """The MXNet side of mxdelay: the ``'dist_delay'`` kvstore type and mxdelay's server.
 
-Importing this package registers ``'dist_delay'`` in MXNet's ``KVStoreBase`` registry. In
-a server process it imports MXNet without letting ``import mxnet`` start MXNet's stock
-server (see :func:`_import_mxnet_in_server`), so that :func:`kvstore_ext.server.serve` can
-run mxdelay's server instead.
+This package imports nothing from :mod:`mxdelay`, and importing it loads no MXNet. Importing
+it (:mod:`kvstore_ext.bootstrap`):
+
+- arranges MXNet's import: once MXNet is imported, ``'dist_delay'`` is registered in its
+  ``KVStoreBase`` registry (:mod:`kvstore_ext.dist_delay`);
+- in a scheduler process, runs the scheduler; in a server process, runs mxdelay's server
+  (:mod:`kvstore_ext.server`); neither returns.
 """
-import os
-import sys
+from . import bootstrap as _bootstrap
 
-from mxdelay import env as _env
+__all__ = ['DistDelay', 'DelayServer']
 
-__all__ = ['DistDelay']
-
-
-def _import_mxnet_in_server():
-    # `import mxnet` starts MXNet's stock server (and exits) when DMLC_ROLE is 'server';
-    # it asks ps-lite for the role through getenv at that moment, so hide the role.
-    role = os.environ['DMLC_ROLE']
-    os.environ['DMLC_ROLE'] = 'worker'
-    try:
-        import mxnet  # noqa: F401  pylint: disable=unused-import,import-outside-toplevel
-    finally:
-        os.environ['DMLC_ROLE'] = role
+_bootstrap.prepare()
+_bootstrap.dispatch_role()
 
 
-if 'mxnet' not in sys.modules and _env.role() == 'server':
-    _import_mxnet_in_server()
-
-from .dist_delay import DistDelay  # noqa: E402  pylint: disable=wrong-import-position
+def __getattr__(name):
+    # Lazy: the classes import MXNet, which the launcher and the role dispatch must not.
+    if name == 'DistDelay':
+        from .dist_delay import DistDelay  # pylint: disable=import-outside-toplevel
+        return DistDelay
+    if name == 'DelayServer':
+        from .server import DelayServer  # pylint: disable=import-outside-toplevel
+        return DelayServer
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))

@@ -1,116 +1,41 @@
 """The ``'dist_delay'`` kvstore: MXNet's native distributed store with exact rounds.
 
-Why this design (SPEC section 1 measured three; this is the third, made exact and cheap):
+:class:`DistDelay` is the ``KVStoreBase`` face; its parts (docs/design.md §2):
 
-- **Slot keys.** Every chunk of every tensor has R = slack + 1 keys on one server; round t
-  is pushed into slot ``t mod R``. The native server sums a slot's pushes until it has one
-  from each worker, so a slot round is exactly one round: a worker's next push into the
-  same slot is queued behind the previous one's acknowledgement, which the server sends only
-  when that round is complete. A worker therefore runs at most ``slack`` rounds ahead of the
-  slowest and is never blocked before that.
-- **Own send buffers.** The native store pushes a single-device gradient zero-copy and holds
-  it until the round completes, so the next ``backward`` would wait for every other worker
-  (a per-key barrier). Each slot has its own buffer: the gradient is copied (or summed over
-  devices) into it and pushed from there; the same buffer receives the slot's pulls, which
-  also keeps pulls from overwriting gradients (the CPU aliasing trap of SPEC section 3).
-- **Exact pulls.** A pull of the slot of round t is queued behind that round's push, so it
-  is served after round t is complete. Before it, the pull is ordered after the other
-  slots' pushes too (a one-element write on each slot's buffer), so every earlier round is
-  complete and applied: the pull returns exactly ``W_{t+1}`` (the server applies rounds in
-  order, see :mod:`kvstore_ext.server`).
-- **Chunks.** A tensor of more than ``chunk_size`` elements is split into chunks, each its
-  own keys and placed on the least-loaded server: a large tensor spreads over the servers
-  and cannot hold a small one behind it. Chunks of one tensor share its priority.
+- :mod:`kvstore_ext.layout`: keys, chunks and the slot buffers. Every chunk of every tensor
+  has R = slack + 1 keys on one server and round t goes to slot ``t mod R``: the native
+  server's sum of a slot is exactly one round, a worker runs at most ``slack`` rounds ahead
+  of the slowest, and each slot has its own send buffer (so a gradient is never held by a
+  pending push, and a pull never lands in a gradient).
+- :mod:`kvstore_ext.channel`: hand-shake and commands to the servers.
+- :mod:`kvstore_ext.finish`: the finish counter of uneven data.
+- :mod:`kvstore_ext.hooks`: the registry entry and the worker's exit.
 
-Measured alternatives are recorded in the README ("Design of the server").
+A pull after round t is ordered behind every earlier round (:meth:`DistDelay.pull_tensor`),
+and the server applies rounds in order (:mod:`kvstore_ext.rounds`), so it returns exactly
+the weights after round t.
 """
-import atexit
-import difflib
-import gc
 import json
 import logging
-import os
-import sys
-import weakref
 
 import numpy as np
 import mxnet as mx
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
-from mxdelay import env
-from mxdelay.checks import (ArgumentTypeError, check_int, check_optional_text, check_path,
-                            check_real)
-from . import protocol
+from . import checkpoint, env, hooks, protocol
+from .channel import CommandChannel
+from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
+                     check_path, check_real)
+from .finish import FinishCounter
+from .layout import KeyLayout, Placement
+from .optimizers import PER_STEP_FIELDS, describe_optimizer, format_differences, \
+    optimizer_differences
 from .protocol import Command
-from .state_files import atomic_write, read_json_state
 
-__all__ = ['DistDelay', 'KVSTORE_STATE_FORMAT']
+__all__ = ['DistDelay']
 
 _LOG = logging.getLogger(__name__)
-KVSTORE_STATE_FORMAT = 'mxdelay-kvstore-state'
-_FLAG_PRIORITY = 1 << 20   # the finish flag needs no gradient: let it go first
-
-
-class _Chunk(object):
-    """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor."""
-    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'keys')
-
-    def __init__(self, chunk_id, start, stop, server, keys):
-        self.chunk_id, self.start, self.stop, self.server = chunk_id, start, stop, server
-        self.keys = keys          # one native key per slot
-
-
-class _Tensor(object):
-    """A user key: its chunks, its slot buffers and the rounds this worker pushed and pulled.
-
-    ``buffers[s]`` is slot s's send/receive buffer (the flattened tensor; its chunks are
-    views of it, so one copy fills a whole round and MXNet's engine tracks it as one
-    variable); made at the first push, on the CPU (pinned memory for GPU gradients).
-    """
-    __slots__ = ('key', 'shape', 'size', 'dtype', 'chunks', 'next_round', 'last_pulled',
-                 'buffers', 'chunk_views', 'heads', 'views', 'zero')
-
-    def __init__(self, key, shape, dtype, chunks):
-        self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
-        self.size = _num_elements(shape)
-        self.next_round = 0
-        self.last_pulled = -1
-        self.buffers = self.chunk_views = self.heads = self.zero = None
-        self.views = {}           # handle of a user array -> (array, its chunk views)
-
-    def make_buffers(self, slots, ctx):
-        size = self.chunks[-1].stop
-        self.buffers = [nd.zeros(size, ctx=ctx, dtype=self.dtype) for _ in range(slots)]
-        self.chunk_views = [[buf[c.start:c.stop] for c in self.chunks] for buf in self.buffers]
-        self.heads = [buf[0:1] for buf in self.buffers]
-
-    def zeros(self):
-        """A zero array of the tensor's shape (made once), to fill rounds without data."""
-        if self.zero is None:
-            self.zero = nd.zeros(self.shape, dtype=self.dtype)
-        return self.zero
-
-    def views_of(self, array, name='value'):
-        """Chunk views of a user array (cached: Gluon passes the same arrays every step).
-
-        Raises ValueError (`name` is the argument's) if the array has another number of
-        elements than the tensor; checked once per array, when its views are made.
-        """
-        handle = array.handle.value
-        cached = self.views.get(handle)
-        if cached is None or cached[0] is not array:
-            if array.size != self.size:
-                raise ValueError('%s for key %r has shape %s (%d elements), but the key was '
-                                 'initialised with shape %s (%d elements); pass arrays of the '
-                                 'initialised shape' % (name, self.key, array.shape, array.size,
-                                                        self.shape, self.size))
-            if len(self.views) >= 8:  # a few arrays per tensor: gradients, weights, pull target
-                self.views.clear()
-            flat = array.reshape(-1)
-            cached = (array, [flat[c.start:c.stop] for c in self.chunks], flat)
-            self.views[handle] = cached
-        return cached
 
 
 class DistDelay(KVStoreBase):
@@ -131,6 +56,15 @@ class DistDelay(KVStoreBase):
     Configuration comes from ``MXDELAY_SLACK`` and ``MXDELAY_CHUNK_SIZE`` (README table) and
     can be changed with :meth:`configure` before the first :meth:`init`.
 
+    Parameters
+    ----------
+    native : mxnet.kvstore.KVStore, optional
+        The native distributed store to build on; default (what ``mx.kv.create`` does): a
+        new ``'dist_sync'`` store, with the worker's exit hooks (:mod:`kvstore_ext.hooks`).
+    channel_factory : callable, optional
+        ``channel_factory(native, layout)`` makes the command channel at the hand-shake;
+        default :class:`kvstore_ext.channel.CommandChannel` (tests pass a fake).
+
     Raises
     ------
     RuntimeError
@@ -139,35 +73,24 @@ class DistDelay(KVStoreBase):
         If the workers' settings disagree (both values are named).
     """
 
-    def __init__(self):
-        self._native = mx.kv.create('dist_sync')  # rank 0 switches the servers to sync mode
-        _exit_on_uncaught_exception()
-        # atexit runs last-registered first: this runs before MXNet's engine shutdown.
-        atexit.register(_close_at_exit, weakref.ref(self))
+    def __init__(self, native=None, channel_factory=CommandChannel):
+        if native is None:
+            native = mx.kv.create('dist_sync')  # rank 0 switches the servers to sync mode
+            hooks.install_worker_exit(self)
+        self._native = native
+        self._channel_factory = channel_factory
+        self._channel = None       # made at the hand-shake
         self._num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         self._slack = None
         self._chunk_size = None
         self.configure(slack=env.get_int('MXDELAY_SLACK'),
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
         self._tensors = {}
-        self._next_chunk_id = 0
-        self._server_load = [0] * self._num_servers
+        self._placement = None     # made at the hand-shake, when the slack is final
         self._optimizer = None
         self._updater = None       # Gluon's load_states reads kvstore._updater.optimizer
-        self._layout = None
-        self._status_out = None
         self._config = {}
-        self._seq = 0              # number of the last command, echoed by the replies
-        self._ballot = 0           # number of the last agree() call
-        # Uneven data (finish_round): a two-element counter key that every worker pushes once
-        # per round, (0, 0) while it has data, (1, leaving) once it has none; placed at the
-        # first init.
-        self._finish = None        # the counter's _Tensor
-        self._flags = {}           # (finished, leaving) -> the constant pushed
-        self._finish_counts = None  # receives a round's sums of the flags
-        self._flagged_rounds = 0   # rounds before this carry this worker's flag
-        self._all_finished = False  # the last vote found every worker finished; no push since
-        self._workers_left = 0     # workers that ended their script at that vote
+        self._finish = None        # the FinishCounter, placed at the first init
         # Gradient scaling (scale_gradients): this worker's rescale_grad, and the job's one
         # that the servers apply (rank 0's at the hand-shake).
         self._rescale_grad = None
@@ -188,7 +111,7 @@ class DistDelay(KVStoreBase):
         Raises
         ------
         TypeError
-            If a value is not an integer (:class:`mxdelay.checks.ArgumentTypeError`).
+            If a value is not an integer (:class:`mxdelay.ArgumentTypeError`).
         ValueError
             If a value is out of range, or if keys were already initialised.
         """
@@ -240,71 +163,33 @@ class DistDelay(KVStoreBase):
         self._config.update(config)
 
     def _handshake(self):
-        """Prove the servers are mxdelay's and the workers agree; place the keys."""
-        self._layout = protocol.KeyLayout(self._num_servers, self._slack + 1)
+        """Prove the servers are mxdelay's and the workers agree; prepare the key placement."""
+        layout = KeyLayout(self._num_servers, self._slack + 1)
+        channel = self._channel_factory(self._native, layout)
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': self._slack + 1,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': protocol.PROTOCOL_VERSION,
                  # The optimizer's description too: workers that set different optimizers
                  # fail here, all of them, naming both (the servers apply one optimizer).
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
-                                optimizer=protocol.describe_optimizer(self._optimizer))}
-        self._native._send_command_to_servers(0, protocol.encode_command(Command.HELLO, hello))
-        keys = [self._layout.status_key(s) for s in range(self._num_servers)]
-        self._reply_len = protocol.reply_len(self.num_workers)
-        length = self._reply_len * self.num_workers
-        self._native.init(keys, [nd.zeros(length) for _ in keys])
-        # One round on the status keys: the server's updater answers it with the hand-shake.
-        self._native.push(keys, [nd.zeros(length) for _ in keys])
-        self._status_out = [nd.zeros(length) for _ in keys]
-        self._native.pull(keys, out=self._status_out)
-        for server in range(self._num_servers):
-            reply = self._read_reply(server)
-            if reply is None:
-                raise RuntimeError(
-                    "server %d of this job is not mxdelay's server: it runs MXNet's stock "
-                    "server, which would train without mxdelay's rounds. In the training "
-                    "script put `import mxdelay` before `import mxnet`, or launch through "
-                    "the dispatcher: `mxdelay-launch -n N -s S mxdelay-run python train.py` "
-                    "(or MXNet's tools/launch.py ... mxdelay-run python train.py)." % server)
-            ok, payload, _ = reply
-            if not ok:
-                raise ValueError('mxdelay server %d refused the hand-shake: %s'
-                                 % (server, payload))
-            self._job_rescale_grad = payload.get('rescale_grad')  # the same on every server
+                                optimizer=describe_optimizer(self._optimizer))}
+        replies = channel.handshake(hello)
+        self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
+        self._channel = channel
+        self._placement = Placement(layout, self._chunk_size)
         _LOG.info('dist_delay: worker %d of %d, %d mxdelay server(s), slack %d, chunk size %d',
                   self.rank, self.num_workers, self._num_servers, self._slack, self._chunk_size)
-
-    def _read_reply(self, server):
-        segment = slice(self.rank * self._reply_len, (self.rank + 1) * self._reply_len)
-        return protocol.decode_reply(self._status_out[server][segment].asnumpy())
 
     def _command(self, command, body, refusal=RuntimeError):
         """Run `command` on every server; return the servers' replies (raise `refusal` if a
         server refuses)."""
         self._ensure_started()
-        self._seq += 1
-        body = dict(body, rank=self.rank, seq=self._seq)
-        self._native._send_command_to_servers(0, protocol.encode_command(command, body))
-        keys = [self._layout.status_key(s) for s in range(self._num_servers)]
-        self._native.pull(keys, out=self._status_out)
-        replies = []
-        for server in range(self._num_servers):
-            ok, payload, seq = self._read_reply(server)
-            if seq != self._seq % protocol.SEQ_MODULUS:
-                raise RuntimeError('mxdelay server %d did not answer command %s (its last '
-                                   'reply is to command %d, not %d); see its log'
-                                   % (server, command.value, seq, self._seq))
-            if not ok:
-                raise refusal('mxdelay server %d: %s failed: %s'
-                              % (server, command.value, payload))
-            replies.append(payload)
-        return replies
+        return self._channel.command(command, body, refusal)
 
     def _ensure_started(self):
         # The hand-shake waits for the first init or command, so that a trainer can still
         # configure the slack and the shared settings after creating the store.
-        if self._layout is None:
+        if self._channel is None:
             self._handshake()
             if self._optimizer is not None:
                 self._send_optimizer()
@@ -351,7 +236,7 @@ class DistDelay(KVStoreBase):
                                     % (optimizer, type(optimizer).__name__))
         self._optimizer = optimizer
         self._updater = _OptimizerHolder(optimizer)
-        if self._layout is not None:
+        if self._channel is not None:
             self._send_optimizer()
 
     def _send_optimizer(self):
@@ -359,20 +244,19 @@ class DistDelay(KVStoreBase):
         # that must be this worker's optimizer as it is now (compared only here: the
         # learning rate changes later through SET_HYPER, legitimately), except rescale_grad:
         # the servers apply the job's (see scale_gradients).
-        mine = protocol.describe_optimizer(self._optimizer)
+        mine = describe_optimizer(self._optimizer)
         replies = self._command(Command.OPTIMIZER,
                                 {'optimizer': protocol.pack_object(self._optimizer)},
                                 refusal=ValueError)
         for server, reply in enumerate(replies):
-            differences = protocol.optimizer_differences(reply.get('optimizer'), mine,
-                                                         protocol.PER_STEP_FIELDS)
+            differences = optimizer_differences(reply.get('optimizer'), mine, PER_STEP_FIELDS)
             if differences:
                 raise ValueError(
                     'mxdelay server %d applies another optimizer than worker %d set: %s. A '
                     'server keeps the optimizer it has applied since the first round (a new '
                     'one would drop its state): set the optimizer before training starts, '
                     'change the learning rate with set_learning_rate, or restart the job'
-                    % (server, self.rank, protocol.format_differences(
+                    % (server, self.rank, format_differences(
                         differences, 'the server', 'this worker')))
 
     def set_learning_rate(self, lr):
@@ -423,15 +307,14 @@ class DistDelay(KVStoreBase):
             # The counter is placed with the first keys, in the same collective init, so that
             # its chunk id and server are the same on every worker.
             value = nd.zeros(2)
-            self._finish = self._place_tensor(protocol.FINISH_KEY, value)
-            chunk = self._finish.chunks[0]
+            counter = self._placement.place(protocol.FINISH_KEY, value.shape, value.dtype)
+            chunk = counter.chunks[0]
             native_keys.extend(chunk.keys)
             native_values.extend([value] * len(chunk.keys))
             chunks_msg.append([chunk.chunk_id, chunk.server, protocol.FINISH_KEY,
                                protocol.FINISH_KEY, 1.0, 1.0, 2])
-            self._finish.make_buffers(self._slack + 1, mx.cpu())
-            self._flags = {flag: nd.array(flag) for flag in ((0, 0), (1, 0), (1, 1))}
-            self._finish_counts = nd.zeros(2)
+            counter.make_buffers(self._slack + 1, mx.cpu())
+            self._finish = FinishCounter(counter, self, self.num_workers)
         self._command(Command.REGISTER, {'chunks': chunks_msg})
         self._native.init(native_keys, native_values)
 
@@ -443,22 +326,9 @@ class DistDelay(KVStoreBase):
         return float(param.lr_mult), float(param.wd_mult), param.name
 
     def _place(self, key, value):
-        tensor = self._place_tensor(key, value)
+        tensor = self._placement.place(key, value.shape, value.dtype)
         self._tensors[key] = tensor
         return tensor
-
-    def _place_tensor(self, key, value):
-        size = _num_elements(value.shape)
-        chunks = []
-        for start in range(0, max(size, 1), self._chunk_size):
-            stop = min(start + self._chunk_size, size)
-            server = int(np.argmin(self._server_load))
-            self._server_load[server] += stop - start
-            chunk_id = self._next_chunk_id
-            self._next_chunk_id += 1
-            keys = [self._layout.slot_key(chunk_id, s, server) for s in range(self._slack + 1)]
-            chunks.append(_Chunk(chunk_id, start, stop, server, keys))
-        return _Tensor(key, value.shape, value.dtype, chunks)
 
     def broadcast(self, key, value, out, priority=0):
         """Initialise `key` with rank 0's `value` and pull it into `out` on every worker."""
@@ -488,13 +358,9 @@ class DistDelay(KVStoreBase):
 
     def _push_one(self, key, grads, priority):
         tensor = self._tensor(key)
-        if self._finish is not None and tensor.next_round >= self._flagged_rounds:
-            # The first push of a round: flag it "this worker has data" on the counter.
-            self._check_no_worker_left()
-            self._push_tensor(self._finish, [self._flags[(0, 0)]], _FLAG_PRIORITY)
-            self._flagged_rounds = tensor.next_round + 1
-            self._all_finished = False
-        self._push_tensor(tensor, grads, priority, self._gradient_factor())
+        if self._finish is not None:
+            self._finish.flag_round(tensor.next_round)  # once per round: "I have data"
+        self.push_tensor(tensor, grads, priority, self._gradient_factor())
 
     def scale_gradients(self, rescale_grad):
         """Scale this worker's gradients by its own `rescale_grad` (1/its batch size).
@@ -520,7 +386,9 @@ class DistDelay(KVStoreBase):
         factor = self._rescale_grad / self._job_rescale_grad
         return None if factor == 1.0 else factor
 
-    def _push_tensor(self, tensor, grads, priority, factor=None):
+    def push_tensor(self, tensor, grads, priority, factor=None):
+        """Push round ``tensor.next_round`` of `tensor`: the sum of `grads` (one array per
+        device), times `factor` if given, copied into the round's slot buffer."""
         slots = self._slack + 1
         slot = tensor.next_round % slots
         if tensor.buffers is None:
@@ -558,9 +426,10 @@ class DistDelay(KVStoreBase):
             self._pull_one(k, o if isinstance(o, (list, tuple)) else [o], priority)
 
     def _pull_one(self, key, outs, priority):
-        self._pull_tensor(self._tensor(key), outs, priority)
+        self.pull_tensor(self._tensor(key), outs, priority)
 
-    def _pull_tensor(self, tensor, outs, priority):
+    def pull_tensor(self, tensor, outs, priority):
+        """Pull into `outs` the weights of `tensor` after this worker's last pushed round."""
         last = tensor.next_round - 1
         slot = max(last, 0) % (self._slack + 1)
         if last >= 0:
@@ -640,36 +509,31 @@ class DistDelay(KVStoreBase):
         """
         if self._finish is None:
             return True  # nothing was ever initialised: there are no rounds to fill
-        self._check_no_worker_left()
-        self._push_tensor(self._finish, [self._flags[(1, int(bool(leaving)))]], _FLAG_PRIORITY)
-        self._pull_tensor(self._finish, [self._finish_counts], _FLAG_PRIORITY)
-        finished, left = (int(round(c)) for c in self._finish_counts.asnumpy())
-        if finished < self.num_workers:
-            self._flagged_rounds += 1
-            return False
-        self._all_finished = True
-        if not leaving:
-            self._workers_left = left
-        return True
+        return self._finish.vote(check_bool('leaving', leaving))
 
-    def _check_no_worker_left(self):
-        if self._workers_left:
-            raise RuntimeError(
-                '%d of %d workers ended their training script while this worker goes on '
-                '(training, or a collective call such as save_states): the job cannot '
-                'continue. With uneven data every worker must call trainer.join() (or '
-                'kvstore.finish_round()) at the same points, e.g. at the end of every epoch'
-                % (self._workers_left, self.num_workers))
+    def close(self):
+        """Leave the job: fill the other workers' remaining rounds with zero gradients (as
+        if this worker had called :meth:`finish_round` until every worker finished), then
+        release the native store (its destructor meets the other workers in a barrier, and
+        rank 0's stops the servers). Called at exit (:mod:`kvstore_ext.hooks`)."""
+        if self._native is None:
+            return
+        try:
+            self._fill_remaining_rounds()
+        except Exception:  # pylint: disable=broad-except
+            _LOG.exception('dist_delay: worker %d could not fill the other workers\' rounds',
+                           self.rank)
+        self._native = None
 
     def _fill_remaining_rounds(self):
-        """At exit: push zero gradients into the other workers' rounds until all finished."""
-        if self._finish is None or self._all_finished:
+        if self._finish is None or self._finish.all_finished:
             return
         padded = 0
         while not self.finish_round(leaving=True):
             for tensor in self._tensors.values():
-                if tensor.next_round == self._flagged_rounds - 1:  # pushed every round so far
-                    self._push_tensor(tensor, [tensor.zeros()], 0)
+                # a tensor pushed in every round so far gets this round too
+                if tensor.next_round == self._finish.flagged_rounds - 1:
+                    self.push_tensor(tensor, [tensor.zeros()], 0)
             padded += 1
         if padded:
             _LOG.info('dist_delay: worker %d had no data for the last %d rounds of the other '
@@ -696,7 +560,8 @@ class DistDelay(KVStoreBase):
 
     def barrier(self):
         """Wait for every worker (MXNet's worker barrier)."""
-        self._check_no_worker_left()  # a worker that left never arrives
+        if self._finish is not None:
+            self._finish.check_no_worker_left()  # a worker that left never arrives
         self._native._barrier()
 
     def agree(self, error=None):
@@ -707,16 +572,8 @@ class DistDelay(KVStoreBase):
         all go on) together instead of one raising while the others wait in a barrier.
         """
         check_optional_text('error', error, 'pass None, or a message saying what failed')
-        self._ballot += 1
-        self._command(Command.VOTE, {'ballot': self._ballot, 'error': error})
-        self.barrier()
-        tally = self._command(Command.TALLY, {'ballot': self._ballot})[0]
-        failures = sorted((int(rank), message) for rank, message in tally['errors'].items())
-        if tally.get('more') and failures:
-            rank, message = failures[-1]
-            failures[-1] = (rank, '%s (and %d more workers failed; their messages do not fit '
-                                  'the reply)' % (message, tally['more']))
-        return failures
+        self._ensure_started()
+        return self._channel.agree(error, self.barrier)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Save the servers' weights, optimizer states and rounds, and this worker's rounds.
@@ -730,14 +587,14 @@ class DistDelay(KVStoreBase):
         nd.waitall()
         self.barrier()
         if self.rank == 0:
-            self._command(Command.SAVE, {'paths': _server_files(fname, self._num_servers)})
-            state = {'format': KVSTORE_STATE_FORMAT, 'version': 1,
-                     'num_servers': self._num_servers, 'slack': self._slack,
-                     'chunk_size': self._chunk_size,
-                     'rounds': {str(k): t.next_round for k, t in self._tensors.items()},
-                     'finish_rounds': self._finish.next_round if self._finish else 0,
-                     'rescale_grad': self._job_rescale_grad}
-            atomic_write(fname, json.dumps(state).encode('utf-8'))
+            self._command(Command.SAVE, {'paths': checkpoint.server_files(fname,
+                                                                          self._num_servers)})
+            checkpoint.write_json(fname, checkpoint.KVSTORE_INDEX, {
+                'num_servers': self._num_servers, 'slack': self._slack,
+                'chunk_size': self._chunk_size,
+                'rounds': {str(k): t.next_round for k, t in self._tensors.items()},
+                'finish_rounds': self._finish.tensor.next_round if self._finish else 0,
+                'rescale_grad': self._job_rescale_grad})
         self.barrier()
 
     def load_optimizer_states(self, fname):
@@ -773,7 +630,7 @@ class DistDelay(KVStoreBase):
         nd.waitall()
         state = None
         try:
-            state = read_kvstore_state(fname)
+            state = checkpoint.read_json(fname, checkpoint.KVSTORE_INDEX)
             for name, expected in (('num_servers', self._num_servers), ('slack', self._slack),
                                    ('chunk_size', self._chunk_size)):
                 if state[name] != expected:
@@ -784,12 +641,11 @@ class DistDelay(KVStoreBase):
                 raise ValueError('%s holds keys %s, this kvstore has %s: the model differs'
                                  % (fname, sorted(state['rounds']),
                                     sorted(str(k) for k in self._tensors)))
-            state['servers'] = _server_files(fname, self._num_servers)
+            state['servers'] = checkpoint.server_files(fname, self._num_servers)
             if self.rank == 0:
                 # Every server validates its file before any server changes.
                 self._command(Command.LOAD, {'paths': state['servers'], 'check_only': True,
-                                             'optimizer': protocol.describe_optimizer(
-                                                 self._optimizer)})
+                                             'optimizer': describe_optimizer(self._optimizer)})
         except (ValueError, RuntimeError) as err:
             error = error or str(err)
         failures = self.agree(error)
@@ -805,116 +661,16 @@ class DistDelay(KVStoreBase):
                                     '%.80r (%s)' % (state, type(state).__name__))
         if self.rank == 0:
             self._command(Command.LOAD, {'paths': state['servers'],
-                                         'optimizer': protocol.describe_optimizer(
-                                             self._optimizer)})
+                                         'optimizer': describe_optimizer(self._optimizer)})
         self.barrier()
         for key, tensor in self._tensors.items():
             tensor.next_round = state['rounds'][str(key)]
         if self._finish is not None:
-            self._finish.next_round = state.get('finish_rounds', 0)
+            self._finish.restore(state['finish_rounds'],
+                                 max([t.next_round for t in self._tensors.values()] + [0]))
         # The servers apply the saved job's rescale_grad from now on (its optimizer).
-        self._job_rescale_grad = state.get('rescale_grad', self._job_rescale_grad)
-        self._flagged_rounds = max([t.next_round for t in self._tensors.values()] + [0])
+        self._job_rescale_grad = state['rescale_grad']
 
-
-def _server_files(fname, num_servers):
-    """The servers' state files of the kvstore index `fname` (absolute: servers may run in
-    another working directory)."""
-    return ['%s.server%d' % (os.path.abspath(fname), s) for s in range(num_servers)]
-
-
-# KVStoreBase.register keys its registry by the lower-cased class name ('distdelay'); the
-# type string users write is 'dist_delay' (an unregistered name containing 'dist' silently
-# creates MXNet's native dist_sync store instead), so register under that name directly.
-KVStoreBase.kv_registry['dist_delay'] = DistDelay
-
-#: The distributed types MXNet 1.9's C++ store knows (src/kvstore/kvstore.cc); it accepts
-#: any other name containing 'dist' too, as a native store whose mode depends on substrings.
-NATIVE_DIST_TYPES = ('dist', 'dist_sync', 'dist_async', 'dist_sync_device',
-                     'dist_async_device', 'dist_device_sync', 'dist_device_async')
-
-
-def _refuse_unknown_dist_types(create):
-    """Wrap ``mx.kv.create`` so that a misspelt distributed type raises.
-
-    MXNet creates its native synchronous store for any unregistered name containing 'dist':
-    ``mx.kv.create('dist_dealy')`` would train without mxdelay's rounds and say nothing.
-    Every other name behaves exactly as before.
-    """
-    if getattr(create, 'mxdelay_checked', False):
-        return create
-
-    def checked_create(name='local'):
-        if (isinstance(name, str) and 'dist' in name.lower()
-                and name.lower() not in KVStoreBase.kv_registry
-                and name.lower() not in NATIVE_DIST_TYPES):
-            close = difflib.get_close_matches(name.lower(), ['dist_delay'] +
-                                              list(NATIVE_DIST_TYPES), n=1)
-            raise ValueError('kvstore type %r is unknown: MXNet would silently create its '
-                             'native dist_sync store for it; %s (MXNet\'s distributed types: '
-                             '%s; mxdelay: dist_delay)'
-                             % (name, 'did you mean %r?' % close[0] if close else
-                                'check the spelling', ', '.join(NATIVE_DIST_TYPES)))
-        return create(name)
-    checked_create.mxdelay_checked = True
-    checked_create.__doc__ = create.__doc__
-    return checked_create
-
-
-mx.kvstore.create = _refuse_unknown_dist_types(mx.kvstore.create)
-
-
-class _OptimizerHolder(object):
-    """What Gluon's ``Trainer.load_states`` reads from a kvstore: ``_updater.optimizer``."""
-
-    def __init__(self, optimizer):
-        self.optimizer = optimizer
-
-
-def _close_at_exit(store_ref):
-    """Finish this worker's queued work, then leave the job (barrier, stop the servers).
-
-    Left to the interpreter, the native store's destructor (a barrier across workers) and
-    MXNet's engine shutdown can run in either order, and a worker whose engine is shutting
-    down while another waits in the barrier hangs the job at exit (seen with a trainer that
-    calls ``mx.nd.waitall()`` in its step).
-    """
-    store = store_ref()
-    if store is None or store._native is None:
-        return
-    nd.waitall()
-    try:
-        store._fill_remaining_rounds()
-    except Exception:  # pylint: disable=broad-except
-        _LOG.exception('dist_delay: worker %d could not fill the other workers\' rounds',
-                       store.rank)
-    store._native = None  # the native destructor: barrier, then rank 0 stops the servers
-    gc.collect()
-
-
-def _exit_on_uncaught_exception():
-    """Make an uncaught exception end this worker process at once.
-
-    Otherwise the interpreter's exit destroys the native store, whose destructor waits in
-    ps-lite's barrier for the other workers, which wait for this one: the whole job hangs
-    and no launcher sees a failure. After the traceback is printed, ``os._exit(1)`` skips
-    that barrier; mxdelay-launch then stops the job naming this worker.
-    """
-    previous = sys.excepthook
-    if getattr(previous, 'mxdelay_exits', False):
-        return
-
-    def excepthook(kind, value, traceback):
-        previous(kind, value, traceback)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
-    excepthook.mxdelay_exits = True
-    sys.excepthook = excepthook
-
-
-def _num_elements(shape):
-    return int(np.prod(shape)) if shape else 1
 
 
 def _as_lists(key, value, name='value', priority=0):
@@ -949,6 +705,11 @@ def _describe(value):
         else 'an NDArray of shape %s' % (value.shape,)
 
 
-def read_kvstore_state(fname):
-    """Read and validate the index file written by ``save_optimizer_states``."""
-    return read_json_state(fname, KVSTORE_STATE_FORMAT, 'kvstore state')
+class _OptimizerHolder(object):
+    """What Gluon's ``Trainer.load_states`` reads from a kvstore: ``_updater.optimizer``."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+
+hooks.register_store_type(DistDelay)

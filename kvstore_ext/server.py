@@ -1,48 +1,34 @@
-"""mxdelay's parameter server: claim 4's server flow with exact rounds.
+"""mxdelay's parameter server: the controller, its commands, and the native updater hook.
 
 MXNet's native server runs in *sync mode*: for every key it sums the pushes until it holds
 one from each of the N workers, then calls the updater once and acknowledges the N pushes.
-mxdelay's worker (:class:`kvstore_ext.DistDelay`) gives every chunk of every tensor R
-*slot keys* and pushes round t into slot ``t mod R``, so the native sum of a slot is exactly
-one round (a worker's next push into a slot waits for the slot's previous round to be
-acknowledged). This controller's updater turns slot completions back into one global update
-per chunk per round:
-
-- it keeps the authoritative weights ``W`` and the optimizer state of every chunk;
-- when round t of chunk c completes (in slot ``t mod R``) it applies the optimizer once to
-  ``W`` with the round's summed gradient and writes ``W_{t+1}`` into that slot's stored
-  value, which the native server returns to every pull of the slot;
-- rounds are applied in order: a round that completes before an earlier one (a worker's
-  engine may send two pushes of different slots out of order) is held until the earlier
-  rounds are applied, and the worker's pull waits for all earlier rounds (see
-  ``DistDelay.pull``), so a pull after round t returns exactly ``W_{t+1}``.
-
-Memory per chunk of n floats: the native server's R stored values and R merge buffers, the
-authoritative weights, the optimizer state (n per momentum buffer), plus a copy of a round's
-gradient while it waits for an earlier round: (2R + 1 + state) * n floats.
-
-Commands (:class:`kvstore_ext.protocol.Command`) arrive on MXNet's command id 0; replies go
-into the requesting worker's segment of this server's status key.
+mxdelay's worker (:class:`kvstore_ext.dist_delay.DistDelay`) gives every chunk of every
+tensor R *slot keys* and pushes round t into slot ``t mod R``, so the native sum of a slot
+is exactly one round. This module handles the commands (:class:`kvstore_ext.protocol.Command`,
+on MXNet's command id 0; replies go into the requesting worker's segment of this server's
+status key) and routes each completed round to :class:`kvstore_ext.rounds.RoundKeeper`,
+which applies the optimizer once per chunk per round, in order (docs/design.md §3, §4).
+A worker that never says hello (stock ``dist_sync`` without mxdelay) is served as MXNet's
+own server would.
 """
 import logging
 import os
 import pickle
-import types
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from mxdelay import env
-from . import protocol
+from . import checkpoint, env, protocol
+from .layout import KeyLayout
+from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
+                         optimizer_differences, type_difference)
 from .protocol import Command
-from .state_files import atomic_write, read_pickle_state
+from .rounds import RoundKeeper
 
-__all__ = ['DelayServer', 'serve', 'SERVER_STATE_FORMAT']
+__all__ = ['DelayServer', 'serve']
 
 _LOG = logging.getLogger(__name__)
-SERVER_STATE_FORMAT = 'mxdelay-server-state'
 _MAX_ERROR = 600   # characters of one worker's error message in a tally
-_STATE_VERSION = 1
 
 
 class DelayServer(KVStoreServer):
@@ -59,19 +45,13 @@ class DelayServer(KVStoreServer):
         # ps-lite answers rank and group size only once the server runs (before: segfault).
         self._server_rank = None
         self._num_workers = None
-        self._layout = None            # protocol.KeyLayout, from the hand-shake
+        self._layout = None            # layout.KeyLayout, from the hand-shake
+        self._rounds = RoundKeeper()   # its slot count comes with the hand-shake
         self._hellos = {}              # worker rank -> hello body
         self._status = None            # this server's status key (NDArray), from the hand-shake
-        self._optimizer = None
         self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
         self._rescale_grad = None      # the job's rescale_grad: rank 0's at the hand-shake
-        self._updater = None           # mx.optimizer.Updater over chunk ids
         self._chunks = {}              # chunk id -> registration dict
-        self._counters = set()         # chunk ids of the finish counter (stores round sums)
-        self._weights = {}             # chunk id -> authoritative weights W
-        self._next_round = {}          # chunk id -> round whose completion is applied next
-        self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
-        self._held = {}                # chunk id -> {round: (gradient copy, stored)}
         self._stock_updater = None     # for stock MXNet workers that never say hello
         self._ballots = {}             # ballot -> {rank: error or None}
         self._handlers = {
@@ -94,7 +74,7 @@ class DelayServer(KVStoreServer):
                 self._num_workers = self.kvstore.num_workers
             if self._updater_not_installed():
                 # The native server needs the updater before any round completes, and it can
-                # only be installed once the server runs, i.e. from here (SPEC section 3).
+                # only be installed once the server runs, i.e. from here (docs/design.md §9).
                 self.kvstore._set_updater(self._on_round)
             rank, seq = protocol.command_rank(cmd_body)
             try:
@@ -144,7 +124,9 @@ class DelayServer(KVStoreServer):
                              'mxdelay version everywhere' % (body.get('protocol'),
                                                              protocol.PROTOCOL_VERSION))
         num_servers = env.get_int('DMLC_NUM_SERVER') or 1
-        self._layout = protocol.KeyLayout(num_servers, int(body['slots']))
+        if self._layout is None:
+            self._layout = KeyLayout(num_servers, int(body['slots']))
+            self._rounds.slots = self._layout.slots
         self._hellos[int(body['rank'])] = body
         return None  # answered when the hand-shake round completes
 
@@ -157,8 +139,7 @@ class DelayServer(KVStoreServer):
             for name in sorted(set(reference['config']) | set(hello['config'])):
                 mine, theirs = reference['config'].get(name), hello['config'].get(name)
                 if name == 'optimizer':
-                    differences = protocol.optimizer_differences(mine, theirs,
-                                                                 protocol.PER_STEP_FIELDS)
+                    differences = optimizer_differences(mine, theirs, PER_STEP_FIELDS)
                     if differences:
                         return False, _optimizer_mismatch(
                             differences, 'worker 0%s' % _launcher_rank(reference),
@@ -183,22 +164,14 @@ class DelayServer(KVStoreServer):
             info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
                     'wd_mult': wd_mult, 'size': size}
             known = self._chunks.setdefault(chunk, info)
-            if param_index == protocol.FINISH_KEY:
-                self._counters.add(chunk)
             if known != info:
                 raise ValueError('worker %s registers chunk %d as %r but another worker as %r: '
                                  'every worker must build the same model'
                                  % (body.get('rank'), chunk, info, known))
-        self._attach_param_dict()
+            if param_index == protocol.FINISH_KEY:
+                self._rounds.counters.add(chunk)
+            self._rounds.set_multipliers(chunk, lr_mult, wd_mult)
         return {'chunks': len(self._chunks)}
-
-    def _attach_param_dict(self):
-        # The optimizer keys its state by chunk id; lr_mult and wd_mult come from the worker's
-        # Parameters (MXNet's stock server loses them: param_dict is not pickled).
-        if self._optimizer is not None:
-            self._optimizer.param_dict = {
-                chunk: types.SimpleNamespace(lr_mult=info['lr_mult'], wd_mult=info['wd_mult'])
-                for chunk, info in self._chunks.items()}
 
     def _on_optimizer(self, body):
         optimizer = protocol.unpack_object(body['optimizer'])
@@ -208,10 +181,9 @@ class DelayServer(KVStoreServer):
         # One optimizer per job: a worker whose optimizer differs from another's is refused
         # (the hand-shake catches this already when the optimizer is set before it; this
         # catches an optimizer set later, e.g. on a bare kvstore).
-        rank, described = int(body['rank']), protocol.describe_optimizer(optimizer)
+        rank, described = int(body['rank']), describe_optimizer(optimizer)
         for other, theirs in sorted(self._sent_optimizers.items()):
-            differences = protocol.optimizer_differences(theirs, described,
-                                                         protocol.PER_STEP_FIELDS)
+            differences = optimizer_differences(theirs, described, PER_STEP_FIELDS)
             if other != rank and differences:
                 raise ValueError(_optimizer_mismatch(differences, 'worker %d' % other,
                                                      'worker %d' % rank))
@@ -219,16 +191,16 @@ class DelayServer(KVStoreServer):
         # Every worker sends it (Gluon's set_optimizer): the first one installs it; later ones
         # replace it only until the first round, so that an optimizer changed before training
         # takes effect and one changed during training cannot drop the optimizer state.
-        if self._optimizer is None or not self._weights:
-            if self._optimizer is None:
+        rounds = self._rounds
+        if rounds.optimizer is None or not rounds.started:
+            if rounds.optimizer is None:
                 _LOG.info('server %d: optimizer %s installed', self._server_rank,
                           type(optimizer).__name__)
-            self._optimizer = optimizer
             if self._rescale_grad is not None:
                 optimizer.rescale_grad = self._rescale_grad  # the job's, whoever sent it
-            self._install_updater()
+            rounds.install(optimizer)
         # The worker compares this with its own optimizer (DistDelay._send_optimizer).
-        return {'optimizer': protocol.describe_optimizer(self._optimizer)}
+        return {'optimizer': describe_optimizer(rounds.optimizer)}
 
     def _check_saved_optimizer(self, path, state, expected, warn):
         """Refuse a state whose optimizer is of another type than the workers' `expected`
@@ -244,38 +216,27 @@ class DelayServer(KVStoreServer):
         saved = saved[1] if isinstance(saved, tuple) and len(saved) == 2 else None
         if not isinstance(saved, mx.optimizer.Optimizer):
             return  # saved without the optimizer: the current one stays
-        described = protocol.describe_optimizer(saved)
-        if described['type'] != expected.get('type'):
+        described = describe_optimizer(saved)
+        if type_difference(expected, described):
             raise ValueError(
                 '%s was saved with optimizer %s, but the trainer loading it uses %s: its state '
                 '(e.g. momentum buffers) cannot drive %s. Create the trainer with the '
                 'checkpoint\'s optimizer (%r) to resume from it, or start without loading it'
                 % (path, described['type'], expected.get('type'), expected.get('type'),
                    described['type'].lower()))
-        differences = protocol.optimizer_differences(expected, described)
+        differences = optimizer_differences(expected, described)
         if warn and differences:
             _LOG.warning('server %d: loading %s sets the optimizer\'s %s', self._server_rank,
-                         path, protocol.format_differences(differences, 'the trainer',
-                                                           'the checkpoint'))
-
-    def _install_updater(self, states=None):
-        """Install an updater for the current optimizer, or for the one in saved `states`."""
-        updater = mx.optimizer.get_updater(self._optimizer or mx.optimizer.SGD())
-        if states is not None:
-            updater.set_states(states)  # also restores the saved optimizer
-        self._updater, self._optimizer = updater, updater.optimizer
-        self._attach_param_dict()
+                         path, format_differences(differences, 'the trainer', 'the checkpoint'))
 
     def _on_set_hyper(self, body):
-        self._require_optimizer('change the optimizer')
+        rounds = self._rounds
+        if rounds.optimizer is None:
+            raise ValueError('cannot change the optimizer: no optimizer installed on server %d '
+                             '(call set_optimizer first)' % self._server_rank)
         if 'lr' in body:
-            self._optimizer.set_learning_rate(float(body['lr']))
-        return {'lr': self._optimizer.learning_rate}
-
-    def _require_optimizer(self, what):
-        if self._optimizer is None:
-            raise ValueError('cannot %s: no optimizer installed on server %d (call '
-                             'set_optimizer first)' % (what, self._server_rank))
+            rounds.optimizer.set_learning_rate(float(body['lr']))
+        return {'lr': rounds.optimizer.learning_rate}
 
     def _on_vote(self, body):
         ballot = int(body['ballot'])
@@ -302,31 +263,31 @@ class DelayServer(KVStoreServer):
         return {'errors': errors, 'more': more}
 
     def _on_stats(self, _):
+        rounds = self._rounds
         return {'server': self._server_rank,
-                'chunks': {str(c): {'rounds': self._next_round.get(c, 0),
-                                    'held': len(self._held.get(c, {}))}
-                           for c in sorted(self._chunks) if c not in self._counters},
-                'finish_rounds': {str(c): self._next_round.get(c, 0) for c in self._counters}}
+                'chunks': {str(c): {'rounds': rounds.next_round.get(c, 0),
+                                    'held': len(rounds.held.get(c, {}))}
+                           for c in sorted(self._chunks) if c not in rounds.counters},
+                'finish_rounds': {str(c): rounds.next_round.get(c, 0)
+                                  for c in sorted(rounds.counters)}}
 
     def _on_save(self, body):
         path = body['paths'][self._server_rank]
-        if any(self._held.values()):
+        rounds = self._rounds
+        if rounds.in_flight():
             raise ValueError('cannot save server %d while rounds are in flight; save after a '
                              'barrier' % self._server_rank)
-        state = {
-            'format': SERVER_STATE_FORMAT, 'version': _STATE_VERSION,
+        checkpoint.write_pickle(path, checkpoint.SERVER, {
             'server': self._server_rank, 'num_workers': self._num_workers,
-            'chunks': {c: dict(info, weight=self._weights[c].asnumpy() if c in self._weights
-                               else None, next_round=self._next_round.get(c, 0))
-                       for c, info in self._chunks.items()},
-            'updater': self._updater.get_states(dump_optimizer=True) if self._updater else None,
-        }
-        atomic_write(path, pickle.dumps(state, protocol=4))
+            'chunks': {c: dict(info, **rounds.chunk_state(c)) for c, info in self._chunks.items()},
+            'updater': rounds.updater.get_states(dump_optimizer=True) if rounds.updater else None,
+        })
         return {'path': path, 'chunks': len(self._chunks)}
 
     def _on_load(self, body):
         path = body['paths'][self._server_rank]
-        state = read_server_state(path)
+        rounds = self._rounds
+        state = checkpoint.read_pickle(path, checkpoint.SERVER)
         if state['server'] != self._server_rank:
             raise ValueError('%s holds the state of server %d, not of server %d'
                              % (path, state['server'], self._server_rank))
@@ -345,16 +306,11 @@ class DelayServer(KVStoreServer):
             return {'path': path, 'valid': True}
         # Validated: now replace the state.
         if state['updater'] is not None:
-            self._install_updater(state['updater'])
+            rounds.install(rounds.optimizer, state['updater'])
             # The saved job's rescale_grad, which the workers also restore (apply_states).
-            self._rescale_grad = self._optimizer.rescale_grad
+            self._rescale_grad = rounds.optimizer.rescale_grad
         for chunk, saved in state['chunks'].items():
-            if saved['weight'] is not None:
-                self._weights[chunk] = mx.nd.array(saved['weight'], dtype=saved['weight'].dtype)
-            self._next_round[chunk] = saved['next_round']
-            self._held.pop(chunk, None)
-            for slot in range(self._layout.slots):
-                self._slot_round.pop((chunk, slot), None)
+            rounds.restore_chunk(chunk, saved['weight'], saved['next_round'])
         return {'path': path, 'chunks': len(state['chunks'])}
 
     # -- updater: called by the native server when a key's round is complete ---------------
@@ -378,92 +334,23 @@ class DelayServer(KVStoreServer):
                 for rank in range(self._num_workers):
                     self._reply(rank, ok, payload)
                 return
-            self._on_chunk_round(chunk, slot, merged, stored)
+            self._rounds.on_round(chunk, slot, merged, stored)
         except Exception:  # pylint: disable=broad-except
             # Raising into ctypes would only print; a wrong server must stop the job.
             _LOG.exception('server %d: updater failed on key %d; stopping', self._server_rank, key)
             os._exit(3)
 
-    def _on_chunk_round(self, chunk, slot, merged, stored):
-        slots = self._layout.slots
-        next_round = self._next_round.setdefault(chunk, 0)
-        if chunk not in self._weights:
-            # Every slot was initialised with the same initial value.
-            self._weights[chunk] = stored.copy()
-        rnd = self._slot_round.get((chunk, slot))
-        if rnd is None:
-            rnd = next_round + (slot - next_round) % slots
-        self._slot_round[(chunk, slot)] = rnd + slots
-        if rnd != next_round:
-            self._held.setdefault(chunk, {})[rnd] = (merged.copy(), stored)
-            _LOG.debug('server %d: chunk %d round %d completed before round %d; held',
-                       self._server_rank, chunk, rnd, next_round)
-            return
-        self._apply(chunk, merged, stored)
-        held = self._held.get(chunk, {})
-        while self._next_round[chunk] in held:
-            grad, later_stored = held.pop(self._next_round[chunk])
-            self._apply(chunk, grad, later_stored)
-            later_stored.wait_to_read()
-
-    def _apply(self, chunk, grad, stored):
-        weight = self._weights[chunk]
-        # copyto, not `a[:] = b`: the same copy without Python's indexing machinery, which
-        # cost a third of the server's updater time (profiled with py-spy).
-        if self._updater is None or chunk in self._counters:
-            grad.copyto(weight)  # the round's sum: MXNet's server without optimizer; the counter
-        elif _is_plain_sgd(self._optimizer):
-            self._sgd(chunk, grad, weight)
-        else:
-            self._updater(chunk, grad, weight)
-        weight.copyto(stored)
-        self._next_round[chunk] += 1
-
-    def _sgd(self, chunk, grad, weight):
-        # optimizer.SGD always takes MXNet's multi-tensor kernels, which are 3x slower on CPU
-        # for one tensor than sgd_mom_update (6.3 ms vs 2.2 ms on 1.86M floats, measured);
-        # with momentum both do the same arithmetic. The state lives in the updater, so that
-        # saving and loading it is unchanged.
-        opt, updater = self._optimizer, self._updater
-        if chunk not in updater.states:
-            updater.states[chunk] = opt.create_state(chunk, weight)
-            updater.states_synced[chunk] = True
-        opt._update_count(chunk)  # pylint: disable=protected-access
-        kwargs = {'lr': opt._get_lr(chunk), 'wd': opt._get_wd(chunk),  # pylint: disable=protected-access
-                  'rescale_grad': opt.rescale_grad}
-        if opt.clip_gradient:
-            kwargs['clip_gradient'] = opt.clip_gradient
-        momentum = updater.states[chunk]
-        if momentum is not None:
-            mx.nd.sgd_mom_update(weight, grad, momentum, out=weight, momentum=opt.momentum,
-                                 **kwargs)
-        else:
-            mx.nd.sgd_update(weight, grad, out=weight, **kwargs)
-
 
 def _optimizer_mismatch(differences, first_name, second_name):
     return ('workers disagree on the optimizer: %s. Every worker must create the same '
             'optimizer (type and hyper-parameters): the servers apply one optimizer to the '
-            'sum of all workers\' gradients' % protocol.format_differences(
+            'sum of all workers\' gradients' % format_differences(
                 differences, first_name, second_name))
 
 
 def _launcher_rank(hello):
     rank = hello.get('launcher_rank')
     return '' if rank is None else " (mxdelay-launch's worker %s)" % rank
-
-
-def _is_plain_sgd(optimizer):
-    return type(optimizer) is mx.optimizer.SGD and not optimizer.multi_precision  # noqa: E721
-
-
-def read_server_state(path):
-    """Read and validate a server state file; raise ValueError saying what is wrong."""
-    state = read_pickle_state(path, SERVER_STATE_FORMAT, 'server state')
-    if state.get('version') != _STATE_VERSION:
-        raise ValueError('%s has state version %r; this mxdelay reads version %d'
-                         % (path, state.get('version'), _STATE_VERSION))
-    return state
 
 
 def serve():

@@ -1,39 +1,29 @@
 """mxdelay: k-step delayed update and layer-wise pipelining for MXNet's parameter server.
 
-Import this module *before* ``mxnet`` in scripts that a DMLC launcher runs: in a scheduler
-or server process the import becomes that role (mxdelay's server for servers) and never
-returns; in a worker it registers the kvstore type ``'dist_delay'``.
+Import it *before* ``mxnet`` in scripts that a DMLC launcher runs: in a scheduler or server
+process the import becomes that role (mxdelay's server for servers) and never returns; in a
+worker, ``'dist_delay'`` names mxdelay's kvstore as soon as MXNet is imported. Importing
+``mxdelay`` itself loads no MXNet (the launcher imports it); :class:`DelayedTrainer` and
+the other classes load it when first used.
 """
-from . import env
-from .roles import dispatch_on_import
+import importlib
 
-__all__ = ['DelayedTrainer', 'DistDelay', '__version__']
+import kvstore_ext  # noqa: F401  prepares MXNet's import; runs the scheduler and server roles
+
+__all__ = ['DelayedTrainer', 'DistDelay', 'StepObserver', 'ArgumentTypeError', 'timeline',
+           '__version__']
 __version__ = '0.1.0'
 
-_REQUIRED_MXNET = '1.9.1'
+_LAZY = {'DelayedTrainer': 'mxdelay.trainer', 'DistDelay': 'kvstore_ext.dist_delay',
+         'StepObserver': 'mxdelay.observer', 'ArgumentTypeError': 'kvstore_ext.checks'}
+_SUBMODULES = ('timeline', 'trace', 'trainer', 'rules', 'schedule', 'observer')
 
 
-def _check_mxnet_version():
-    try:
-        from importlib.metadata import version, PackageNotFoundError
-        installed = version('mxnet')
-    except PackageNotFoundError:
-        installed = None
-    if installed != _REQUIRED_MXNET:
-        raise ImportError(
-            'mxdelay needs mxnet==%s (it overrides private seams of gluon.Trainer and the '
-            'kvstore server that change between versions); found %s. Install it with: '
-            "pip install mxnet==%s 'numpy<1.24'"
-            % (_REQUIRED_MXNET, installed or 'no mxnet', _REQUIRED_MXNET))
-
-
-_check_mxnet_version()
-#: Whether mxdelay was imported before MXNet (so its MXNet defaults took effect).
-IMPORTED_BEFORE_MXNET = env.set_mxnet_defaults()
-if IMPORTED_BEFORE_MXNET:
-    dispatch_on_import()
-
-# pylint: disable=wrong-import-position
-from kvstore_ext.dist_delay import DistDelay  # noqa: E402  registers 'dist_delay'
-from .trainer import DelayedTrainer  # noqa: E402
-from . import timeline  # noqa: E402,F401
+def __getattr__(name):
+    if name == 'env':  # the environment table (kvstore_ext.env), e.g. mxdelay.env.role()
+        return importlib.import_module('kvstore_ext.env')
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _SUBMODULES:
+        return importlib.import_module('mxdelay.' + name)
+    raise AttributeError('module %r has no attribute %r' % (__name__, name))

@@ -66,8 +66,9 @@ for it: its kvstore's destructor waits in ps-lite's exit barrier forever. Such a
 must leave with ``os._exit``, or disable the barrier first
 (``MXKVStoreSetBarrierBeforeExit(handle, 0)``); ``--timeout`` bounds the rest.
 
-The launcher imports nothing from MXNet, and runs as a plain file too
-(``python path/to/mxdelay/launcher.py``), like MXNet's ``tools/launch.py``.
+The launcher never loads MXNet and never changes its own environment (each child gets its
+own copy), and runs as a plain file too (``python path/to/mxdelay/launcher.py``), like
+MXNet's ``tools/launch.py``.
 """
 import argparse
 import ctypes
@@ -83,10 +84,11 @@ import subprocess
 import sys
 import time
 
-try:
-    from . import env
-except ImportError:  # run as a file, like MXNet's tools/launch.py: no package import (and no MXNet)
-    import env  # pylint: disable=import-error
+if __package__:
+    from kvstore_ext import env
+else:  # run as a file, like MXNet's tools/launch.py: find the package next to this one
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from kvstore_ext import env  # noqa: E402  pylint: disable=wrong-import-position
 
 __all__ = ['main', 'build_parser', 'KILL_GRACE']
 

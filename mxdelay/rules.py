@@ -3,7 +3,7 @@
 A rule is an object with :meth:`LocalRule.update` (and optionally ``create_state``). At
 every delayed step the trainer calls it per parameter with the worker's own gradient g
 (summed over its devices, not yet multiplied by ``rescale_grad``) and
-``grad_sync = w' - pre_weight`` (SPEC section 1, step 2).
+``grad_sync = w' - pre_weight`` (docs/design.md §1, step 2).
 
 Every built-in rule uses the delay-compensated gradient of DC-ASGD,
 ``g_dc = g + lam * g * g * grad_sync`` (g rescaled); ``lam = 0`` gives g.
@@ -12,7 +12,7 @@ Every built-in rule uses the delay-compensated gradient of DC-ASGD,
   momentum applied to ``N * g_dc`` (the worker's gradient standing in for the sum of all N):
   ``v := mu*v - lr*(N*g_dc + wd*w')``, ``w' := w' + v``; v persists across pulls and starts at
   the server's last step ``W_{W+1} - W_W``. Matches ``dist_sync``'s accuracy at k = 4 and 8
-  with server momentum 0.9, where the literal rules collapse (SPEC section 1, measured).
+  with server momentum 0.9, where the literal rules collapse (docs/design.md §1).
 - ``'sgd'``, ``'dc'`` (:class:`LocalSGDRule`): the patent's literal rule
   ``w' := w' - lr*(g_dc + wd*w')`` with lam 0 and 0.04.
 - ``'dc_adaptive'``: ``'dc'`` with lam scaled by ``1/sqrt(MS)``,
@@ -20,9 +20,10 @@ Every built-in rule uses the delay-compensated gradient of DC-ASGD,
 """
 import collections
 
+import mxnet as mx
 from mxnet import nd
 
-from .checks import ArgumentTypeError, check_bool, check_real
+from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
 
 __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'RuleContext', 'create_rule',
            'BUILTIN_RULES']
@@ -44,7 +45,7 @@ class LocalRule(object):
     Raises
     ------
     TypeError
-        If an argument has the wrong type (:class:`mxdelay.checks.ArgumentTypeError`).
+        If an argument has the wrong type (:class:`mxdelay.ArgumentTypeError`).
     ValueError
         If an argument is out of range (here and in subclasses).
     """
@@ -68,6 +69,13 @@ class LocalRule(object):
             ``W_{W+1} - W_W``, the server's last update.
         """
         return None
+
+    def check_optimizer(self, optimizer):
+        """Raise ValueError if this rule cannot follow the servers' `optimizer`.
+
+        Called once, when a trainer on ``'dist_delay'`` is created. The base rule accepts
+        every optimizer (a rule that only reads lr and wd, as the literal ``'sgd'`` rule).
+        """
 
     def update(self, weight, grad, grad_sync, state, ctx):
         """Update `weight` in place from raw gradient `grad` (see :data:`RuleContext`)."""
@@ -126,7 +134,22 @@ class LocalSGDRule(LocalRule):
 
 
 class MirrorRule(LocalRule):
-    """A local copy of the server's SGD with momentum, applied to ``N * g_dc``."""
+    """A local copy of the server's SGD with momentum, applied to ``N * g_dc``.
+
+    It mirrors ``mx.optimizer.SGD`` only (with or without momentum): any other optimizer on
+    the servers is refused, because the local steps would silently follow SGD's arithmetic
+    instead of the servers' (docs/design.md §1).
+    """
+
+    def check_optimizer(self, optimizer):
+        if type(optimizer) is not mx.optimizer.SGD:  # noqa: E721  (subclasses change the step)
+            raise ValueError(
+                "local_rule='mirror' mirrors the servers' optimizer in the delayed phase, and "
+                'mirrors SGD (with or without momentum) only; the servers apply %s. Use '
+                "optimizer='sgd' (momentum included), or local_rule='sgd' (the literal "
+                "local SGD step, which reads only the optimizer's learning rate and wd), or "
+                "gluon.Trainer on kvstore='dist_delay' (synchronous, any optimizer)"
+                % type(optimizer).__name__)
 
     def create_state(self, weight, last_global_step):
         return last_global_step.copy()
@@ -160,7 +183,7 @@ def create_rule(local_rule, dc_lambda=None):
     Raises
     ------
     TypeError
-        (:class:`mxdelay.checks.ArgumentTypeError`) If `local_rule` is neither a str nor a
+        (:class:`mxdelay.ArgumentTypeError`) If `local_rule` is neither a str nor a
         LocalRule instance (a LocalRule class, say), or `dc_lambda` is not a number.
     ValueError
         For an unknown name, a negative or non-finite `dc_lambda`, or `dc_lambda` given

@@ -1,7 +1,12 @@
-"""``mxdelay-run CMD...``: the command MXNet's launcher runs for every role."""
+"""``mxdelay-run CMD...``: the command MXNet's launcher runs for every role.
+
+Scheduler and servers: ``import mxdelay`` (this module's package) runs them and never
+returns. Workers: ``exec CMD`` with ``'dist_delay'`` meaning mxdelay's store in CMD's
+Python processes (:func:`kvstore_ext.bootstrap.run_role`). Loads no MXNet on a worker.
+"""
 import sys
 
-from .roles import run_role
+from kvstore_ext.bootstrap import run_role
 
 __all__ = ['main']
 
@@ -12,13 +17,14 @@ def main(argv=None):
     if argv and argv[0] in ('-h', '--help'):
         sys.stdout.write('usage: mxdelay-run CMD [ARG...]\n\n'
                          'Run under a DMLC launcher (mxdelay-launch or MXNet tools/launch.py): the '
-                         "scheduler and server roles run mxdelay's parameter server; workers exec CMD.\n")
+                         "scheduler and server roles run mxdelay's parameter server; workers exec CMD, "
+                         "in which 'dist_delay' is mxdelay's kvstore even without import mxdelay.\n")
         return 0
     try:
         run_role(argv)
-    except ValueError as err:
+    except (ValueError, OSError) as err:
         sys.stderr.write('mxdelay-run: error: %s\n' % err)
-        return 2
+        return 2 if isinstance(err, ValueError) else 127
     return 0
 
 

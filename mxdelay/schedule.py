@@ -1,6 +1,6 @@
 """The phase schedule of the k-step delayed update: pure predicates of the step counter.
 
-SPEC section 1, with W = ``warmup_steps``, k = ``delay`` and t0 = W + 1:
+docs/design.md §1, with W = ``warmup_steps``, k = ``delay`` and t0 = W + 1:
 
 ======================  ==========================================================
 step t                  what the worker does
@@ -12,7 +12,7 @@ t >= t0 (delayed, S3)   push g; local update; the last step of each period of k
                         applied at step t + 1's local update
 ======================  ==========================================================
 """
-from .checks import check_int
+from kvstore_ext.checks import check_int
 
 __all__ = ['DelaySchedule', 'WARMUP', 'SWITCH', 'DELAYED']
 
@@ -34,7 +34,7 @@ class DelaySchedule(object):
     Raises
     ------
     TypeError
-        (:class:`mxdelay.checks.ArgumentTypeError`) If an argument is not an integer.
+        (:class:`mxdelay.ArgumentTypeError`) If an argument is not an integer.
     ValueError
         If an argument is out of range.
 

@@ -1,97 +1,26 @@
-"""A worker's timeline: backward, pushes, pulls and waits per step, from MXNet's profiler.
+"""A worker's timeline: record MXNet's profiler trace around a few steps.
 
 Built on MXNet's own profiler, which timestamps every engine operation and every C API
 call (Chrome trace JSON, viewable in chrome://tracing or Perfetto): :func:`recording` turns
 it on around a few steps (off by default; nothing is recorded outside the block, and the
-steps inside pay only MXNet's per-operation timestamps), :func:`summarize` reads the trace
-back into one row per step (offline, after the block), :func:`totals` sums the rows,
-:func:`format_table` prints both. Given the trainer, :func:`recording` also marks per
-parameter when its gradient, push and pull were done (:func:`parameter_rows`).
-
-Definitions. Times are in ms from the first recorded event. *Communication* is this worker's
-push and pull operations (``KVStoreDistDefaultPush``, ``KVStoreDistDefaultStoragePull``:
-MXNet's engine runs one from the request to the server's answer, so a push lasts until its
-round is complete on the server, a pull until the weights have arrived). *Local work* is
-every other engine operator (forward, backward segments, copies, the local update), except
-``WaitForVar`` and ``DeleteVariable`` (bookkeeping, they compute nothing). A step's *span*
-runs from its first push's start to the next step's: it holds the step's backward tail,
-its communication, its update and the next forward, which is where a synchronous step
-waits. The last recorded step's span ends with the last local operator of the trace (after
-it the end of `recording` only drains outstanding communication): its communication time
-and wait leave out what a next step would have overlapped, so they are a lower bound.
-
-MXNet's trace does not say which end of two overlapping operations of one name belongs
-to which start (they are paired first in, first out): sums over a step and unions of
-intervals are exact, the duration of a single push is not.
-
-Per step. The steps are counted on the Python thread (a step's push calls follow its
-``backward`` call); the push operations, in start order, are cut into as many equal blocks.
-A block may hold more than ``pushes_per_step`` pushes: the kvstore's own per-round traffic
-(``'dist_delay'`` pushes a two-element flag each round), which waits for no gradient and
-starts first; those extra pushes count as communication but not as gradient pushes.
-
-- ``backward_end``: the end of the last compute operation (a bulk segment or a backward
-  operator) before the step's last push started -- the first layer's gradient is written;
-- ``first_push``: the start of the step's first gradient push (the last layer's);
-- ``last_push``: the start of the step's last push (the first layer's);
-- ``overlap``: ``first_push < backward_end``: communication started while backward ran;
-- ``push_ms``: the gradient pushes' total duration (request to acknowledgement, summed);
-- ``hidden_ms``: the part of ``push_ms`` during which compute ran on this worker;
-- ``comm_ms``: wall time in the step's span during which any push or pull was outstanding;
-- ``comm_hidden_ms``: the part of ``comm_ms`` during which local work ran;
-- ``backward_hidden_ms``: the part of ``comm_hidden_ms`` before ``backward_end`` (between
-  the first push and the end of backward the only local work is backward and the copies
-  that feed the pushes): communication hidden behind backward;
-- ``pull_issued``: when the trainer called pull (the step's first pull call on the Python
-  thread; None if the step issued no pull). Which step issued a pull is read from the
-  order of the Python thread's calls (it follows that step's push calls), not from the
-  schedule;
-- ``pull_sent``: the start of the step's first pull operation, when the request goes out
-  (``'dist_delay'`` orders a pull after its round's push, so it starts once that push is
-  acknowledged);
-- ``pull_received``: the end of the step's last pull operation: all weights have arrived;
-- ``pull_applied`` and ``applied_step``: when, and at which step, the pulled weights
-  replace the worker's weights. A copy into the weights is one ``CopyCPU2CPU`` among many
-  in the trace, so this is derived, not read off one event: a synchronous step (warm-up,
-  switch) pulls straight into the weights (applied = received, same step); in the delayed
-  phase the trainer applies them at the next step's local update, which runs once that
-  step's backward is over (applied = max(received, next step's ``backward_end``)). Needs
-  the ``schedule`` argument; without it the pull is assumed synchronous;
-- ``wait_ms``: time the worker's computation stood still because of communication. In the
-  step's span, take every gap in which no local work ran; if a push or pull completed
-  within the gap, the time from the gap's start to the last such completion counts as
-  waiting (the work that resumed was released by it: the next forward waiting for a pull,
-  the delayed update waiting for its pull, a gradient copy waiting for its slot's previous
-  round). Gaps in which no communication completed (Python issuing the next operations,
-  the data loader) do not count; nor does the tail of a gap after its last completion.
-  It is a measure of idle time: it cannot tell a gap that Python caused from one that
-  communication caused if a push or pull happened to complete in it.
-
-:func:`totals` gives, over the rows (or the rows of one phase): the communication time,
-the fraction of it hidden behind local work and behind backward, and the mean wait per
-step.
+steps inside pay only MXNet's per-operation timestamps). Given the trainer, it also marks
+per parameter when its gradient, push and pull were done: it is the trainer's
+:class:`mxdelay.observer.StepObserver` for the block. :mod:`mxdelay.trace` reads the trace
+back (and needs no MXNet); its functions are re-exported here.
 """
-import bisect
 import concurrent.futures
 import contextlib
-import json
 import logging
 
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
+from .observer import StepObserver
+from .trace import MARKER_DOMAIN, format_table, parameter_rows, summarize, totals
+
 __all__ = ['recording', 'summarize', 'parameter_rows', 'totals', 'format_table']
 
 _LOG = logging.getLogger(__name__)
-
-_MARKER_DOMAIN = 'mxdelay'
-_PUSH = 'KVStoreDistDefaultPush'
-_PULL = 'KVStoreDistDefaultStoragePull'
-_PUSH_CALL = 'MXKVStorePush'
-_BACKWARD_CALL = 'MXAutogradBackwardEx'
-_PULL_CALLS = ('MXKVStorePullWithSparse', 'MXKVStorePull', 'MXKVStorePullEx')
-# Engine bookkeeping: they run no computation (WaitForVar "runs" while Python waits).
-_NOT_WORK = ('WaitForVar', 'DeleteVariable')
 
 
 @contextlib.contextmanager
@@ -120,24 +49,24 @@ def recording(path, trainer=None):
                            profile_memory=False, aggregate_stats=False, filename=path)
     # A thread per wait that a step may have outstanding: a gradient, a push and a pull
     # per parameter (and the previous step's).
-    watcher = (_ParameterWatcher(8 + 6 * len(trainer._params)) if trainer is not None
+    watcher = (_ParameterWatcher(8 + 6 * len(trainer.priority_order())) if trainer is not None
                else None)
     mx.profiler.set_state('run')
     if watcher is not None:
-        trainer._watcher = watcher
+        trainer.set_observer(watcher)
     try:
         yield path
     finally:
         mx.nd.waitall()
         if watcher is not None:
-            trainer._watcher = None
+            trainer.set_observer(None)
             watcher.close()
         mx.profiler.set_state('stop')
         mx.profiler.dump()
         _LOG.info('timeline: profiler trace written to %s', path)
 
 
-class _ParameterWatcher(object):
+class _ParameterWatcher(StepObserver):
     """Marks in the profiler trace when arrays become ready, from waiting threads.
 
     A wait for reading returns once every write issued before it has finished (backward
@@ -150,7 +79,20 @@ class _ParameterWatcher(object):
     def __init__(self, threads):
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, 'mxdelay-timeline')
         self._last = {}    # (event, parameter) -> the future of its last mark
-        self._domain = mx.profiler.Domain(_MARKER_DOMAIN)
+        self._domain = mx.profiler.Domain(MARKER_DOMAIN)
+
+    # The trainer's events, each marked once its array is ready, after its cause's mark.
+    def gradient_written(self, parameter, step, grad):
+        self.watch('gradient', parameter, step, grad)
+
+    def push_acknowledged(self, parameter, step, send_buffer):
+        self.watch('pushed', parameter, step, send_buffer, for_writing=True, after='gradient')
+
+    def pull_received(self, parameter, step, target):
+        self.watch('pull_received', parameter, step, target, after='pushed')
+
+    def pull_applied(self, parameter, step, weight):
+        self.watch('pull_applied', parameter, step, weight, after='pull_received')
 
     def watch(self, events, parameter, step, array, for_writing=False, after=None):
         """Mark ``'<event> <parameter> <step>'`` for each of `events` (a name or a tuple of
@@ -175,310 +117,3 @@ class _ParameterWatcher(object):
 
     def close(self):
         self._pool.shutdown(wait=True)
-
-
-def _read_trace(path):
-    """``(events sorted by time, first and last event time in ms)`` of a trace; both
-    :func:`summarize` and :func:`parameter_rows` count their times from that first event."""
-    with open(path, encoding='utf-8') as src:
-        events = sorted(json.load(src)['traceEvents'], key=lambda e: e.get('ts', 0))
-    stamps = [e['ts'] / 1000.0 for e in events if 'ts' in e and e.get('ph') in 'BEbe']
-    return events, min(stamps or [0.0]), max(stamps or [0.0])
-
-
-def parameter_rows(path):
-    """Per step and parameter, from a trace recorded with ``recording(path, trainer)``.
-
-    Returns
-    -------
-    list of dict
-        Sorted by step, then by the gradient's time: ``step``, ``parameter`` and, in ms from
-        the trace's first event (None where the step had no such event), ``gradient``
-        (backward wrote it), ``pushed`` (the round was acknowledged: every worker's gradient
-        arrived and the server applied it), ``pull_received`` and ``pull_applied`` (the
-        weights were replaced: at once in a synchronous step, at the next step's local
-        update in the delayed phase, once that update has run; listed under the step that
-        issued the pull).
-    """
-    events, origin, _ = _read_trace(path)
-    rows = {}
-    for event in events:
-        if event.get('ph') != 'n' or not str(event.get('cat', '')).startswith(_MARKER_DOMAIN):
-            continue
-        kind, parameter, step = event['name'].rsplit(' ', 2)
-        row = rows.setdefault((int(step), parameter), dict(
-            step=int(step), parameter=parameter, gradient=None, pushed=None,
-            pull_received=None, pull_applied=None))
-        row[kind] = event['ts'] / 1000.0 - origin
-    return sorted(rows.values(), key=lambda r: (r['step'], r['gradient'] or 0.0))
-
-
-def _intervals(events, accept, category='operator', phases='BE'):
-    """[(start, end)] in ms of complete events of `category` whose name passes `accept`."""
-    open_events, out = {}, []
-    for event in events:
-        name, phase = event.get('name'), event.get('ph')
-        if event.get('cat') != category or not name or not accept(name):
-            continue
-        key = (name, event.get('tid'))
-        if phase == phases[0]:
-            open_events.setdefault(key, []).append(event['ts'])
-        elif phase == phases[1] and open_events.get(key):
-            out.append((open_events[key].pop(0) / 1000.0, event['ts'] / 1000.0))
-    return sorted(out)
-
-
-def _is_compute(name):
-    return name == 'ImperativeBulk' or name.startswith('_backward') or \
-        name in ('FullyConnected', 'Convolution', 'Activation')
-
-
-def _is_local(name):
-    return name not in (_PUSH, _PULL) and name not in _NOT_WORK and \
-        not name.startswith('KVStore')
-
-
-def _overlap(interval, others):
-    start, end = interval
-    return sum(max(0.0, min(end, e) - max(start, s)) for s, e in others)
-
-
-def _union(intervals):
-    """Sorted, disjoint [(start, end)] covering the same time as `intervals`."""
-    out = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def _clip(disjoint, start, end):
-    return [(max(s, start), min(e, end)) for s, e in disjoint if e > start and s < end]
-
-
-def _length(disjoint):
-    return sum(e - s for s, e in disjoint)
-
-
-def _intersect(a, b):
-    """Intersection of two sorted disjoint interval lists."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def _gaps(busy, start, end):
-    """The parts of [start, end) not covered by the sorted disjoint intervals `busy`."""
-    out, cursor = [], start
-    for s, e in _clip(busy, start, end):
-        if s > cursor:
-            out.append((cursor, s))
-        cursor = max(cursor, e)
-    if cursor < end:
-        out.append((cursor, end))
-    return out
-
-
-def _wait(gaps, comm_ends):
-    """Idle time released by communication (see the module docstring)."""
-    total = 0.0
-    for start, end in gaps:
-        # The last completion in (start, end]: comm_ends is sorted.
-        index = bisect.bisect_right(comm_ends, end) - 1
-        if index >= 0 and comm_ends[index] > start:
-            total += comm_ends[index] - start
-    return total
-
-
-def _python_steps(events):
-    """(steps, {step: first pull call}) from the Python thread's C API calls.
-
-    A step's pushes are the push calls after a ``backward`` call (the next step's pushes
-    come after the next backward); a pull call belongs to the step of the push calls
-    before it. Returns (0, {}) for a trace without C API events.
-    """
-    steps, after_backward, issued = 0, False, {}
-    for event in events:
-        if event.get('cat') != 'MXNET_C_API' or event.get('ph') != 'b':
-            continue
-        name = event.get('name')
-        if name == _BACKWARD_CALL:
-            after_backward = True
-        elif name == _PUSH_CALL:
-            if after_backward or not steps:
-                steps += 1
-            after_backward = False
-        elif name in _PULL_CALLS and steps:
-            issued.setdefault(steps - 1, event['ts'] / 1000.0)
-    return steps, issued
-
-
-def summarize(path, pushes_per_step, schedule=None, first_step=0):
-    """One dict per recorded step of the trace at `path` (see the module docstring).
-
-    Parameters
-    ----------
-    path : str
-        A trace written by :func:`recording`.
-    pushes_per_step : int
-        Push operations per step: the number of kvstore keys a step pushes
-        (``DelayedTrainer.keys_per_step``). A step that pulls pulls as many.
-    schedule : mxdelay.schedule.DelaySchedule, optional
-        The trainer's schedule (``trainer.schedule``): adds each row's ``phase`` and tells
-        when a pull is applied. Without it every pull counts as synchronous.
-    first_step : int, default 0
-        The step counter of the first recorded step (``trainer.schedule.step`` when the
-        recording started); rows' ``step`` count from it.
-
-    Returns
-    -------
-    list of dict
-        Keys ``step, backward_end, first_push, last_push, overlap, push_ms, hidden_ms, comm_ms,
-        comm_hidden_ms, backward_hidden_ms, pull_issued, pull_sent, pull_received,
-        pull_applied, applied_step, wait_ms`` and, with a schedule, ``phase``.
-
-    Raises
-    ------
-    ValueError
-        If `pushes_per_step` is not a positive integer.
-    """
-    if not isinstance(pushes_per_step, int) or pushes_per_step < 1:
-        raise ValueError('summarize: pushes_per_step must be a positive int (the trainer\'s '
-                         'keys_per_step), got %r' % (pushes_per_step,))
-    events, origin, trace_end = _read_trace(path)
-    pushes = _intervals(events, lambda name: name == _PUSH)
-    pulls = _intervals(events, lambda name: name == _PULL)
-    compute = _intervals(events, _is_compute)
-    local = _union(_intervals(events, _is_local))
-    comm = _union(pushes + pulls)
-    comm_ends = sorted(e for _, e in pushes + pulls)
-    steps, issued = _python_steps(events)
-    per_step = pushes_per_step
-    if steps and len(pushes) % steps == 0 and len(pushes) // steps >= pushes_per_step:
-        per_step = len(pushes) // steps
-    # Pushes beyond pushes_per_step are the kvstore's own per-round traffic (mxdelay's
-    # 'dist_delay' pushes a two-element flag each round). They wait for no gradient and go
-    # first, so they are left out of first_push: it must be the first *gradient* push.
-    control = per_step - pushes_per_step
-    count = len(pushes) // per_step
-    blocks = [pushes[step * per_step:(step + 1) * per_step] for step in range(count)]
-    first_pushes = [block[min(control, len(block) - 1)][0] for block in blocks]
-
-    if not issued:
-        # No C API events (a trace not written by `recording`): a pull belongs to the last
-        # step whose first push started before it.
-        for start, _ in pulls:
-            step = bisect.bisect_right(first_pushes, start) - 1
-            issued.setdefault(max(step, 0), start)
-    pulling = sorted(issued)
-    per_pull = len(pulls) // len(pulling) if pulling else 0
-    pull_blocks = {step: pulls[n * per_pull:(n + 1) * per_pull]
-                   for n, step in enumerate(pulling) if per_pull}
-
-    # The last step's span ends with the last local operator: after it, `recording` only
-    # drains the communication still outstanding, which a next step would have overlapped.
-    last_end = max([e for _, e in local if first_pushes and e > first_pushes[-1]] or
-                   [trace_end])
-    rows = []
-    for step, block in enumerate(blocks):
-        last_start = max(s for s, _ in block)
-        before = [e for s, e in compute if e <= last_start]
-        backward_end = max(before) if before else float('nan')
-        first_push = first_pushes[step]
-        span_end = first_pushes[step + 1] if step + 1 < count else last_end
-        step_comm = _clip(comm, first_push, span_end)
-        hidden = _intersect(step_comm, local)
-        row = {'step': first_step + step, 'backward_end': backward_end - origin,
-               'first_push': first_push - origin, 'last_push': last_start - origin,
-               'overlap': first_push < backward_end,
-               'push_ms': sum(e - s for s, e in block[control:]),
-               'hidden_ms': sum(_overlap(iv, compute) for iv in block[control:]),
-               'comm_ms': _length(step_comm), 'comm_hidden_ms': _length(hidden),
-               'backward_hidden_ms': _length(_clip(hidden, first_push, backward_end)),
-               'wait_ms': _wait(_gaps(local, first_push, span_end), comm_ends),
-               'pull_issued': None, 'pull_sent': None, 'pull_received': None,
-               'pull_applied': None, 'applied_step': None}
-        if schedule is not None:
-            row['phase'] = schedule.phase(first_step + step)
-        rows.append(row)
-    for step, block in pull_blocks.items():
-        if not block or step >= len(rows):
-            continue
-        row = rows[step]
-        received = max(e for _, e in block)
-        row.update(pull_issued=issued[step] - origin, pull_sent=block[0][0] - origin,
-                   pull_received=received - origin)
-        t = row['step']
-        if schedule is None or schedule.is_synchronous(t):
-            row.update(pull_applied=row['pull_received'], applied_step=t)
-        else:
-            later = rows[step + 1]['backward_end'] if step + 1 < len(rows) else float('nan')
-            row.update(pull_applied=max(row['pull_received'], later)
-                       if later == later else None, applied_step=t + 1)
-    return rows
-
-
-def totals(rows):
-    """Sum :func:`summarize`'s rows: communication, the share hidden, the mean wait.
-
-    Parameters
-    ----------
-    rows : list of dict
-        Rows of :func:`summarize` (e.g. those of one phase).
-
-    Returns
-    -------
-    dict
-        ``steps``, ``comm_ms`` (total), ``hidden`` and ``hidden_backward`` (fractions of
-        ``comm_ms`` during which local work, and backward, ran; 0 without communication),
-        ``wait_ms`` (mean per step), ``pulls`` (steps that issued a pull).
-    """
-    comm = sum(row['comm_ms'] for row in rows)
-    return {'steps': len(rows), 'comm_ms': comm,
-            'hidden': sum(row['comm_hidden_ms'] for row in rows) / comm if comm else 0.0,
-            'hidden_backward': (sum(row['backward_hidden_ms'] for row in rows) / comm
-                                if comm else 0.0),
-            'wait_ms': sum(row['wait_ms'] for row in rows) / len(rows) if rows else 0.0,
-            'pulls': sum(1 for row in rows if row['pull_issued'] is not None)}
-
-
-def _ms(value):
-    return '' if value is None else '%.1f' % value
-
-
-def format_table(rows):
-    """Markdown: one line per row of :func:`summarize`, then :func:`totals` per phase."""
-    lines = ['| step | first push | backward end | push during backward | comm (ms) '
-             '| hidden | pull issued | pull sent | pull received | pull applied (step) '
-             '| wait (ms) |', '|---:|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|']
-    for row in rows:
-        hidden = row['comm_hidden_ms'] / row['comm_ms'] if row['comm_ms'] else 0.0
-        applied = '' if row['pull_applied'] is None else '%.1f (%d)' % (
-            row['pull_applied'], row['applied_step'])
-        lines.append('| %s | %.1f | %.1f | %s | %.1f | %.0f%% | %s | %s | %s | %s | %.1f |' % (
-            '%d %s' % (row['step'], row['phase']) if 'phase' in row else row['step'],
-            row['first_push'], row['backward_end'], 'yes' if row['overlap'] else 'no',
-            row['comm_ms'], 100 * hidden, _ms(row['pull_issued']), _ms(row['pull_sent']),
-            _ms(row['pull_received']), applied, row['wait_ms']))
-    groups = [('all steps', rows)]
-    phases = sorted({row['phase'] for row in rows if 'phase' in row})
-    if len(phases) > 1:
-        groups += [(phase, [row for row in rows if row.get('phase') == phase])
-                   for phase in phases]
-    lines += ['', '| steps | communication (ms) | hidden behind compute | behind backward '
-              '| mean wait per step (ms) |', '|---|---:|---:|---:|---:|']
-    for label, group in groups:
-        total = totals(group)
-        lines.append('| %s (%d) | %.1f | %.0f%% | %.0f%% | %.1f |' % (
-            label, total['steps'], total['comm_ms'], 100 * total['hidden'],
-            100 * total['hidden_backward'], total['wait_ms']))
-    return '\n'.join(lines)

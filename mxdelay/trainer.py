@@ -1,23 +1,26 @@
-"""``DelayedTrainer``: a ``gluon.Trainer`` with the k-step delayed update (CN112463189B)."""
-import json
+"""``DelayedTrainer``: a ``gluon.Trainer`` with the k-step delayed update (CN112463189B).
+
+The algorithm is docs/design.md §1; the phase of each step is decided by
+:class:`mxdelay.schedule.DelaySchedule` alone.
+"""
 import logging
 import os
-import pickle
 
 from mxnet import gluon, nd
 from mxnet.kvstore import KVStoreBase
 
+from kvstore_ext import checkpoint
+from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_path, check_real
 from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.state_files import atomic_write, read_json_state, read_pickle_state
-from .checks import ArgumentTypeError, check_bool, check_int, check_path, check_real
+from kvstore_ext.typenames import STORE_TYPE
+from kvstore_ext.optimizers import describe_optimizer, type_difference
+from .observer import StepObserver
 from .rules import RuleContext, create_rule
 from .schedule import DelaySchedule, SWITCH
 
-__all__ = ['DelayedTrainer', 'TRAINER_STATE_FORMAT']
+__all__ = ['DelayedTrainer']
 
 _LOG = logging.getLogger(__name__)
-TRAINER_STATE_FORMAT = 'mxdelay-trainer-state'
-_STATE_VERSION = 1
 
 
 class DelayedTrainer(gluon.Trainer):
@@ -75,7 +78,7 @@ class DelayedTrainer(gluon.Trainer):
     Raises
     ------
     TypeError
-        For an argument of the wrong type (:class:`mxdelay.checks.ArgumentTypeError`, also a
+        For an argument of the wrong type (:class:`mxdelay.ArgumentTypeError`, also a
         ``ValueError``), with its value and the fix.
     ValueError
         For an argument out of range, with its value and the fix.
@@ -109,8 +112,8 @@ class DelayedTrainer(gluon.Trainer):
         if update_on_kvstore is not None:
             check_bool('update_on_kvstore', update_on_kvstore, 'or None to let the trainer choose')
         if isinstance(kvstore, str) and 'dist' in kvstore.lower() and not _is_dist_delay(kvstore):
-            # MXNet turns any unknown type containing 'dist' (a typo of 'dist_delay' too)
-            # into its native dist_sync store, which has no delayed update.
+            # MXNet's native distributed stores (and MXNet's fallback for a misspelt type,
+            # kvstore_ext.typenames.check_kvstore_type) have no delayed update.
             raise ValueError("kvstore=%r: DelayedTrainer trains distributed only with "
                              "kvstore='dist_delay'; use kvstore='dist_delay' (or 'local', "
                              "'device', None on one machine)" % kvstore)
@@ -126,6 +129,8 @@ class DelayedTrainer(gluon.Trainer):
         self._slack = slack or delay
         super(DelayedTrainer, self).__init__(params, optimizer, optimizer_params, kvstore,
                                              compression_params, update_on_kvstore)
+        if _is_dist_delay(kvstore):
+            self._rule.check_optimizer(self._optimizer)
         self._base_lr = self._optimizer.learning_rate
         self._pre_weight = {}     # param index -> NDArray on the first context
         self._rule_state = {}     # param index -> rule state
@@ -136,11 +141,26 @@ class DelayedTrainer(gluon.Trainer):
         self._first_use = []       # param indices in the order the first forward used them
         self._push_order = None    # param indices, last-used first; set at the first step
         self._priority = {}        # param index -> priority (first used: highest)
-        self._watcher = None       # set by mxdelay.timeline.recording(path, trainer)
+        self._observer = StepObserver()
         self._watch_first_forward()
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, self._rule,
                   'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)
+
+    def set_observer(self, observer):
+        """Send this trainer's events (gradient written, push acknowledged, pull received,
+        pull applied) to `observer`, a :class:`mxdelay.observer.StepObserver`; None: to
+        nobody (the default).
+
+        Raises
+        ------
+        TypeError
+            If `observer` is neither None nor a StepObserver.
+        """
+        if observer is not None and not isinstance(observer, StepObserver):
+            raise ArgumentTypeError('observer must be an mxdelay.observer.StepObserver or None, '
+                                    'got %r (%s)' % (observer, type(observer).__name__))
+        self._observer = observer or StepObserver()
 
     # -- priorities ------------------------------------------------------------------------
     def _watch_first_forward(self):
@@ -351,11 +371,9 @@ class DelayedTrainer(gluon.Trainer):
         for i in self._push_order:
             grad = self._reduced_grad(i, self._params[i])
             self._kvstore.push(i, grad, priority=self._priority[i])
-            if self._watcher is not None:
-                name, t = self._params[i].name, self._schedule.step
-                self._watcher.watch('gradient', name, t, grad)
-                self._watcher.watch('pushed', name, t, self._kvstore.send_buffer(i),
-                                    for_writing=True, after='gradient')
+            name, t = self._params[i].name, self._schedule.step
+            self._observer.gradient_written(name, t, grad)
+            self._observer.push_acknowledged(name, t, self._kvstore.send_buffer(i))
 
     def _synchronous_step(self, t):
         # Warm-up (S1) and switch (S2): pull exactly W_{t+1} into the weights.
@@ -366,21 +384,19 @@ class DelayedTrainer(gluon.Trainer):
             datas = param.list_data()
             before = datas[0].copy() if switch else None          # W_W
             self._kvstore.pull(i, out=datas, priority=self._priority[i])
-            if self._watcher is not None:   # pulled straight into the weights
-                self._watcher.watch(('pull_received', 'pull_applied'), param.name, t, datas[0],
-                                    after='pushed')
+            self._observer.pull_received(param.name, t, datas[0])  # straight into the weights
+            self._observer.pull_applied(param.name, t, datas[0])
             if switch:
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
                 self._rule_state[i] = self._rule.create_state(datas[0], datas[0] - before)
 
     def _read_worker_state(self, fname, kv):
         """Read and validate this worker's files of checkpoint `fname`; change nothing."""
-        index = read_json_state(fname, TRAINER_STATE_FORMAT, 'trainer state')
+        index = checkpoint.read_json(fname, checkpoint.TRAINER_INDEX)
         if index['num_workers'] != kv.num_workers:
             raise ValueError('%s was saved by %d workers, this job has %d'
                              % (fname, index['num_workers'], kv.num_workers))
-        state = read_pickle_state(_worker_file(fname, kv.rank), TRAINER_STATE_FORMAT,
-                                  'worker state')
+        state = checkpoint.read_pickle(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER)
         saved = state['schedule']
         if (saved['delay'], saved['warmup_steps']) != (self._schedule.delay,
                                                         self._schedule.warmup_steps):
@@ -393,15 +409,18 @@ class DelayedTrainer(gluon.Trainer):
             if state['weights'][i].shape != param.shape:
                 raise ValueError('%s: parameter %s has shape %s, saved %s' % (
                     fname, param.name, param.shape, state['weights'][i].shape))
-        optimizer = state.get('optimizer')
-        if optimizer is not None and type(optimizer) is not type(self._optimizer):
+        saved = state.get('optimizer')
+        types = saved is not None and type_difference(describe_optimizer(saved),
+                                                      describe_optimizer(self._optimizer))
+        if types:
             raise ValueError('%s was saved with optimizer %s, this trainer uses %s: create the '
                              'trainer with the checkpoint\'s optimizer to resume from it'
-                             % (fname, type(optimizer).__name__, type(self._optimizer).__name__))
+                             % ((fname,) + tuple(types)))
         return state
 
     def _local_step(self, t):
-        # Delayed phase (S3), SPEC section 1 "Local update", steps 1-4, then the period's pull.
+        # Delayed phase: the local update's steps 1-4 (docs/design.md §1), then the pull
+        # that ends a period.
         applies = self._schedule.applies_pull(t)
         issues = self._schedule.issues_pull(t)
         lr = self._local_learning_rate(t)
@@ -412,9 +431,7 @@ class DelayedTrainer(gluon.Trainer):
             weight = datas[0]
             if applies:
                 self._pulled[i].copyto(weight)                   # 1. w' := W_t
-                if self._watcher is not None:
-                    self._watcher.watch('pull_applied', param.name, t - 1, weight,
-                                        after='pull_received')
+                self._observer.pull_applied(param.name, t - 1, weight)
             grad_sync = weight - self._pre_weight[i] if self._rule.needs_grad_sync else None
             if applies:
                 weight.copyto(self._pre_weight[i])               # 3. pre_weight := w'
@@ -431,9 +448,7 @@ class DelayedTrainer(gluon.Trainer):
                 if i not in self._pulled:
                     self._pulled[i] = nd.zeros_like(weight)
                 self._kvstore.pull(i, out=self._pulled[i], priority=self._priority[i])
-                if self._watcher is not None:
-                    self._watcher.watch('pull_received', param.name, t, self._pulled[i],
-                                        after='pushed')
+                self._observer.pull_received(param.name, t, self._pulled[i])
 
     def _clip_gradient(self):
         clip = self._optimizer.clip_gradient
@@ -500,7 +515,7 @@ class DelayedTrainer(gluon.Trainer):
         nd.waitall()
         kv = self._kvstore
         worker_state = {
-            'format': TRAINER_STATE_FORMAT, 'version': _STATE_VERSION, 'rank': kv.rank,
+            'rank': kv.rank,
             'schedule': self._schedule.state_dict(), 'rescale_grad': self._optimizer.rescale_grad,
             'weights': {i: p.list_data()[0].asnumpy() for i, p in enumerate(self._params)},
             'pre_weight': {i: w.asnumpy() for i, w in self._pre_weight.items()},
@@ -510,13 +525,13 @@ class DelayedTrainer(gluon.Trainer):
             # the learning rate local_lr is scaled against.
             'optimizer': self._optimizer, 'base_lr': self._base_lr,
         }
-        atomic_write(_worker_file(fname, kv.rank), pickle.dumps(worker_state, protocol=4))
-        kv.save_optimizer_states(_kvstore_file(fname))
+        checkpoint.write_pickle(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER,
+                                worker_state)
+        kv.save_optimizer_states(checkpoint.kvstore_file(fname))
         if kv.rank == 0:
-            index = {'format': TRAINER_STATE_FORMAT, 'version': _STATE_VERSION,
-                     'num_workers': kv.num_workers, 'schedule': self._schedule.state_dict(),
-                     'kvstore': os.path.basename(_kvstore_file(fname))}
-            atomic_write(fname, json.dumps(index).encode('utf-8'))
+            checkpoint.write_json(fname, checkpoint.TRAINER_INDEX, {
+                'num_workers': kv.num_workers, 'schedule': self._schedule.state_dict(),
+                'kvstore': os.path.basename(checkpoint.kvstore_file(fname))})
         kv.barrier()
         return None
 
@@ -546,7 +561,7 @@ class DelayedTrainer(gluon.Trainer):
         except ValueError as err:
             error = str(err)
         # Collective: if any worker's or server's file is bad, every worker raises here.
-        kv_state = kv.check_states(_kvstore_file(fname), error)
+        kv_state = kv.check_states(checkpoint.kvstore_file(fname), error)
         kv.apply_states(kv_state)
         for i, param in enumerate(self._params):
             # Not Parameter.set_data: it resets the trainer's kvstore (impossible when dist).
@@ -586,15 +601,9 @@ def _parameter_names(params):
 
 
 def _is_dist_delay(kvstore):
-    return (kvstore == 'dist_delay') if isinstance(kvstore, str) else isinstance(kvstore, DistDelay)
-
-
-def _worker_file(fname, rank):
-    return '%s.worker%d' % (fname, rank)
-
-
-def _kvstore_file(fname):
-    return fname + '.kvstore'
+    if isinstance(kvstore, str):
+        return kvstore == STORE_TYPE
+    return isinstance(kvstore, DistDelay)
 
 
 def _to_numpy(state):

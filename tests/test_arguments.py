@@ -4,10 +4,10 @@ What is tested: every public function and method of mxdelay refuses a value of t
 type with ``TypeError`` and a value out of range with ``ValueError``, before doing anything
 (no step taken, no command sent, no key placed), with a message naming the argument, the
 value and the fix; and valid values, numpy scalars and ``os.PathLike`` paths included, keep
-working as in ``gluon.Trainer``. The type errors are :class:`mxdelay.checks.ArgumentTypeError`,
+working as in ``gluon.Trainer``. The type errors are :class:`kvstore_ext.checks.ArgumentTypeError`,
 which is also a ``ValueError`` (what mxdelay 0.1 raised).
 
-Covered: ``mxdelay.checks`` itself; ``DelayedTrainer`` (constructor, ``step``,
+Covered: ``kvstore_ext.checks`` itself; ``DelayedTrainer`` (constructor, ``step``,
 ``set_learning_rate``, ``save_states``, ``load_states``) without a distributed kvstore
 (``gluon.Trainer``'s path) and with the in-process ``FakeDistDelay`` of
 tests/test_trainer_local.py (the delayed path); the rule constructors and ``create_rule``;
@@ -25,17 +25,17 @@ import mxdelay
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-from kvstore_ext.dist_delay import DistDelay, _Tensor
-from mxdelay.checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
+from kvstore_ext.layout import Tensor
+from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                             check_path, check_real)
 from mxdelay.rules import LocalRule, LocalSGDRule, MirrorRule, create_rule
 from mxdelay.schedule import DelaySchedule
-from test_trainer_local import FakeDistDelay, small_params
+from conftest import FakeDistDelay, offline_store, small_params
 
 NAN, INF = float('nan'), float('inf')
 
 
-# -- mxdelay.checks -----------------------------------------------------------------------------
+# -- kvstore_ext.checks -----------------------------------------------------------------------------
 
 def test_argument_type_error_is_a_type_error_and_a_value_error():
     assert issubclass(ArgumentTypeError, TypeError)
@@ -313,27 +313,6 @@ def test_schedule_predicates_unchanged_for_valid_steps():
 
 # -- DistDelay ----------------------------------------------------------------------------------
 
-class OfflineDistDelay(DistDelay):
-    """A ``DistDelay`` with key 0 of shape (2, 3) placed (unless not `placed`: configure()
-    works only before), and no network: a check that lets a call through to the servers
-    fails the test."""
-
-    def __init__(self, placed=True):  # pylint: disable=super-init-not-called
-        self._slack, self._chunk_size, self._config = 1, 1000, {}
-        self._optimizer = self._updater = self._layout = None
-        self._tensors = {0: _Tensor(0, (2, 3), np.float32, [])} if placed else {}
-        self._ballot = 0
-
-    def _command(self, command, body, refusal=RuntimeError):
-        raise AssertionError('a command was sent: %s %r' % (command, body))
-
-    def _ensure_started(self):
-        raise AssertionError('the hand-shake was started')
-
-    def barrier(self):
-        raise AssertionError('a barrier was entered')
-
-
 GOOD = nd.zeros((2, 3))
 KV_ERRORS = [
     ('configure', dict(slack=0), ValueError, r"slack must be an integer >= 1, got 0"),
@@ -390,7 +369,7 @@ KV_ERRORS = [
 @pytest.mark.parametrize('method,kwargs,error,message', KV_ERRORS,
                          ids=['%s-%d' % (c[0], i) for i, c in enumerate(KV_ERRORS)])
 def test_dist_delay_checks_arguments_before_any_network_use(method, kwargs, error, message):
-    store = OfflineDistDelay(placed=method != 'configure')
+    store = offline_store(placed=method != 'configure')
     with pytest.raises(error, match=message):
         getattr(store, method)(**kwargs)
     assert list(store._tensors) == ([] if method == 'configure' else [0])  # nothing placed
@@ -398,14 +377,14 @@ def test_dist_delay_checks_arguments_before_any_network_use(method, kwargs, erro
 
 
 def test_dist_delay_keys_may_be_numpy_integers_and_strings():
-    store = OfflineDistDelay()
-    store._tensors['w'] = _Tensor('w', (3,), np.float32, [])
+    store = offline_store()
+    store._tensors['w'] = Tensor('w', (3,), np.float32, [])
     assert store._checked_lists(np.int64(0), GOOD, 'value', np.int32(1)) == ([0], [GOOD])
     assert store._checked_lists(['w', 0], [nd.zeros(3), [GOOD, GOOD]], 'out', -2)[0] == ['w', 0]
     assert store._checked_lists(0, nd.zeros((3, 2)), 'value', 0)[0] == [0]  # same size: as before
     store.set_config(delay=4, local_lr=None, local_rule='MirrorRule(dc_lambda=0)')
     assert store._config['delay'] == 4
-    fresh = OfflineDistDelay(placed=False)
+    fresh = offline_store(placed=False)
     fresh.configure(slack=np.int64(3), chunk_size=np.int32(10))
     assert (fresh.slack, fresh.chunk_size) == (3, 10)
     assert type(fresh.slack) is int

@@ -1,4 +1,4 @@
-"""The one place that reads environment variables (``mxdelay.env``).
+"""The one place that reads environment variables (``kvstore_ext.env``).
 
 What is tested: a name that is not in ``env.VARIABLES`` is refused (so every variable read
 is in the documented table); unset variables give their documented defaults, as strings
@@ -13,9 +13,9 @@ import re
 
 import pytest
 
-from mxdelay import env
+from kvstore_ext import env
 
-# The documented defaults (README table / SPEC), written out independently of env.VARIABLES.
+# The documented defaults (README table), written out independently of env.VARIABLES.
 DOCUMENTED_DEFAULTS = {
     'DMLC_ROLE': None,
     'DMLC_NUM_WORKER': None,

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from jobs import PidFile, REPO, assert_ok, run_job
+from conftest import PidFile, REPO, assert_ok, run_job
 
 EXAMPLE = os.path.join(REPO, 'examples', 'train_fashion_mnist.py')
 DATA_DIR = '/usr/share/datasets/fashion-mnist'
@@ -69,6 +69,7 @@ def test_one_epoch_learns_and_checkpoints(first_job):
         assert os.path.isfile(path), path
 
 
+@pytest.mark.jobs
 def test_resume_continues_at_epoch_2(first_job):
     out, _ = first_job
     result = _train(out, PidFile(out / 'pids-resumed'), '--epochs', '2', '--resume')
@@ -98,6 +99,7 @@ def _accuracy(tmp_path, name, *extra):
         return json.loads(src.read().splitlines()[-1])['test_acc']
 
 
+@pytest.mark.jobs
 def test_delayed_update_keeps_dist_sync_accuracy(tmp_path):
     # Real data, 300 steps, 2 workers, SGD lr 0.05 momentum 0.9, warm-up 100: the default
     # rule ('mirror') at k = 4 must stay within 2 points of stock gluon.Trainer on

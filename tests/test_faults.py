@@ -32,12 +32,11 @@ import pytest
 
 import mxdelay
 import reference
-from jobs import JobResult, PidFile, assert_ok, run_job, started_job, worker_lines
+from scripts import mlp_model
+from conftest import JobResult, PidFile, assert_ok, run_job, started_job, worker_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, 'scripts', 'fault_job.py')
-sys.path.insert(0, os.path.join(HERE, 'scripts'))
-import fault_job  # noqa: E402  pylint: disable=wrong-import-position
 
 NAMES = ('w1', 'b1', 'w2', 'b2')
 #: Checkpoints after steps 3 (the switch), 7, 11, 15 (a pull pending) and 19.
@@ -92,10 +91,10 @@ def assert_bitwise(histories, expected, what):
 
 def simulate(config):
     def grad_fn(weights, rank, step):
-        x, y = fault_job.batch(rank, step, config['batch'])
-        return fault_job.numpy_grad(weights, x, y)
+        x, y = mlp_model.batch(rank, step, config['batch'])
+        return mlp_model.numpy_grad(weights, x, y)
     return reference.simulate(
-        fault_job.init_params(), grad_fn, 2, config['steps'], config['delay'],
+        mlp_model.init_params(), grad_fn, 2, config['steps'], config['delay'],
         config['warmup_steps'], config['lr'], momentum=config['momentum'], wd=config['wd'],
         rescale_grad=1.0 / config['batch'], rule='mirror')
 
@@ -187,6 +186,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('description,role,rank,how', FAULTS,
                          ids=['kill-worker0', 'kill-server0', 'kill-scheduler', 'worker1-raises'])
 def test_fault_ends_job_and_last_checkpoint_resumes_exactly(tmp_path, reference_run,
@@ -246,6 +246,7 @@ def test_fault_ends_job_and_last_checkpoint_resumes_exactly(tmp_path, reference_
 
 # -- 2. two jobs on one machine ---------------------------------------------------------------
 
+@pytest.mark.jobs
 def test_second_job_does_not_disturb_a_running_one(tmp_path, reference_run):
     # Job A is held after step 8 (every process alive, mid-training) while job B starts and
     # reaches the same point; then both train to the end at once. B differs (lr, momentum):
@@ -305,10 +306,10 @@ def truncate(path):
 def gluon_trainer_states(path):
     """Write a stock gluon.Trainer's states file (a momentum state after one step)."""
     from mxnet import autograd, gluon, nd  # pylint: disable=import-outside-toplevel
-    net = fault_job.build()
+    net = mlp_model.build()[0]
     trainer = gluon.Trainer(net.collect_params(), 'sgd',
                             {'learning_rate': 0.1, 'momentum': 0.9}, kvstore=None)
-    x, y = fault_job.batch(0, 0, 6)
+    x, y = mlp_model.batch(0, 0, 6)
     with autograd.record():
         loss = gluon.loss.L2Loss()(net(nd.array(x)), nd.array(y))
     loss.backward()
@@ -355,6 +356,7 @@ def broken_checkpoints(good, folder):
     return cases
 
 
+@pytest.mark.jobs
 def test_broken_checkpoints_raise_valueerror_and_change_nothing(tmp_path, reference_run):
     # After step 9 (a pull is pending) every worker tries each broken checkpoint, then trains
     # on: every load must raise ValueError naming the file, and the trajectory (worker and
@@ -384,6 +386,7 @@ def load_outcomes(out, rank):
         return json.load(src)
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('suffix', ['.worker1', '.kvstore.server0'],
                          ids=['one-worker-file', 'server-file'])
 def test_one_broken_file_raises_valueerror_on_every_worker(tmp_path, reference_run, suffix):
@@ -405,6 +408,7 @@ def test_one_broken_file_raises_valueerror_on_every_worker(tmp_path, reference_r
     assert_bitwise(histories_in(out), expected, 'after the failed load')
 
 
+@pytest.mark.jobs
 def test_copied_checkpoint_resumes_from_its_own_files(tmp_path, reference_run):
     # A user writes ckpt/latest after step 7, backs it up with cp, and training goes on
     # writing ckpt/latest (here: the step-11 checkpoint). Resuming from the backup must
@@ -428,6 +432,7 @@ def test_copied_checkpoint_resumes_from_its_own_files(tmp_path, reference_run):
 MISMATCHES = [('delay', 3, 4), ('warmup_steps', 3, 5)]
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('name,value0,value1', MISMATCHES, ids=[m[0] for m in MISMATCHES])
 def test_workers_with_different_settings_fail_at_start_naming_both(tmp_path, name, value0,
                                                                    value1):
@@ -443,9 +448,10 @@ def test_workers_with_different_settings_fail_at_start_naming_both(tmp_path, nam
         result.stderr
 
 
+@pytest.mark.jobs
 def test_kvstore_typo_fails_at_construction(tmp_path):
     # In-process: the constructor refuses it before any kvstore exists.
-    net = fault_job.build()
+    net = mlp_model.build()[0]
     with pytest.raises(ValueError, match=r"kvstore='dist_dealy'.*kvstore='dist_delay'"):
         mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
                                          kvstore='dist_dealy', delay=3, warmup_steps=3)

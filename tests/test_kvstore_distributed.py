@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jobs import run_job, assert_ok
+from conftest import run_job, assert_ok
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KV_JOB = os.path.join(HERE, 'scripts', 'kv_job.py')
@@ -33,6 +33,7 @@ def run_kv(mode, args, num_workers, num_servers, tmp_path=None, timeout=90):
     return result
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('num_workers,num_servers', [(2, 1), (3, 2)])
 def test_every_round_holds_one_gradient_of_each_worker(num_workers, num_servers):
     # Worker 1 sleeps 30 ms before each push; the others run ahead within the slack and
@@ -50,6 +51,7 @@ def test_every_round_holds_one_gradient_of_each_worker(num_workers, num_servers)
         assert all(c['held'] == 0 for s in data['stats'] for c in s['chunks'].values())
 
 
+@pytest.mark.jobs
 def test_fast_worker_runs_ahead_only_within_the_slack():
     # slack 3: worker 0 prepares rounds 0..4 without waiting (round t's buffer is free until
     # round t - 4 must be acknowledged), then waits for the slow worker (0.25 s per round).
@@ -64,6 +66,7 @@ def test_fast_worker_runs_ahead_only_within_the_slack():
     assert waits[slack + 2] > sleep / 2, waits
 
 
+@pytest.mark.jobs
 def test_controller_commands(tmp_path):
     # Closed forms with N = 2 workers, SGD lr 0.5 then 0.25, rescale 1, weights start at 1,
     # every worker pushes ones: W1 = 1 - 0.5*2 = 0, W2 = W1 - 0.25*2 = -0.5, W3 = -1.0;
@@ -88,6 +91,7 @@ def test_controller_commands(tmp_path):
     assert not [n for n in os.listdir(str(tmp_path)) if n.endswith('.tmp')]
 
 
+@pytest.mark.jobs
 def test_stock_server_is_detected():
     # The script imports mxnet before mxdelay, so MXNet's stock servers run: the worker must
     # refuse to train and say how to launch.

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from jobs import (LAUNCHER, JobResult, PidFile, assert_ok, job_env, pid_alive, python_command,
+from conftest import (LAUNCHER, JobResult, PidFile, assert_ok, job_env, pid_alive, python_command,
                   role_lines, run_job, started_job, worker_lines)
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,6 +84,7 @@ def check_sum_job(result, num_workers, num_servers, scale=1):
             'env worker %d None w' % rank, 'pulled %d %r %r' % (rank, total, total)]
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('num_servers', [1, 2])
 def test_stock_mxnet_job(tmp_path, num_servers):
     pids = PidFile(tmp_path / 'pids')
@@ -94,6 +95,7 @@ def test_stock_mxnet_job(tmp_path, num_servers):
     pids.assert_all_dead()
 
 
+@pytest.mark.jobs
 def test_two_jobs_at_once_do_not_meet(tmp_path):
     pids = [PidFile(tmp_path / 'pids-a'), PidFile(tmp_path / 'pids-b')]
     command = [pid_file.wrap(python_command(SUM_JOB)) for pid_file in pids]
@@ -112,6 +114,7 @@ def test_two_jobs_at_once_do_not_meet(tmp_path):
         pid_file.assert_all_dead()
 
 
+@pytest.mark.jobs
 def test_output_lines_stay_whole_and_on_their_stream(tmp_path):
     # Four processes write 2000 long lines each to stdout and to stderr at once.
     source = '''
@@ -134,6 +137,7 @@ def test_output_lines_stay_whole_and_on_their_stream(tmp_path):
     assert worker_lines(result.stdout, 1)[-1] == 'no newline at the end'
 
 
+@pytest.mark.jobs
 def test_worker_exit_code_ends_the_job(tmp_path):
     pids = PidFile(tmp_path / 'pids')
     result = run_job(pids.wrap(python_command(STALL_JOB, tmp_path, 'exit3')), num_workers=2,
@@ -169,6 +173,7 @@ def kill_one(tmp_path, victim):
     return popen.returncode, stdout, stderr, seconds
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('role, rank', [('worker', 1), ('scheduler', 0), ('server', 0)])
 def test_killed_role_ends_the_job(tmp_path, role, rank):
     returncode, _, stderr, seconds = kill_one(tmp_path, (role, rank))
@@ -179,11 +184,13 @@ def test_killed_role_ends_the_job(tmp_path, role, rank):
     assert seconds < 10
 
 
+@pytest.mark.jobs
 def test_killed_launcher_takes_its_job_along(tmp_path):
     returncode, _, _, _ = kill_one(tmp_path, 'launcher')  # checks that every role died
     assert returncode == -signal.SIGKILL
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('signum, code', [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_launcher_stops_the_job(tmp_path, signum, code):
     pids = PidFile(tmp_path / 'pids')
@@ -196,6 +203,7 @@ def test_signal_to_launcher_stops_the_job(tmp_path, signum, code):
     pids.assert_all_dead()
 
 
+@pytest.mark.jobs
 def test_servers_that_stay_are_killed_after_the_workers_finish(tmp_path):
     pids = PidFile(tmp_path / 'pids')
     command = ['sh', '-c', '[ "$DMLC_ROLE" = worker ] || exec sleep 1000']
@@ -207,6 +215,7 @@ def test_servers_that_stay_are_killed_after_the_workers_finish(tmp_path):
     pids.assert_all_dead()
 
 
+@pytest.mark.jobs
 def test_launcher_idles_while_children_are_silent():
     # Children that closed their output must not make the launcher poll in a busy loop.
     before = os.times()
@@ -219,6 +228,7 @@ def test_launcher_idles_while_children_are_silent():
         cpu, result.duration)
 
 
+@pytest.mark.jobs
 def test_timeout_stops_the_job(tmp_path):
     pids = PidFile(tmp_path / 'pids')
     result = run_job(pids.wrap(['sleep', '1000']), num_workers=1,
@@ -281,6 +291,7 @@ def test_bad_input_fails_at_once(tmp_path, case):
     assert not (tmp_path / 'started').exists()
 
 
+@pytest.mark.jobs
 def test_port_option(tmp_path):
     with socket.socket() as busy:
         busy.bind(('', 0))
@@ -310,6 +321,7 @@ def test_missing_command_fails_at_once(command, message):
     assert message in result.stderr
 
 
+@pytest.mark.jobs
 def test_options_after_the_command_belong_to_it():
     result = run_job(['sh', '-c', 'echo args "$@"', 'sh', '-n', '5', '--bogus'], num_workers=1,
                      timeout=20)
@@ -336,6 +348,7 @@ exec env -i PATH=/usr/bin:/bin sh -c "$1"
 '''
 
 
+@pytest.mark.jobs
 def test_ssh_mode_with_a_stand_in_ssh(tmp_path):
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
@@ -443,6 +456,7 @@ def ssh_args(tmp_path, sshd, num_hosts):
             '--ssh-option', 'LogLevel=ERROR']
 
 
+@pytest.mark.jobs
 def test_ssh_mode_runs_a_stock_mxnet_job(tmp_path, sshd):
     pids = PidFile(tmp_path / 'pids')
     result = run_job(pids.wrap(python_command(SUM_JOB)), num_workers=2, num_servers=2, cwd=tmp_path,
@@ -452,6 +466,7 @@ def test_ssh_mode_runs_a_stock_mxnet_job(tmp_path, sshd):
     assert_no_remote_helper(tmp_path, pids)
 
 
+@pytest.mark.jobs
 def test_ssh_mode_failure_stops_the_remote_processes(tmp_path, sshd):
     pids = PidFile(tmp_path / 'pids')
     result = run_job(pids.wrap(python_command(STALL_JOB, tmp_path, 'exit3')), num_workers=2,
@@ -530,6 +545,7 @@ WHERE = ['sh', '-c', 'echo where $(ip netns identify $$) $DMLC_NODE_HOST $DMLC_P
          'exec "$@"', 'sh']
 
 
+@pytest.mark.jobs
 def test_netns_mode_runs_a_stock_mxnet_job(tmp_path, netns_nodes):
     nodes = netns_nodes(4)  # one a role: scheduler, server 0, worker 0, worker 1
     pids = PidFile(tmp_path / 'pids')
@@ -544,6 +560,7 @@ def test_netns_mode_runs_a_stock_mxnet_job(tmp_path, netns_nodes):
     pids.assert_all_dead()
 
 
+@pytest.mark.jobs
 def test_netns_mode_assigns_the_other_lines_round_robin(tmp_path, netns_nodes):
     nodes = netns_nodes(3)
     result = run_job(WHERE + ['true'], num_workers=3, num_servers=2, timeout=20,
@@ -558,6 +575,7 @@ def test_netns_mode_assigns_the_other_lines_round_robin(tmp_path, netns_nodes):
             'where %s %s %s' % (name, address, nodes[0][1])]
 
 
+@pytest.mark.jobs
 def test_netns_mode_failure_names_the_namespace(tmp_path, netns_nodes):
     nodes = netns_nodes(4)
     pids = PidFile(tmp_path / 'pids')

@@ -3,7 +3,7 @@ a different optimizer than the workers expect").
 
 What is tested:
 
-1. ``protocol.describe_optimizer``: the update-relevant fields (type, learning rate,
+1. ``describe_optimizer``: the update-relevant fields (type, learning rate,
    momentum, wd, rescale_grad, clip_gradient, multi_precision, the lr scheduler's type and
    parameters, an optimizer's own hyper-parameters) and nothing else (update counters); the
    same dict after pickling (what the server sees) and after JSON (what the reply carries);
@@ -39,10 +39,10 @@ import pytest
 import mxdelay  # noqa: F401
 import mxnet as mx
 
-from jobs import PidFile, assert_ok, run_job
+from conftest import PidFile, assert_ok, run_job, started_store
 from kvstore_ext import protocol
-from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.protocol import describe_optimizer, optimizer_differences
+from kvstore_ext.layout import KeyLayout
+from kvstore_ext.optimizers import describe_optimizer, optimizer_differences
 from kvstore_ext.server import DelayServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -136,7 +136,7 @@ def test_server_refuses_a_second_workers_different_optimizer():
                                          r"worker 0 has 0\.9, worker 1 has 0\.5\. Every worker "
                                          r"must create the same optimizer"):
         server._on_optimizer(optimizer_command(1, sgd(momentum=0.5)))
-    assert server._optimizer.momentum == 0.9          # the refused one was not installed
+    assert server._rounds.optimizer.momentum == 0.9          # the refused one was not installed
     with pytest.raises(ValueError, match=r"type: worker 0 has 'SGD', worker 1 has 'NAG'"):
         server._on_optimizer(optimizer_command(1, mx.optimizer.create('nag', **SGD)))
     assert server._on_optimizer(optimizer_command(1, sgd())) == reply
@@ -154,7 +154,7 @@ def test_every_installed_optimizer_applies_the_jobs_rescale_grad():
     assert ok and payload['rescale_grad'] == 1 / 6.
     server._on_optimizer(optimizer_command(0, sgd(rescale_grad=1 / 6.)))
     reply = server._on_optimizer(optimizer_command(1, sgd()))
-    assert server._optimizer.rescale_grad == 1 / 6.
+    assert server._rounds.optimizer.rescale_grad == 1 / 6.
     assert reply['optimizer'] == describe_optimizer(sgd(rescale_grad=1 / 6.))
     with pytest.raises(ValueError, match=r"momentum: worker 0 has 0\.9, worker 1 has 0\.5\."):
         server._on_optimizer(optimizer_command(1, sgd(momentum=0.5, rescale_grad=1 / 6.)))
@@ -187,21 +187,22 @@ def test_hand_shake_refuses_workers_with_different_optimizers():
 def saved_server_state(tmp_path, optimizer):
     """A server (one chunk, one round applied with `optimizer`) and the state file it saved."""
     server = make_server(num_workers=1)
-    server._layout = protocol.KeyLayout(1, 2)
+    server._layout = KeyLayout(1, 2)
+    server._rounds.slots = 2
     server._on_register({'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 3]]})
     server._on_optimizer(optimizer_command(0, optimizer))
-    server._weights[0] = mx.nd.array([1.0, 2.0, 3.0])
-    server._next_round[0] = 0
-    server._apply(0, mx.nd.array([0.5, 0.5, 0.5]), mx.nd.zeros(3))
+    server._rounds.weights[0] = mx.nd.array([1.0, 2.0, 3.0])
+    server._rounds.next_round[0] = 0
+    server._rounds._apply(0, mx.nd.array([0.5, 0.5, 0.5]), mx.nd.zeros(3))
     path = str(tmp_path / 'state.server0')
     server._on_save({'paths': [path]})
     return server, path
 
 
 def server_snapshot(server):
-    return (server._optimizer, server._updater, dict(server._next_round),
-            {c: w.asnumpy().copy() for c, w in server._weights.items()},
-            {c: s.asnumpy().copy() for c, s in server._updater.states.items()})
+    return (server._rounds.optimizer, server._rounds.updater, dict(server._rounds.next_round),
+            {c: w.asnumpy().copy() for c, w in server._rounds.weights.items()},
+            {c: s.asnumpy().copy() for c, s in server._rounds.updater.states.items()})
 
 
 def test_load_check_refuses_a_checkpoint_of_another_optimizer_type_and_changes_nothing(tmp_path):
@@ -210,7 +211,7 @@ def test_load_check_refuses_a_checkpoint_of_another_optimizer_type_and_changes_n
     server, _ = saved_server_state(tmp_path / 'other', mx.optimizer.create('nag', **SGD))
     before = server_snapshot(server)
     body = {'rank': 0, 'paths': [path], 'check_only': True,
-            'optimizer': describe_optimizer(server._optimizer)}
+            'optimizer': describe_optimizer(server._rounds.optimizer)}
     with pytest.raises(ValueError, match=r"%s was saved with optimizer SGD, but the trainer "
                                          r"loading it uses NAG.*Create the trainer with the "
                                          r"checkpoint's optimizer \('sgd'\)" % re.escape(path)):
@@ -228,33 +229,24 @@ def test_load_check_accepts_the_same_optimizer_type(tmp_path):
     (tmp_path / 'other').mkdir()
     server, _ = saved_server_state(tmp_path / 'other', sgd(learning_rate=0.5))
     body = {'rank': 0, 'paths': [path], 'check_only': True,
-            'optimizer': describe_optimizer(server._optimizer)}
+            'optimizer': describe_optimizer(server._rounds.optimizer)}
     assert server._on_load(body) == {'path': path, 'valid': True}
-    assert server._optimizer.lr == 0.5                 # check only: nothing replaced yet
+    assert server._rounds.optimizer.lr == 0.5                 # check only: nothing replaced yet
 
 
 # -- 3. the worker ----------------------------------------------------------------------------
 
-class AnsweringDistDelay(DistDelay):
-    """A started ``DistDelay`` of one worker whose servers answer OPTIMIZER with `installed`."""
-
-    def __init__(self, installed):  # pylint: disable=super-init-not-called
-        self._optimizer = self._updater = None
-        self._layout = object()        # the hand-shake is done: set_optimizer sends at once
-        self.installed = installed
-        self.sent = []
-
-    @property
-    def rank(self):
-        return 0
-
-    def _command(self, command, body, refusal=RuntimeError):
-        self.sent.append(command)
-        return [{'optimizer': describe_optimizer(self.installed)}]
+def answering_store(installed):
+    """A started ``DistDelay`` of one worker whose servers answer OPTIMIZER with `installed`;
+    ``store.sent`` lists the commands sent."""
+    store, channel = started_store(lambda command, body: {'optimizer':
+                                                          describe_optimizer(installed)})
+    store.sent = channel.sent
+    return store
 
 
 def test_worker_raises_when_the_server_applies_another_optimizer():
-    store = AnsweringDistDelay(installed=sgd())
+    store = answering_store(installed=sgd())
     with pytest.raises(ValueError, match=r"mxdelay server 0 applies another optimizer than "
                                          r"worker 0 set: momentum: the server has 0\.9, this "
                                          r"worker has 0\.5\. A server keeps the optimizer"):
@@ -263,16 +255,16 @@ def test_worker_raises_when_the_server_applies_another_optimizer():
 
 
 def test_worker_accepts_the_same_optimizer():
-    store = AnsweringDistDelay(installed=sgd())
+    store = answering_store(installed=sgd())
     store.set_optimizer(sgd())
     assert store.sent == [protocol.Command.OPTIMIZER]
 
 
 def test_worker_ignores_only_the_servers_rescale_grad():
     # The servers apply the job's rescale_grad; the worker scales its pushes relative to it.
-    store = AnsweringDistDelay(installed=sgd(rescale_grad=0.25))
+    store = answering_store(installed=sgd(rescale_grad=0.25))
     store.set_optimizer(sgd())
-    store = AnsweringDistDelay(installed=sgd(rescale_grad=0.25, wd=0.5))
+    store = answering_store(installed=sgd(rescale_grad=0.25, wd=0.5))
     with pytest.raises(ValueError, match=r"wd: the server has 0\.5, this worker has 0\.001"):
         store.set_optimizer(sgd())
 
@@ -300,6 +292,7 @@ def assert_failed_at_start(result, pattern):
     assert re.search(pattern, result.stderr), result.stderr
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('override,pattern', [
     ({'optimizer_params': dict(SGD, momentum=0.5)},
      r"momentum: worker 0 \(mxdelay-launch's worker \d\) has (0\.9|0\.5), worker 1 "
@@ -309,7 +302,8 @@ def assert_failed_at_start(result, pattern):
      r"\(mxdelay-launch's worker \d\) has '(NAG|SGD)'"),
 ], ids=['momentum', 'type'])
 def test_workers_with_different_optimizers_fail_at_start(tmp_path, override, pattern):
-    result = run(tmp_path, dict(BASE, by_launcher_rank={'1': override}))
+    # local_rule 'sgd' on both: the default 'mirror' refuses NAG at construction already.
+    result = run(tmp_path, dict(BASE, local_rule='sgd', by_launcher_rank={'1': override}))
     assert_failed_at_start(result, r'ValueError: mxdelay server 0 refused the hand-shake: '
                                    r'workers disagree on the optimizer: ' + pattern +
                            r'\. Every worker must create the same optimizer')
@@ -317,6 +311,7 @@ def test_workers_with_different_optimizers_fail_at_start(tmp_path, override, pat
     assert len(values) == 2, values                  # both values named, one per worker
 
 
+@pytest.mark.jobs
 def test_bare_kvstore_refuses_a_different_optimizer_set_after_the_hand_shake(tmp_path):
     config = {'mode': 'kvstore', 'optimizer': 'sgd', 'optimizer_params': {'learning_rate': 0.1},
               'by_launcher_rank': {'1': {'optimizer': 'adam'}}}
@@ -327,6 +322,7 @@ def test_bare_kvstore_refuses_a_different_optimizer_set_after_the_hand_shake(tmp
     assert 'pulled' not in result.stdout
 
 
+@pytest.mark.jobs
 def test_optimizer_set_after_training_started_is_refused_by_the_worker(tmp_path):
     result = run(tmp_path, dict(BASE, reset_optimizer=dict(SGD, momentum=0.5)), num_workers=1)
     assert result.returncode == 1, result.stderr
@@ -336,6 +332,7 @@ def test_optimizer_set_after_training_started_is_refused_by_the_worker(tmp_path)
         result.stderr
 
 
+@pytest.mark.jobs
 def test_learning_rate_and_batch_size_changes_are_not_mismatches(tmp_path):
     # set_learning_rate and a new batch size change the servers' optimizer (SET_HYPER); the
     # optimizer comparison happens only when an optimizer is set, so training goes on.
@@ -345,12 +342,13 @@ def test_learning_rate_and_batch_size_changes_are_not_mismatches(tmp_path):
     assert 'step 5 done' in result.stdout
 
 
+@pytest.mark.jobs
 def test_load_states_of_another_optimizer_type_is_refused_and_changes_nothing(tmp_path):
     (tmp_path / 'save').mkdir()
     (tmp_path / 'load').mkdir()
     ckpt = str(tmp_path / 'save' / 'ckpt')
     assert_ok(run(tmp_path / 'save', dict(BASE, save_to=ckpt)))
-    result = run(tmp_path / 'load', dict(BASE, optimizer='nag', load_from=ckpt))
+    result = run(tmp_path / 'load', dict(BASE, optimizer='nag', local_rule='sgd', load_from=ckpt))
     assert_ok(result)                     # the refused load changed nothing; training went on
     assert 'step 2 done' in result.stdout
     for rank in range(2):

@@ -24,8 +24,8 @@ import sys
 import numpy as np
 import pytest
 
-from jobs import run_job, assert_ok
-from mxdelay import timeline
+from conftest import run_job, assert_ok
+from mxdelay import timeline, trace
 from mxdelay.schedule import DelaySchedule
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,6 +39,7 @@ def run_timeline(tmp_path, mode):
     return [json.load(open(str(tmp_path / ('timeline%d.json' % rank)))) for rank in range(2)]
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('mode', ['layerwise', 'after_backward'])
 def test_pushes_start_while_backward_runs(tmp_path, mode):
     workers = run_timeline(tmp_path, mode)
@@ -149,7 +150,7 @@ def _call(name, at):
 def _trace(tmp_path, control):
     """Two steps of 2 gradient pushes; step 0 pulls (times in ms). With `control`, each step
     also pushes a flag first (the kvstore's own traffic)."""
-    push, pull = timeline._PUSH, timeline._PULL
+    push, pull = trace._PUSH, trace._PULL
     events = (_call('MXAutogradBackwardEx', 0) + _call('MXKVStorePush', 1) +
               _call('MXKVStorePullWithSparse', 2) + _call('MXAutogradBackwardEx', 35) +
               _call('MXKVStorePush', 36) +
@@ -203,6 +204,7 @@ def test_definitions_on_a_known_trace(tmp_path, control):
     assert '| all steps (2) | 31.0 | 26% | 23% | 11.0 |' in table
 
 
+@pytest.mark.jobs
 def test_delayed_pull_is_applied_at_the_next_step(tmp_path):
     # Steps 2 and 3 of warmup_steps=0, k=2 (t0 = 1): step 2 issues a pull, step 3 applies it
     # once step 3's backward is over (at 44, after the pull arrived at 30).

@@ -30,10 +30,6 @@ difference measured is 1.8e-7), and for SPEC's N = 1 consequence ``w' = W``
 """
 import filecmp
 import logging
-import os
-import pickle
-import types
-import sys
 
 import numpy as np
 import pytest
@@ -43,13 +39,12 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 import reference
+from conftest import FakeDistDelay, small_params
 from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.server import DelayServer, _is_plain_sgd
+from scripts import mlp_model
 from mxnet.kvstore import KVStoreBase
 from mxdelay.rules import LocalRule, MirrorRule
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts'))
-import mlp_job  # noqa: E402  pylint: disable=wrong-import-position
 
 RTOL, ATOL = 1e-5, 1e-6
 OPT = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}
@@ -77,7 +72,7 @@ def assert_same_weights(a, b, what):
 
 def train_step(net, trainer, ctxs, step, batch=BATCH, manual=False):
     """One step of mlp_job's model on its data for (rank 0, step), split over `ctxs`."""
-    x, y = mlp_job.batch(0, step, batch)
+    x, y = mlp_model.batch(0, step, batch)
     xs = gluon.utils.split_and_load(nd.array(x), ctxs, even_split=False)
     ys = gluon.utils.split_and_load(nd.array(y), ctxs, even_split=False)
     loss_fn = gluon.loss.L2Loss()
@@ -102,7 +97,7 @@ def test_same_trajectory_as_gluon_trainer(kvstore, num_devices):
     runs = {}
     for cls, extra in ((gluon.Trainer, {}),
                        (mxdelay.DelayedTrainer, dict(delay=2, warmup_steps=1))):
-        net, _ = mlp_job.build(ctxs)
+        net, _ = mlp_model.build(ctxs)
         trainer = cls(net.collect_params(), 'sgd', dict(OPT), kvstore=kvstore, **extra)
         history = []
         for step in range(7):
@@ -112,7 +107,7 @@ def test_same_trajectory_as_gluon_trainer(kvstore, num_devices):
             history.append(weights_of(net))
         assert trainer.learning_rate == 0.03
         runs[cls] = history
-    initial = mlp_job.init_params()
+    initial = mlp_model.init_params()
     assert not np.array_equal(runs[gluon.Trainer][-1]['l1_weight'][0], initial['w1'])
     for step, (want, got) in enumerate(zip(runs[gluon.Trainer], runs[mxdelay.DelayedTrainer])):
         assert_same_weights(want, got, 'step %d' % step)
@@ -122,7 +117,7 @@ def test_allreduce_and_update_like_gluon_trainer():
     ctxs = contexts(2)
     results = []
     for cls in (gluon.Trainer, mxdelay.DelayedTrainer):
-        net, _ = mlp_job.build(ctxs)
+        net, _ = mlp_model.build(ctxs)
         trainer = cls(net.collect_params(), 'sgd', dict(OPT), kvstore='device',
                       update_on_kvstore=False)
         for step in range(4):
@@ -136,7 +131,7 @@ def test_allreduce_and_update_like_gluon_trainer():
 def test_warns_once_that_delay_has_no_effect(caplog, kvstore, num_devices):
     caplog.set_level(logging.INFO, logger=TRAINER_LOG)
     ctxs = contexts(num_devices)
-    net, _ = mlp_job.build(ctxs)
+    net, _ = mlp_model.build(ctxs)
     trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', dict(OPT), kvstore=kvstore,
                                      delay=3, warmup_steps=1)
     assert not [r for r in caplog.records if 'no effect' in r.getMessage()]  # not before use
@@ -158,7 +153,7 @@ def test_save_and_load_states_like_gluon_trainer(tmp_path, kvstore, num_devices)
     ctxs = contexts(num_devices)
     saved, weights_at_save, uninterrupted = {}, None, None
     for cls in (gluon.Trainer, mxdelay.DelayedTrainer):
-        net, _ = mlp_job.build(ctxs)
+        net, _ = mlp_model.build(ctxs)
         trainer = cls(net.collect_params(), 'sgd', dict(OPT), kvstore=kvstore)
         for step in range(3):
             train_step(net, trainer, ctxs, step)
@@ -173,7 +168,7 @@ def test_save_and_load_states_like_gluon_trainer(tmp_path, kvstore, num_devices)
     assert filecmp.cmp(saved[gluon.Trainer], saved[mxdelay.DelayedTrainer], shallow=False)
 
     def resume(cls, fname):
-        net, _ = mlp_job.build(ctxs)
+        net, _ = mlp_model.build(ctxs)
         for name, param in net.collect_params().items():
             for data, value in zip(param.list_data(), weights_at_save[name]):
                 data[:] = value
@@ -199,12 +194,6 @@ def test_save_and_load_states_like_gluon_trainer(tmp_path, kvstore, num_devices)
 
 
 # -- 2. constructor validation --------------------------------------------------------------
-def small_params():
-    net = gluon.nn.Dense(2, in_units=3)
-    net.initialize()
-    return net.collect_params()
-
-
 BAD_ARGUMENTS = [
     (dict(delay=0), r"delay must be an integer >= 1, got 0\b"),
     (dict(delay=-2), r"delay.*got -2\b"),
@@ -296,124 +285,12 @@ def test_other_distributed_type_strings_are_refused(kvstore):
 
 
 # -- 3. the delayed path, with an in-process 'dist_delay' of one worker ---------------------
-class FakeDistDelay(DistDelay):
-    """``DistDelay`` with the job replaced by this process: one worker, one server.
-
-    The "server" keeps the weights and applies the optimizer with MXNet's updater to each
-    pushed gradient at once (with one worker a round is one push), as mxdelay's server does
-    (``kvstore_ext/server.py``: ``mx.optimizer.get_updater`` on an unpickled copy of the
-    worker's optimizer; without an optimizer it stores the pushed sum, as MXNet's server
-    does). A pull returns the weights after the last pushed round. Pushes and pulls are
-    recorded per key.
-    """
-
-    def __init__(self):  # pylint: disable=super-init-not-called
-        # no native store, no hand-shake: only what DistDelay's inherited methods read
-        self._slack, self._chunk_size = 1, 262144
-        self._tensors, self._config = {}, {}
-        self._optimizer = self._updater = self._layout = None
-        self.server_optimizer = self.server_updater = None
-        self.store = {}
-        self.log = []          # ('push' | 'pull', key)
-        self.priorities = []   # (key, priority) of every push, in issue order
-        self._rescale_grad = self._job_rescale_grad = None
-
-    @property
-    def rank(self):
-        return 0
-
-    @property
-    def num_workers(self):
-        return 1
-
-    def set_optimizer(self, optimizer):
-        super(FakeDistDelay, self).set_optimizer(optimizer)  # _layout is None: nothing sent
-        self.server_optimizer = pickle.loads(pickle.dumps(optimizer))
-        self.server_updater = mx.optimizer.get_updater(self.server_optimizer)
-
-    def _server_optimizer(self, what):
-        if self.server_optimizer is None:   # mxdelay's server refuses, the worker raises
-            raise RuntimeError('mxdelay server 0: set_hyper failed: cannot %s: no optimizer '
-                               'installed on server 0 (call set_optimizer first)' % what)
-        return self.server_optimizer
-
-    def set_learning_rate(self, lr):
-        self._server_optimizer('change the optimizer').set_learning_rate(lr)
-
-    def init(self, key, value):
-        assert key not in self.store
-        if self._job_rescale_grad is None and self.server_optimizer is not None:
-            # The hand-shake (at the first init): the job's rescale_grad is this worker's.
-            self._job_rescale_grad = self._rescale_grad or self.server_optimizer.rescale_grad
-            self.server_optimizer.rescale_grad = self._job_rescale_grad
-        self.store[key] = value.copyto(mx.cpu())
-        self._tensors[key] = None
-
-    def broadcast(self, key, value, out, priority=0):
-        self.init(key, value)
-        self.log.append(('broadcast', key))
-        for o in (out if isinstance(out, (list, tuple)) else [out]):
-            self.store[key].copyto(o)
-
-    def push(self, key, value, priority=0):
-        assert not isinstance(value, (list, tuple)), 'the trainer sums devices itself'
-        self.log.append(('push', key))
-        self.priorities.append((key, priority))
-        grad = value.copyto(mx.cpu())
-        factor = self._gradient_factor()   # as DistDelay scales a push
-        if factor is not None:
-            grad = nd._internal._mul_scalar(grad, scalar=factor)
-        if self.server_updater is None:
-            self.store[key][:] = grad
-        elif not _is_plain_sgd(self.server_optimizer):
-            self.server_updater(key, grad, self.store[key])
-        else:
-            # mxdelay's server applies plain SGD with the single-tensor kernels.
-            fake = types.SimpleNamespace(_optimizer=self.server_optimizer,
-                                         _updater=self.server_updater)
-            DelayServer._sgd(fake, key, grad, self.store[key])
-
-    def pull(self, key, out=None, priority=0, ignore_sparse=True):
-        self.log.append(('pull', key))
-        for o in (out if isinstance(out, (list, tuple)) else [out]):
-            self.store[key].copyto(o)
-
-    def barrier(self):
-        pass
-
-    def finish_round(self, leaving=False):
-        self.log.append(('finish', None))
-        return True   # one worker: when it has finished, every worker has
-
-    def save_optimizer_states(self, fname, dump_optimizer=False):
-        with open(fname, 'wb') as out:
-            pickle.dump({'store': {k: v.asnumpy() for k, v in self.store.items()},
-                         'updater': self.server_updater.get_states(dump_optimizer=True)}, out)
-
-    def check_states(self, fname, error=None):
-        # One worker: the "agreement" is this worker's own verdict.
-        if error is not None:
-            raise ValueError('cannot load %s, nothing was changed: worker 0: %s' % (fname, error))
-        try:
-            with open(fname, 'rb') as src:
-                return pickle.load(src)
-        except Exception as err:  # pylint: disable=broad-except
-            raise ValueError('cannot load %s: %s' % (fname, err)) from None
-
-    def apply_states(self, state):
-        for key, value in state['store'].items():
-            self.store[key][:] = value
-        self.server_updater.set_states(state['updater'])
-        self.server_optimizer = self.server_updater.optimizer
-        self._job_rescale_grad = self.server_optimizer.rescale_grad
-
-
-NAMES = sorted(mlp_job.init_params())       # b1, b2, w1, w2: the trainer's key order
+NAMES = sorted(mlp_model.init_params())       # b1, b2, w1, w2: the trainer's key order
 
 
 def make_params(ctxs):
     """mlp_job's initial weights as bare Parameters on `ctxs`, in key order."""
-    init = mlp_job.init_params()
+    init = mlp_model.init_params()
     params = []
     for name in NAMES:
         param = gluon.Parameter(name, shape=init[name].shape)
@@ -424,8 +301,8 @@ def make_params(ctxs):
 
 
 def numpy_grad(weights, rank, step):
-    x, y = mlp_job.batch(rank, step, BATCH)
-    return mlp_job.numpy_grad(weights, x, y)
+    x, y = mlp_model.batch(rank, step, BATCH)
+    return mlp_model.numpy_grad(weights, x, y)
 
 
 def backward_with(params, ctxs, grads):
@@ -462,7 +339,7 @@ def run_delayed(steps, ctxs=None, kvstore=None, trainer=None, params=None, first
 
 def simulate(steps, delay, warmup_steps, local_rule, dc_lambda=None, local_lr=None,
              momentum=0.9, wd=1e-3, lr=0.1):
-    return reference.simulate(mlp_job.init_params(), numpy_grad, 1, steps, delay,
+    return reference.simulate(mlp_model.init_params(), numpy_grad, 1, steps, delay,
                               warmup_steps, lr, momentum=momentum, wd=wd,
                               rescale_grad=1.0 / BATCH, local_lr=local_lr, rule=local_rule,
                               dc_lambda=dc_lambda)
@@ -579,7 +456,7 @@ def test_learning_rate_change_reaches_server_and_local_rule():
     trainer.set_learning_rate(0.02)
     assert kv.server_optimizer.learning_rate == 0.02
     _, _, _, history = run_delayed(4, trainer=trainer, params=params, first=4)
-    want = reference.simulate(mlp_job.init_params(), numpy_grad, 1, 8, 2, 1, 0.1, momentum=0,
+    want = reference.simulate(mlp_model.init_params(), numpy_grad, 1, 8, 2, 1, 0.1, momentum=0,
                               wd=OPT['wd'], rescale_grad=1.0 / BATCH, local_lr=0.05,
                               rule='sgd', lr_fn=lambda t: 0.1 if t < 4 else 0.02)
     for name in NAMES:
@@ -606,8 +483,9 @@ def test_delayed_load_adopts_the_saved_optimizer_like_gluon(tmp_path):
     _, _, _, resumed = run_delayed(4, trainer=trainer2, params=params2, first=4)
     for name in NAMES:
         np.testing.assert_array_equal(resumed[name], uninterrupted[name][4:])
+    # (local_rule='sgd': the default 'mirror' refuses NAG at construction already)
     wrong = mxdelay.DelayedTrainer(make_params(contexts(1)), 'nag', dict(OPT),
-                                   kvstore=FakeDistDelay(), **args)
+                                   kvstore=FakeDistDelay(), **dict(args, local_rule='sgd'))
     with pytest.raises(ValueError, match=r"saved with optimizer SGD, this trainer uses NAG"):
         wrong.load_states(fname)
 

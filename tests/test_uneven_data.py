@@ -1,6 +1,6 @@
 """Uneven data: workers with different numbers of batches finish cleanly, and exactly.
 
-Real jobs (scheduler, servers, workers over sockets) of tests/scripts/mlp_job.py, whose data
+Real jobs (scheduler, servers, workers over sockets) of tests/scripts/mlp_model.py, whose data
 is a function of (rank, round), checked step by step against the numpy reference of SPEC
 section 1 in which a worker without data in a round contributes a zero gradient (and, in its
 delayed phase, makes its local update with it): that is what ``trainer.join()`` and the
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 import reference
-from jobs import run_job
-from test_trainer_distributed import BASE, RTOL, ATOL, mlp_job, run_mlp_job, HERE
+from conftest import run_job
+from conftest import ATOL, MLP_BASE as BASE, RTOL, SCRIPTS, run_mlp_job
+from scripts import mlp_model
 
 
 def has_data(config, rank, t):
@@ -48,12 +49,12 @@ def simulate_uneven(config, num_workers, warmup_steps):
         if not has_data(config, rank, t):
             return {name: np.zeros_like(w) for name, w in weights.items()}
         size = batch_size(config, rank, t)
-        x, y = mlp_job.batch(rank, t, size)
+        x, y = mlp_model.batch(rank, t, size)
         factor = np.float32(job_batch / size)
         return {name: g.astype(np.float32) * factor
-                for name, g in mlp_job.numpy_grad(weights, x, y).items()}
+                for name, g in mlp_model.numpy_grad(weights, x, y).items()}
     return reference.simulate(
-        mlp_job.init_params(), grad_fn, num_workers, rounds, config['delay'], warmup_steps,
+        mlp_model.init_params(), grad_fn, num_workers, rounds, config['delay'], warmup_steps,
         config['lr'], momentum=config['momentum'], wd=config['wd'],
         rescale_grad=1.0 / job_batch, rule=config.get('local_rule', 'mirror'))
 
@@ -81,6 +82,7 @@ CASES = [
 IDS = ['N%d-S%d-%s-k%d-W%d' % (c[0], c[1], '-'.join(map(str, c[2])), c[3], c[4]) for c in CASES]
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('num_workers,num_servers,batches,delay,warmup,slack', CASES, ids=IDS)
 def test_join_at_every_epoch_end_is_exact(tmp_path, num_workers, num_servers, batches, delay,
                                           warmup, slack):
@@ -91,6 +93,7 @@ def test_join_at_every_epoch_end_is_exact(tmp_path, num_workers, num_servers, ba
                                     simulate_uneven(config, num_workers, warmup))
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('num_workers,num_servers,batches,delay,warmup,slack',
                          [c for c in CASES if min(c[2]) > 0], ids=[
                              i for i, c in zip(IDS, CASES) if min(c[2]) > 0])
@@ -106,6 +109,7 @@ def test_scripts_that_end_first_fill_the_rounds_of_the_others(
                                     simulate_uneven(config, num_workers, warmup))
 
 
+@pytest.mark.jobs
 @pytest.mark.parametrize('join', [True, False], ids=['join', 'no-join'])
 def test_other_and_smaller_last_batch_sizes_scale_each_workers_gradient(tmp_path, join):
     # Worker 1 uses batches of 4 against worker 0's 6, and every epoch ends with a batch of
@@ -118,6 +122,7 @@ def test_other_and_smaller_last_batch_sizes_scale_each_workers_gradient(tmp_path
     assert_uneven_matches_reference(histories, config, simulate_uneven(config, 2, 2))
 
 
+@pytest.mark.jobs
 def test_stock_gluon_trainer_with_uneven_data_finishes(tmp_path):
     # A stock gluon.Trainer on 'dist_delay': the same padding at exit (synchronous SGD,
     # i.e. the reference with warm-up over every round).
@@ -127,6 +132,7 @@ def test_stock_gluon_trainer_with_uneven_data_finishes(tmp_path):
     assert_uneven_matches_reference(histories, config, simulate_uneven(config, 2, 9))
 
 
+@pytest.mark.jobs
 def test_save_states_meets_uneven_workers(tmp_path):
     # save_states is collective: it joins first, so workers that arrive after different
     # numbers of steps meet at the same round and save it.
@@ -139,13 +145,14 @@ def test_save_states_meets_uneven_workers(tmp_path):
             assert pickle.load(src)['schedule']['step'] == 5
 
 
+@pytest.mark.jobs
 def test_continuing_after_a_worker_left_is_an_error_not_a_hang(tmp_path):
     # Misuse: worker 0's script ends (no join) while worker 1 joins at its epoch end and
     # trains on. Worker 1 must fail at its next step with a message, and the job must end.
     config = dict(BASE, batches=[3, 5], epochs=2, join=[1], delay=2, warmup_steps=1)
     out = tmp_path / 'out'
     out.mkdir()
-    result = run_job([sys.executable, os.path.join(HERE, 'scripts', 'mlp_job.py'),
+    result = run_job([sys.executable, os.path.join(SCRIPTS, 'mlp_job.py'),
                       json.dumps(config), str(out)], num_workers=2, timeout=60)
     assert result.returncode != 0, result.stdout[-3000:]
     assert 'workers ended their training script while this worker goes on' in result.stderr
@@ -154,7 +161,7 @@ def test_continuing_after_a_worker_left_is_an_error_not_a_hang(tmp_path):
 
 @pytest.mark.parametrize('kvstore', ['local', None])
 def test_join_without_a_distributed_kvstore_changes_nothing(kvstore):
-    net, _ = mlp_job.build([mx.cpu()])
+    net, _ = mlp_model.build([mx.cpu()])
     trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
                                      kvstore=kvstore, delay=2, warmup_steps=0)
     before = {name: p.data().asnumpy() for name, p in net.collect_params().items()}

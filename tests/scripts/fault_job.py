@@ -35,24 +35,14 @@ import sys
 import time
 
 import numpy as np
-import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlp_job import IN, HIDDEN, OUT, init_params, batch, numpy_grad  # noqa: E402,F401
-
-NAMES = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
+from mlp_model import NAMES, batch, init_params, numpy_grad, weights_of  # noqa: F401
+import mlp_model
 
 
 def build():
-    net = gluon.nn.Sequential()
-    net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=IN, prefix='l1_'),
-            gluon.nn.Dense(OUT, in_units=HIDDEN, prefix='l2_'))
-    net.initialize(ctx=mx.cpu())
-    init = init_params()
-    for name, param in net.collect_params().items():
-        param.set_data(nd.array(init[NAMES[name]]))
-    return net
+    return mlp_model.build()[0]
 
 
 def atomic_bytes(path, data):
@@ -64,10 +54,6 @@ def atomic_bytes(path, data):
 
 def net_file(prefix, rank):
     return '%s.net.worker%d.params' % (prefix, rank)
-
-
-def weights_of(net):
-    return {NAMES[name]: p.data().asnumpy() for name, p in net.collect_params().items()}
 
 
 def try_loads(trainer, net, paths):

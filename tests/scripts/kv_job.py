@@ -118,8 +118,9 @@ def mode_commands(kv, workdir):
             result['broken_load'] = str(err)
         # An unknown command gets an error reply naming it.
         kv._native._send_command_to_servers(0, 'mxdelay:bogus {"rank": %d, "seq": 99}' % kv.rank)
-        kv._native.pull(kv._layout.status_key(0), out=kv._status_out[0])
-        result['bogus'] = kv._read_reply(0)
+        channel = kv._channel
+        kv._native.pull(channel._keys[0], out=channel._status[0])
+        result['bogus'] = channel._read_reply(0)
     kv.barrier()
     kv.pull(5, out=out)
     result['after_broken_load'] = float(out.asnumpy()[0])

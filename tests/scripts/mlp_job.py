@@ -26,33 +26,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-IN, HIDDEN, OUT = 8, 16, 4
-
-
-def init_params():
-    """Initial weights, identical on every worker (and in the numpy reference)."""
-    rs = np.random.RandomState(0)
-    return {'w1': (rs.randn(HIDDEN, IN) * 0.3).astype(np.float32),
-            'b1': (rs.randn(HIDDEN) * 0.1).astype(np.float32),
-            'w2': (rs.randn(OUT, HIDDEN) * 0.3).astype(np.float32),
-            'b2': (rs.randn(OUT) * 0.1).astype(np.float32)}
-
-
-def batch(rank, step, size):
-    """The data of worker `rank` at `step`."""
-    rs = np.random.RandomState(10007 * step + 101 * rank + 7)
-    x = rs.randn(size, IN).astype(np.float32)
-    y = np.tanh(x[:, :OUT] * 1.5 + 0.2 * rank).astype(np.float32)
-    return x, y
-
-
-def numpy_grad(weights, x, y):
-    """Raw gradient (sum over the batch) of Gluon's L2Loss for the MLP, in numpy."""
-    h = np.tanh(x @ weights['w1'].T + weights['b1'])
-    pred = h @ weights['w2'].T + weights['b2']
-    dpred = (pred - y) / OUT
-    dz = (dpred @ weights['w2']) * (1 - h * h)
-    return {'w2': dpred.T @ h, 'b2': dpred.sum(0), 'w1': dz.T @ x, 'b1': dz.sum(0)}
+from mlp_model import IN, HIDDEN, OUT, batch, build, init_params, numpy_grad  # noqa: F401
 
 
 class StockTrainer(gluon.Trainer):
@@ -64,18 +38,6 @@ class StockTrainer(gluon.Trainer):
             self._optimizer.rescale_grad = self._scale / batch_size
             self._init_kvstore()
         return self._kvstore.rank
-
-
-def build(ctxs):
-    net = gluon.nn.Sequential()
-    net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=IN, prefix='l1_'),
-            gluon.nn.Dense(OUT, in_units=HIDDEN, prefix='l2_'))
-    net.initialize(ctx=ctxs)
-    init = init_params()
-    names = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
-    for name, param in net.collect_params().items():
-        param.set_data(nd.array(init[names[name]]))
-    return net, names
 
 
 def main():

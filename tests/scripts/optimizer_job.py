@@ -30,9 +30,8 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fault_job import build, weights_of  # noqa: E402
-from mlp_job import batch  # noqa: E402
+from fault_job import build  # noqa: E402
+from mlp_model import batch, weights_of  # noqa: E402
 
 
 def write_json(path, value):
@@ -56,7 +55,8 @@ def run_trainer(config, out_dir):
     net = build()
     trainer = mxdelay.DelayedTrainer(net.collect_params(), config['optimizer'],
                                      dict(config['optimizer_params']),
-                                     delay=config['delay'], warmup_steps=config['warmup_steps'])
+                                     delay=config['delay'], warmup_steps=config['warmup_steps'],
+                                     local_rule=config.get('local_rule', 'mirror'))
     rank = trainer.rank
     loss_fn = gluon.loss.L2Loss()
     size = config['batch']

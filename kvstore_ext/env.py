@@ -1,13 +1,13 @@
 """Every environment variable mxdelay reads, read here and nowhere else.
 
 The README's table "Environment variables" documents each entry of :data:`VARIABLES`.
-This module imports nothing from MXNet: the role dispatch in ``mxdelay/__init__.py``
-reads ``DMLC_ROLE`` before MXNet may be imported.
+This module imports nothing (neither MXNet nor :mod:`mxdelay`): the role dispatch
+(:mod:`kvstore_ext.bootstrap`) and the launcher read it before MXNet may be imported.
 """
 import os
 
-__all__ = ['VARIABLES', 'get', 'get_int', 'get_float', 'get_bool', 'role',
-           'set_mxnet_defaults']
+__all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'get', 'get_int', 'get_float', 'get_bool', 'role',
+           'set_mxnet_defaults', 'mxnet_defaults_applied']
 
 #: name -> (default, one-line meaning). The README's table is generated from this.
 VARIABLES = {
@@ -28,7 +28,7 @@ VARIABLES = {
     'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (
         '4', "MXNet's backward bulk size. MXNet's default (15) runs a small network's whole "
              'backward as one engine operation, so no push can start before backward ends; '
-             '`import mxdelay` (before mxnet) sets 4 when unset: every few operators end a '
+             '`import mxdelay` (before mxnet) sets 4 when unset, as MXNet is imported: every few operators end a '
              'segment and their gradients are pushed while backward goes on.'),
     'MXNET_KVSTORE_BIGARRAY_BOUND': (
         '1000000', "MXNet's: keys of at least this many elements are split over all servers. "
@@ -37,6 +37,9 @@ VARIABLES = {
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0; then it kills them.'),
 }
+
+#: MXNet's variables that mxdelay gives its own default (before MXNet is imported).
+MXNET_DEFAULTS = ('MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD',)
 
 
 def get(name):
@@ -81,13 +84,13 @@ def role():
 
 
 def set_mxnet_defaults():
-    """Give MXNet mxdelay's defaults for variables the user has not set (see VARIABLES).
+    """Give MXNet mxdelay's defaults (:data:`MXNET_DEFAULTS`) for variables the user has not
+    set. Called by :mod:`kvstore_ext.bootstrap` just before MXNet is imported (MXNet reads
+    them once), never in a process that does not import MXNet."""
+    for name in MXNET_DEFAULTS:
+        os.environ.setdefault(name, VARIABLES[name][0])
 
-    Must run before MXNet is imported (MXNet reads them once); returns False if too late.
-    """
-    import sys  # pylint: disable=import-outside-toplevel
-    if 'mxnet' in sys.modules:
-        return False
-    name = 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD'
-    os.environ.setdefault(name, VARIABLES[name][0])
-    return True
+
+def mxnet_defaults_applied():
+    """Whether every variable of :data:`MXNET_DEFAULTS` is set in this process."""
+    return all(name in os.environ for name in MXNET_DEFAULTS)

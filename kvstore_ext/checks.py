@@ -2,14 +2,14 @@
 
 Every check raises early, naming the argument, the value received and the fix:
 
-- a value of the wrong type raises :class:`ArgumentTypeError`, a ``TypeError`` that is also
-  a ``ValueError`` (mxdelay 0.1 raised ``ValueError`` for these; code catching that keeps
-  working);
+- a value of the wrong type raises :class:`ArgumentTypeError` (``mxdelay.ArgumentTypeError``),
+  a ``TypeError`` that is also a ``ValueError`` (mxdelay 0.1 raised ``ValueError`` for
+  these; code catching that keeps working);
 - a value of the right type outside its range raises ``ValueError``.
 
 ``bool`` is refused where a number is expected (``True`` is an ``int`` to Python, but
 ``delay=True`` is a mistake); numpy scalars are accepted as numbers. This module imports
-no MXNet (only numpy), so that any module may use it.
+no MXNet (only numpy) and nothing of :mod:`mxdelay`, so that any module may use it.
 """
 import math
 import numbers

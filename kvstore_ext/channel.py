@@ -1,0 +1,139 @@
+"""A worker's command channel to mxdelay's servers: hand-shake, commands, replies, votes.
+
+Commands go out on MXNet's command id 0 (:mod:`kvstore_ext.protocol`); each server writes
+its reply into this worker's segment of its *status key*, which the worker pulls
+(docs/design.md §4). The hand-shake is one round on the status keys: the servers answer it
+when every worker has said hello, so it also proves that the servers are mxdelay's (a stock
+MXNet server leaves the status key at zero).
+
+:class:`DistDelay <kvstore_ext.dist_delay.DistDelay>` talks to the servers only through a
+:class:`CommandChannel`; tests give it a fake one.
+"""
+from mxnet import nd
+
+from . import protocol
+from .protocol import Command
+
+__all__ = ['CommandChannel', 'StockServerError']
+
+
+class StockServerError(RuntimeError):
+    """The job's servers are MXNet's stock servers, not mxdelay's."""
+
+
+class CommandChannel(object):
+    """Commands from one worker to every server of the job.
+
+    Parameters
+    ----------
+    native : mxnet.kvstore.KVStore
+        The worker's native distributed store.
+    layout : kvstore_ext.layout.KeyLayout
+        The job's keys (the status keys).
+    """
+
+    def __init__(self, native, layout):
+        self._native = native
+        self._num_servers = layout.num_servers
+        self._keys = [layout.status_key(s) for s in range(layout.num_servers)]
+        self._reply_len = protocol.reply_len(native.num_workers)
+        self._status = None      # this worker's copy of each server's status key
+        self._seq = 0            # number of the last command, echoed by the replies
+        self._ballot = 0         # number of the last agree() call
+
+    @property
+    def rank(self):
+        """This worker's rank (MXNet's)."""
+        return self._native.rank
+
+    def handshake(self, hello):
+        """Say `hello` (a dict) to every server; return their replies' payloads.
+
+        Raises
+        ------
+        StockServerError
+            If a server is not mxdelay's.
+        ValueError
+            If a server refused the hand-shake (e.g. the workers disagree on a setting).
+        """
+        self._native._send_command_to_servers(0, protocol.encode_command(Command.HELLO, hello))
+        length = self._reply_len * self._native.num_workers
+        self._native.init(self._keys, [nd.zeros(length) for _ in self._keys])
+        # One round on the status keys: the server's updater answers it with the hand-shake.
+        self._native.push(self._keys, [nd.zeros(length) for _ in self._keys])
+        self._status = [nd.zeros(length) for _ in self._keys]
+        self._native.pull(self._keys, out=self._status)
+        payloads = []
+        for server in range(self._num_servers):
+            reply = self._read_reply(server)
+            if reply is None:
+                raise StockServerError(
+                    "server %d of this job is not mxdelay's server: it runs MXNet's stock "
+                    "server, which would train without mxdelay's rounds. In the training "
+                    "script put `import mxdelay` before `import mxnet`, or launch through "
+                    "the dispatcher: `mxdelay-launch -n N -s S mxdelay-run python train.py` "
+                    "(or MXNet's tools/launch.py ... mxdelay-run python train.py)." % server)
+            ok, payload, _ = reply
+            if not ok:
+                raise ValueError('mxdelay server %d refused the hand-shake: %s'
+                                 % (server, payload))
+            payloads.append(payload)
+        return payloads
+
+    def _read_reply(self, server):
+        rank = self.rank
+        segment = slice(rank * self._reply_len, (rank + 1) * self._reply_len)
+        return protocol.decode_reply(self._status[server][segment].asnumpy())
+
+    def command(self, command, body, refusal=RuntimeError):
+        """Run `command` with `body` (a dict) on every server; return their replies' payloads.
+
+        Raises
+        ------
+        RuntimeError
+            If a server did not answer this command (its reply is an older one).
+        `refusal`
+            If a server refused the command (RuntimeError unless given).
+        """
+        self._seq += 1
+        body = dict(body, rank=self.rank, seq=self._seq)
+        self._native._send_command_to_servers(0, protocol.encode_command(command, body))
+        self._native.pull(self._keys, out=self._status)
+        replies = []
+        for server in range(self._num_servers):
+            ok, payload, seq = self._read_reply(server)
+            if seq != self._seq % protocol.SEQ_MODULUS:
+                raise RuntimeError('mxdelay server %d did not answer command %s (its last '
+                                   'reply is to command %d, not %d); see its log'
+                                   % (server, command.value, seq, self._seq))
+            if not ok:
+                raise refusal('mxdelay server %d: %s failed: %s'
+                              % (server, command.value, payload))
+            replies.append(payload)
+        return replies
+
+    def agree(self, error, barrier):
+        """Collective: every worker's `error` (None or a message) to every worker.
+
+        Parameters
+        ----------
+        error : str or None
+            This worker's outcome.
+        barrier : callable
+            The workers' barrier, between the votes and the tally.
+
+        Returns
+        -------
+        list of (int, str)
+            ``(rank, message)`` of every worker that failed, the same on every worker.
+        """
+        self._ballot += 1
+        self.command(Command.VOTE, {'ballot': self._ballot, 'error': error})
+        barrier()
+        tally = self.command(Command.TALLY, {'ballot': self._ballot})[0]
+        failures = sorted((int(rank), message) for rank, message in tally['errors'].items())
+        if tally.get('more') and failures:
+            rank, message = failures[-1]
+            failures[-1] = (rank, '%s (and %d more workers failed; their messages do not fit '
+                                  'the reply)' % (message, tally['more']))
+        return failures

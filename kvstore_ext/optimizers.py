@@ -1,0 +1,128 @@
+"""What decides an optimizer's update, and whether two optimizers are the same.
+
+Workers and servers must apply one optimizer; they compare :func:`describe_optimizer`
+dicts (which travel as JSON) with :func:`optimizer_differences`, the one place where
+optimizer equality is decided.
+"""
+import json
+
+import numpy as np
+
+__all__ = ['describe_optimizer', 'optimizer_differences', 'type_difference',
+           'format_differences', 'PER_STEP_FIELDS']
+
+
+#: Fields of :func:`describe_optimizer` that a trainer sets at every step, not at creation:
+#: ``rescale_grad`` is 1/batch_size from the first step on, so a worker that has not stepped
+#: yet (``trainer.join()`` first, with uneven data) legitimately still has its initial value,
+#: and workers may use different batch sizes. Workers' optimizers are compared without them:
+#: the servers apply worker 0's, and each worker scales its gradients relative to it
+#: (``DistDelay.scale_gradients``).
+PER_STEP_FIELDS = ('rescale_grad',)
+
+#: Attributes of an optimizer or learning-rate scheduler that are bookkeeping, not
+#: hyper-parameters: update counters and caches (they differ between a fresh optimizer and
+#: a used one) and MXNet's kernel aggregation size (read from the environment; the arithmetic
+#: is the same).
+_NOT_HYPER_PARAMETERS = frozenset([
+    'num_update', 'aggregate_num', 'allow_np_array', 'param_dict', 'idx2name',
+    'param_idx2name', 'sym_info', 'lr_mult', 'wd_mult',
+    'count', 'cur_step_ind',                       # lr schedulers' progress
+    'last_lr', 'cur_lr', 'm_schedule', 'init_updates', 'lbmult', 'admult', 'cumgrads',
+    'weight_previous'])                            # LARS, Nadam, LBSGD, DCASGD state
+
+
+def _hyper_parameters(obj):
+    """The JSON-able public attributes of `obj` that set its arithmetic."""
+    out = {}
+    for name, value in sorted(vars(obj).items()):
+        if name.startswith('_') or name in _NOT_HYPER_PARAMETERS:
+            continue
+        if isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, (list, tuple)):
+            if not all(isinstance(v, (bool, int, float, str, type(None), np.generic))
+                       for v in value):
+                continue
+            value = [v.item() if isinstance(v, np.generic) else v for v in value]
+        elif not isinstance(value, (bool, int, float, str, type(None))):
+            continue
+        out[name] = value
+    return out
+
+
+def describe_optimizer(optimizer):
+    """Return what decides `optimizer`'s update, as a JSON-able dict (None for None).
+
+    Workers and servers compare these dicts, so that a server never applies another
+    optimizer than the workers set: ``'type'`` (the class name), ``'learning_rate'``
+    (without scheduler), ``'rescale_grad'``, ``'wd'``, ``'clip_gradient'``,
+    ``'multi_precision'``, ``'begin_num_update'``, the optimizer's own hyper-parameters
+    (``'momentum'``, ``'beta1'``, ...: every public attribute that is a number, a string, a
+    bool, None or a list of those) and ``'lr_scheduler'`` (None, or the scheduler's class
+    name and parameters). Update counters, per-parameter state and MXNet's aggregation size
+    are left out: they are not chosen by the user.
+
+    Parameters
+    ----------
+    optimizer : mxnet.optimizer.Optimizer or None
+
+    Returns
+    -------
+    dict or None
+        The same dict before and after a JSON round trip (lists, not tuples).
+    """
+    if optimizer is None:
+        return None
+    described = _hyper_parameters(optimizer)
+    described['learning_rate'] = described.pop('lr', None)
+    scheduler = getattr(optimizer, 'lr_scheduler', None)
+    if scheduler is not None:
+        described['lr_scheduler'] = dict(_hyper_parameters(scheduler),
+                                         type=type(scheduler).__name__)
+    described['type'] = type(optimizer).__name__
+    return json.loads(json.dumps(described))
+
+
+def optimizer_differences(first, second, ignore=()):
+    """Return ``[(field, first's value, second's value)]`` where two descriptions differ.
+
+    Parameters
+    ----------
+    first, second : dict or None
+        Results of :func:`describe_optimizer`. A differing type is the only difference
+        reported (the other fields of two types are not comparable); scheduler fields are
+        named ``'lr_scheduler.<name>'``.
+    ignore : sequence of str
+        Top-level fields not to compare (e.g. :data:`PER_STEP_FIELDS`).
+    """
+    if first is None or second is None:
+        return [] if first == second else [('optimizer', first, second)]
+    if first.get('type') != second.get('type'):
+        return [('type', first.get('type'), second.get('type'))]
+    differences = []
+    for name in sorted((set(first) | set(second)) - set(ignore)):
+        mine, theirs = first.get(name), second.get(name)
+        if name == 'lr_scheduler' and isinstance(mine, dict) and isinstance(theirs, dict):
+            differences.extend(('lr_scheduler.' + field, a, b)
+                               for field, a, b in optimizer_differences(mine, theirs))
+        elif mine != theirs:
+            differences.append((name, mine, theirs))
+    return [('lr_scheduler' if field == 'lr_scheduler.type' else field, a, b)
+            for field, a, b in differences]
+
+
+def format_differences(differences, first_name, second_name):
+    """Text naming each difference with both values, e.g.
+    ``'momentum: worker 0 has 0.9, worker 1 has 0.5'``."""
+    return '; '.join('%s: %s has %r, %s has %r' % (field, first_name, a, second_name, b)
+                     for field, a, b in differences)
+
+
+def type_difference(first, second):
+    """Return ``(first's type, second's type)`` if two descriptions differ in type, else None
+    (from :func:`optimizer_differences`)."""
+    differences = optimizer_differences(first, second)
+    if differences and differences[0][0] in ('type', 'optimizer'):
+        return differences[0][1:]
+    return None
