@@ -48,6 +48,7 @@ Usage (as root for the shaped networks)::
 import argparse
 import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -102,8 +103,16 @@ def parse_args(argv=None):
     parser.add_argument('--networks', default=','.join(NETWORKS),
                         help='phases (default: %(default)s)')
     parser.add_argument('--rounds', type=int, default=3, help='phases (default: %(default)s)')
+    parser.add_argument('--phase-steps', metavar='WARMUP,STEPS',
+                        help='phases: these warm-up and delayed steps on every network instead '
+                             'of the defaults (%s); for quick checks' % ', '.join(
+                                 '%s %d,%d' % (n, v[2], v[3]) for n, v in NETWORKS.items()))
     parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
     args = parser.parse_args(argv)
+    if args.phase_steps:
+        warmup, steps = (int(v) for v in args.phase_steps.split(','))
+        for name, value in list(NETWORKS.items()):
+            NETWORKS[name] = value[:2] + (warmup, steps) + value[4:]
     args.methods = [m for m in args.methods.split(',') if m]
     args.seeds = [int(s) for s in args.seeds.split(',') if s]
     args.networks = [n for n in args.networks.split(',') if n]
@@ -296,10 +305,19 @@ def phase_row(results, method, warmup, steps):
 
 def part_phases(args, meta):
     rows = []
+    plan = []
     for net_name in args.networks:
-        label, rate, warmup, steps, bound = NETWORKS[net_name]
+        plan.append((net_name, NETWORKS[net_name], args.rounds))
+        if net_name == 'loopback':
+            # One run per method on loopback with each shaped network's steps: the same
+            # losses there and on the shaped links show that timing does not change training.
+            for other in args.networks:
+                if NETWORKS[other][1]:
+                    plan.append(('loopback-as-%s' % other, ('loopback',  None)
+                                 + NETWORKS[other][2:4] + (1.0,), 1))
+    for net_name, (label, rate, warmup, steps, bound), rounds in plan:
         with _network(rate) as hostfile:
-            for round_index in range(1, args.rounds + 1):
+            for round_index in range(1, rounds + 1):
                 order = args.methods if round_index % 2 else args.methods[::-1]
                 for method in order:
                     folder = os.path.join(args.scratch, 'phases',
@@ -323,7 +341,8 @@ def part_phases(args, meta):
                         usage = monitor.usage(t0 + window[0], t0 + window[1])
                         row.update(detail, cpu_other=usage['other'],
                                    noisy=usage['other'] > report_lib.NOISE_CORES,
-                                   loss_digest='%.10f' % sum(losses[:warmup + 1 + steps]))
+                                   loss_digest=hashlib.sha1(json.dumps(losses).encode())
+                                   .hexdigest()[:12])
                         _LOG.info('%s %s r%d: first %.2f s, sync %.1f ms, delayed %.1f ms, '
                                   '%.0f samples/s; other %.2f cores; %s', net_name, method,
                                   round_index, row['first_step_s'], row['sync_step_ms'],
@@ -448,7 +467,16 @@ def build_report(out):
                                        real_min_s=min(real), real_max_s=max(real),
                                        derived_s=derived,
                                        ratio=derived / statistics.mean(real)))
-    result = dict(target=target, target_definition="mean over seeds of dist_sync's test "
+    # 6. timing independence: the losses of runs with the same method and steps
+    same = {}
+    for p in phases:
+        if p['exit'] == 0:
+            same.setdefault((p['method'], p['warmup'], p['steps']), []).append(p)
+    determinism = [dict(method=m, warmup=w, steps=n,
+                        runs=['%s r%s' % (p['network'], p['round']) for p in rows],
+                        digests=sorted({str(p['loss_digest']) for p in rows}))
+                   for (m, w, n), rows in same.items()]
+    result = dict(target=target, determinism=determinism, target_definition="mean over seeds of dist_sync's test "
                   'accuracy after epoch 5', seeds=seeds, per_epoch=per_epoch,
                   eval_every=EVAL_EVERY, accuracy=accuracy,
                   times={'%s/%s' % k: v for k, v in times.items()},
@@ -601,6 +629,16 @@ def write_markdown(out, result, methods, networks, phases):
             lines.append('| %s | %d | %.1f s (%.1f-%.1f) | %.1f s | %.2f |' % (
                 label[v['method']], v['epoch'], v['real_mean_s'], v['real_min_s'],
                 v['real_max_s'], v['derived_s'], v['ratio']))
+    lines += ['', '## Does timing change training?', '',
+              'Per-step losses of worker 0 (a SHA-1 of the list) of the phase runs with the same '
+              'method and steps, on different links, rounds, and loopback runs with the shaped '
+              "links' steps (`loopback-as-...`). One digest for a group: bit-identical training "
+              'whatever the link and timing.', '',
+              '| method | warm-up | delayed steps | runs | distinct loss digests |',
+              '|---|---:|---:|---|---|']
+    for d in result['determinism']:
+        lines.append('| %s | %d | %d | %s | %s |' % (label[d['method']], d['warmup'], d['steps'],
+                                                    ', '.join(d['runs']), ' '.join(d['digests'])))
     lines += ['', '## Runs', '', '### Full runs (loopback)', '',
               '| method | seed | exit | training s | first step s | other cores | load before/after '
               '| stock check | MXNET_* seen by the workers |',
