@@ -30,8 +30,8 @@ import sys
 import textwrap
 import time
 
-__all__ = ['REPO', 'LAUNCHER', 'JobResult', 'job_env', 'started_job', 'run_job', 'role_lines',
-           'worker_lines', 'assert_ok', 'python_command', 'PidFile', 'pid_alive']
+__all__ = ['REPO', 'LAUNCHER', 'JobResult', 'job_env', 'stock_env', 'started_job', 'run_job',
+           'role_lines', 'worker_lines', 'assert_ok', 'python_command', 'PidFile', 'pid_alive']
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The launcher runs as a file: it imports no MXNet and does not depend on ``import mxdelay``.
@@ -78,6 +78,18 @@ def job_env(env=None):
         else:
             result[name] = str(value)
     return result
+
+
+def stock_env():
+    """Return `env` overrides (see :func:`job_env`) that leave a job MXNet's own defaults.
+
+    Every ``MXNET_*`` variable of this environment is removed. ``import mxdelay`` (in this
+    process, by any test module, or in an ``mxdelay-launch`` that imports the package) sets
+    ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD`` in ``os.environ``, which children inherit: a
+    baseline job must not run with it. A job of mxdelay's given this environment gets what
+    its own ``import mxdelay`` sets, as a user's would.
+    """
+    return {name: None for name in os.environ if name.startswith('MXNET_')}
 
 
 @contextlib.contextmanager

@@ -5,7 +5,8 @@ Usage: ``mxdelay-launch -n N -s S python mlp_job.py CONFIG_JSON OUT_DIR``. Each 
 ``OUT_DIR/worker<rank>.npz``: every parameter after every step (key ``<name>``, shape
 ``(steps,) + param.shape``). CONFIG keys: trainer ('delayed' or 'gluon'), kvstore, steps,
 batch, lr, momentum, wd, delay, warmup_steps, local_rule, dc_lambda, local_lr, slack,
-devices, sleep_rank, sleep, save_at, resume_from, stop_after.
+devices, sleep_rank, sleep, save_at, resume_from, stop_after, lr_mult and wd_mult ({short
+name: multiplier} set on the Parameters, e.g. ``{"w1": 0.5}``).
 
 Uneven data: with CONFIG ``batches`` (a list: worker r has ``batches[r]`` batches per epoch)
 and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
@@ -26,33 +27,9 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-IN, HIDDEN, OUT = 8, 16, 4
-
-
-def init_params():
-    """Initial weights, identical on every worker (and in the numpy reference)."""
-    rs = np.random.RandomState(0)
-    return {'w1': (rs.randn(HIDDEN, IN) * 0.3).astype(np.float32),
-            'b1': (rs.randn(HIDDEN) * 0.1).astype(np.float32),
-            'w2': (rs.randn(OUT, HIDDEN) * 0.3).astype(np.float32),
-            'b2': (rs.randn(OUT) * 0.1).astype(np.float32)}
-
-
-def batch(rank, step, size):
-    """The data of worker `rank` at `step`."""
-    rs = np.random.RandomState(10007 * step + 101 * rank + 7)
-    x = rs.randn(size, IN).astype(np.float32)
-    y = np.tanh(x[:, :OUT] * 1.5 + 0.2 * rank).astype(np.float32)
-    return x, y
-
-
-def numpy_grad(weights, x, y):
-    """Raw gradient (sum over the batch) of Gluon's L2Loss for the MLP, in numpy."""
-    h = np.tanh(x @ weights['w1'].T + weights['b1'])
-    pred = h @ weights['w2'].T + weights['b2']
-    dpred = (pred - y) / OUT
-    dz = (dpred @ weights['w2']) * (1 - h * h)
-    return {'w2': dpred.T @ h, 'b2': dpred.sum(0), 'w1': dz.T @ x, 'b1': dz.sum(0)}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The model and data, shared with the stock pin's job (stock_job.py), which has no mxdelay.
+from mlp_model import IN, HIDDEN, OUT, build, init_params, batch, numpy_grad  # noqa: E402,F401
 
 
 class StockTrainer(gluon.Trainer):
@@ -66,22 +43,10 @@ class StockTrainer(gluon.Trainer):
         return self._kvstore.rank
 
 
-def build(ctxs):
-    net = gluon.nn.Sequential()
-    net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=IN, prefix='l1_'),
-            gluon.nn.Dense(OUT, in_units=HIDDEN, prefix='l2_'))
-    net.initialize(ctx=ctxs)
-    init = init_params()
-    names = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
-    for name, param in net.collect_params().items():
-        param.set_data(nd.array(init[names[name]]))
-    return net, names
-
-
 def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
-    net, names = build(ctxs)
+    net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
     opt = {'learning_rate': config['lr'], 'momentum': config.get('momentum', 0.0),
            'wd': config.get('wd', 0.0)}
     if config.get('trainer', 'delayed') == 'delayed':

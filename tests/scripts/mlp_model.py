@@ -1,0 +1,57 @@
+"""The model and data of the distributed trainer tests, without mxdelay: a tiny tanh MLP on
+data that is a pure function of (rank, step), so that tests/reference.py can replay it exactly.
+
+Shared by ``mlp_job.py`` (mxdelay's jobs) and ``stock_job.py`` (the stock pin, which must not
+import mxdelay in any process): this module imports numpy and MXNet only.
+"""
+import numpy as np
+import mxnet as mx  # noqa: F401  pylint: disable=unused-import
+from mxnet import gluon, nd
+
+IN, HIDDEN, OUT = 8, 16, 4
+#: Gluon's parameter names -> the short names of init_params() and the npz files.
+NAMES = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
+
+
+def init_params():
+    """Initial weights, identical on every worker (and in the numpy reference)."""
+    rs = np.random.RandomState(0)
+    return {'w1': (rs.randn(HIDDEN, IN) * 0.3).astype(np.float32),
+            'b1': (rs.randn(HIDDEN) * 0.1).astype(np.float32),
+            'w2': (rs.randn(OUT, HIDDEN) * 0.3).astype(np.float32),
+            'b2': (rs.randn(OUT) * 0.1).astype(np.float32)}
+
+
+def batch(rank, step, size):
+    """The data of worker `rank` at `step`."""
+    rs = np.random.RandomState(10007 * step + 101 * rank + 7)
+    x = rs.randn(size, IN).astype(np.float32)
+    y = np.tanh(x[:, :OUT] * 1.5 + 0.2 * rank).astype(np.float32)
+    return x, y
+
+
+def numpy_grad(weights, x, y):
+    """Raw gradient (sum over the batch) of Gluon's L2Loss for the MLP, in numpy."""
+    h = np.tanh(x @ weights['w1'].T + weights['b1'])
+    pred = h @ weights['w2'].T + weights['b2']
+    dpred = (pred - y) / OUT
+    dz = (dpred @ weights['w2']) * (1 - h * h)
+    return {'w2': dpred.T @ h, 'b2': dpred.sum(0), 'w1': dz.T @ x, 'b1': dz.sum(0)}
+
+
+def build(ctxs, lr_mult=None, wd_mult=None):
+    """The MLP on `ctxs` with init_params()' weights; returns ``(net, NAMES)``.
+
+    `lr_mult` and `wd_mult` ({short name: multiplier}) set the Parameters' ``lr_mult`` and
+    ``wd_mult`` (default 1, Gluon's).
+    """
+    net = gluon.nn.Sequential()
+    net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=IN, prefix='l1_'),
+            gluon.nn.Dense(OUT, in_units=HIDDEN, prefix='l2_'))
+    net.initialize(ctx=ctxs)
+    init = init_params()
+    for name, param in net.collect_params().items():
+        param.set_data(nd.array(init[NAMES[name]]))
+        param.lr_mult = (lr_mult or {}).get(NAMES[name], 1.0)
+        param.wd_mult = (wd_mult or {}).get(NAMES[name], 1.0)
+    return net, dict(NAMES)
