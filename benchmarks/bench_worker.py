@@ -1,41 +1,117 @@
-"""One worker of a throughput run of ``benchmarks/benchmark.py``.
+"""One worker (and, under a launcher, every other role) of the benchmarks' training jobs.
 
-The model, data and seed are those of ``examples/train_fashion_mnist.py`` (its
-``build_net`` and its per-worker shards), trained with a stock Gluon loop: forward,
-backward, ``trainer.step``, read the loss (as a loop that logs its loss does; this is where
-a worker waits for what the step left pending). The first ``--warmup-steps`` + 1 steps
-(warm-up and switch of ``DelayedTrainer``; the same number for every mode) are not timed;
-the next ``--steps`` are. Each worker writes one JSON file: its window's start and end
-(``time.time()``, comparable across the processes of one machine), the end of every timed
-step, and its own CPU seconds in the window.
+The model, data and seed are those of ``examples/train_fashion_mnist.py``: its
+``build_net('mlp')``, read from the example's source (importing the example would import
+mxdelay), and its per-worker shards (``fashion_mnist_data``, numpy only). The loop is a stock
+Gluon loop: forward, backward, ``trainer.step``, read the loss (as a loop that logs its loss
+does; this is where a worker waits for what the step left pending). Every step's end
+(``time.time()``, comparable across the processes of one machine) and loss are recorded.
+
+Two kinds of run:
+
+- window (default): the first ``--warmup-steps`` + 1 steps (warm-up and switch of
+  ``DelayedTrainer``; the same number for every mode) are not timed; the next ``--steps``
+  are. The JSON has the window's start and end and the worker's CPU seconds in it.
+- ``--epochs E``: full training, ``E`` epochs of the shard. Worker 0 copies its weights at
+  the end of every ``--eval-every`` steps and of every epoch, and evaluates the copies on the
+  10000 test images *after* training, so that evaluation takes no time from training.
 
 Modes: ``compute`` trains with ``kvstore=None`` in a process of its own (no launcher; give
 ``--rank`` and ``--num-workers``); ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``;
-``delayed`` is ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. The last two run under
-``mxdelay-launch``. Only ``delayed`` imports mxdelay (before mxnet, so that its servers are
-mxdelay's); the other modes are stock MXNet in every process, servers included, with
-MXNet's defaults (``import mxdelay`` would also change the backward bulk size).
+``delayed`` is ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. Only ``delayed`` imports
+mxdelay (before mxnet, so that its servers are mxdelay's); the other modes are stock MXNet in
+every process, servers and scheduler included.
+
+Provenance: every process (scheduler, servers, workers) writes ``role-<role>-<rank>.json``
+next to ``--out``, before it imports MXNet and again at exit (a scheduler or server leaves
+MXNet's import only to exit): whether ``mxdelay`` or ``kvstore_ext`` were imported, and the
+``MXNET_*`` and ``OMP_*`` variables it saw. A ``sync`` or ``compute`` process that finds
+mxdelay imported exits with code 3 at once.
 """
+import atexit
+import json
+import os
 import sys
 
+_STOCK_VIOLATION = 3
+
+
+def _option(name, default=None):
+    """The value of `--name X` or `--name=X` in sys.argv (before argparse can run)."""
+    argv = sys.argv[1:]
+    for index, arg in enumerate(argv):
+        if arg == name and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith(name + '='):
+            return arg.split('=', 1)[1]
+    return default
+
+
+def _provenance(stage):
+    role = os.environ.get('DMLC_ROLE', 'worker')
+    rank = os.environ.get('MXDELAY_RANK', _option('--rank', '0'))
+    return dict(stage=stage, role=role, rank=rank, pid=os.getpid(), mode=_option('--mode'),
+                mxdelay_imported='mxdelay' in sys.modules,
+                kvstore_ext_imported='kvstore_ext' in sys.modules,
+                mxnet_imported='mxnet' in sys.modules,
+                env={k: v for k, v in sorted(os.environ.items())
+                     if k.startswith(('MXNET_', 'OMP_', 'MXDELAY_'))})
+
+
+def _record_provenance():
+    out = _option('--out')
+    if not out:
+        return
+    path = os.path.join(os.path.dirname(os.path.abspath(out)), 'role-%s-%s.json' % (
+        os.environ.get('DMLC_ROLE', 'worker'), os.environ.get('MXDELAY_RANK',
+                                                              _option('--rank', '0'))))
+    records = [_provenance('start')]
+
+    def write():
+        with open(path, 'w', encoding='utf-8') as dst:
+            json.dump(records, dst, indent=1)
+
+    def at_exit():
+        records.append(_provenance('exit'))
+        write()
+    write()
+    atexit.register(at_exit)
+    if _option('--mode') != 'delayed' and (records[0]['mxdelay_imported']
+                                           or records[0]['kvstore_ext_imported']):
+        sys.stderr.write('bench_worker: a stock run found mxdelay imported\n')
+        os._exit(_STOCK_VIOLATION)
+
+
+_record_provenance()
 # The servers of a job run what their `import` makes of them: mxdelay's server if mxdelay is
 # imported before mxnet, else MXNet's stock one. The baseline is stock MXNet throughout.
-if any(arg in ('--mode=delayed', 'delayed') for arg in sys.argv[1:]):
+if _option('--mode') == 'delayed':
     import mxdelay  # noqa: F401  pylint: disable=unused-import
 
 import argparse  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
-import json  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
-import os  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import ast  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import random  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import time  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 import mxnet as mx  # noqa: E402  pylint: disable=wrong-import-position
-from mxnet import autograd, gluon, nd
+from mxnet import autograd, gluon, nd  # noqa: E402  pylint: disable=wrong-import-position
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'examples'))
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'examples')
+sys.path.insert(0, EXAMPLES)
 import fashion_mnist_data as data  # noqa: E402  pylint: disable=wrong-import-position
-from train_fashion_mnist import build_net  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def build_net(model='mlp'):
+    """The example's ``build_net``, compiled from its source without importing the example."""
+    path = os.path.join(EXAMPLES, 'train_fashion_mnist.py')
+    with open(path, encoding='utf-8') as src:
+        tree = ast.parse(src.read(), path)
+    function = next(node for node in tree.body
+                    if isinstance(node, ast.FunctionDef) and node.name == 'build_net')
+    namespace = {'gluon': gluon}
+    exec(compile(ast.Module(body=[function], type_ignores=[]), path, 'exec'),  # pylint: disable=exec-used
+         namespace)
+    return namespace['build_net'](model)
 
 
 def parse_args(argv=None):
@@ -44,7 +120,11 @@ def parse_args(argv=None):
     parser.add_argument('--delay', type=int, default=4)
     parser.add_argument('--local-rule', default='mirror')
     parser.add_argument('--warmup-steps', type=int, default=200)
-    parser.add_argument('--steps', type=int, default=300, help='timed steps')
+    parser.add_argument('--steps', type=int, default=300, help='timed steps (window runs)')
+    parser.add_argument('--epochs', type=int, help='full training of this many epochs')
+    parser.add_argument('--eval-every', type=int, default=78,
+                        help='--epochs: worker 0 keeps its weights every this many steps, and '
+                             'at every epoch end, for evaluation after training')
     parser.add_argument('--batch-size', type=int, default=128)
     parser.add_argument('--lr', type=float, default=0.05)
     parser.add_argument('--momentum', type=float, default=0.9)
@@ -63,6 +143,15 @@ def parse_args(argv=None):
     return args
 
 
+def evaluate(net, images, labels):
+    """Accuracy of `net` on a whole split (as the example's ``evaluate``)."""
+    correct = 0
+    for x, y in data.iterate(images, labels, 1000):
+        pred = net(nd.array(x)).argmax(axis=1)
+        correct += int((pred == nd.array(y)).sum().asscalar())
+    return correct / len(images)
+
+
 def main(argv=None):
     args = parse_args(argv)
     train_images, train_labels = data.load_split('train', args.data_dir)
@@ -72,27 +161,33 @@ def main(argv=None):
     else:
         kvstore = mx.kv.create('dist_delay' if args.mode == 'delayed' else 'dist_sync')
         rank, num_workers = kvstore.rank, kvstore.num_workers
+    if args.mode != 'delayed':
+        assert 'mxdelay' not in sys.modules and 'kvstore_ext' not in sys.modules
     mx.random.seed(args.seed)
     net = build_net('mlp')
     net.initialize(mx.init.Xavier(magnitude=2.24))
     net(nd.zeros((1, 1, 28, 28)))
     net.hybridize()
     if args.mode == 'delayed':
-        trainer = sys.modules['mxdelay'].DelayedTrainer(net.collect_params(), 'sgd', opt, kvstore=kvstore,
-                                         delay=args.delay, warmup_steps=args.warmup_steps,
-                                         local_rule=args.local_rule)
+        trainer = sys.modules['mxdelay'].DelayedTrainer(
+            net.collect_params(), 'sgd', opt, kvstore=kvstore, delay=args.delay,
+            warmup_steps=args.warmup_steps, local_rule=args.local_rule)
     else:
         trainer = gluon.Trainer(net.collect_params(), 'sgd', opt, kvstore=kvstore)
+    params = list(net.collect_params().values())
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     shard = data.WorkerShard(train_images, train_labels, args.batch_size, rank, num_workers,
                              args.seed)
     jitter_rng = random.Random(args.seed * 1000 + rank)
     prob, max_ms = args.jitter
 
-    skip = args.warmup_steps + 1  # warm-up and switch: not timed
-    total = skip + args.steps
-    step, ends, start, cpu_start, loss_sum = 0, [], None, None, 0.0
+    full = args.epochs is not None
+    skip = 0 if full else args.warmup_steps + 1  # window runs: warm-up and switch not timed
+    total = args.epochs * len(shard) if full else skip + args.steps
+    step, ends, losses, start, cpu_start = 0, [], [], None, None
+    snapshots = []  # (step, epoch, [numpy weights]) of worker 0, evaluated after training
     epoch = 0
+    first = time.time()
     while step < total:
         for x, y in shard.batches(epoch):
             if step == skip:
@@ -104,20 +199,42 @@ def main(argv=None):
                 loss = loss_fn(net(x), y)
             loss.backward()
             trainer.step(x.shape[0])
-            loss_sum += float(loss.mean().asscalar())
+            losses.append(float(loss.mean().asscalar()))
             step += 1
-            if step > skip:
-                ends.append(time.time())
+            ends.append(time.time())
+            if full and rank == 0 and (step % args.eval_every == 0 or step % len(shard) == 0):
+                snapshots.append((step, step / len(shard),
+                                  [p.data().asnumpy() for p in params]))
             if step == total:
                 break
         epoch += 1
     nd.waitall()  # what the last step left pending belongs to the window
     end = time.time()
+    result = {'rank': rank, 'num_workers': num_workers, 'mode': args.mode,
+              'delay': args.delay if args.mode == 'delayed' else None,
+              'warmup_steps': args.warmup_steps if args.mode == 'delayed' else None,
+              'seed': args.seed, 'batch_size': args.batch_size, 'steps': total - skip,
+              'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
+              'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
+              'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total}
+    if snapshots:
+        test_images, test_labels = data.load_split('test', args.data_dir)
+        evaluated = time.time()
+        result['evals'] = []
+        # A net of its own: set_data on the trained net would reset the trainer's kvstore.
+        eval_net = build_net('mlp')
+        eval_net.initialize()
+        eval_net(nd.zeros((1, 1, 28, 28)))
+        eval_net.hybridize()
+        eval_params = list(eval_net.collect_params().values())
+        for at_step, at_epoch, weights in snapshots:
+            for param, value in zip(eval_params, weights):
+                param.set_data(nd.array(value))
+            result['evals'].append({'step': at_step, 'epoch': at_epoch,
+                                    'test_acc': evaluate(eval_net, test_images, test_labels)})
+        result['eval_s'] = time.time() - evaluated
     with open(args.out.format(rank=rank), 'w', encoding='utf-8') as out:
-        json.dump({'rank': rank, 'num_workers': num_workers, 'mode': args.mode,
-                   'batch_size': args.batch_size, 'steps': args.steps, 'start': start,
-                   'end': end, 'cpu_s': time.process_time() - cpu_start, 'step_ends': ends,
-                   'mean_loss': loss_sum / total}, out)
+        json.dump(result, out)
     return 0
 
 

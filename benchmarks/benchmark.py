@@ -113,7 +113,9 @@ DEFAULT_NETWORKS = ('loopback', 'jitter', '1gbit', '100mbit')
 
 #: name -> (label, train_fashion_mnist arguments)
 ACCURACY = {
-    'sync': ('dist_sync (stock)', ['--trainer', 'sync']),
+    # The example imports mxdelay first: its sync job runs on mxdelay's servers (not stock).
+    # The stock baseline's accuracy over seeds: benchmarks/tta.py --part full.
+    'sync': ('dist_sync (example: mxdelay\'s servers)', ['--trainer', 'sync']),
     'mirror-k4': ("delayed k=4 'mirror'", ['--trainer', 'delayed', '--delay', '4',
                                           '--local-rule', 'mirror']),
     'mirror-k8': ("delayed k=8 'mirror'", ['--trainer', 'delayed', '--delay', '8',
@@ -203,9 +205,10 @@ def parse_args(argv=None):
 
 # -- processes -------------------------------------------------------------------------
 def _job_env():
+    # Explicit and stock: no DMLC_, MXNET_ or MXDELAY_ variable of this process reaches a job
+    # (a delayed job's `import mxdelay` sets its own defaults; a baseline job keeps MXNet's).
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith('DMLC_') and name not in ('MXNET_CPU_WORKER_NTHREADS',
-                                                            'MXDELAY_RANK')}
+           if not name.startswith(('DMLC_', 'MXNET_', 'MXDELAY_'))}
     env.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     return env
 
@@ -257,8 +260,11 @@ def _wait_all(popens, timeout):
 
 
 def _launcher(network, hostfile, timeout):
-    argv = [sys.executable, '-m', 'mxdelay.launcher', '-n', str(NUM_WORKERS), '-s', '1',
-            '--timeout', str(int(timeout))]
+    # The launcher as a plain file: `-m mxdelay.launcher` would import the mxdelay package,
+    # which sets mxdelay's MXNet defaults in the launcher's environment, which local roles
+    # inherit (a baseline job must see MXNet's defaults).
+    argv = [sys.executable, os.path.join(REPO, 'mxdelay', 'launcher.py'), '-n',
+            str(NUM_WORKERS), '-s', '1', '--timeout', str(int(timeout))]
     if network['rate']:
         argv += ['--launcher', 'netns', '-H', hostfile]
     return argv + ['--']

@@ -1,23 +1,36 @@
 """Worker of benchmarks/kvstore_roundtrip.py: push + pull of a 1.86M-float model per step.
 
-Usage (under mxdelay-launch): ``python kv_worker.py KVSTORE STEPS OUT_JSON [none|sgd]``.
+Usage (under a launcher): ``python kv_worker.py KVSTORE STEPS OUT_JSON [none|sgd]``.
+Only ``dist_delay`` imports mxdelay (before mxnet, so that its servers are mxdelay's);
+``dist_sync`` is stock MXNet in every process, servers and scheduler included. Every process
+records what it imported (``benchmarks/provenance.py``) next to OUT_JSON.
 """
-import mxdelay  # noqa: F401  before mxnet: the servers become mxdelay's
-
-import json
+import os
 import sys
-import time
 
-import mxnet as mx
-from mxnet import nd
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402  standard library only
+
+KIND = sys.argv[1]
+provenance.record(os.path.dirname(os.path.abspath(sys.argv[3])), KIND, stock=KIND != 'dist_delay')
+if KIND == 'dist_delay':
+    import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's
+
+import json  # noqa: E402
+import time  # noqa: E402
+
+import mxnet as mx  # noqa: E402
+from mxnet import nd  # noqa: E402
 
 # The Fashion-MNIST MLP 784-1024-1024-10: 1,863,690 floats in 6 tensors.
 SHAPES = [(1024, 784), (1024,), (1024, 1024), (1024,), (10, 1024), (10,)]
 
 
 def main():
-    kind, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    kv = mx.kv.create(kind)
+    steps, out = int(sys.argv[2]), sys.argv[3]
+    kv = mx.kv.create(KIND)
+    if KIND != 'dist_delay':
+        assert 'mxdelay' not in sys.modules and 'kvstore_ext' not in sys.modules
     if sys.argv[4:] == ['sgd']:
         kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9))
     weights = [nd.zeros(s) for s in SHAPES]
@@ -25,7 +38,7 @@ def main():
     for i, w in enumerate(weights):
         kv.init(i, w)
     times = []
-    for step in range(steps):
+    for _ in range(steps):
         start = time.time()
         for i, g in enumerate(grads):
             kv.push(i, g, priority=-i)
@@ -35,7 +48,7 @@ def main():
         times.append(time.time() - start)
     if kv.rank == 0:
         with open(out, 'w') as dst:
-            json.dump({'kvstore': kind, 'times': times}, dst)
+            json.dump({'kvstore': KIND, 'times': times}, dst)
 
 
 if __name__ == '__main__':

@@ -1,20 +1,33 @@
-"""Push + pull round trip of 'dist_delay' vs MXNet's native 'dist_sync', side by side.
+"""Push + pull round trip of 'dist_delay' vs MXNet's own stock 'dist_sync', side by side.
 
 Runs benchmarks/kv_worker.py (a 1.86M-float model: the Fashion-MNIST MLP's 6 tensors;
-every step pushes all and pulls all, then waits) under mxdelay-launch with 2 workers and 1
-server on loopback, alternating the two stores ``--rounds`` times so that the machine's
-noise hits both alike, and prints the median step time and the throughput ratio.
+every step pushes all and pulls all, then waits) with 2 workers and 1 server on loopback,
+launched by ``mxdelay/launcher.py`` as a plain file (it imports neither mxdelay's package nor
+MXNet) with an explicit environment: this one minus every ``DMLC_*``, ``MXNET_*`` and
+``MXDELAY_*`` variable, plus ``OMP_NUM_THREADS=1``. The ``dist_sync`` jobs are stock MXNet in
+every process (no mxdelay import anywhere; each process checks it and records it).
 
-With ``--optimizer sgd`` both stores' servers apply SGD with momentum (as in training: the
-server's Python updater runs for every round); without it, they store the round's sum, which
-MXNet's native server does in C++ alone, while mxdelay's server always runs its Python
-updater (it orders the rounds).
+Procedure, fixed by the arguments: for each optimizer setting of ``--optimizers``, and each
+of ``--rounds`` rounds, one job per store, the stores alternating (every other round in the
+reverse order). Each job runs ``--steps`` steps; the first 10 of every job are dropped (the
+first steps allocate buffers); nothing else is excluded. The figure is the median step time
+over all kept steps of all rounds, and the ratio is dist_sync's median over dist_delay's
+(above 1: dist_delay is faster).
 
-Usage: ``python benchmarks/kvstore_roundtrip.py [--rounds 3] [--steps 100] [--optimizer sgd]``
+With ``sgd`` both stores' servers apply SGD with momentum (as in training); with ``none``,
+they store the round's sum, which MXNet's native server does in C++ alone, while mxdelay's
+server always runs its Python updater (it orders the rounds).
+
+Writes ``results.json`` (every step time, the commit, command, machine and load) and
+``results.md`` into ``--out``.
+
+Usage: ``python benchmarks/kvstore_roundtrip.py [--rounds 4] [--steps 100] [--optimizers none,sgd]``
 """
 import argparse
+import datetime
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -22,37 +35,116 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAUNCHER = os.path.join(os.path.dirname(HERE), 'mxdelay', 'launcher.py')
+REPO = os.path.dirname(HERE)
+LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
+sys.path.insert(0, HERE)
+import tta  # noqa: E402  pylint: disable=wrong-import-position  (provenance helpers)
+
+STORES = ('dist_sync', 'dist_delay')
+DROPPED = 10
 
 
 def run(kind, steps, folder, optimizer):
-    out = os.path.join(folder, kind + '.json')
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    subprocess.run([sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', '600',
+    out = os.path.join(folder, 'rank0.json')
+    subprocess.run([sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', '600', '--',
                     sys.executable, os.path.join(HERE, 'kv_worker.py'), kind, str(steps), out,
                     optimizer],
-                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(out) as src:
-        return json.load(src)['times'][10:]   # the first steps allocate buffers
+                   check=True, env=tta.job_env(), stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    with open(out, encoding='utf-8') as src:
+        times = json.load(src)['times']
+    roles = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith('role-'):
+            with open(os.path.join(folder, name), encoding='utf-8') as src:
+                roles[name[5:-5]] = json.load(src)
+    imported = sorted(name for name, records in roles.items()
+                      if any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records))
+    env = sorted({' '.join('%s=%s' % kv for kv in records[-1]['env'].items()
+                           if kv[0].startswith('MXNET_')) or '(none)'
+                  for name, records in roles.items() if name.startswith('worker')})
+    return times, dict(roles=sorted(roles), mxdelay_imported_in=imported, worker_mxnet_env=env)
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--rounds', type=int, default=4)
     parser.add_argument('--steps', type=int, default=100)
-    parser.add_argument('--optimizer', choices=('none', 'sgd'), default='none')
-    args = parser.parse_args()
-    times = {'dist_sync': [], 'dist_delay': []}
-    with tempfile.TemporaryDirectory() as folder:
-        for _ in range(args.rounds):
-            for kind in times:
-                times[kind].extend(run(kind, args.steps, folder, args.optimizer))
-    median = {kind: 1000 * float(np.median(t)) for kind, t in times.items()}
-    print('| store | median ms per push+pull of 1.86M floats | throughput vs dist_sync |')
-    print('|---|---:|---:|')
-    for kind in times:
-        print('| %s | %.1f | %.2fx |' % (kind, median[kind], median['dist_sync'] / median[kind]))
+    parser.add_argument('--optimizers', default='none,sgd')
+    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'roundtrip'))
+    args = parser.parse_args(argv)
+    optimizers = [o for o in args.optimizers.split(',') if o]
+    meta = dict(command='python benchmarks/kvstore_roundtrip.py ' + shlex.join(
+                    sys.argv[1:] if argv is None else argv),
+                started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+                load_before=os.getloadavg(), code=tta.code_version(), machine=tta.machine(),
+                job_env_mxnet={k: v for k, v in tta.job_env().items() if k.startswith('MXNET_')},
+                rounds=args.rounds, steps=args.steps, dropped_per_job=DROPPED)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for optimizer in optimizers:
+            for round_index in range(1, args.rounds + 1):
+                for kind in (STORES if round_index % 2 else STORES[::-1]):
+                    folder = os.path.join(tmp, '%s-%s-%d' % (optimizer, kind, round_index))
+                    os.makedirs(folder)
+                    load = os.getloadavg()[0]
+                    times, check = run(kind, args.steps, folder, optimizer)
+                    runs.append(dict(optimizer=optimizer, store=kind, round=round_index,
+                                     load_before=load, times=times, **check))
+                    print('%s %s round %d: median %.1f ms; mxdelay imported in: %s; MXNET_* %s'
+                          % (optimizer, kind, round_index,
+                             1000 * np.median(times[DROPPED:]), check['mxdelay_imported_in']
+                             or 'none', check['worker_mxnet_env']), flush=True)
+    meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec='seconds'), load_after=os.getloadavg())
+    summary = []
+    for optimizer in optimizers:
+        median = {}
+        for kind in STORES:
+            kept = [t for r in runs if r['optimizer'] == optimizer and r['store'] == kind
+                    for t in r['times'][DROPPED:]]
+            per_round = [1000 * float(np.median(r['times'][DROPPED:])) for r in runs
+                         if r['optimizer'] == optimizer and r['store'] == kind]
+            median[kind] = 1000 * float(np.median(kept))
+            summary.append(dict(optimizer=optimizer, store=kind, median_ms=median[kind],
+                                round_medians_ms=per_round, kept_steps=len(kept)))
+        for row in summary[-2:]:
+            row['x_dist_sync'] = median['dist_sync'] / row['median_ms']
+    stock_ok = all(not r['mxdelay_imported_in'] for r in runs if r['store'] == 'dist_sync')
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, 'results.json'), 'w', encoding='utf-8') as dst:
+        json.dump(dict(meta=meta, summary=summary, stock_baseline_verified=stock_ok, runs=runs),
+                  dst, indent=1)
+    code = meta['code']
+    lines = ['# Push + pull round trip: dist_delay vs stock dist_sync', '',
+             'Generated by `%s` (do not edit): %s to %s, commit `%s`%s; %d cores (%s); load '
+             'average (1 min) %.2f before, %.2f after. Raw step times: '
+             '[results.json](results.json).' % (
+                 meta['command'], meta['started'], meta['finished'], code['commit'][:10],
+                 ' (dirty: %s)' % ', '.join(code['dirty_files']) if code['dirty'] else '',
+                 meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
+                 meta['load_after'][0]), '',
+             '2 workers + 1 server on loopback; 1,863,690 floats in 6 tensors; every step pushes '
+             'all and pulls all, then waits. %d rounds of %d steps per store, alternating; the '
+             'first %d steps of each job dropped. Stock baseline verified in every process of '
+             'every dist_sync job (no mxdelay import; MXNET_* of the workers: %s): **%s**.' % (
+                 args.rounds, args.steps, DROPPED,
+                 ', '.join(sorted({e for r in runs if r['store'] == 'dist_sync'
+                                   for e in r['worker_mxnet_env']})),
+                 'yes' if stock_ok else 'NO'), '',
+             '| server optimizer | store | median ms per push+pull | per-round medians | '
+             'throughput vs stock dist_sync |', '|---|---|---:|---|---:|']
+    for row in summary:
+        lines.append('| %s | %s | %.1f | %s | %.2fx |' % (
+            row['optimizer'], row['store'] + (' (stock MXNet)' if row['store'] == 'dist_sync'
+                                              else " (mxdelay's server)"),
+            row['median_ms'], ' '.join('%.1f' % v for v in row['round_medians_ms']),
+            row['x_dist_sync']))
+    with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
+        dst.write('\n'.join(lines) + '\n')
+    print('\n'.join(lines[-2 - len(summary):]))
+    return 0 if stock_ok else 1
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

@@ -63,17 +63,20 @@ def pytest_configure(config):
                                        'workers); deselect with -m "not jobs"')
 
 
-@pytest.fixture(autouse=True)
-def _job_marker(request):
-    _CURRENT['jobs'] = request.node.get_closest_marker('jobs') is not None
-    yield
-    _CURRENT['jobs'] = True
+class UnmarkedJobError(RuntimeError):
+    """A test that is not marked ``jobs`` started a job (not an AssertionError, so that no
+    ``xfail(raises=AssertionError)`` can swallow it)."""
+
+
+def pytest_runtest_setup(item):
+    # Before any of the item's fixtures, module-scoped ones included, are set up.
+    _CURRENT['jobs'] = item.get_closest_marker('jobs') is not None
 
 
 def _require_jobs_marker():
     if not _CURRENT['jobs']:
-        raise AssertionError('this test starts a job: mark it @pytest.mark.jobs, so that the '
-                             'fast set (-m "not jobs") stays single-process')
+        raise UnmarkedJobError('this test starts a job: mark it @pytest.mark.jobs, so that the '
+                               'fast set (-m "not jobs") stays single-process')
 
 
 # -- jobs -----------------------------------------------------------------------------------
@@ -124,6 +127,18 @@ def job_env(env=None):
         else:
             result[name] = str(value)
     return result
+
+
+def stock_env():
+    """Return `env` overrides (see :func:`job_env`) that leave a job MXNet's own defaults.
+
+    Every ``MXNET_*`` variable of this environment is removed: ``import mxdelay`` before
+    ``import mxnet`` (as this process does) sets ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD``
+    in ``os.environ``, which children inherit, and a baseline job must not run with it. A job
+    of mxdelay's given this environment gets what its own ``import mxdelay`` sets, as a
+    user's would.
+    """
+    return {name: None for name in os.environ if name.startswith('MXNET_')}
 
 
 @contextlib.contextmanager

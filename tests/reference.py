@@ -51,13 +51,19 @@ def _copy(d):
 
 def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentum=0.0, wd=0.0,
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
-             lr_fn=None):
+             lr_fn=None, lr_mult=None, wd_mult=None):
     """Simulate SPEC section 1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
     ``weights``. ``lr_fn(t)`` is the server's lr in round t (default ``lr``); the local lr
     is ``local_lr`` (default ``lr``) times ``lr_fn(t) / lr``. ``dc_lambda=None`` takes the
     rule's default from ``DEFAULT_LAMBDA``.
+
+    ``lr_mult`` and ``wd_mult`` ({name: multiplier}, 1 for a name not given) are the
+    Parameters' multipliers, which the server and the local rule apply alike, as MXNet's
+    optimizer does: parameter n's lr is ``float32(lr * lr_mult[n])`` and its wd
+    ``float32(wd * wd_mult[n])``, each product taken in float64 (Python floats) and rounded
+    once when it reaches the kernel; the local lr is ``float32(local lr * lr_mult[n])``.
     """
     if rule not in DEFAULT_LAMBDA:
         raise ValueError('rule must be one of %s, got %r' % (sorted(DEFAULT_LAMBDA), rule))
@@ -66,9 +72,15 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     N, k, warm = num_workers, delay, warmup_steps
     t0 = warm + 1                                  # first step of the delayed phase
     lam = F32(DEFAULT_LAMBDA[rule] if dc_lambda is None else dc_lambda)
-    mu, wd32, rg, m = F32(momentum), F32(wd), F32(rescale_grad), F32(ms_momentum)
+    mu, rg, m = F32(momentum), F32(rescale_grad), F32(ms_momentum)
     local_lr = lr if local_lr is None else local_lr
     names = sorted(init)
+    for what, mults in (('lr_mult', lr_mult), ('wd_mult', wd_mult)):
+        if set(mults or {}) - set(names):
+            raise ValueError('%s names %s, not parameters (%s)'
+                             % (what, sorted(set(mults) - set(names)), names))
+    lr_mult = {n: float((lr_mult or {}).get(n, 1.0)) for n in names}
+    wd_n = {n: F32(wd * float((wd_mult or {}).get(n, 1.0))) for n in names}
 
     W = {n: np.array(init[n], dtype=F32) for n in names}       # server: W_0
     mom = {n: np.zeros_like(W[n]) for n in names}              # server momentum state
@@ -82,8 +94,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
 
     for t in range(steps):
         lr_t = lr if lr_fn is None else lr_fn(t)
-        lr_s = F32(lr_t)                                   # server lr, round t
-        lr_l = F32(local_lr * (lr_t / lr))                 # local lr, same schedule factor
+        lr_s = {n: F32(lr_t * lr_mult[n]) for n in names}  # server lr, round t
+        lr_l = local_lr * (lr_t / lr)                      # local lr, same schedule factor
+        lr_l = {n: F32(lr_l * lr_mult[n]) for n in names}
         raws = []
         for i, wk in enumerate(workers):                   # forward/backward at w'
             gr = grad_fn(_copy(wk['w']), i, t)
@@ -96,9 +109,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             for r in raws[1:]:
                 G = G + r[n]                               # rank order
             if momentum > 0:                               # MXNet: state only if momentum > 0
-                W[n], mom[n] = sgd_mom_step(W_t[n], G, mom[n], lr_s, wd32, rg, mu)
+                W[n], mom[n] = sgd_mom_step(W_t[n], G, mom[n], lr_s[n], wd_n[n], rg, mu)
             else:
-                W[n] = sgd_step(W_t[n], G, lr_s, wd32, rg)
+                W[n] = sgd_step(W_t[n], G, lr_s[n], wd_n[n], rg)
 
         for i, wk in enumerate(workers):
             if t <= warm:
@@ -117,7 +130,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 gs = w[n] - wk['pre'][n]                   # 2. grad_sync := w' - pre_weight
                 if pulled:
                     wk['pre'][n] = w[n].copy()             # 3. pre_weight := w'
-                w[n] = _rule(rule, w[n], raws[i][n], gs, wk, n, lam, lr_l, wd32, rg, mu, m, N)
+                w[n] = _rule(rule, w[n], raws[i][n], gs, wk, n, lam, lr_l[n], wd_n[n], rg, mu,
+                             m, N)
             wk['w'] = w
             # Claim 2: issue a pull at the last iteration of each period, applied at t+1.
             wk['pending'] = (t - t0) % k == k - 1

@@ -53,6 +53,7 @@ def first_job(tmp_path_factory):
     return out, _train(out, PidFile(out / 'pids-first'), '--epochs', '1')
 
 
+@pytest.mark.jobs
 def test_one_epoch_learns_and_checkpoints(first_job):
     out, result = first_job
     assert 'rank 0 INFO DelayedTrainer: step 21 enters the delayed phase' in result.stderr

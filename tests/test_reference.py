@@ -5,6 +5,8 @@ rtol 1e-6 with atol 1e-7 (weights and gradients here are O(1), float32 eps is 1.
 Expected values are written from SPEC's formulas, in SPEC's form, not with the reference's
 helpers (except where bit-equality with MXNet's arithmetic order is the point).
 """
+import types
+
 import numpy as np
 import pytest
 
@@ -281,3 +283,119 @@ def test_mirror_momentum_persists_across_pulls(k, warmup):
                 np.testing.assert_allclose(v_t, expected, rtol=1e-5, atol=3e-7)
                 v[n] = v_t
     assert traj.pulls == [t for t in range(t0 + 1, 18) if (t - t0) % k == 0]
+
+
+# -- per-parameter multipliers (Gluon's Parameter.lr_mult and wd_mult) ------------------------
+MULTS = dict(lr_mult={'w': 0.5}, wd_mult={'b': 0.0})
+
+
+def _mult_lrs(lr):
+    """Each parameter's lr and wd under MULTS, as float32 kernel arguments."""
+    return {'w': F32(lr * 0.5), 'b': F32(lr)}, {'w': F32(WD), 'b': F32(0.0)}
+
+
+@pytest.mark.parametrize('rule', ['mirror', 'sgd'])
+def test_multipliers_in_the_warmup_are_per_parameter_sync_sgd(rule):
+    # SGD with momentum, written out per parameter in MXNet's order: 'w' at half the lr
+    # (wd as usual), 'b' at the full lr without weight decay; bit-equal.
+    traj = run(steps=6, warmup_steps=6, momentum=0.9, rule=rule, **MULTS)
+    grad_fn, W = make_grad_fn(), make_init()
+    mom = {n: np.zeros_like(a) for n, a in W.items()}
+    lrs, wds = _mult_lrs(LR)
+    for t in range(6):
+        grads = [grad_fn(W, i, t) for i in range(2)]
+        for n in W:
+            G = grads[0][n] + grads[1][n]
+            mom[n] = F32(0.9) * mom[n] - (lrs[n] * wds[n]) * W[n] - (lrs[n] * F32(RG)) * G
+            W[n] = W[n] + mom[n]
+            np.testing.assert_array_equal(traj.glob[t][n], W[n])            # exact
+            for i in range(2):
+                np.testing.assert_array_equal(traj.local[t][i][n], W[n])    # exact
+    plain = run(steps=6, warmup_steps=6, momentum=0.9, rule=rule)
+    for n in W:                                   # both multipliers change the trajectory
+        assert np.abs(plain.glob[5][n] - traj.glob[5][n]).max() > 1e-3, n
+
+
+@pytest.mark.parametrize('momentum', [0.0, 0.9])
+def test_multipliers_on_the_server_are_mxnet_sgd(momentum):
+    """The reference's server with multipliers is MXNet's SGD updater given Parameters with
+    lr_mult and wd_mult (its param_dict, as gluon.Trainer sets it), bit for bit."""
+    mx = pytest.importorskip('mxnet')
+    traj = run(num_workers=2, steps=6, warmup_steps=6, momentum=momentum, **MULTS)
+    names = sorted(make_init())                   # keys 0, 1 = 'b', 'w'
+    params = {key: types.SimpleNamespace(lr_mult=MULTS['lr_mult'].get(n, 1.0),
+                                         wd_mult=MULTS['wd_mult'].get(n, 1.0))
+              for key, n in enumerate(names)}
+    opt = mx.optimizer.SGD(learning_rate=LR, wd=WD, rescale_grad=RG, momentum=momentum,
+                           param_dict=params)
+    updater = mx.optimizer.get_updater(opt)
+    grad_fn, init = make_grad_fn(), make_init()
+    W = {n: mx.nd.array(a, dtype='float32') for n, a in init.items()}
+    for t in range(6):
+        w_np = {n: a.asnumpy() for n, a in W.items()}
+        for key, n in enumerate(names):
+            G = grad_fn(w_np, 0, t)[n] + grad_fn(w_np, 1, t)[n]
+            updater(key, mx.nd.array(G, dtype='float32'), W[n])
+            np.testing.assert_array_equal(traj.glob[t][n], W[n].asnumpy())  # exact
+
+
+@pytest.mark.parametrize('k, warmup', [(2, 1), (3, 0), (1, 2)])
+def test_multipliers_in_the_local_sgd_rule(k, warmup):
+    # Rule 'sgd', every delayed step: w' := base - lr_l*lr_mult*(g + wd*wd_mult*base), with
+    # base = W_t at a pull and the worker's previous w' otherwise (see test_pull_timing).
+    calls, steps, t0 = {}, 14, warmup + 1
+    traj = run(grad_fn=make_grad_fn(calls), steps=steps, delay=k, warmup_steps=warmup,
+               momentum=0.9, rule='sgd', local_lr=0.07, **MULTS)
+    assert traj.pulls == [t for t in range(t0 + 1, steps) if (t - t0) % k == 0]
+    lrs, wds = _mult_lrs(0.07)
+    for t in range(t0, steps):
+        for i in range(2):
+            base = traj.glob[t - 1] if t in traj.pulls else traj.local[t - 1][i]
+            for n, raw in calls[(i, t)][1].items():
+                expected = base[n] - lrs[n] * (F32(RG) * raw + wds[n] * base[n])
+                np.testing.assert_allclose(traj.local[t][i][n], expected, **TIGHT)
+
+
+@pytest.mark.parametrize('k, warmup', [(2, 1), (3, 0)])
+def test_multipliers_in_the_mirror_rule(k, warmup):
+    # 'mirror', N = 2: v_t = mu*v_{t-1} - lr*lr_mult*(N*g_t + wd*wd_mult*base_t), v starting at
+    # the server's last synchronous step (see test_mirror_momentum_persists_across_pulls).
+    calls, mu, N, steps = {}, F32(0.9), 2, 14
+    traj = run(grad_fn=make_grad_fn(calls), steps=steps, delay=k, warmup_steps=warmup,
+               momentum=0.9, rule='mirror', **MULTS)
+    lrs, wds = _mult_lrs(LR)
+    prev_glob = make_init() if warmup == 0 else traj.glob[warmup - 1]
+    for i in range(2):
+        v = {n: traj.glob[warmup][n] - prev_glob[n] for n in prev_glob}
+        for t in range(warmup + 1, steps):
+            for n, raw in calls[(i, t)][1].items():
+                base = traj.glob[t - 1][n] if t in traj.pulls else traj.local[t - 1][i][n]
+                v_t = traj.local[t][i][n] - base
+                expected = mu * v[n] - lrs[n] * (N * F32(RG) * raw + wds[n] * base)
+                np.testing.assert_allclose(v_t, expected, rtol=1e-5, atol=3e-7)
+                v[n] = v_t
+
+
+@pytest.mark.parametrize('rule', ['mirror', 'sgd', 'dc'])
+def test_uniform_multipliers_are_a_global_lr_or_wd(rule):
+    # lr_mult 0.5 on every parameter is lr (and local_lr) halved, wd_mult 0 everywhere is
+    # wd = 0: bit-equal, because 0.1 * 0.5 and 0.07 * 0.5 are exact in binary.
+    args = dict(steps=12, delay=3, warmup_steps=2, momentum=0.9, rule=rule)
+    halved = run(lr=LR / 2, local_lr=0.035, **args)
+    mult = run(lr=LR, local_lr=0.07, lr_mult={'w': 0.5, 'b': 0.5}, **args)
+    no_wd = run(wd=0.0, **args)
+    wd_mult = run(wd_mult={'w': 0.0, 'b': 0.0}, **args)
+    for t in range(12):
+        for n in halved.glob[t]:
+            np.testing.assert_array_equal(mult.glob[t][n], halved.glob[t][n])
+            np.testing.assert_array_equal(wd_mult.glob[t][n], no_wd.glob[t][n])
+            for i in range(2):
+                np.testing.assert_array_equal(mult.local[t][i][n], halved.local[t][i][n])
+                np.testing.assert_array_equal(wd_mult.local[t][i][n], no_wd.local[t][i][n])
+
+
+def test_multipliers_for_unknown_parameters_are_refused():
+    with pytest.raises(ValueError, match=r"lr_mult names \['weight'\]"):
+        run(lr_mult={'weight': 0.5})
+    with pytest.raises(ValueError, match=r"wd_mult names \['bias'\]"):
+        run(wd_mult={'bias': 0.0})

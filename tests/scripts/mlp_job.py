@@ -5,7 +5,8 @@ Usage: ``mxdelay-launch -n N -s S python mlp_job.py CONFIG_JSON OUT_DIR``. Each 
 ``OUT_DIR/worker<rank>.npz``: every parameter after every step (key ``<name>``, shape
 ``(steps,) + param.shape``). CONFIG keys: trainer ('delayed' or 'gluon'), kvstore, steps,
 batch, lr, momentum, wd, delay, warmup_steps, local_rule, dc_lambda, local_lr, slack,
-devices, sleep_rank, sleep, save_at, resume_from, stop_after.
+devices, sleep_rank, sleep, save_at, resume_from, stop_after, lr_mult and wd_mult ({short
+name: multiplier} set on the Parameters, e.g. ``{"w1": 0.5}``).
 
 Uneven data: with CONFIG ``batches`` (a list: worker r has ``batches[r]`` batches per epoch)
 and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
@@ -13,7 +14,8 @@ and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
 its script's end fills the other workers' rounds). A step's data is a function of (rank,
 round), and the npz also holds ``rounds``: the round of every recorded step.
 ``save_at_end``: save_states after the last step. ``batch_sizes`` ({rank: size}) and
-``last_batch`` (the size of every epoch's last batch) vary the batch size.
+``last_batch`` (the size of every epoch's last batch) vary the batch size. ``end_marker``:
+write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
 
@@ -26,6 +28,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
+# The model and data, shared with the stock pin's job (stock_job.py), which has no mxdelay.
 from mlp_model import IN, HIDDEN, OUT, batch, build, init_params, numpy_grad  # noqa: F401
 
 
@@ -43,7 +46,7 @@ class StockTrainer(gluon.Trainer):
 def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
-    net, names = build(ctxs)
+    net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
     opt = {'learning_rate': config['lr'], 'momentum': config.get('momentum', 0.0),
            'wd': config.get('wd', 0.0)}
     if config.get('trainer', 'delayed') == 'delayed':
@@ -108,6 +111,9 @@ def main():
         trainer.save_states(os.path.join(out_dir, 'ckpt'))
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
              rounds=rounds, **{k: np.array(v) for k, v in history.items()})
+    if config.get('end_marker'):   # the script's end (before anything atexit does)
+        with open(os.path.join(out_dir, 'ended.worker%d' % rank), 'w', encoding='ascii') as out:
+            out.write(repr(time.time()))
 
 
 if __name__ == '__main__':

@@ -2,8 +2,8 @@
 
 A tiny tanh MLP on data that is a pure function of (rank, step), so that tests/reference.py
 can replay every job exactly. The job scripts import it as ``mlp_model`` (it sits next to
-them); tests import it as ``scripts.mlp_model``. It imports no mxdelay: a stock job may
-use it too.
+them); tests import it as ``scripts.mlp_model``. It imports numpy and MXNet only, no
+mxdelay: the stock pin's job (``stock_job.py``) must not import mxdelay in any process.
 """
 import numpy as np
 import mxnet as mx
@@ -13,6 +13,8 @@ __all__ = ['IN', 'HIDDEN', 'OUT', 'NAMES', 'init_params', 'batch', 'numpy_grad',
            'weights_of']
 
 IN, HIDDEN, OUT = 8, 16, 4
+#: Gluon's parameter names -> the short names of init_params() and the npz files.
+NAMES = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
 
 
 def init_params():
@@ -41,13 +43,13 @@ def numpy_grad(weights, x, y):
     return {'w2': dpred.T @ h, 'b2': dpred.sum(0), 'w1': dz.T @ x, 'b1': dz.sum(0)}
 
 
-#: Gluon's parameter names -> the reference's names.
-NAMES = {'l1_weight': 'w1', 'l1_bias': 'b1', 'l2_weight': 'w2', 'l2_bias': 'b2'}
+def build(ctxs=None, lr_mult=None, wd_mult=None):
+    """The MLP on `ctxs` (default: the CPU) with init_params()' weights; returns
+    ``(net, NAMES)``.
 
-
-def build(ctxs=None):
-    """The MLP on `ctxs` (default: the CPU) with :func:`init_params`' weights; returns
-    ``(net, NAMES)``."""
+    `lr_mult` and `wd_mult` ({short name: multiplier}) set the Parameters' ``lr_mult`` and
+    ``wd_mult`` (default 1, Gluon's).
+    """
     net = gluon.nn.Sequential()
     net.add(gluon.nn.Dense(HIDDEN, activation='tanh', in_units=IN, prefix='l1_'),
             gluon.nn.Dense(OUT, in_units=HIDDEN, prefix='l2_'))
@@ -55,9 +57,11 @@ def build(ctxs=None):
     init = init_params()
     for name, param in net.collect_params().items():
         param.set_data(nd.array(init[NAMES[name]]))
-    return net, NAMES
+        param.lr_mult = (lr_mult or {}).get(NAMES[name], 1.0)
+        param.wd_mult = (wd_mult or {}).get(NAMES[name], 1.0)
+    return net, dict(NAMES)
 
 
 def weights_of(net):
-    """The reference's names -> the weights on the first context."""
+    """The short names -> the weights on the first context."""
     return {NAMES[name]: p.data().asnumpy() for name, p in net.collect_params().items()}

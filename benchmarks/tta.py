@@ -1,0 +1,703 @@
+"""Time-to-accuracy, accuracy over seeds, and per-phase step times on shaped links (issue 14).
+
+Every job: the Fashion-MNIST MLP 784-1024-1024-10, batch 128 per worker, 2 workers + 1
+server, SGD lr 0.05 momentum 0.9, ``OMP_NUM_THREADS=1`` in every process, launched by
+``mxdelay/launcher.py`` run as a plain file (it imports neither mxdelay's package nor MXNet)
+with an explicit environment: the driver's, minus every ``DMLC_*``, ``MXNET_*`` and
+``MXDELAY_*`` variable. Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's native
+``dist_sync``; no process of the job imports mxdelay, which each process checks and records),
+and ``k2`` ``k4`` ``k8`` (``mxdelay.DelayedTrainer``, rule ``'mirror'``, the default warm-up
+of 200 synchronous steps in full runs). The worker is ``benchmarks/bench_worker.py``.
+
+Parts (``--part``), each one invocation, each writing its results and a ``meta-<part>.json``
+(commit and dirty flag, command, machine, load before and after, date) into ``--out``:
+
+``full``
+    Real training runs on loopback: ``--epochs`` (10) epochs, every method, every seed of
+    ``--seeds`` (1,2,3). The methods are interleaved (seed by seed, every other seed in the
+    reverse order). Worker 0 keeps its weights every 78 steps (a third of an epoch) and at
+    every epoch end, and evaluates them on the 10000 test images after training. Wall time
+    is that of training only, from the first worker's first step to each step's end on the
+    slower worker. Files: ``full-evals.csv`` (one row per evaluation), ``full-runs.csv``.
+``phases``
+    Per-phase step times on each network of ``--networks`` (loopback, 1gbit, 100mbit):
+    short runs of every method, interleaved over ``--rounds`` rounds (every other round
+    reversed), with a shortened warm-up. The synchronous step time (``sync``: every step;
+    delayed: the warm-up steps) is the mean step time after the first step; the delayed step
+    time is the job's time over the ``--steps`` steps after the switch, divided by them
+    (whole k=8 periods). The first step (it includes the kvstore's initial push) is timed
+    on its own. Also the steady-state throughput of the delayed window (samples/s, as the
+    earlier benchmark: 2 x steps x 128 over the first worker's start to the last worker's
+    end, drain included). File: ``phases-runs.csv``.
+``report``
+    From the files above: ``tta.json`` and ``results.md``. No run.
+
+Derived time-to-accuracy: with 2 workers the trajectory does not depend on timing (exact
+rounds, a sum of two is commutative, seeded data order), so step n has the same weights on
+any link; a link changes only the time per step. The time of step n on a link is
+first_step + (n_sync - 1) * sync_step + n_delayed * delayed_step, with the per-phase times
+(median over rounds) of ``phases`` and n_sync = min(n, 201) for the delayed methods (warm-up
+plus the switch step). On loopback this is checked against the real wall time of ``full``.
+
+Usage (as root for the shaped networks)::
+
+    python benchmarks/tta.py --part full
+    python benchmarks/tta.py --part phases
+    python benchmarks/tta.py --part report
+"""
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import logging
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
+import netns  # noqa: E402  pylint: disable=wrong-import-position
+import report as report_lib  # noqa: E402  pylint: disable=wrong-import-position
+
+_LOG = logging.getLogger('tta')
+
+NUM_WORKERS, BATCH = 2, 128
+WORKER = os.path.join(HERE, 'bench_worker.py')
+LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
+METHODS = {
+    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
+    'k2': ('k=2', ['--mode', 'delayed', '--delay', '2']),
+    'k4': ('k=4', ['--mode', 'delayed', '--delay', '4']),
+    'k8': ('k=8', ['--mode', 'delayed', '--delay', '8']),
+}
+#: network -> (label, tc rate or None, phase-run warm-up steps, delayed steps, s/step bound)
+NETWORKS = {
+    'loopback': ('loopback', None, 100, 304, 1.0),
+    '1gbit': ('1 Gbit/s links', '1gbit', 40, 80, 2.0),
+    '100mbit': ('100 Mbit/s links', '100mbit', 12, 32, 10.0),
+}
+FULL_WARMUP = 200      # the default of DelayedTrainer and of the example
+EVAL_EVERY = 78        # a third of an epoch (234 steps)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--part', choices=('full', 'phases', 'report'), required=True)
+    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'tta'),
+                        help='results folder (default: %(default)s)')
+    parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'tta'),
+                        help='raw per-run files and logs (default: %(default)s)')
+    parser.add_argument('--methods', default=','.join(METHODS))
+    parser.add_argument('--seeds', default='1,2,3', help='full: seeds (default: %(default)s)')
+    parser.add_argument('--epochs', type=int, default=10, help='full (default: %(default)s)')
+    parser.add_argument('--networks', default=','.join(NETWORKS),
+                        help='phases (default: %(default)s)')
+    parser.add_argument('--rounds', type=int, default=3, help='phases (default: %(default)s)')
+    parser.add_argument('--phase-steps', metavar='WARMUP,STEPS',
+                        help='phases: these warm-up and delayed steps on every network instead '
+                             'of the defaults (%s); for quick checks' % ', '.join(
+                                 '%s %d,%d' % (n, v[2], v[3]) for n, v in NETWORKS.items()))
+    parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
+    args = parser.parse_args(argv)
+    if args.phase_steps:
+        warmup, steps = (int(v) for v in args.phase_steps.split(','))
+        for name, value in list(NETWORKS.items()):
+            NETWORKS[name] = value[:2] + (warmup, steps) + value[4:]
+    args.methods = [m for m in args.methods.split(',') if m]
+    args.seeds = [int(s) for s in args.seeds.split(',') if s]
+    args.networks = [n for n in args.networks.split(',') if n]
+    for name in args.methods:
+        if name not in METHODS:
+            parser.error('unknown method %s' % name)
+    for name in args.networks:
+        if name not in NETWORKS:
+            parser.error('unknown network %s' % name)
+    return args
+
+
+# -- provenance ----------------------------------------------------------------------------
+def _git(*args):
+    return subprocess.run(['git', '-C', REPO] + list(args), capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def code_version():
+    """``{'commit': HEAD, 'dirty': bool, 'dirty_files': [...]}`` of the repository."""
+    dirty = [line[3:] for line in _git('status', '--porcelain', '--untracked-files=no')
+             .splitlines()]
+    return {'commit': _git('rev-parse', 'HEAD'), 'dirty': bool(dirty), 'dirty_files': dirty}
+
+
+def machine():
+    model = 'unknown'
+    with contextlib.suppress(OSError):
+        with open('/proc/cpuinfo', encoding='utf-8') as src:
+            for line in src:
+                if line.startswith('model name'):
+                    model = line.split(':', 1)[1].strip()
+                    break
+    return {'cores': os.cpu_count(), 'cpu': model, 'kernel': platform.release(),
+            'python': platform.python_version()}
+
+
+def job_env():
+    """The explicit environment of every job: no DMLC_, MXNET_ or MXDELAY_ variable."""
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith(('DMLC_', 'MXNET_', 'MXDELAY_'))}
+    env.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    return env
+
+
+# -- one job -------------------------------------------------------------------------------
+def run_job(folder, method, worker_args, timeout, hostfile=None):
+    """Run one launcher job with `method`; return (exit code, worker results, cpu usage)."""
+    os.makedirs(folder, exist_ok=True)
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
+    out = os.path.join(folder, 'worker-{rank}.json')
+    argv = [sys.executable, LAUNCHER, '-n', str(NUM_WORKERS), '-s', '1',
+            '--timeout', str(int(timeout))]
+    if hostfile:
+        argv += ['--launcher', 'netns', '-H', hostfile]
+    argv += ['--', sys.executable, WORKER] + METHODS[method][1] + worker_args + ['--out', out]
+    with open(os.path.join(folder, 'log.txt'), 'wb') as log:
+        log.write(('$ %s\n' % shlex.join(argv)).encode())
+        log.flush()
+        with CpuMonitor({os.getpid(): 'driver'}) as monitor:
+            code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, env=job_env(), cwd=REPO,
+                                  timeout=timeout + 60, check=False).returncode
+    results = []
+    if code == 0:
+        for rank in range(NUM_WORKERS):
+            with open(out.format(rank=rank), encoding='utf-8') as src:
+                results.append(json.load(src))
+    roles = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith('role-'):
+            with open(os.path.join(folder, name), encoding='utf-8') as src:
+                roles[name[5:-5]] = json.load(src)
+    return code, results, monitor, roles
+
+
+def stock_check(method, roles):
+    """'ok' if the job's processes imported mxdelay exactly when they should; else why not."""
+    problems = []
+    if len(roles) != 2 + NUM_WORKERS:
+        problems.append('%d role records' % len(roles))
+    for name, records in roles.items():
+        imported = any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records)
+        if method == 'sync' and imported:
+            problems.append('%s imported mxdelay' % name)
+    return 'ok' if not problems else '; '.join(problems)
+
+
+def worker_env(roles):
+    """The MXNET_* variables the workers saw (at exit: after any import of mxdelay)."""
+    seen = set()
+    for name, records in roles.items():
+        if name.startswith('worker'):
+            env = records[-1]['env']
+            seen.add(' '.join('%s=%s' % (k, v) for k, v in env.items() if k.startswith('MXNET_'))
+                     or '(none)')
+    return ' | '.join(sorted(seen))
+
+
+def _meta(args, argv):
+    return {'command': 'python benchmarks/tta.py ' + shlex.join(
+                sys.argv[1:] if argv is None else argv),
+            'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+            'load_before': os.getloadavg(), 'code_start': code_version(), 'machine': machine(),
+            'job_env_mxnet': {k: v for k, v in job_env().items() if k.startswith('MXNET_')},
+            'settings': {'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
+                         'networks': {n: NETWORKS[n] for n in args.networks},
+                         'rounds': args.rounds, 'full_warmup': FULL_WARMUP,
+                         'eval_every': EVAL_EVERY}}
+
+
+# -- full runs -----------------------------------------------------------------------------
+def part_full(args, meta):
+    evals, runs = [], []
+    for index, seed in enumerate(args.seeds):
+        order = args.methods if index % 2 == 0 else args.methods[::-1]
+        for method in order:
+            folder = os.path.join(args.scratch, 'full', '%s-s%d' % (method, seed))
+            worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
+                           '--warmup-steps', str(FULL_WARMUP), '--eval-every', str(EVAL_EVERY),
+                           '--data-dir', args.data_dir]
+            load = os.getloadavg()[0]
+            started = time.time()
+            code, results, monitor, roles = run_job(folder, method, worker_args,
+                                                    300 + args.epochs * 234 * 1.0)
+            row = dict(method=method, seed=seed, exit=code, load_before=load,
+                       load_after=os.getloadavg()[0], job_s=time.time() - started,
+                       stock_check=stock_check(method, roles), worker_env=worker_env(roles))
+            if code != 0:
+                _LOG.error('full %s seed %d FAILED (exit %s): see %s', method, seed, code, folder)
+                runs.append(row)
+                continue
+            t0 = min(r['first'] for r in results)
+            ends = [max(pair) - t0 for pair in zip(*(r['all_step_ends'] for r in results))]
+            end = max(r['end'] for r in results) - t0
+            usage = monitor.usage(t0, t0 + end)
+            per_epoch = results[0]['steps_per_epoch']
+            row.update(steps=len(ends), train_s=end, first_step_s=ends[0],
+                       eval_s=results[0]['eval_s'], cpu_other=usage['other'],
+                       mean_loss=results[0]['mean_loss'])
+            runs.append(row)
+            for record in results[0]['evals']:
+                evals.append(dict(method=method, seed=seed, step=record['step'],
+                                  epoch=round(record['epoch'], 4),
+                                  test_acc=record['test_acc'],
+                                  wall_s=ends[record['step'] - 1],
+                                  epoch_end=record['step'] % per_epoch == 0))
+            _LOG.info('full %s seed %d: %.1f s training; test acc per epoch %s; %s', method,
+                      seed, end, ' '.join('%.4f' % r['test_acc'] for r in results[0]['evals']
+                                          if r['step'] % per_epoch == 0), row['stock_check'])
+            report_lib.write_csv(os.path.join(args.out, 'full-evals.csv'), evals)
+            report_lib.write_csv(os.path.join(args.out, 'full-runs.csv'), runs)
+    return runs
+
+
+# -- phase runs ----------------------------------------------------------------------------
+def _network(rate):
+    @contextlib.contextmanager
+    def setup():
+        if not rate:
+            yield None
+            return
+        with netns.ShapedNetwork(2 + NUM_WORKERS, rate) as net, \
+                tempfile.TemporaryDirectory(prefix='mxtta-') as tmp:
+            hostfile = os.path.join(tmp, 'hosts')
+            net.write_hostfile(hostfile)
+            yield hostfile
+    return setup()
+
+
+def phase_row(results, method, warmup, steps):
+    """Per-phase step times of one short run, from both workers' step ends."""
+    t0 = min(r['first'] for r in results)
+    ends = [max(pair) - t0 for pair in zip(*(r['all_step_ends'] for r in results))]
+    durations = [b - a for a, b in zip(ends, ends[1:])]
+    switch = warmup + 1  # steps 1..switch are synchronous (the switch step included)
+    row = dict(first_step_s=ends[0], sync_steps=switch - 1,
+               sync_step_ms=1000 * statistics.mean(durations[:switch - 1]),
+               delayed_steps=steps,
+               delayed_step_ms=1000 * (ends[switch + steps - 1] - ends[switch - 1]) / steps,
+               drain_s=max(r['end'] for r in results) - t0 - ends[-1])
+    start = min(r['start'] for r in results)
+    end = max(r['end'] for r in results)
+    row['window_samples_per_s'] = NUM_WORKERS * steps * BATCH / (end - start)
+    row['losses'] = results[0]['losses']
+    row['window'] = (start - t0, end - t0)
+    return row
+
+
+def part_phases(args, meta):
+    rows = []
+    plan = []
+    for net_name in args.networks:
+        plan.append((net_name, NETWORKS[net_name], args.rounds))
+        if net_name == 'loopback':
+            # One run per method on loopback with each shaped network's steps: the same
+            # losses there and on the shaped links show that timing does not change training.
+            for other in args.networks:
+                if NETWORKS[other][1]:
+                    plan.append(('loopback-as-%s' % other, ('loopback',  None)
+                                 + NETWORKS[other][2:4] + (1.0,), 1))
+    for net_name, (label, rate, warmup, steps, bound), rounds in plan:
+        with _network(rate) as hostfile:
+            for round_index in range(1, rounds + 1):
+                order = args.methods if round_index % 2 else args.methods[::-1]
+                for method in order:
+                    folder = os.path.join(args.scratch, 'phases',
+                                          '%s-%s-r%d' % (net_name, method, round_index))
+                    worker_args = ['--warmup-steps', str(warmup), '--steps', str(steps),
+                                   '--seed', '1', '--data-dir', args.data_dir]
+                    load = os.getloadavg()[0]
+                    code, results, monitor, roles = run_job(
+                        folder, method, worker_args, 120 + (warmup + 1 + steps) * bound,
+                        hostfile)
+                    row = dict(network=net_name, method=method, round=round_index, exit=code,
+                               warmup=warmup, steps=steps, load_before=load,
+                               load_after=os.getloadavg()[0],
+                               stock_check=stock_check(method, roles),
+                               worker_env=worker_env(roles))
+                    if code == 0:
+                        detail = phase_row(results, method, warmup, steps)
+                        losses = detail.pop('losses')
+                        window = detail.pop('window')
+                        t0 = min(r['first'] for r in results)
+                        usage = monitor.usage(t0 + window[0], t0 + window[1])
+                        row.update(detail, cpu_other=usage['other'],
+                                   noisy=usage['other'] > report_lib.NOISE_CORES,
+                                   loss_digest=hashlib.sha1(json.dumps(losses).encode())
+                                   .hexdigest()[:12])
+                        _LOG.info('%s %s r%d: first %.2f s, sync %.1f ms, delayed %.1f ms, '
+                                  '%.0f samples/s; other %.2f cores; %s', net_name, method,
+                                  round_index, row['first_step_s'], row['sync_step_ms'],
+                                  row['delayed_step_ms'], row['window_samples_per_s'],
+                                  row['cpu_other'], row['stock_check'])
+                    else:
+                        _LOG.error('%s %s r%d FAILED (exit %s): see %s', net_name, method,
+                                   round_index, code, folder)
+                    rows.append(row)
+                    report_lib.write_csv(os.path.join(args.out, 'phases-runs.csv'), rows)
+    return rows
+
+
+# -- report --------------------------------------------------------------------------------
+def _spread(values):
+    return (min(values), max(values)) if values else (None, None)
+
+
+def derived_time(step, method, times):
+    """Derived wall time of step `step` (1-based) from per-phase times (seconds)."""
+    n_sync = step if method == 'sync' else min(step, FULL_WARMUP + 1)
+    n_delayed = step - n_sync
+    return (times['first_step_s'] + (n_sync - 1) * times['sync_step_ms'] / 1000
+            + n_delayed * times['delayed_step_ms'] / 1000)
+
+
+def build_report(out):
+    evals = report_lib.read_csv(os.path.join(out, 'full-evals.csv'))
+    runs = report_lib.read_csv(os.path.join(out, 'full-runs.csv'))
+    phases = report_lib.read_csv(os.path.join(out, 'phases-runs.csv'))
+    metas = {}
+    for part in ('full', 'phases'):
+        path = os.path.join(out, 'meta-%s.json' % part)
+        if os.path.exists(path):
+            with open(path, encoding='utf-8') as src:
+                metas[part] = json.load(src)
+    methods = [m for m in METHODS if any(e['method'] == m for e in evals)]
+    seeds = sorted({e['seed'] for e in evals})
+    epochs = sorted({int(e['epoch']) for e in evals if e['epoch_end'] in (True, 'True')})
+
+    def acc(method, seed, step):
+        return next(e['test_acc'] for e in evals
+                    if e['method'] == method and e['seed'] == seed and e['step'] == step)
+
+    steps_of = {e['step']: e['epoch'] for e in evals}
+    per_epoch = min(e['step'] for e in evals if e['epoch_end'] in (True, 'True'))
+    # 1. accuracy per epoch over seeds
+    accuracy = {}
+    for method in methods:
+        accuracy[method] = []
+        for epoch in epochs:
+            values = [acc(method, seed, epoch * per_epoch) for seed in seeds]
+            accuracy[method].append(dict(epoch=epoch, mean=statistics.mean(values),
+                                         min=min(values), max=max(values),
+                                         sd=statistics.stdev(values) if len(values) > 1 else 0.0,
+                                         values=values))
+    target = next(a['mean'] for a in accuracy['sync'] if a['epoch'] == 5)
+    # 2. per-phase times: median over rounds
+    networks = [n for n in NETWORKS if any(p['network'] == n for p in phases)]
+    times = {}
+    for net_name in networks:
+        for method in methods:
+            rows = [p for p in phases if p['network'] == net_name and p['method'] == method
+                    and p['exit'] == 0]
+            if not rows:
+                continue
+            times[net_name, method] = {
+                key: statistics.median(r[key] for r in rows)
+                for key in ('first_step_s', 'sync_step_ms', 'delayed_step_ms',
+                            'window_samples_per_s')}
+            times[net_name, method].update(
+                rounds=len(rows), noisy=sum(1 for r in rows if r.get('noisy') in (True, 'True')),
+                window_min=min(r['window_samples_per_s'] for r in rows),
+                window_max=max(r['window_samples_per_s'] for r in rows))
+    # 3. time to accuracy, per seed: the first evaluation at or above the target
+    tta = {}
+    for net_name in networks:
+        for method in methods:
+            if (net_name, method) not in times:
+                continue
+            per_seed = []
+            for seed in seeds:
+                points = sorted((e for e in evals if e['method'] == method and e['seed'] == seed),
+                                key=lambda e: e['step'])
+                hit = next((e for e in points if e['test_acc'] >= target), None)
+                per_seed.append(None if hit is None else dict(
+                    step=hit['step'], epoch=hit['epoch'],
+                    derived_s=derived_time(hit['step'], method, times[net_name, method]),
+                    real_s=hit['wall_s'] if net_name == 'loopback' else None))
+            tta[net_name, method] = per_seed
+    # 4. accuracy at a fixed wall time: dist_sync's derived time of epoch 5 on that link
+    fixed = {}
+    for net_name in networks:
+        if (net_name, 'sync') not in times:
+            continue
+        budget = derived_time(5 * per_epoch, 'sync', times[net_name, 'sync'])
+        for method in methods:
+            if (net_name, method) not in times:
+                continue
+            values = []
+            for seed in seeds:
+                points = [e for e in evals if e['method'] == method and e['seed'] == seed
+                          and derived_time(e['step'], method, times[net_name, method]) <= budget]
+                best = max(points, key=lambda e: e['step']) if points else None
+                values.append(dict(step=best['step'], epoch=best['epoch'],
+                                   test_acc=best['test_acc']) if best else None)
+            fixed[net_name, method] = dict(budget_s=budget, per_seed=values)
+    # 5. validation on loopback: derived vs real time of every epoch end
+    validation = []
+    if any(n == 'loopback' for n in networks):
+        for method in methods:
+            if ('loopback', method) not in times:
+                continue
+            for epoch in (1, 5, 10):
+                real = [e['wall_s'] for e in evals if e['method'] == method
+                        and e['step'] == epoch * per_epoch]
+                if not real:
+                    continue
+                derived = derived_time(epoch * per_epoch, method, times['loopback', method])
+                validation.append(dict(method=method, epoch=epoch,
+                                       real_mean_s=statistics.mean(real),
+                                       real_min_s=min(real), real_max_s=max(real),
+                                       derived_s=derived,
+                                       ratio=derived / statistics.mean(real)))
+    # 6. timing independence: the losses of runs with the same method and steps
+    same = {}
+    for p in phases:
+        if p['exit'] == 0:
+            same.setdefault((p['method'], p['warmup'], p['steps']), []).append(p)
+    determinism = [dict(method=m, warmup=w, steps=n,
+                        runs=['%s r%s' % (p['network'], p['round']) for p in rows],
+                        digests=sorted({str(p['loss_digest']) for p in rows}))
+                   for (m, w, n), rows in same.items()]
+    result = dict(target=target, determinism=determinism, target_definition="mean over seeds of dist_sync's test "
+                  'accuracy after epoch 5', seeds=seeds, per_epoch=per_epoch,
+                  eval_every=EVAL_EVERY, accuracy=accuracy,
+                  times={'%s/%s' % k: v for k, v in times.items()},
+                  tta={'%s/%s' % k: v for k, v in tta.items()},
+                  fixed_time={'%s/%s' % k: v for k, v in fixed.items()},
+                  validation=validation, runs=runs, metas=metas, steps_of=len(steps_of))
+    with open(os.path.join(out, 'tta.json'), 'w', encoding='utf-8') as dst:
+        json.dump(result, dst, indent=1)
+    write_markdown(out, result, methods, networks, phases)
+    return result
+
+
+def _fmt_s(seconds):
+    if seconds is None:
+        return '-'
+    return '%.0f s' % seconds if seconds < 600 else '%.1f min' % (seconds / 60)
+
+
+def _meta_line(meta):
+    code = meta.get('code_start', {})
+    end = meta.get('code_end', {})
+    return ('`%s`: %s to %s, commit `%s`%s%s; %s cores (%s); load average (1 min) %.2f before, '
+            '%.2f after' % (
+                meta['command'], meta['started'], meta.get('finished', '?'),
+                code.get('commit', '?')[:10],
+                ' (dirty: %s)' % ', '.join(code['dirty_files']) if code.get('dirty') else '',
+                '' if end.get('commit') == code.get('commit') else
+                ', `%s` at the end' % end.get('commit', '?')[:10],
+                meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
+                meta.get('load_after', [float('nan')])[0]))
+
+
+def write_markdown(out, result, methods, networks, phases):
+    label = {m: METHODS[m][0] for m in METHODS}
+    lines = ['# Time to accuracy, accuracy over seeds, per-phase step times',
+             '', 'Generated by `python benchmarks/tta.py --part report` from the CSV files in this '
+             'folder; do not edit. How they were made: `benchmarks/tta.py` (docstring) and '
+             '[../README.md](../README.md) (rules).', '']
+    for part in ('full', 'phases'):
+        if part in result['metas']:
+            lines.append('- %s: %s' % (part, _meta_line(result['metas'][part])))
+    lines += ['', '## Test accuracy over %d seeds (loopback, real runs, 10 epochs)' % len(
+        result['seeds']), '',
+        "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
+        'seeds %s. Delayed methods: rule `mirror`, warm-up 200 steps.' % ', '.join(
+            str(s) for s in result['seeds']), '',
+        '| epoch | ' + ' | '.join(label[m] for m in methods) + ' |',
+        '|---:|' + '---:|' * len(methods)]
+    for index, row in enumerate(result['accuracy']['sync']):
+        cells = []
+        for method in methods:
+            a = result['accuracy'][method][index]
+            cells.append('%.4f (%.4f-%.4f)' % (a['mean'], a['min'], a['max']))
+        lines.append('| %d | %s |' % (row['epoch'], ' | '.join(cells)))
+    lines += ['', 'Mean minus dist_sync\'s mean, in points (the targets: within 0.5):', '',
+              '| epoch | ' + ' | '.join(label[m] for m in methods[1:]) + ' |',
+              '|---:|' + '---:|' * (len(methods) - 1)]
+    for index, row in enumerate(result['accuracy']['sync']):
+        lines.append('| %d | %s |' % (row['epoch'], ' | '.join(
+            '%+.2f' % (100 * (result['accuracy'][m][index]['mean'] - row['mean']))
+            for m in methods[1:])))
+    lines += ['', '## Per-phase step times (median over rounds)', '',
+              'Short runs with seed 1, interleaved; synchronous = stock steps of dist_sync or '
+              'the warm-up steps of a delayed method; first step includes the kvstore\'s '
+              'initial push.', '',
+              '| network | method | rounds | first step | synchronous ms/step | delayed ms/step '
+              '| steady-state samples/s (delayed window; min-max) |',
+              '|---|---|---:|---:|---:|---:|---:|']
+    for net_name in networks:
+        for method in methods:
+            t = result['times'].get('%s/%s' % (net_name, method))
+            if not t:
+                continue
+            lines.append('| %s | %s | %d%s | %.2f s | %.1f | %s | %.0f (%.0f-%.0f) |' % (
+                NETWORKS[net_name][0], label[method], t['rounds'],
+                ' (%d noisy)' % t['noisy'] if t['noisy'] else '', t['first_step_s'],
+                t['sync_step_ms'], '-' if method == 'sync' else '%.1f' % t['delayed_step_ms'],
+                t['window_samples_per_s'], t['window_min'], t['window_max']))
+    lines += ['', '## Time to accuracy %.4f (dist_sync\'s mean epoch-5 accuracy)' % result[
+        'target'], '',
+        'Wall time of training (evaluation excluded) until the first evaluation (every %d '
+        'steps, a third of an epoch) at or above the target; mean (min-max) over seeds; '
+        '*derived* from the real runs\' steps and the per-phase step times, the warm-up of '
+        '200 synchronous steps included. Loopback also gives the real time of the full runs.'
+        % result['eval_every'], '',
+        '| network | ' + ' | '.join(label[m] for m in methods) + ' |',
+        '|---|' + '---:|' * len(methods)]
+    for net_name in networks:
+        cells = []
+        for method in methods:
+            per_seed = result['tta'].get('%s/%s' % (net_name, method))
+            if per_seed is None:
+                cells.append('-')
+                continue
+            reached = [p for p in per_seed if p]
+            if not reached:
+                cells.append('not reached')
+                continue
+            derived = [p['derived_s'] for p in reached]
+            text = '%s (%s-%s), %s epochs' % (
+                _fmt_s(statistics.mean(derived)), _fmt_s(min(derived)), _fmt_s(max(derived)),
+                '/'.join('%.2g' % p['epoch'] for p in per_seed if p))
+            if len(reached) < len(per_seed):
+                text += ', %d of %d seeds' % (len(reached), len(per_seed))
+            cells.append(text)
+        lines.append('| %s | %s |' % (NETWORKS[net_name][0], ' | '.join(cells)))
+    lines += ['', 'Speed-up of time to accuracy over dist_sync (ratio of the means):', '',
+              '| network | ' + ' | '.join(label[m] for m in methods[1:]) + ' |',
+              '|---|' + '---:|' * (len(methods) - 1)]
+    for net_name in networks:
+        base = result['tta'].get('%s/sync' % net_name)
+        if not base or not all(base):
+            continue
+        base_mean = statistics.mean(p['derived_s'] for p in base)
+        cells = []
+        for method in methods[1:]:
+            per_seed = result['tta'].get('%s/%s' % (net_name, method))
+            if not per_seed or not all(per_seed):
+                cells.append('-')
+            else:
+                cells.append('%.2fx' % (base_mean / statistics.mean(p['derived_s']
+                                                                    for p in per_seed)))
+        lines.append('| %s | %s |' % (NETWORKS[net_name][0], ' | '.join(cells)))
+    lines += ['', '## Accuracy at a fixed wall time', '',
+              "The budget on each network is dist_sync's derived time to the end of epoch 5; "
+              'accuracy of the last evaluation within it, mean (min-max) over seeds.', '',
+              '| network | budget | ' + ' | '.join(label[m] for m in methods) + ' |',
+              '|---|---:|' + '---:|' * len(methods)]
+    for net_name in networks:
+        sync = result['fixed_time'].get('%s/sync' % net_name)
+        if not sync:
+            continue
+        cells = []
+        for method in methods:
+            f = result['fixed_time'].get('%s/%s' % (net_name, method))
+            values = [v['test_acc'] for v in f['per_seed'] if v] if f else []
+            epochs = [v['epoch'] for v in f['per_seed'] if v] if f else []
+            cells.append('%.4f (%.4f-%.4f) at epoch %s' % (
+                statistics.mean(values), min(values), max(values),
+                '/'.join('%.2g' % e for e in epochs)) if values else '-')
+        lines.append('| %s | %s | %s |' % (NETWORKS[net_name][0], _fmt_s(sync['budget_s']),
+                                           ' | '.join(cells)))
+    if result['validation']:
+        lines += ['', '## Check of the derivation on loopback', '',
+                  'Derived time (from the loopback per-phase times) against the real training '
+                  'wall time of the full runs (mean and min-max over seeds).', '',
+                  '| method | epoch | real | derived | derived / real |',
+                  '|---|---:|---:|---:|---:|']
+        for v in result['validation']:
+            lines.append('| %s | %d | %.1f s (%.1f-%.1f) | %.1f s | %.2f |' % (
+                label[v['method']], v['epoch'], v['real_mean_s'], v['real_min_s'],
+                v['real_max_s'], v['derived_s'], v['ratio']))
+    lines += ['', '## Does timing change training?', '',
+              'Per-step losses of worker 0 (a SHA-1 of the list) of the phase runs with the same '
+              'method and steps, on different links, rounds, and loopback runs with the shaped '
+              "links' steps (`loopback-as-...`). One digest for a group: bit-identical training "
+              'whatever the link and timing.', '',
+              '| method | warm-up | delayed steps | runs | distinct loss digests |',
+              '|---|---:|---:|---|---|']
+    for d in result['determinism']:
+        lines.append('| %s | %d | %d | %s | %s |' % (label[d['method']], d['warmup'], d['steps'],
+                                                    ', '.join(d['runs']), ' '.join(d['digests'])))
+    lines += ['', '## Runs', '', '### Full runs (loopback)', '',
+              '| method | seed | exit | training s | first step s | other cores | load before/after '
+              '| stock check | MXNET_* seen by the workers |',
+              '|---|---:|---:|---:|---:|---:|---|---|---|']
+    for r in result['runs']:
+        lines.append('| %s | %s | %s | %s | %s | %s | %.2f / %.2f | %s | %s |' % (
+            label[r['method']], r['seed'], r['exit'],
+            '%.1f' % r['train_s'] if 'train_s' in r else '-',
+            '%.2f' % r['first_step_s'] if 'first_step_s' in r else '-',
+            '%.2f' % r['cpu_other'] if 'cpu_other' in r else '-',
+            r['load_before'], r['load_after'], r['stock_check'], r['worker_env']))
+    lines += ['', '### Phase runs', '',
+              '| network | method | round | exit | first s | sync ms | delayed ms | window '
+              'samples/s | other cores | load before/after | stock check | MXNET_* seen by '
+              'the workers | loss sum (seed 1) |',
+              '|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|']
+    for r in phases:
+        lines.append('| %s | %s | %s | %s | %s | %s | %s | %s | %s%s | %.2f / %.2f | %s | %s | %s |'
+                     % (r['network'], label[r['method']], r['round'], r['exit'],
+                        '%.2f' % r['first_step_s'] if 'first_step_s' in r else '-',
+                        '%.1f' % r['sync_step_ms'] if 'sync_step_ms' in r else '-',
+                        '%.1f' % r['delayed_step_ms'] if 'delayed_step_ms' in r else '-',
+                        '%.0f' % r['window_samples_per_s'] if 'window_samples_per_s' in r
+                        else '-', '%.2f' % r['cpu_other'] if 'cpu_other' in r else '-',
+                        ' (noisy)' if r.get('noisy') in (True, 'True') else '',
+                        r['load_before'], r['load_after'], r['stock_check'], r['worker_env'],
+                        r.get('loss_digest', '-')))
+    with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as dst:
+        dst.write('\n'.join(lines) + '\n')
+
+
+def main(argv=None):
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.scratch, exist_ok=True)
+    if args.part == 'report':
+        build_report(args.out)
+        _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
+        return 0
+    if args.part == 'phases' and any(NETWORKS[n][1] for n in args.networks):
+        reason = netns.netns_available()
+        if reason:
+            _LOG.error('shaped networks unavailable: %s', reason)
+            return 2
+        netns.remove_stale()
+    meta = _meta(args, argv)
+    _LOG.info('%s', meta['command'])
+    try:
+        rows = (part_full if args.part == 'full' else part_phases)(args, meta)
+    finally:
+        meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
+            timespec='seconds'), load_after=os.getloadavg(), code_end=code_version())
+        with open(os.path.join(args.out, 'meta-%s.json' % args.part), 'w',
+                  encoding='utf-8') as dst:
+            json.dump(meta, dst, indent=1)
+    failed = [row for row in rows if row['exit'] != 0]
+    return 1 if failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
