@@ -28,7 +28,7 @@ VARIABLES = {
     'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': (
         '4', "MXNet's backward bulk size. MXNet's default (15) runs a small network's whole "
              'backward as one engine operation, so no push can start before backward ends; '
-             '`import mxdelay` (before mxnet) sets 4 when unset, as MXNet is imported: every few operators end a '
+             '`import mxdelay` (before mxnet) sets 4 when unset: every few operators end a '
              'segment and their gradients are pushed while backward goes on.'),
     'MXNET_KVSTORE_BIGARRAY_BOUND': (
         '1000000', "MXNet's: keys of at least this many elements are split over all servers. "
