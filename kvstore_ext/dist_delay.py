@@ -184,6 +184,7 @@ class DistDelay(KVStoreBase):
         """Run `command` on every server; return the servers' replies (raise `refusal` if a
         server refuses)."""
         self._ensure_started()
+        _wait_for_issued_work()
         return self._channel.command(command, body, refusal)
 
     def _ensure_started(self):
@@ -573,6 +574,7 @@ class DistDelay(KVStoreBase):
         """
         check_optional_text('error', error, 'pass None, or a message saying what failed')
         self._ensure_started()
+        _wait_for_issued_work()
         return self._channel.agree(error, self.barrier)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
@@ -703,6 +705,17 @@ def _describe(value):
                              sorted({type(v).__name__ for v in value}) or 'nothing')
     return '%.80r (%s)' % (value, type(value).__name__) if not isinstance(value, nd.NDArray) \
         else 'an NDArray of shape %s' % (value.shape,)
+
+
+def _wait_for_issued_work():
+    # A command travels at once, from this thread (MXNet's SendCommandToServers), while the
+    # pushes and pulls issued before it may still wait in MXNet's engine (a push waits for
+    # backward to write its gradient): without this wait a command could overtake them,
+    # e.g. a new learning rate would reach a round pushed before set_learning_rate, and
+    # STATS would miss it. A push completes once its round is applied on the server, so
+    # after this every round this worker pushed is applied (which waits for the other
+    # workers' pushes of those rounds too: a command is a collective point in that sense).
+    nd.waitall()
 
 
 class _OptimizerHolder(object):

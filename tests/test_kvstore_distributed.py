@@ -92,6 +92,19 @@ def test_controller_commands(tmp_path):
 
 
 @pytest.mark.jobs
+@pytest.mark.parametrize('num_servers', [1, 2])
+def test_commands_act_after_the_pushes_issued_before_them(num_servers):
+    # The gradient of rounds 0 and 1 takes 1 s in the engine, so the pushes are still queued
+    # when server_stats() and set_learning_rate() are called. With N = 2 workers pushing ones:
+    # W1 = -0.5*2 = -1, W2 = -2 (lr 0.5), W3 = -2 - 0.25*2 = -2.5 (lr 0.25 from round 2).
+    result = run_kv('ordering', [], 2, num_servers)
+    assert_ok(result)
+    for data in kv_results(result).values():
+        assert data['rounds'] == [1]          # STATS saw this worker's round 0
+        assert data['after_round2'] == -2.5   # SET_HYPER did not reach round 1
+
+
+@pytest.mark.jobs
 def test_stock_server_is_detected():
     # The script imports mxnet before mxdelay, so MXNet's stock servers run: the worker must
     # refuse to train and say how to launch.

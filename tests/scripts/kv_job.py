@@ -127,6 +127,52 @@ def mode_commands(kv, workdir):
     return result
 
 
+class _Slow(mx.operator.CustomOp):
+    """Identity that takes 1 s, run by MXNet's engine: a slow backward."""
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        time.sleep(1.0)
+        self.assign(out_data[0], req[0], in_data[0])
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        pass
+
+
+@mx.operator.register('mxdelay_test_slow')
+class _SlowProp(mx.operator.CustomOpProp):
+    def list_arguments(self):
+        return ['data']
+
+    def list_outputs(self):
+        return ['output']
+
+    def infer_shape(self, in_shape):
+        return in_shape, in_shape, []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return _Slow()
+
+
+def mode_ordering(kv):
+    """Commands right after a push whose gradient is still being computed (the engine holds
+    the push): they must act after the pushed round, as the call order says."""
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
+    kv.init(0, nd.zeros((2,)))
+    out = nd.zeros((2,))
+    result = {}
+    kv.push(0, nd.Custom(nd.ones((2,)), op_type='mxdelay_test_slow'))    # round 0
+    kv.pull(0, out=out)
+    stats = kv.server_stats()               # must count round 0
+    result['rounds'] = [c['rounds'] for s in stats for c in s['chunks'].values()]
+    kv.push(0, nd.Custom(nd.ones((2,)), op_type='mxdelay_test_slow'))    # round 1, lr 0.5
+    kv.pull(0, out=out)
+    kv.set_learning_rate(0.25)              # every worker; from round 2 on
+    kv.push(0, nd.ones((2,)))               # round 2, lr 0.25
+    kv.pull(0, out=out)
+    result['after_round2'] = float(out.asnumpy()[0])
+    return result
+
+
 def main():
     mode = sys.argv[1]
     kv = mx.kv.create('dist_delay')
@@ -142,6 +188,8 @@ def main():
         result = mode_rounds(kv, int(sys.argv[3]), float(sys.argv[4]))
     elif mode == 'slack':
         result = mode_slack(kv, float(sys.argv[3]))
+    elif mode == 'ordering':
+        result = mode_ordering(kv)
     else:
         result = mode_commands(kv, sys.argv[2])
     result['rank'] = kv.rank
