@@ -352,7 +352,11 @@ def main(argv=None):
             correct += int((out.argmax(axis=1) == y).sum().asscalar())
             seen += x.shape[0]
         waited = time.perf_counter()
-        if args.trainer == 'delayed':
+        if args.trainer == 'delayed' and epoch == args.epochs - 1:
+            # mxdelay: the last epoch ends with the servers' global model on every worker
+            # (each worker trained its own weights between pulls): evaluated and saved below
+            trainer.sync_weights()
+        elif args.trainer == 'delayed':
             # mxdelay: the workers meet at the epoch's end (with uneven shards the shorter
             # ones push zero gradients until every worker is done; here one small round trip)
             trainer.join()

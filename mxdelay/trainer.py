@@ -334,6 +334,55 @@ class DelayedTrainer(gluon.Trainer):
                       self._kvstore.rank, filled, self._schedule.step)
         return filled
 
+    def sync_weights(self):
+        """Make every worker's parameters the servers' global weights; collective.
+
+        In the delayed phase each worker trains its own weights ``w'`` (the global weights of
+        its last pull plus its local steps since), so they differ between workers and from
+        the servers' ``W``. Call this on every worker where the *global* model is wanted:
+        before evaluating or saving the final model, or before a worker-0-only evaluation.
+        It first meets the other workers (:meth:`join`: uneven data is fine), then replaces
+        every trained parameter, on every device, by ``W`` after all rounds pushed so far.
+        Training may go on afterwards: the schedule continues unchanged, and the next local
+        steps start from ``W``. With a non-distributed kvstore it does nothing.
+        """
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._delayed_mode:
+            return
+        if self._params_to_init:
+            self._init_params()
+        self.join()
+        for i, param in enumerate(self._params):
+            if param.grad_req != 'null':
+                # After this worker's last pushed round t (the same on every worker after
+                # join): exactly W_{t+1}, whatever the arrival order (docs/design.md §2).
+                self._kvstore.pull(i, out=param.list_data(), priority=self._priority.get(i, 0))
+        for param in self._trained_params():
+            param.list_data()[0].wait_to_read()
+
+    def allreduce_grads(self):
+        """Not available with ``'dist_delay'``; raises ValueError saying what to do instead.
+
+        ``gluon.Trainer`` offers ``allreduce_grads()`` and ``update()`` only with
+        ``update_on_kvstore=False`` (to clip by the global norm of the summed gradient, say);
+        on ``'dist_delay'`` the servers apply the optimizer to each round's sum, and a worker
+        never holds that sum. Without a distributed kvstore it is ``gluon.Trainer``'s.
+        """
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if self._delayed_mode:
+            raise ValueError(_NO_MANUAL_UPDATE % 'allreduce_grads()')
+        return super(DelayedTrainer, self).allreduce_grads()
+
+    def update(self, batch_size, ignore_stale_grad=False):
+        """Not available with ``'dist_delay'``; see :meth:`allreduce_grads`."""
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if self._delayed_mode:
+            raise ValueError(_NO_MANUAL_UPDATE % 'update()')
+        return super(DelayedTrainer, self).update(batch_size, ignore_stale_grad)
+
     def _log_phase(self, t):
         phase = self._schedule.phase(t)
         if phase != self._logged_phase:
@@ -583,6 +632,15 @@ class DelayedTrainer(gluon.Trainer):
         self._check_and_rescale_grad(state['rescale_grad'])
         self._logged_phase = None
         return None
+
+
+_NO_MANUAL_UPDATE = (
+    "%s is not available with kvstore='dist_delay': the servers apply the optimizer to the "
+    "sum of all workers' gradients, which no worker holds. To clip gradients, either clip "
+    "this worker's own gradients before step() (e.g. gluon.utils.clip_global_norm([p.grad() "
+    "for p in params], max_norm), then trainer.step(batch_size): each worker's gradient is "
+    "clipped by its own norm), or give the optimizer clip_gradient=... (elementwise, applied "
+    "on the servers and in the local rule). docs/design.md §1 has the semantics")
 
 
 def _check_batch_size(batch_size):

@@ -43,7 +43,6 @@ import textwrap
 import time
 
 import numpy as np
-import pytest
 
 import mxdelay  # noqa: F401  before mxnet, as the job scripts do
 import mxnet as mx

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import mxdelay.schedule
-from conftest import (MLP_BASE as BASE, assert_matches_reference, run_mlp_job, simulate_mlp_job as simulate)
+from conftest import (ATOL, MLP_BASE as BASE, RTOL, assert_matches_reference, run_mlp_job,
+                      simulate_mlp_job as simulate)
 
 pytestmark = pytest.mark.jobs
 
@@ -103,3 +104,21 @@ def test_status_keys_and_chunks_below_a_small_bigarray_bound(tmp_path):
     env = {'MXNET_KVSTORE_BIGARRAY_BOUND': 3 * 1024 + 1, 'MXDELAY_CHUNK_SIZE': 50}
     histories = run_mlp_job(tmp_path, 3, config, num_servers=2, env=env)
     assert_matches_reference(histories, simulate(config, 3))
+
+
+@pytest.mark.parametrize('num_workers,num_servers,devices', [(2, 1, 1), (3, 2, 2)])
+def test_sync_weights_gives_every_worker_the_global_model(tmp_path, num_workers, num_servers,
+                                                          devices):
+    # 11 steps, warm-up 2, k=3: the last step is mid-period (its pull is not due), so the
+    # workers' own weights differ from the servers' W; after sync_weights all equal W_11.
+    config = dict(BASE, steps=11, delay=3, warmup_steps=2, sync_at_end=True, devices=devices)
+    histories = run_mlp_job(tmp_path, num_workers, config, num_servers=num_servers)
+    trajectory = simulate(config, num_workers)
+    assert_matches_reference(histories, trajectory)
+    final = trajectory.glob[-1]
+    for rank, history in histories.items():
+        assert any(not np.allclose(history[name][-1], final[name], rtol=RTOL, atol=ATOL)
+                   for name in final), 'the test needs local weights that differ from W'
+        for name in final:
+            np.testing.assert_allclose(history['synced_' + name], final[name], rtol=RTOL,
+                                       atol=ATOL, err_msg='worker %d, %s' % (rank, name))

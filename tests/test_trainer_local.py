@@ -576,3 +576,81 @@ def test_priorities_follow_the_forward_order_not_the_names():
     assert pushed[-1][1] > pushed[0][1]
     # Data() is not wrapped any more after the first step.
     assert all('data' not in vars(p) for p in net.collect_params().values())
+
+
+# -- the global model, and clipping ----------------------------------------------------------
+
+def test_sync_weights_replaces_every_device_copy_by_the_servers_weights():
+    # One worker, rule 'sgd' with momentum on the server: w' and W differ (the literal rule
+    # has no momentum), so sync_weights has something to do.
+    trainer, kv, params, history = run_delayed(7, ctxs=contexts(2), delay=3, warmup_steps=2,
+                                               local_rule='sgd')
+    before = {p.name: p.data(mx.cpu(0)).asnumpy() for p in params}
+    assert any(not np.array_equal(before[p.name], kv.store[i].asnumpy())
+               for i, p in enumerate(params))
+    assert kv.log[-1][0] != 'finish'
+    trainer.sync_weights()
+    assert kv.log[-1 - len(params)] == ('finish', None)   # it joined first
+    for i, param in enumerate(params):
+        for data in param.list_data():
+            np.testing.assert_array_equal(data.asnumpy(), kv.store[i].asnumpy())
+
+
+def test_sync_weights_without_a_distributed_kvstore_changes_nothing():
+    params = make_params(contexts(1))
+    trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore='local')
+    before = [p.data().asnumpy() for p in params]
+    trainer.sync_weights()
+    for param, old in zip(params, before):
+        np.testing.assert_array_equal(param.data().asnumpy(), old)
+
+
+@pytest.mark.parametrize('method', ['allreduce_grads', 'update'])
+def test_manual_update_says_how_to_clip_instead(method):
+    params = make_params(contexts(1))
+    trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=FakeDistDelay())
+    args = () if method == 'allreduce_grads' else (BATCH,)
+    with pytest.raises(ValueError, match=r"%s\(\) is not available with kvstore='dist_delay'.*"
+                                         r"clip this worker's own gradients before step\(\)"
+                                         r".*clip_gradient=" % method):
+        getattr(trainer, method)(*args)
+
+
+def test_manual_update_without_a_distributed_kvstore_is_gluons():
+    params = make_params(contexts(1))
+    trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore='device',
+                                     update_on_kvstore=False)
+    stock_params = make_params(contexts(1))
+    stock = gluon.Trainer(stock_params, 'sgd', dict(OPT), kvstore='device',
+                          update_on_kvstore=False)
+    for step in range(3):
+        for ps, tr in ((params, trainer), (stock_params, stock)):
+            weights = {p.name: p.data().asnumpy() for p in ps}
+            backward_with(ps, contexts(1), numpy_grad(weights, 0, step))
+            tr.allreduce_grads()
+            tr.update(BATCH)
+    for mine, theirs in zip(params, stock_params):
+        np.testing.assert_array_equal(mine.data().asnumpy(), theirs.data().asnumpy())
+
+
+def test_clipping_own_gradients_before_step_trains_like_gluon_with_the_same_clipping():
+    # The documented way to clip on 'dist_delay': each worker clips its own gradient by its
+    # global norm before step(). With one worker that is what gluon.Trainer does with the
+    # same clipping (the mirror rule keeps w' = W), through warm-up and delayed steps.
+    runs = {}
+    for name, make in (('gluon', lambda ps: gluon.Trainer(ps, 'sgd', dict(OPT), kvstore=None)),
+                       ('delayed', lambda ps: mxdelay.DelayedTrainer(
+                           ps, 'sgd', dict(OPT), kvstore=FakeDistDelay(), delay=3,
+                           warmup_steps=2))):
+        params = make_params(contexts(1))
+        trainer = make(params)
+        clipped_norms = []
+        for step in range(9):
+            weights = {p.name: p.data().asnumpy() for p in params}
+            backward_with(params, contexts(1), numpy_grad(weights, 0, step))
+            clipped_norms.append(gluon.utils.clip_global_norm([p.grad() for p in params], 0.5))
+            trainer.step(BATCH)
+        runs[name] = ([p.data().asnumpy() for p in params], clipped_norms)
+    assert max(runs['gluon'][1]) > 0.5              # the clipping did something
+    for mine, theirs in zip(runs['delayed'][0], runs['gluon'][0]):
+        np.testing.assert_allclose(mine, theirs, rtol=RTOL, atol=ATOL)

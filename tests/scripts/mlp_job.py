@@ -14,7 +14,8 @@ and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
 its script's end fills the other workers' rounds). A step's data is a function of (rank,
 round), and the npz also holds ``rounds``: the round of every recorded step.
 ``save_at_end``: save_states after the last step. ``batch_sizes`` ({rank: size}) and
-``last_batch`` (the size of every epoch's last batch) vary the batch size. ``end_marker``:
+``last_batch`` (the size of every epoch's last batch) vary the batch size. ``sync_at_end``: ``trainer.sync_weights()`` after the last step, recorded as
+``synced_<name>``. ``end_marker``:
 write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
@@ -109,8 +110,13 @@ def main():
         step += 1
     if config.get('save_at_end'):
         trainer.save_states(os.path.join(out_dir, 'ckpt'))
+    synced = {}
+    if config.get('sync_at_end'):
+        trainer.sync_weights()
+        synced = {'synced_' + names[name]: param.list_data()[0].asnumpy()
+                  for name, param in net.collect_params().items()}
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
-             rounds=rounds, **{k: np.array(v) for k, v in history.items()})
+             rounds=rounds, **{k: np.array(v) for k, v in history.items()}, **synced)
     if config.get('end_marker'):   # the script's end (before anything atexit does)
         with open(os.path.join(out_dir, 'ended.worker%d' % rank), 'w', encoding='ascii') as out:
             out.write(repr(time.time()))
