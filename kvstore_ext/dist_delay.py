@@ -524,7 +524,9 @@ class DistDelay(KVStoreBase):
         except Exception:  # pylint: disable=broad-except
             _LOG.exception('dist_delay: worker %d could not fill the other workers\' rounds',
                            self.rank)
-        self._native = None
+        # Drop every reference to the native store, so that the caller's gc.collect() runs
+        # its destructor now, before MXNet's engine shuts down.
+        self._native = self._channel = None
 
     def _fill_remaining_rounds(self):
         if self._finish is None or self._finish.all_finished:
