@@ -56,10 +56,8 @@ REPO = os.path.dirname(HERE)
 SCRIPTS = os.path.join(REPO, 'tests', 'scripts')
 LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(REPO, 'tests'))
 import tta  # noqa: E402  pylint: disable=wrong-import-position  (provenance helpers)
 from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
-from jobs import PidFile, pid_alive  # noqa: E402  pylint: disable=wrong-import-position
 
 JOB_TIMEOUT = 60
 NOISY_CORES = 0.25
@@ -79,6 +77,46 @@ CASES = {
     'worker1-raises': ('uncaught exception in worker 1', None, 1),
     'misuse': ("worker's script ends while the other trains on (no join)", None, None),
 }
+
+
+def pid_alive(pid):
+    """Whether process `pid` exists and is not a zombie."""
+    try:
+        with open('/proc/%d/stat' % pid, encoding='ascii') as stat:
+            return stat.read().rpartition(')')[2].split()[0] != 'Z'
+    except FileNotFoundError:
+        return False
+
+
+class PidFile:
+    """Each role of a job appends ``PID ROLE RANK`` to `path` (as the tests' PidFile does):
+    the driver kills a role by its own PID and checks that none is left."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def wrap(self, command):
+        record = 'echo "$$ $DMLC_ROLE $MXDELAY_RANK" >> %s; exec "$@"' % shlex.quote(self.path)
+        return ['sh', '-c', record, 'sh'] + list(command)
+
+    def read(self):
+        """``{(role, rank): pid}`` of the roles recorded so far."""
+        pids = {}
+        if os.path.exists(self.path):
+            with open(self.path, encoding='ascii') as src:
+                for fields in (line.split() for line in src):
+                    if len(fields) == 3:   # a line being written may be incomplete
+                        pids[(fields[1], int(fields[2]))] = int(fields[0])
+        return pids
+
+    def wait(self, count, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while len(self.read()) < count:
+            if time.monotonic() > deadline:
+                raise RuntimeError('only %r of %d roles recorded in %s' % (self.read(), count,
+                                                                          self.path))
+            time.sleep(0.05)
+        return self.read()
 
 
 def job_env():
