@@ -133,8 +133,9 @@ def _git(*args):
 
 def code_version():
     """``{'commit': HEAD, 'dirty': bool, 'dirty_files': [...]}`` of the repository."""
-    dirty = [line[3:] for line in _git('status', '--porcelain', '--untracked-files=no')
-             .splitlines()]
+    status = subprocess.run(['git', '-C', REPO, 'status', '--porcelain', '--untracked-files=no'],
+                            capture_output=True, text=True, check=False).stdout
+    dirty = [line[3:] for line in status.splitlines() if line.strip()]  # 'XY path'
     return {'commit': _git('rev-parse', 'HEAD'), 'dirty': bool(dirty), 'dirty_files': dirty}
 
 
@@ -218,6 +219,7 @@ def _meta(args, argv):
                 sys.argv[1:] if argv is None else argv),
             'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'load_before': os.getloadavg(), 'code_start': code_version(), 'machine': machine(),
+            'repo': REPO, 'pythonpath': os.environ.get('PYTHONPATH', ''),
             'job_env_mxnet': {k: v for k, v in job_env().items() if k.startswith('MXNET_')},
             'settings': {'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
                          'networks': {n: NETWORKS[n] for n in args.networks},
@@ -462,11 +464,18 @@ def build_report(out):
                 if not real:
                     continue
                 derived = derived_time(epoch * per_epoch, method, times['loopback', method])
+                quiet_seeds = {r['seed'] for r in runs if r['method'] == method
+                               and r.get('cpu_other', 1.0) <= report_lib.NOISE_CORES}
+                quiet = [e['wall_s'] for e in evals if e['method'] == method
+                         and e['step'] == epoch * per_epoch and e['seed'] in quiet_seeds]
                 validation.append(dict(method=method, epoch=epoch,
                                        real_mean_s=statistics.mean(real),
                                        real_min_s=min(real), real_max_s=max(real),
                                        derived_s=derived,
-                                       ratio=derived / statistics.mean(real)))
+                                       ratio=derived / statistics.mean(real),
+                                       quiet_seeds=sorted(quiet_seeds),
+                                       quiet_ratio=derived / statistics.mean(quiet)
+                                       if quiet else None))
     # 6. timing independence: the losses of runs with the same method and steps
     same = {}
     for p in phases:
@@ -495,16 +504,25 @@ def _fmt_s(seconds):
     return '%.0f s' % seconds if seconds < 600 else '%.1f min' % (seconds / 60)
 
 
+def _changed(start, end):
+    """Files changed between two commits (what changed under a run that spans them)."""
+    if not start or not end or start == end:
+        return []
+    return _git('diff', '--name-only', start, end).split()
+
+
 def _meta_line(meta):
     code = meta.get('code_start', {})
     end = meta.get('code_end', {})
+    changed = _changed(code.get('commit'), end.get('commit'))
     return ('`%s`: %s to %s, commit `%s`%s%s; %s cores (%s); load average (1 min) %.2f before, '
             '%.2f after' % (
                 meta['command'], meta['started'], meta.get('finished', '?'),
                 code.get('commit', '?')[:10],
                 ' (dirty: %s)' % ', '.join(code['dirty_files']) if code.get('dirty') else '',
                 '' if end.get('commit') == code.get('commit') else
-                ', `%s` at the end' % end.get('commit', '?')[:10],
+                ', `%s` at the end (files changed in between: %s)' % (
+                    end.get('commit', '?')[:10], ', '.join(changed) or 'none'),
                 meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
                 meta.get('load_after', [float('nan')])[0]))
 
@@ -622,13 +640,18 @@ def write_markdown(out, result, methods, networks, phases):
     if result['validation']:
         lines += ['', '## Check of the derivation on loopback', '',
                   'Derived time (from the loopback per-phase times) against the real training '
-                  'wall time of the full runs (mean and min-max over seeds).', '',
-                  '| method | epoch | real | derived | derived / real |',
-                  '|---|---:|---:|---:|---:|']
+                  'wall time of the full runs (mean and min-max over seeds), and against the '
+                  'quiet full runs only (other processes used at most %g cores during the run; '
+                  'all runs are in the tables).' % report_lib.NOISE_CORES, '',
+                  '| method | epoch | real, all seeds | derived | derived / real | quiet seeds '
+                  '| derived / real, quiet seeds |',
+                  '|---|---:|---:|---:|---:|---|---:|']
         for v in result['validation']:
-            lines.append('| %s | %d | %.1f s (%.1f-%.1f) | %.1f s | %.2f |' % (
+            lines.append('| %s | %d | %.1f s (%.1f-%.1f) | %.1f s | %.2f | %s | %s |' % (
                 label[v['method']], v['epoch'], v['real_mean_s'], v['real_min_s'],
-                v['real_max_s'], v['derived_s'], v['ratio']))
+                v['real_max_s'], v['derived_s'], v['ratio'],
+                ', '.join(str(s) for s in v['quiet_seeds']) or 'none',
+                '%.2f' % v['quiet_ratio'] if v['quiet_ratio'] else '-'))
     lines += ['', '## Does timing change training?', '',
               'Per-step losses of worker 0 (a SHA-1 of the list) of the phase runs with the same '
               'method and steps, on different links, rounds, and loopback runs with the shaped '
