@@ -132,11 +132,14 @@ class RoundKeeper(object):
 
 
 def sgd_step(optimizer, updater, index, grad, weight):
-    """Apply plain SGD (with or without momentum) to one tensor with the single-tensor kernels.
+    """Apply plain SGD (with or without momentum) to one tensor, as ``optimizer.SGD`` does.
 
-    ``optimizer.SGD`` always takes MXNet's multi-tensor kernels, which are slower on CPU for
-    one tensor than ``sgd_mom_update``; the arithmetic is the same. The state lives in
-    `updater`, so that saving and loading it is unchanged.
+    ``optimizer.SGD`` goes through Python code made for lists of tensors; this calls the
+    kernels it ends in directly, with the same arithmetic, so that a round gives the same
+    bits as MXNet's server (tested against a stock job): ``sgd_mom_update`` with momentum
+    (identical to ``multi_sgd_mom_update`` for one tensor), and ``multi_sgd_update`` without
+    (``sgd_update`` rounds ``(1 - lr*wd)*w - lr*g`` differently from its ``w - (lr*wd*w +
+    lr*g)``). The state lives in `updater`, so that saving and loading it is unchanged.
     """
     if index not in updater.states:
         updater.states[index] = optimizer.create_state(index, weight)
@@ -151,4 +154,5 @@ def sgd_step(optimizer, updater, index, grad, weight):
         mx.nd.sgd_mom_update(weight, grad, momentum, out=weight, momentum=optimizer.momentum,
                              **kwargs)
     else:
-        mx.nd.sgd_update(weight, grad, out=weight, **kwargs)
+        mx.nd.multi_sgd_update(weight, grad, out=weight, num_weights=1,
+                               lrs=(kwargs.pop('lr'),), wds=(kwargs.pop('wd'),), **kwargs)

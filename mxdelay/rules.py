@@ -125,9 +125,10 @@ class LocalSGDRule(LocalRule):
             state[:] = m * state + (1 - m) * g * g + 1e-7
             lam = self.dc_lambda / nd.sqrt(state)
         g, rescale = self._compensated(grad, grad_sync, ctx, lam)
-        # The servers' kernel (they run optimizer.SGD one chunk at a time, unaggregated).
-        nd.sgd_update(weight, g, out=weight, lr=ctx.lr, wd=ctx.wd, rescale_grad=rescale,
-                      clip_gradient=ctx.clip_gradient)
+        # The servers' kernel for plain SGD (kvstore_ext.rounds.sgd_step), so that with one
+        # worker and plain SGD on the servers the local step is the server's, bit for bit.
+        nd.multi_sgd_update(weight, g, out=weight, num_weights=1, lrs=(ctx.lr,), wds=(ctx.wd,),
+                            rescale_grad=rescale, clip_gradient=ctx.clip_gradient)
 
     def __repr__(self):
         return 'LocalSGDRule(dc_lambda=%g, adaptive=%s)' % (self.dc_lambda, self.adaptive)

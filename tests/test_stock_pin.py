@@ -154,9 +154,6 @@ def test_plain_sgd_with_weight_decay_is_stock_up_to_rounding(plain_sgd_runs):
 
 
 @pytest.mark.jobs
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason='mxdelay\'s server applies plain SGD with nd.sgd_update, '
-                   'whose rounding differs from the stock multi_sgd_update when wd > 0; when '
-                   'this passes, make it a plain test')
 def test_plain_sgd_with_weight_decay_is_stock_bit_for_bit(plain_sgd_runs):
     _, stock, delay = plain_sgd_runs
     for rank in range(2):
