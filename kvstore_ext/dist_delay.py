@@ -17,6 +17,7 @@ the weights after round t.
 """
 import json
 import logging
+import sys
 
 import numpy as np
 import mxnet as mx
@@ -223,6 +224,9 @@ class DistDelay(KVStoreBase):
         Every worker must set the same optimizer (type and hyper-parameters). It is sent at
         the hand-shake (the first :meth:`init` or command) or at once if that has happened.
 
+        An optimizer made by the symbolic API (``Module.init_optimizer``) gets the
+        ``rescale_grad`` that Module gives ``'dist_sync'``: see :func:`_module_rescale`.
+
         Raises
         ------
         TypeError
@@ -235,6 +239,7 @@ class DistDelay(KVStoreBase):
             raise ArgumentTypeError("optimizer must be an mx.optimizer.Optimizer, got %r (%s); "
                                     "create one with mx.optimizer.create('sgd', ...)"
                                     % (optimizer, type(optimizer).__name__))
+        _module_rescale(optimizer, self.num_workers)
         self._optimizer = optimizer
         self._updater = _OptimizerHolder(optimizer)
         if self._channel is not None:
@@ -286,6 +291,7 @@ class DistDelay(KVStoreBase):
             If a key is already initialised or given twice (nothing is placed then).
         """
         keys, values = _as_lists(key, value)
+        _refuse_module_local_update()
         for k in keys:
             if k in self._tensors or keys.count(k) > 1:
                 raise ValueError('key %r is already initialised or given twice; initialise '
@@ -320,11 +326,17 @@ class DistDelay(KVStoreBase):
         self._native.init(native_keys, native_values)
 
     def _mults(self, key):
-        param = (self._optimizer.param_dict.get(key)
-                 if self._optimizer is not None else None)
-        if param is None:
-            return 1.0, 1.0, str(key)
-        return float(param.lr_mult), float(param.wd_mult), param.name
+        optimizer = self._optimizer
+        param = optimizer.param_dict.get(key) if optimizer is not None else None
+        if param is not None:  # Gluon: Parameters by key
+            return float(param.lr_mult), float(param.wd_mult), param.name
+        if optimizer is not None and isinstance(key, str) and key in optimizer.idx2name.values():
+            # Module: the keys are the parameters' names, the optimizer's multipliers are by
+            # name (Variables' lr_mult/wd_mult attributes; wd_mult 0 for names not ending in
+            # _weight or _gamma) and MXNet's server finds them through idx2name.
+            return (float(optimizer.lr_mult.get(key, 1.0)),
+                    float(optimizer.wd_mult.get(key, 1.0)), key)
+        return 1.0, 1.0, str(key)
 
     def _place(self, key, value):
         tensor = self._placement.place(key, value.shape, value.dtype)
@@ -718,6 +730,53 @@ def _wait_for_issued_work():
     # after this every round this worker pushed is applied (which waits for the other
     # workers' pushes of those rounds too: a command is a collective point in that sense).
     nd.waitall()
+
+
+def _module_rescale(optimizer, num_workers):
+    """Give an optimizer made by ``Module.init_optimizer`` the rescale_grad of 'dist_sync'.
+
+    MXNet 1.9.1's ``Module.init_optimizer`` sets ``rescale_grad = 1.0/batch_size`` and
+    multiplies the batch size by the number of workers only for types containing both
+    ``'dist'`` and ``'_sync'``: with ``'dist_delay'`` the servers would apply N times
+    dist_sync's step to the sum of N gradients. Module makes its optimizer with ``sym=``,
+    which leaves ``sym_info`` non-empty (Gluon's trainers never pass it); such an optimizer
+    gets Module's dist_sync value here, before the hand-shake carries it as the job's
+    rescale_grad (worker 0's; every worker does the same) and before it is pickled to the
+    servers. ``1.0/b`` becomes ``1.0/(b*N)`` as Module computes it, so the servers apply
+    exactly what dist_sync's do; any other value is divided by N. An explicit
+    ``rescale_grad`` in Module's ``optimizer_params`` is divided too (dist_sync would keep
+    it). Marked on the optimizer, so that setting it again does not divide twice.
+    """
+    if not optimizer.sym_info or getattr(optimizer, '_mxdelay_module_rescale', False):
+        return
+    before = optimizer.rescale_grad
+    batch = round(1.0 / before) if before > 0 else 0
+    if batch >= 1 and 1.0 / batch == before:
+        optimizer.rescale_grad = 1.0 / (batch * num_workers)
+    else:
+        optimizer.rescale_grad = before / num_workers
+    optimizer._mxdelay_module_rescale = True  # pylint: disable=protected-access
+    _LOG.info("dist_delay: the optimizer was made by the symbolic API (Module): rescale_grad "
+              "%r -> %r, as Module sets it for 'dist_sync' with %d workers",
+              before, optimizer.rescale_grad, num_workers)
+
+
+def _refuse_module_local_update():
+    """Refuse ``Module``'s ``update_on_kvstore=False`` path (``MXNET_UPDATE_ON_KVSTORE=0``):
+    its own updater would apply ``1.0/batch_size`` (no '_sync' in the type) to the round's
+    sum, which :func:`_module_rescale` never sees. Recognised by the caller chain
+    ``Module.init_optimizer`` -> ``mxnet.model._initialize_kvstore`` -> ``init``."""
+    try:
+        caller = sys._getframe(2)  # pylint: disable=protected-access
+    except ValueError:  # init called from the outermost frame: not Module
+        return
+    if (caller.f_code is mx.model._initialize_kvstore.__code__  # pylint: disable=protected-access
+            and not caller.f_locals.get('update_on_kvstore', True)
+            and caller.f_back is not None
+            and caller.f_back.f_code is mx.mod.Module.init_optimizer.__code__):
+        raise ValueError("mx.mod.Module with kvstore='dist_delay' must update on the kvstore "
+                         '(the servers apply the optimizer), but update_on_kvstore is False: '
+                         'unset MXNET_UPDATE_ON_KVSTORE')
 
 
 class _OptimizerHolder(object):

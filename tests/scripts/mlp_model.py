@@ -10,7 +10,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 __all__ = ['IN', 'HIDDEN', 'OUT', 'NAMES', 'init_params', 'batch', 'numpy_grad', 'build',
-           'weights_of']
+           'weights_of', 'symbol']
 
 IN, HIDDEN, OUT = 8, 16, 4
 #: Gluon's parameter names -> the short names of init_params() and the npz files.
@@ -65,3 +65,19 @@ def build(ctxs=None, lr_mult=None, wd_mult=None):
 def weights_of(net):
     """The short names -> the weights on the first context."""
     return {NAMES[name]: p.data().asnumpy() for name, p in net.collect_params().items()}
+
+
+def symbol(lr_mult=None):
+    """The MLP as a Symbol, for the Module API: the same parameter names as :data:`NAMES`'
+    keys, and ``LinearRegressionOutput`` (label ``'label'``), whose gradient is L2Loss's,
+    so that :func:`numpy_grad` replays it. `lr_mult` ({argument name: multiplier}) sets
+    Variables' ``lr_mult`` attribute (Module's optimizer reads it)."""
+    def var(name):
+        return mx.sym.Variable(name, **({'lr_mult': lr_mult[name]} if name in (lr_mult or {})
+                                        else {}))
+    hidden = mx.sym.Activation(mx.sym.FullyConnected(
+        mx.sym.Variable('data'), weight=var('l1_weight'), bias=var('l1_bias'),
+        num_hidden=HIDDEN, name='l1'), act_type='tanh')
+    out = mx.sym.FullyConnected(hidden, weight=var('l2_weight'), bias=var('l2_bias'),
+                                num_hidden=OUT, name='l2')
+    return mx.sym.LinearRegressionOutput(out, mx.sym.Variable('label'), name='out')
