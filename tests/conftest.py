@@ -50,6 +50,7 @@ from mxnet import gluon, nd
 
 import reference
 from kvstore_ext.dist_delay import DistDelay
+from kvstore_ext.optimizers import flatten_state
 from kvstore_ext.rounds import is_plain_sgd, sgd_step
 from scripts import mlp_model
 
@@ -503,6 +504,16 @@ class FakeDistDelay(DistDelay):
         self.log.append(('pull', key))
         for o in (out if isinstance(out, (list, tuple)) else [out]):
             self.store[key].copyto(o)
+
+    def fetch_optimizer_states(self, states):
+        # The server's updater keys its state by parameter index here (by chunk id in a job);
+        # array j of flatten_state, as mxdelay's server writes it into state key j.
+        for key, arrays in states.items():
+            assert len(arrays) <= self._state_keys, 'configure(state_keys=...) too small'
+            served = flatten_state(self.server_updater.states[key])
+            for j, array in enumerate(arrays):
+                served[j].copyto(array)
+        self.log.append(('fetch_states', tuple(sorted(states))))
 
     def barrier(self):
         pass
