@@ -8,8 +8,9 @@ every delayed step the trainer calls it per parameter with the worker's own grad
 Every built-in rule uses the delay-compensated gradient of DC-ASGD,
 ``g_dc = g + lam * g * g * grad_sync`` (g rescaled); ``lam = 0`` gives g.
 
-- ``'mirror'`` (default, :class:`MirrorRule`): a local copy of the server's SGD with
-  momentum applied to ``N * g_dc`` (the worker's gradient standing in for the sum of all N):
+- ``'mirror'`` (default, :class:`MirrorRule`): a local copy of the servers' optimizer
+  applied to ``N * g_dc`` (the worker's gradient standing in for the sum of all N), its
+  state the servers' after round W, kept across pulls. For plain SGD:
   ``v := mu*v - lr*(N*g_dc + wd*w')``, ``w' := w' + v``; v persists across pulls and starts at
   the server's last step ``W_{W+1} - W_W``. Matches ``dist_sync``'s accuracy at k = 4 and 8
   with server momentum 0.9, where the literal rules collapse (docs/design.md §1).
