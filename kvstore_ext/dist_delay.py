@@ -84,6 +84,8 @@ class DistDelay(KVStoreBase):
         self._num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         self._slack = None
         self._chunk_size = None
+        self._state_keys = 0       # J: state keys per chunk (fetch_optimizer_states)
+        self._state_keys_made = set()   # state keys initialised on the servers
         self.configure(slack=env.get_int('MXDELAY_SLACK'),
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
         self._tensors = {}
@@ -98,8 +100,9 @@ class DistDelay(KVStoreBase):
         self._job_rescale_grad = None
 
     # -- configuration and hand-shake ------------------------------------------------------
-    def configure(self, slack=None, chunk_size=None):
-        """Set the slack (rounds a worker may run ahead) and the chunk size (elements).
+    def configure(self, slack=None, chunk_size=None, state_keys=None):
+        """Set the slack (rounds a worker may run ahead), the chunk size (elements) and the
+        number of state keys per chunk.
 
         Parameters
         ----------
@@ -108,6 +111,9 @@ class DistDelay(KVStoreBase):
         chunk_size : int, optional
             Largest number of elements per key, at least 1 and below MXNet's
             ``MXNET_KVSTORE_BIGARRAY_BOUND`` (1e6), so that MXNet never splits a key.
+        state_keys : int, optional
+            J >= 0: arrays of a chunk's optimizer state that :meth:`fetch_optimizer_states`
+            can fetch (default 0: none; every worker must set the same).
 
         Raises
         ------
@@ -130,10 +136,15 @@ class DistDelay(KVStoreBase):
                                  'larger keys across servers by itself, '
                                  'MXNET_KVSTORE_BIGARRAY_BOUND), got %r'
                                  % (protocol.bigarray_bound(), chunk_size))
+        if state_keys is not None:
+            state_keys = check_int('state_keys', state_keys, 0, 'it is the number of optimizer '
+                                   'state arrays per chunk that can be fetched')
         if slack is not None:
             self._slack = slack
         if chunk_size is not None:
             self._chunk_size = chunk_size
+        if state_keys is not None:
+            self._state_keys = state_keys
 
     @property
     def slack(self):
@@ -165,14 +176,16 @@ class DistDelay(KVStoreBase):
 
     def _handshake(self):
         """Prove the servers are mxdelay's and the workers agree; prepare the key placement."""
-        layout = KeyLayout(self._num_servers, self._slack + 1)
+        layout = KeyLayout(self._num_servers, self._slack + 1, self._state_keys)
         channel = self._channel_factory(self._native, layout)
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': self._slack + 1,
+                 'state_keys': self._state_keys,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': protocol.PROTOCOL_VERSION,
                  # The optimizer's description too: workers that set different optimizers
                  # fail here, all of them, naming both (the servers apply one optimizer).
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
+                                state_keys=self._state_keys,
                                 optimizer=describe_optimizer(self._optimizer))}
         replies = channel.handshake(hello)
         self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
@@ -498,6 +511,73 @@ class DistDelay(KVStoreBase):
         except KeyError:
             raise KeyError('key %r was not initialised on the dist_delay kvstore; call init '
                            'or broadcast first' % (key,)) from None
+
+    # -- optimizer state ---------------------------------------------------------------------
+    def fetch_optimizer_states(self, states):
+        """Fill arrays with the servers' optimizer state of their keys; collective.
+
+        Every worker calls it at the same point (a trainer: at its switch step), with the
+        same keys. For each key, ``states[key][j]`` (an array of the key's shape) receives
+        array j of the servers' optimizer state of that key
+        (:func:`kvstore_ext.optimizers.flatten_state` of ``Updater.states``, chunk by chunk),
+        as it is after every round this worker has pushed (docs/design.md §2.9). It waits
+        for those rounds, then initialises the chunks' state keys, pushes one round of
+        zeros into them (the server writes the state into the keys' stored values in that
+        round) and pulls them; it returns when the arrays are filled.
+
+        Parameters
+        ----------
+        states : dict
+            key -> list of at most J (``configure(state_keys=J)``) NDArrays.
+
+        Raises
+        ------
+        ValueError
+            If a key has more arrays than J, or an array another number of elements than
+            its key.
+        KeyError
+            If a key was not initialised.
+        """
+        self._ensure_started()
+        plan = []
+        for key in sorted(states, key=str):
+            tensor = self._tensor(key)
+            arrays = list(states[key])
+            if len(arrays) > self._state_keys:
+                raise ValueError('fetch_optimizer_states: key %r asks for %d state arrays, but '
+                                 'the store was configured with state_keys=%d'
+                                 % (key, len(arrays), self._state_keys))
+            for j, array in enumerate(arrays):
+                if array.size != tensor.size:
+                    raise ValueError('fetch_optimizer_states: state array %d of key %r has %d '
+                                     'elements, the key %d' % (j, key, array.size, tensor.size))
+                plan.append((tensor, j, array))
+        if not plan:
+            return
+        # Every round pushed so far is applied on the servers (a push completes when its
+        # round is applied), and this worker pushes no later round before the pulls below
+        # have returned: the state is exactly the one after this worker's last round.
+        nd.waitall()
+        keys, buffers, views = [], [], []
+        layout = self._placement.layout
+        for tensor, j, array in plan:
+            buf = nd.zeros(tensor.size, ctx=mx.cpu(), dtype=array.dtype)
+            for chunk in tensor.chunks:
+                keys.append(layout.state_key(chunk.chunk_id, j, chunk.server))
+                views.append(buf[chunk.start:chunk.stop])
+            buffers.append(buf)
+        new = [(k, v) for k, v in zip(keys, views) if k not in self._state_keys_made]
+        if new:   # collective: a barrier of all workers (every worker fetches alike)
+            self._native.init([k for k, _ in new], [v for _, v in new])
+            self._state_keys_made.update(k for k, _ in new)
+        self._native.push(keys, views)
+        # Into the pushed buffers: MXNet's engine runs the pull after the push is
+        # acknowledged, i.e. after the server wrote the state (docs/design.md §2.4).
+        self._native.pull(keys, out=views)
+        for (tensor, j, array), buf in zip(plan, buffers):
+            buf.reshape(array.shape).copyto(array)
+        for _, _, array in plan:
+            array.wait_to_read()
 
     # -- uneven data -----------------------------------------------------------------------
     def finish_round(self, leaving=False):

@@ -7,7 +7,10 @@ lands every key on the server it wants (:class:`KeyLayout`):
 - one *status* key per server (``status_key(s)``), a small array through which the server
   answers the hand-shake and the commands (:mod:`kvstore_ext.protocol`);
 - ``R`` *slot* keys per tensor chunk (``slot_key(chunk, slot, server)``), all on the
-  chunk's server; round t of a chunk goes to slot ``t mod R`` (docs/design.md §2).
+  chunk's server; round t of a chunk goes to slot ``t mod R`` (docs/design.md §2);
+- ``J`` *state* keys per chunk (``state_key(chunk, j, server)``; J = 0 unless a trainer's
+  local rule fetches the servers' optimizer state, docs/design.md §2.9): a round of state
+  key j carries the j-th array of the chunk's optimizer state back to the workers.
 
 A tensor of more than ``chunk_size`` elements is split into chunks, each placed on the
 least-loaded server (:class:`Placement`); a worker's :class:`Tensor` holds its chunks, one
@@ -32,13 +35,16 @@ class KeyLayout(object):
         Number of servers of the job.
     slots : int
         Slot keys per chunk (the slack plus one).
+    state_keys : int, default 0
+        State keys per chunk (J). With J = 0 every key is what it was without state keys.
     """
 
-    def __init__(self, num_servers, slots):
+    def __init__(self, num_servers, slots, state_keys=0):
         if not 1 <= num_servers < _MXNET_KEY_MULTIPLIER:
             raise ValueError('num_servers=%d is outside 1..%d' % (num_servers, _MXNET_KEY_MULTIPLIER - 1))
         self.num_servers = num_servers
         self.slots = slots
+        self.state_keys = state_keys
         # residue[s]: the key residue modulo num_servers that MXNet sends to server s
         self._residue = [0] * num_servers
         for r in range(num_servers):
@@ -58,14 +64,24 @@ class KeyLayout(object):
 
     def slot_key(self, chunk, slot, server):
         """Key of slot `slot` of chunk `chunk`, placed on server `server`."""
-        return self._key(1 + chunk * self.slots + slot, server)
+        return self._key(1 + chunk * (self.slots + self.state_keys) + slot, server)
+
+    def state_key(self, chunk, j, server):
+        """Key of state key `j` (0 .. J-1) of chunk `chunk`, placed on server `server`."""
+        if not 0 <= j < self.state_keys:
+            raise ValueError('state key %d of chunk %d: this layout has %d state keys per chunk'
+                             % (j, chunk, self.state_keys))
+        return self._key(1 + chunk * (self.slots + self.state_keys) + self.slots + j, server)
 
     def decode(self, key):
-        """Return ``('status', None, None)`` or ``('slot', chunk, slot)`` for `key`."""
+        """Return ``('status', None, None)``, ``('slot', chunk, slot)`` or
+        ``('state', chunk, j)`` for `key`."""
         index = key // self.num_servers
         if index == 0:
             return 'status', None, None
-        chunk, slot = divmod(index - 1, self.slots)
+        chunk, slot = divmod(index - 1, self.slots + self.state_keys)
+        if slot >= self.slots:
+            return 'state', chunk, slot - self.slots
         return 'slot', chunk, slot
 
     def server_of(self, key):

@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 __all__ = ['describe_optimizer', 'optimizer_differences', 'type_difference',
-           'format_differences', 'PER_STEP_FIELDS']
+           'format_differences', 'flatten_state', 'PER_STEP_FIELDS']
 
 
 #: Fields of :func:`describe_optimizer` that a trainer sets at every step, not at creation:
@@ -126,3 +126,24 @@ def type_difference(first, second):
     if differences and differences[0][0] in ('type', 'optimizer'):
         return differences[0][1:]
     return None
+
+
+def flatten_state(state):
+    """The arrays of an optimizer state, in a fixed order: an ``mx.optimizer.Updater``'s
+    ``states[index]`` is an NDArray, None, or a (nested) tuple or list of those
+    (``multi_precision`` adds a float32 master copy). Workers and servers flatten alike, so
+    array j of one is array j of the other (docs/design.md §2.9).
+
+    Raises
+    ------
+    TypeError
+        For a state that holds anything else (a number, say).
+    """
+    if state is None:
+        return []
+    if isinstance(state, (tuple, list)):
+        return [array for part in state for array in flatten_state(part)]
+    if hasattr(state, 'copyto') and hasattr(state, 'shape'):  # an NDArray, loaded lazily
+        return [state]
+    raise TypeError('optimizer state part %.60r (%s) is not an NDArray, a tuple or None'
+                    % (state, type(state).__name__))

@@ -21,7 +21,7 @@ __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN'
            'command_rank', 'encode_reply', 'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
            'pack_object', 'unpack_object']
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: state keys (the hello's state_keys)
 #: First two entries of every reply; a stock MXNet server leaves the status key at zero.
 MAGIC = (7301.0, 1789.0)
 COMMAND_PREFIX = 'mxdelay:'

@@ -21,6 +21,8 @@ import types
 
 import mxnet as mx
 
+from .optimizers import flatten_state
+
 __all__ = ['RoundKeeper', 'is_plain_sgd']
 
 _LOG = logging.getLogger(__name__)
@@ -109,6 +111,23 @@ class RoundKeeper(object):
             self.updater(chunk, grad, weight)
         weight.copyto(stored)
         self.next_round[chunk] += 1
+
+    def copy_state(self, chunk, j, stored):
+        """A round of `chunk`'s state key `j` completed: write array j of the chunk's
+        optimizer state (:func:`kvstore_ext.optimizers.flatten_state`) into `stored`, which
+        the workers' pulls of that key return (docs/design.md §2.9). The workers push it
+        once every round up to the switch is applied, and no later round before its pull."""
+        state = self.updater.states.get(chunk) if self.updater is not None else None
+        arrays = flatten_state(state)
+        if j >= len(arrays):
+            raise ValueError('state key %d of chunk %d: the chunk\'s optimizer state has %d '
+                             'arrays (after %d rounds)' % (j, chunk, len(arrays),
+                                                           self.next_round.get(chunk, 0)))
+        if arrays[j].size != stored.size:
+            raise ValueError('state array %d of chunk %d has %d elements, the chunk %d: the '
+                             'optimizer state is not elementwise' % (j, chunk, arrays[j].size,
+                                                                     stored.size))
+        arrays[j].reshape(stored.shape).copyto(stored)
 
     def in_flight(self):
         """Whether a round is held (completed before an earlier one)."""

@@ -125,7 +125,8 @@ class DelayServer(KVStoreServer):
                                                              protocol.PROTOCOL_VERSION))
         num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         if self._layout is None:
-            self._layout = KeyLayout(num_servers, int(body['slots']))
+            self._layout = KeyLayout(num_servers, int(body['slots']),
+                                     int(body.get('state_keys', 0)))
             self._rounds.slots = self._layout.slots
         self._hellos[int(body['rank'])] = body
         return None  # answered when the hand-shake round completes
@@ -333,6 +334,9 @@ class DelayServer(KVStoreServer):
                 ok, payload = self._hello_reply()
                 for rank in range(self._num_workers):
                     self._reply(rank, ok, payload)
+                return
+            if kind == 'state':
+                self._rounds.copy_state(chunk, slot, stored)
                 return
             self._rounds.on_round(chunk, slot, merged, stored)
         except Exception:  # pylint: disable=broad-except

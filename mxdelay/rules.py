@@ -8,8 +8,9 @@ every delayed step the trainer calls it per parameter with the worker's own grad
 Every built-in rule uses the delay-compensated gradient of DC-ASGD,
 ``g_dc = g + lam * g * g * grad_sync`` (g rescaled); ``lam = 0`` gives g.
 
-- ``'mirror'`` (default, :class:`MirrorRule`): a local copy of the server's SGD with
-  momentum applied to ``N * g_dc`` (the worker's gradient standing in for the sum of all N):
+- ``'mirror'`` (default, :class:`MirrorRule`): a local copy of the servers' optimizer
+  applied to ``N * g_dc`` (the worker's gradient standing in for the sum of all N), its
+  state the servers' after round W, kept across pulls. For plain SGD:
   ``v := mu*v - lr*(N*g_dc + wd*w')``, ``w' := w' + v``; v persists across pulls and starts at
   the server's last step ``W_{W+1} - W_W``. Matches ``dist_sync``'s accuracy at k = 4 and 8
   with server momentum 0.9, where the literal rules collapse (docs/design.md §1).
@@ -19,19 +20,24 @@ Every built-in rule uses the delay-compensated gradient of DC-ASGD,
   ``MS := m*MS + (1-m)*g*g + 1e-7``.
 """
 import collections
+import pickle
 
+import numpy as np
 import mxnet as mx
 from mxnet import nd
 
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
+from kvstore_ext.optimizers import flatten_state
 
 __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'RuleContext', 'create_rule',
            'BUILTIN_RULES']
 
 #: Hyper-parameters of one call: local lr and wd (with the Parameter's multipliers), the
-#: optimizer's momentum and clip_gradient, rescale_grad (1/batch size) and N workers.
+#: optimizer's momentum and clip_gradient, rescale_grad (1/batch size), N workers, the
+#: trainer's index of the Parameter and the step (= round) t.
 RuleContext = collections.namedtuple(
-    'RuleContext', ['lr', 'wd', 'momentum', 'clip_gradient', 'rescale_grad', 'num_workers'])
+    'RuleContext', ['lr', 'wd', 'momentum', 'clip_gradient', 'rescale_grad', 'num_workers',
+                    'index', 'step'], defaults=(None, None))
 
 
 class LocalRule(object):
@@ -68,6 +74,26 @@ class LocalRule(object):
         last_global_step : NDArray
             ``W_{W+1} - W_W``, the server's last update.
         """
+        return None
+
+    def start(self, optimizer):
+        """Called at the switch (and after a load in the delayed phase), before
+        :meth:`create_state_for`, with the trainer's `optimizer`. The base rule ignores it."""
+
+    def server_state_count(self, optimizer, dtypes):
+        """J: how many arrays of the servers' optimizer state per tensor this rule fetches
+        at the switch (:meth:`server_state`), for weights of `dtypes`; called before the
+        kvstore places its keys. The base rule fetches none (0)."""
+        return 0
+
+    def create_state_for(self, index, weight, last_global_step):
+        """The state of Parameter `index` (the trainer calls this; the base rule returns
+        :meth:`create_state`)."""
+        return self.create_state(weight, last_global_step)
+
+    def server_state(self, weight, state):
+        """The arrays of `state` to fill with the servers' optimizer state after round W
+        (fetched once, collectively, at the switch), or None (the base rule)."""
         return None
 
     def check_optimizer(self, optimizer):
@@ -134,32 +160,146 @@ class LocalSGDRule(LocalRule):
         return 'LocalSGDRule(dc_lambda=%g, adaptive=%s)' % (self.dc_lambda, self.adaptive)
 
 
-class MirrorRule(LocalRule):
-    """A local copy of the server's SGD with momentum, applied to ``N * g_dc``.
+#: Optimizers the mirror runs locally (and their subclasses): their step is elementwise,
+#: with state shaped like the weight, so that a chunk's state on a server is the same
+#: elements of the whole tensor's state, and a local instance continues it exactly.
+MIRRORED = ('SGD', 'NAG', 'Adam', 'RMSProp', 'AdaGrad', 'AdaDelta', 'Ftrl', 'Signum', 'Adamax',
+            'FTML')
 
-    It mirrors ``mx.optimizer.SGD`` only (with or without momentum): any other optimizer on
-    the servers is refused, because the local steps would silently follow SGD's arithmetic
-    instead of the servers' (docs/design.md §1).
+#: Optimizers refused by name, with why and what to use instead.
+_NOT_MIRRORED = {
+    'LAMB': 'its trust ratio depends on the norm of the whole tensor, but the servers '
+            'compute it per chunk of MXDELAY_CHUNK_SIZE elements',
+    'LARS': 'its trust ratio depends on the norm of the whole tensor, but the servers '
+            'compute it per chunk of MXDELAY_CHUNK_SIZE elements',
+    'LBSGD': 'its step depends on norms of the whole tensor and on its own warm-up schedule',
+    'Nadam': "its m_schedule is one value for the whole optimizer, which a server advances "
+             "once per chunk per round (stock MXNet's servers differ from gluon.Trainer too); "
+             "use optimizer='adam' or 'nag'",
+    'DCASGD': "MXNet 1.9.1's DCASGD fails with momentum; local_rule='dc' adds DC-ASGD's "
+              "compensation to the local step of optimizer='sgd'",
+    'SGLD': 'its step adds random noise, which a local copy cannot reproduce',
+}
+
+
+class _UnitMultipliers(dict):
+    """A local optimizer's ``param_dict``: every index has ``lr_mult = wd_mult = 1``, because
+    the :data:`RuleContext` lr and wd already hold the Parameter's multipliers."""
+
+    class _Unit(object):
+        lr_mult = wd_mult = 1.0
+
+    _UNIT = _Unit()
+
+    def __contains__(self, index):
+        return True
+
+    def __missing__(self, index):
+        return self._UNIT
+
+
+class MirrorRule(LocalRule):
+    """A local instance of the servers' optimizer, applied to ``N * g_dc``.
+
+    The worker's gradient stands in for each of the N gradients that the servers sum. The
+    local optimizer is a copy of the servers' (same class and hyper-parameters: wd,
+    clip_gradient, multi_precision, the lr schedule through the :data:`RuleContext` lr, and
+    lr_mult/wd_mult) with ``rescale_grad`` N times the worker's; its state at the switch is
+    the servers' optimizer state after round W (fetched once, collectively, with
+    :meth:`kvstore_ext.DistDelay.fetch_optimizer_states`) and is kept across pulls: a pull
+    replaces the weights, not the state. Update counts are the servers' (round t is update
+    t + 1), so bias corrections (Adam, Adamax, FTML) follow the servers'.
+
+    Plain ``mx.optimizer.SGD`` (with or without momentum, no float16 master copy) keeps a
+    single-kernel path whose momentum buffer starts at ``W_{W+1} - W_W``, the servers' last
+    step (no state is fetched): ``v := mu*v - lr*(N*g_dc + wd*w')``, ``w' := w' + v``.
+
+    Accepted: SGD, NAG, Adam, RMSProp (centered too), AdaGrad, AdaDelta, Ftrl, Signum,
+    Adamax, FTML and their subclasses, as long as their state is elementwise (arrays shaped
+    like the weight). Refused by :meth:`check_optimizer`: LAMB, LARS, LBSGD, Nadam, DCASGD,
+    SGLD and anything else (see docs/design.md §1.4).
     """
 
+    def __init__(self, dc_lambda=0.0):
+        super(MirrorRule, self).__init__(dc_lambda)
+        self._local = None         # the local optimizer (start)
+        self._plain_sgd = False    # the single-kernel path applies (unless float16 + mp)
+
     def check_optimizer(self, optimizer):
-        if type(optimizer) is not mx.optimizer.SGD:  # noqa: E721  (subclasses change the step)
+        name = type(optimizer).__name__
+        mro = [cls.__name__ for cls in type(optimizer).__mro__
+               if cls.__module__.startswith('mxnet.')]
+        refused = next((n for n in mro if n in _NOT_MIRRORED), None)
+        accepted = next((n for n in mro if n in MIRRORED), None)
+        if refused is not None or accepted is None:
+            why = (_NOT_MIRRORED[refused] if refused is not None else
+                   'it is none of the optimizers whose step the mirror can follow (%s)'
+                   % ', '.join(MIRRORED))
             raise ValueError(
-                "local_rule='mirror' mirrors the servers' optimizer in the delayed phase, and "
-                'mirrors SGD (with or without momentum) only; the servers apply %s. Use '
-                "optimizer='sgd' (momentum included), or local_rule='sgd' (the literal "
-                "local SGD step, which reads only the optimizer's learning rate and wd), or "
-                "gluon.Trainer on kvstore='dist_delay' (synchronous, any optimizer)"
-                % type(optimizer).__name__)
+                "local_rule='mirror' runs a local copy of the servers' optimizer in the "
+                'delayed phase and cannot mirror %s: %s. Use one of %s, or local_rule='
+                "'sgd' (the literal local SGD step, which reads only the optimizer's learning "
+                "rate and wd), or gluon.Trainer on kvstore='dist_delay' (synchronous, any "
+                'optimizer)' % (name, why, ', '.join(MIRRORED)))
+        probe = mx.nd.zeros((2, 3))
+        try:
+            arrays = flatten_state(optimizer.create_state(0, probe))
+        except TypeError as err:
+            arrays = [err]
+        if any(not isinstance(a, nd.NDArray) or a.shape != probe.shape for a in arrays):
+            raise ValueError(
+                "local_rule='mirror' cannot mirror %s: its optimizer state is not elementwise "
+                '(arrays shaped like the weight), so the servers\' per-chunk state is not the '
+                "tensor's. Use local_rule='sgd' or gluon.Trainer on kvstore='dist_delay'"
+                % name)
+
+    def start(self, optimizer):
+        # A copy: the trainer's optimizer stays as gluon.Trainer's (saved, compared).
+        local = pickle.loads(pickle.dumps(optimizer))
+        local.lr_scheduler = None       # the RuleContext lr follows the schedule
+        local.param_dict = _UnitMultipliers()
+        self._local = local
+        self._plain_sgd = type(optimizer) is mx.optimizer.SGD  # noqa: E721
+
+    def _single_kernel(self, weight):
+        if self._local is None:
+            return True    # not started by a trainer: the rule of SGD with momentum
+        return self._plain_sgd and not (self._local.multi_precision and
+                                        weight.dtype == np.float16)
+
+    def server_state_count(self, optimizer, dtypes):
+        self.start(optimizer)
+        counts = [len(flatten_state(optimizer.create_state_multi_precision(
+            0, mx.nd.zeros((1,), dtype=dtype)))) for dtype in set(dtypes)
+                  if not self._single_kernel(mx.nd.zeros((1,), dtype=dtype))]
+        return max(counts + [0])
 
     def create_state(self, weight, last_global_step):
-        return last_global_step.copy()
+        return last_global_step.copy()   # the single-kernel path's momentum buffer
+
+    def create_state_for(self, index, weight, last_global_step):
+        if self._single_kernel(weight):
+            return last_global_step.copy()
+        return self._local.create_state_multi_precision(index, weight.copy())
+
+    def server_state(self, weight, state):
+        return None if self._single_kernel(weight) else flatten_state(state)
 
     def update(self, weight, grad, grad_sync, state, ctx):
         g, rescale = self._compensated(grad, grad_sync, ctx)
-        nd.sgd_mom_update(weight, g, state, out=weight, lr=ctx.lr, wd=ctx.wd,
-                          momentum=ctx.momentum, rescale_grad=rescale * ctx.num_workers,
-                          clip_gradient=ctx.clip_gradient)
+        if self._single_kernel(weight):
+            nd.sgd_mom_update(weight, g, state, out=weight, lr=ctx.lr, wd=ctx.wd,
+                              momentum=ctx.momentum, rescale_grad=rescale * ctx.num_workers,
+                              clip_gradient=ctx.clip_gradient)
+            return
+        local = self._local
+        local.lr, local.wd = ctx.lr, ctx.wd
+        local.rescale_grad = rescale * ctx.num_workers
+        # Round t is the servers' update t + 1 of the chunk (begin_num_update on).
+        count = local.begin_num_update + ctx.step
+        local._index_update_count[ctx.index] = count  # pylint: disable=protected-access
+        local.num_update = count
+        local.update_multi_precision(ctx.index, weight, g, state)
 
 
 #: name -> (factory taking dc_lambda or None, default lam)

@@ -6,6 +6,8 @@ The algorithm is docs/design.md §1; the phase of each step is decided by
 import logging
 import os
 
+import numpy as np
+
 from mxnet import gluon, nd
 from mxnet.kvstore import KVStoreBase
 
@@ -218,7 +220,9 @@ class DelayedTrainer(gluon.Trainer):
             raise ValueError('update_on_kvstore is False (set by the environment variable '
                              'MXNET_UPDATE_ON_KVSTORE=0?), but with \'dist_delay\' the servers '
                              'apply the optimizer: unset MXNET_UPDATE_ON_KVSTORE')
-        kvstore.configure(slack=max(self._slack, kvstore.slack))
+        state_keys = self._rule.server_state_count(
+            self._optimizer, sorted({np.dtype(p.dtype).name for p in self._trained_params()}))
+        kvstore.configure(slack=max(self._slack, kvstore.slack), state_keys=state_keys)
         # The kvstore adds its optimizer's description to the hand-shake.
         kvstore.set_config(delay=self._schedule.delay, warmup_steps=self._schedule.warmup_steps,
                            local_rule=repr(self._rule), local_lr=self._local_lr)
@@ -427,6 +431,9 @@ class DelayedTrainer(gluon.Trainer):
     def _synchronous_step(self, t):
         # Warm-up (S1) and switch (S2): pull exactly W_{t+1} into the weights.
         switch = self._schedule.phase(t) == SWITCH
+        if switch:
+            self._rule.start(self._optimizer)
+        fetch = {}
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
@@ -437,7 +444,14 @@ class DelayedTrainer(gluon.Trainer):
             self._observer.pull_applied(param.name, t, datas[0])
             if switch:
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
-                self._rule_state[i] = self._rule.create_state(datas[0], datas[0] - before)
+                state = self._rule.create_state_for(i, datas[0], datas[0] - before)
+                self._rule_state[i] = state
+                arrays = self._rule.server_state(datas[0], state)
+                if arrays:
+                    fetch[i] = arrays
+        if fetch:
+            # Collective: the servers' optimizer state after round W (docs/design.md §1.4).
+            self._kvstore.fetch_optimizer_states(fetch)
 
     def _read_worker_state(self, fname, kv):
         """Read and validate this worker's files of checkpoint `fname`; change nothing."""
@@ -488,7 +502,7 @@ class DelayedTrainer(gluon.Trainer):
                               momentum=getattr(self._optimizer, 'momentum', 0.0) or 0.0,
                               clip_gradient=self._clip_gradient(),
                               rescale_grad=self._optimizer.rescale_grad,
-                              num_workers=self._kvstore.num_workers)
+                              num_workers=self._kvstore.num_workers, index=i, step=t)
             self._rule.update(weight, self._reduced_grad(i, param), grad_sync,  # 2. and 4.
                               self._rule_state[i], ctx)
             for other in datas[1:]:
@@ -629,6 +643,8 @@ class DelayedTrainer(gluon.Trainer):
             self._optimizer.param_dict = {i: param for i, param in enumerate(self._params)}
             self._base_lr = state.get('base_lr', self._base_lr)
         self._schedule.step = state['schedule']['step']
+        if self._schedule.step > self._schedule.warmup_steps:
+            self._rule.start(self._optimizer)   # the switch's start, with the loaded optimizer
         self._check_and_rescale_grad(state['rescale_grad'])
         self._logged_phase = None
         return None
@@ -665,8 +681,13 @@ def _is_dist_delay(kvstore):
 
 
 def _to_numpy(state):
+    # A rule state: None, an NDArray, or a (nested) tuple or list of those.
+    if isinstance(state, (tuple, list)):
+        return type(state)(_to_numpy(s) for s in state)
     return None if state is None else state.asnumpy()
 
 
 def _from_numpy(state, ctx):
+    if isinstance(state, (tuple, list)):
+        return type(state)(_from_numpy(s, ctx) for s in state)
     return None if state is None else nd.array(state, ctx=ctx, dtype=state.dtype)

@@ -50,6 +50,7 @@ from mxnet import gluon, nd
 
 import reference
 from kvstore_ext.dist_delay import DistDelay
+from kvstore_ext.optimizers import flatten_state
 from kvstore_ext.rounds import is_plain_sgd, sgd_step
 from scripts import mlp_model
 
@@ -356,7 +357,8 @@ def simulate_mlp_job(config, num_workers):
         config['warmup_steps'], config['lr'], momentum=config.get('momentum', 0.0),
         wd=config.get('wd', 0.0), rescale_grad=1.0 / config['batch'],
         local_lr=config.get('local_lr'), rule=config.get('local_rule', 'mirror'),
-        dc_lambda=config.get('dc_lambda'))
+        dc_lambda=config.get('dc_lambda'), optimizer=config.get('optimizer', 'sgd'),
+        **config.get('optimizer_params', {}))
 
 
 def assert_matches_reference(histories, trajectory, first=0):
@@ -503,6 +505,16 @@ class FakeDistDelay(DistDelay):
         self.log.append(('pull', key))
         for o in (out if isinstance(out, (list, tuple)) else [out]):
             self.store[key].copyto(o)
+
+    def fetch_optimizer_states(self, states):
+        # The server's updater keys its state by parameter index here (by chunk id in a job);
+        # array j of flatten_state, as mxdelay's server writes it into state key j.
+        for key, arrays in states.items():
+            assert len(arrays) <= self._state_keys, 'configure(state_keys=...) too small'
+            served = flatten_state(self.server_updater.states[key])
+            for j, array in enumerate(arrays):
+                served[j].copyto(array)
+        self.log.append(('fetch_states', tuple(sorted(states))))
 
     def barrier(self):
         pass

@@ -13,10 +13,16 @@ worker's step-t gradient, whatever the arrival order). Worker i at step t:
 Float32 throughout. The server's arithmetic is MXNet 1.9.1's ``optimizer.SGD`` bit for bit
 (``multi_sgd_update`` / ``multi_sgd_mom_update``, which its updater calls for dense
 weights; checked in test_reference.py). The local rules use the same two kernels.
+``optimizer='adam'`` and ``'nag'`` replace the server's SGD by MXNet 1.9.1's ``adam_update``
+and ``nag_mom_update`` (:func:`adam_step`, :func:`nag_step`, also pinned there), and rule
+``'mirror'`` by a copy of that optimizer: its state starts as the server's after round W.
 """
+import math
+
 import numpy as np
 
-__all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step']
+__all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step', 'adam_step',
+           'nag_step', 'OPTIMIZERS']
 
 F32 = np.float32
 DEFAULT_LAMBDA = {'sgd': 0.0, 'dc': 0.04, 'dc_adaptive': 0.04, 'mirror': 0.0}
@@ -36,6 +42,44 @@ def sgd_mom_step(w, grad, mom, lr, wd, rescale, mu, dc=F32(0)):
     return w + mom, mom
 
 
+def adam_step(w, grad, mean, var, lr, wd, rescale, beta1, beta2, epsilon):
+    """MXNet 1.9.1's ``adam_update`` (no clipping): ``g = grad*rescale + w*wd``,
+    ``mean := b1*mean + (1-b1)*g``, ``var := b2*var + (1-b2)*g*g``,
+    ``w := w - lr*mean / (sqrt(var) + eps)``; `lr` already holds Adam's bias correction
+    (``lr * sqrt(1 - b2**t) / (1 - b1**t)``, in float64, rounded once). Returns
+    ``(w, mean, var)``."""
+    g = grad * rescale + w * wd
+    mean = beta1 * mean + (F32(1) - beta1) * g
+    var = beta2 * var + (F32(1) - beta2) * g * g
+    return w - lr * mean / (np.sqrt(var) + epsilon), mean, var
+
+
+def adam_lr(lr, t, beta1, beta2):
+    """Adam's learning rate of its update number `t` (from 1), as ``optimizer.Adam``
+    computes it in float64, rounded to float32 for the kernel."""
+    return F32(lr * (math.sqrt(1. - beta2 ** t) / (1. - beta1 ** t)))
+
+
+def nag_step(w, grad, mom, lr, wd, rescale, mu):
+    """MXNet 1.9.1's ``nag_mom_update`` in place (``out=weight``, as ``optimizer.NAG``
+    calls it; no clipping): ``mom := mu*mom``, ``w := w - mom + (mu+1)*(mom - lr*(rescale*grad
+    + wd*w))``, then ``mom := mom - lr*(rescale*grad + wd*w)`` with the *new* w (the kernel
+    writes the weight before it reads it again). Returns ``(w, mom)``."""
+    mom = mu * mom
+    new_w = w - mom + (mu + F32(1)) * (mom - lr * (rescale * grad + wd * w))
+    return new_w, mom - lr * (rescale * grad + wd * new_w)
+
+
+def sgd_update_step(w, grad, lr, wd, rescale):
+    """MXNet 1.9.1's single-tensor ``sgd_update`` (what ``optimizer.NAG`` without momentum
+    calls): ``(1 - lr*wd)*w - (lr*rescale)*grad``, an order other than :func:`sgd_step`'s."""
+    return (F32(1) - lr * wd) * w - (lr * rescale) * grad
+
+
+#: The servers' optimizers the reference knows.
+OPTIMIZERS = ('sgd', 'adam', 'nag')
+
+
 class Trajectory:
     """``local[t][i][name]``: worker i's ``w'`` after its step t (its forward weights at t+1).
     ``glob[t][name]``: the server's ``W_{t+1}``. ``grads[t][i][name]``: worker i's raw
@@ -51,7 +95,8 @@ def _copy(d):
 
 def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentum=0.0, wd=0.0,
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
-             lr_fn=None, lr_mult=None, wd_mult=None):
+             lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
+             epsilon=1e-8):
     """Simulate SPEC section 1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
@@ -64,7 +109,16 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     optimizer does: parameter n's lr is ``float32(lr * lr_mult[n])`` and its wd
     ``float32(wd * wd_mult[n])``, each product taken in float64 (Python floats) and rounded
     once when it reaches the kernel; the local lr is ``float32(local lr * lr_mult[n])``.
+
+    `optimizer` is the servers' (:data:`OPTIMIZERS`; ``beta1``, ``beta2``, ``epsilon`` are
+    Adam's, `momentum` NAG's too). With 'adam' or 'nag', rule 'mirror' runs that optimizer
+    on each worker with rescale ``float32(N * rescale_grad)`` and the server's update count
+    (round t is update t + 1), its state a copy of the server's after round W; lam must be 0.
     """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError('optimizer must be one of %s, got %r' % (OPTIMIZERS, optimizer))
+    if optimizer != 'sgd' and rule == 'mirror' and dc_lambda:
+        raise ValueError('the reference mirrors %s with dc_lambda 0 only' % optimizer)
     if rule not in DEFAULT_LAMBDA:
         raise ValueError('rule must be one of %s, got %r' % (sorted(DEFAULT_LAMBDA), rule))
     if delay < 1 or warmup_steps < 0 or num_workers < 1:
@@ -84,6 +138,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
 
     W = {n: np.array(init[n], dtype=F32) for n in names}       # server: W_0
     mom = {n: np.zeros_like(W[n]) for n in names}              # server momentum state
+    var = {n: np.zeros_like(W[n]) for n in names}              # Adam's second moment
+    opt = dict(optimizer=optimizer, mu=mu, b1=F32(beta1), b2=F32(beta2), eps=F32(epsilon),
+               beta1=beta1, beta2=beta2, N=N, rg_n=F32(N * rescale_grad))
     workers = [{'w': _copy(W),                                 # w' (before step 0: W_0)
                 'pre': None,                                   # pre_weight (set at t = W)
                 'v': None,                                     # 'mirror' momentum buffer
@@ -96,7 +153,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
         lr_t = lr if lr_fn is None else lr_fn(t)
         lr_s = {n: F32(lr_t * lr_mult[n]) for n in names}  # server lr, round t
         lr_l = local_lr * (lr_t / lr)                      # local lr, same schedule factor
-        lr_l = {n: F32(lr_l * lr_mult[n]) for n in names}
+        lr_l64 = {n: lr_l * lr_mult[n] for n in names}   # float64, as the optimizer has it
+        lr_l = {n: F32(lr_l64[n]) for n in names}
         raws = []
         for i, wk in enumerate(workers):                   # forward/backward at w'
             gr = grad_fn(_copy(wk['w']), i, t)
@@ -108,7 +166,15 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             G = raws[0][n]
             for r in raws[1:]:
                 G = G + r[n]                               # rank order
-            if momentum > 0:                               # MXNet: state only if momentum > 0
+            if optimizer == 'adam':                        # update number t + 1
+                W[n], mom[n], var[n] = adam_step(
+                    W_t[n], G, mom[n], var[n], adam_lr(lr_t * lr_mult[n], t + 1, beta1, beta2),
+                    wd_n[n], rg, opt['b1'], opt['b2'], opt['eps'])
+            elif optimizer == 'nag' and momentum > 0:
+                W[n], mom[n] = nag_step(W_t[n], G, mom[n], lr_s[n], wd_n[n], rg, mu)
+            elif optimizer == 'nag':
+                W[n] = sgd_update_step(W_t[n], G, lr_s[n], wd_n[n], rg)
+            elif momentum > 0:                             # MXNet: state only if momentum > 0
                 W[n], mom[n] = sgd_mom_step(W_t[n], G, mom[n], lr_s[n], wd_n[n], rg, mu)
             else:
                 W[n] = sgd_step(W_t[n], G, lr_s[n], wd_n[n], rg)
@@ -119,8 +185,12 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 wk['w'] = _copy(W)
                 if t == warm:                              # S2: back up the pulled weights
                     wk['pre'] = _copy(W)
-                    # 'mirror': v := W_{W+1} - W_W, the server's last step.
+                    # 'mirror': v := W_{W+1} - W_W, the server's last step (SGD), or a
+                    # copy of the server's optimizer state after round W (Adam, NAG).
                     wk['v'] = {n: W[n] - W_t[n] for n in names}
+                    if optimizer != 'sgd':
+                        wk['v'] = {n: mom[n].copy() for n in names}
+                        wk['var'] = {n: var[n].copy() for n in names}
                 continue
             # S2 (t = t0) / S3: the push happened above; now the local update.
             pulled, w = wk['pending'], wk['w']
@@ -130,6 +200,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 gs = w[n] - wk['pre'][n]                   # 2. grad_sync := w' - pre_weight
                 if pulled:
                     wk['pre'][n] = w[n].copy()             # 3. pre_weight := w'
+                if rule == 'mirror' and optimizer != 'sgd':
+                    w[n] = _mirror(opt, w[n], raws[i][n], wk, n, lr_l[n], lr_l64[n], wd_n[n], t)
+                    continue
                 w[n] = _rule(rule, w[n], raws[i][n], gs, wk, n, lam, lr_l[n], wd_n[n], rg, mu,
                              m, N)
             wk['w'] = w
@@ -158,3 +231,16 @@ def _rule(rule, w, raw, gs, wk, n, lam, lr_l, wd, rg, mu, m, N):
         w, wk['v'][n] = sgd_mom_step(w, raw, wk['v'][n], lr_l, wd, F32(N) * rg, mu, F32(N) * dc)
         return w
     return sgd_step(w, raw, lr_l, wd, rg, dc)              # 'sgd', 'dc', 'dc_adaptive'
+
+
+def _mirror(opt, w, raw, wk, n, lr_l, lr_l64, wd, t):
+    """Rule 'mirror' with Adam or NAG on the servers: that optimizer on ``N * g``."""
+    if opt['optimizer'] == 'adam':
+        w, wk['v'][n], wk['var'][n] = adam_step(
+            w, raw, wk['v'][n], wk['var'][n], adam_lr(lr_l64, t + 1, opt['beta1'], opt['beta2']),
+            wd, opt['rg_n'], opt['b1'], opt['b2'], opt['eps'])
+        return w
+    if opt['mu'] > 0:
+        w, wk['v'][n] = nag_step(w, raw, wk['v'][n], lr_l, wd, opt['rg_n'], opt['mu'])
+        return w
+    return sgd_update_step(w, raw, lr_l, wd, opt['rg_n'])

@@ -399,3 +399,98 @@ def test_multipliers_for_unknown_parameters_are_refused():
         run(lr_mult={'weight': 0.5})
     with pytest.raises(ValueError, match=r"wd_mult names \['bias'\]"):
         run(wd_mult={'bias': 0.0})
+
+
+# -- Adam and NAG on the servers, mirrored ----------------------------------------------------
+@pytest.mark.parametrize('optimizer,params', [('adam', {'learning_rate': 0.01}),
+                                              ('nag', {'learning_rate': LR, 'momentum': 0.9}),
+                                              ('nag', {'learning_rate': LR})])
+def test_server_is_mxnet_adam_and_nag(optimizer, params):
+    """The reference's Adam and NAG servers are MXNet's updaters, bit for bit (NAG's kernel
+    reads the weight it has just written when it updates the momentum)."""
+    mx = pytest.importorskip('mxnet')
+    lr = params['learning_rate']
+    traj = run(num_workers=2, steps=6, warmup_steps=6, optimizer=optimizer, lr=lr,
+               momentum=params.get('momentum', 0.0))
+    updater = mx.optimizer.get_updater(mx.optimizer.create(optimizer, wd=WD, rescale_grad=RG,
+                                                           **params))
+    grad_fn, init = make_grad_fn(), make_init()
+    W = {n: mx.nd.array(a, dtype='float32') for n, a in init.items()}
+    for t in range(6):
+        w_np = {n: a.asnumpy() for n, a in W.items()}
+        for key, n in enumerate(sorted(W)):
+            G = grad_fn(w_np, 0, t)[n] + grad_fn(w_np, 1, t)[n]
+            updater(key, mx.nd.array(G, dtype='float32'), W[n])
+            np.testing.assert_array_equal(traj.glob[t][n], W[n].asnumpy())  # exact
+
+
+def adam_closed_form(w, g, m, v, lr, t, wd, rescale):
+    """Adam's step t (from 1) as Kingma and Ba write it, with MXNet's weight decay inside the
+    gradient and its bias correction folded into the learning rate; float64."""
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    g = rescale * g + wd * w
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    lr_t = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    return w - lr_t * m / (np.sqrt(v) + eps), m, v
+
+
+@pytest.mark.parametrize('k,warmup', [(1, 0), (3, 2)])
+def test_adam_mirror_closed_form(k, warmup):
+    # Worker i between pulls: Adam on N * its own gradient, with the server's update count
+    # and, from the switch, a copy of the server's moments that it keeps across pulls.
+    N, lr = 3, 0.01
+    traj = run(num_workers=N, steps=12, delay=k, warmup_steps=warmup, optimizer='adam', lr=lr)
+    grad_fn = make_grad_fn()
+    W, m, v = make_init(), None, None
+    m = {n: np.zeros(a.shape) for n, a in W.items()}
+    v = {n: np.zeros(a.shape) for n, a in W.items()}
+    local = None
+    for t in range(12):
+        ws = [W] * N if t <= warmup else local[0]
+        grads = [grad_fn({n: a.astype(F32) for n, a in ws[i].items()}, i, t) for i in range(N)]
+        W_t, W = W, {}
+        new_m, new_v = {}, {}
+        for n in W_t:
+            G = sum(g[n].astype(np.float64) for g in grads)
+            W[n], new_m[n], new_v[n] = adam_closed_form(W_t[n], G, m[n], v[n], lr, t + 1, WD, RG)
+            np.testing.assert_allclose(traj.glob[t][n], W[n], rtol=1e-4, atol=1e-6)
+        m, v = new_m, new_v
+        if t == warmup:
+            local = ([dict(W) for _ in range(N)],
+                     [({n: a.copy() for n, a in m.items()}, {n: a.copy() for n, a in v.items()})
+                      for _ in range(N)])
+        elif t > warmup:
+            pulled = (t - warmup - 2) % k == k - 1 and t - 1 > warmup
+            for i in range(N):
+                w_i = dict(W_t) if pulled else local[0][i]
+                mi, vi = local[1][i]
+                out = {}
+                for n in w_i:
+                    out[n], mi[n], vi[n] = adam_closed_form(w_i[n], grads[i][n], mi[n], vi[n],
+                                                            lr, t + 1, WD, N * RG)
+                local[0][i] = out
+        for i in range(N):
+            want = W if t <= warmup else local[0][i]
+            for n in want:
+                np.testing.assert_allclose(traj.local[t][i][n], want[n], rtol=1e-4, atol=1e-6,
+                                           err_msg='step %d worker %d %s' % (t, i, n))
+
+
+def test_adam_and_nag_mirror_with_one_worker_is_the_server_bit_for_bit():
+    for optimizer, lr, mu in (('adam', 0.01, 0.0), ('nag', LR, 0.9)):
+        for k in (1, 2, 4):
+            traj = run(num_workers=1, steps=14, delay=k, warmup_steps=2, optimizer=optimizer,
+                       lr=lr, momentum=mu)
+            for t in range(14):
+                for n in traj.glob[t]:
+                    np.testing.assert_array_equal(traj.local[t][0][n], traj.glob[t][n])
+
+
+def test_nag_mirror_is_not_the_sgd_mirror():
+    # The reference really switches the arithmetic (a guard against a silent SGD fallback).
+    nag = run(num_workers=2, steps=10, delay=2, warmup_steps=2, optimizer='nag', momentum=0.9)
+    sgd = run(num_workers=2, steps=10, delay=2, warmup_steps=2, momentum=0.9)
+    assert not np.allclose(nag.local[-1][0]['w'], sgd.local[-1][0]['w'], rtol=1e-3)
+    with pytest.raises(ValueError, match='dc_lambda 0 only'):
+        run(optimizer='adam', dc_lambda=0.1)

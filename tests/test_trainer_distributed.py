@@ -122,3 +122,32 @@ def test_sync_weights_gives_every_worker_the_global_model(tmp_path, num_workers,
         for name in final:
             np.testing.assert_allclose(history['synced_' + name], final[name], rtol=RTOL,
                                        atol=ATOL, err_msg='worker %d, %s' % (rank, name))
+
+
+OPTIMIZER_CASES = [
+    # (num_workers, num_servers, overrides): the mirror of Adam and NAG (docs/design.md §1.4)
+    (2, 1, {'optimizer': 'adam', 'lr': 0.01, 'delay': 3, 'warmup_steps': 2}),
+    (3, 2, {'optimizer': 'adam', 'lr': 0.01, 'delay': 2, 'warmup_steps': 1,
+            'optimizer_params': {'beta1': 0.8, 'beta2': 0.99}}),
+    (2, 2, {'optimizer': 'nag', 'delay': 2, 'warmup_steps': 3}),
+    (3, 1, {'optimizer': 'nag', 'delay': 4, 'warmup_steps': 0}),
+]
+
+
+@pytest.mark.parametrize('num_workers,num_servers,overrides', OPTIMIZER_CASES,
+                         ids=['%s-N%d-S%d-k%d' % (c[2]['optimizer'], c[0], c[1], c[2]['delay'])
+                              for c in OPTIMIZER_CASES])
+def test_mirror_of_adam_and_nag_matches_reference(tmp_path, num_workers, num_servers,
+                                                  overrides):
+    # The local optimizer's state starts as the servers' after round W (fetched through the
+    # state keys, with MXDELAY_CHUNK_SIZE 50 so that w1 and w2 have several chunks on both
+    # servers) and continues locally on N * g.
+    config = dict(BASE, **overrides)
+    histories = run_mlp_job(tmp_path, num_workers, config, num_servers=num_servers,
+                            env={'MXDELAY_CHUNK_SIZE': 50})
+    trajectory = simulate(config, num_workers)
+    assert_matches_reference(histories, trajectory)
+    worst = max(float(np.max(np.abs(h[name] - np.array([trajectory.local[t][rank][name]
+                                                         for t in range(len(h[name]))]))))
+                for rank, h in histories.items() for name in ('w1', 'b1', 'w2', 'b2'))
+    print('\nreference %s: max |w\' - reference| = %.3g' % (overrides['optimizer'], worst))

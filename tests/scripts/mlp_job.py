@@ -4,7 +4,8 @@ function of (rank, step), so that tests/reference.py can replay it exactly.
 Usage: ``mxdelay-launch -n N -s S python mlp_job.py CONFIG_JSON OUT_DIR``. Each worker writes
 ``OUT_DIR/worker<rank>.npz``: every parameter after every step (key ``<name>``, shape
 ``(steps,) + param.shape``). CONFIG keys: trainer ('delayed' or 'gluon'), kvstore, steps,
-batch, lr, momentum, wd, delay, warmup_steps, local_rule, dc_lambda, local_lr, slack,
+batch, lr, momentum (sgd and nag), wd, optimizer (default 'sgd'), optimizer_params (more
+arguments of it, e.g. ``{"beta1": 0.8}``), delay, warmup_steps, local_rule, dc_lambda, local_lr, slack,
 devices, sleep_rank, sleep, save_at, resume_from, stop_after, lr_mult and wd_mult ({short
 name: multiplier} set on the Parameters, e.g. ``{"w1": 0.5}``).
 
@@ -48,16 +49,19 @@ def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
-    opt = {'learning_rate': config['lr'], 'momentum': config.get('momentum', 0.0),
-           'wd': config.get('wd', 0.0)}
+    optimizer = config.get('optimizer', 'sgd')
+    opt = {'learning_rate': config['lr'], 'wd': config.get('wd', 0.0)}
+    if optimizer in ('sgd', 'nag'):
+        opt['momentum'] = config.get('momentum', 0.0)
+    opt.update(config.get('optimizer_params', {}))
     if config.get('trainer', 'delayed') == 'delayed':
         trainer = mxdelay.DelayedTrainer(
-            net.collect_params(), 'sgd', opt, kvstore=config.get('kvstore', 'dist_delay'),
+            net.collect_params(), optimizer, opt, kvstore=config.get('kvstore', 'dist_delay'),
             delay=config['delay'], warmup_steps=config['warmup_steps'],
             local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'),
             local_lr=config.get('local_lr'), slack=config.get('slack'))
     else:
-        trainer = StockTrainer(net.collect_params(), 'sgd', opt,
+        trainer = StockTrainer(net.collect_params(), optimizer, opt,
                                kvstore=config.get('kvstore', 'dist_sync'))
     loss_fn = gluon.loss.L2Loss()
     first = 0

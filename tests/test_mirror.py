@@ -1,0 +1,316 @@
+"""The 'mirror' local rule for every optimizer it accepts (docs/design.md §1.4), in one
+process with ``FakeDistDelay`` (one worker, its server in-process, keyed by parameter index).
+
+What is tested:
+
+- the one-worker invariant: with N = 1, lam = 0 and local_lr None, ``w'`` equals the
+  server's ``W`` at every step, for every accepted optimizer and k in {1, 2, 4}. The local
+  optimizer continues the server's state (fetched at the switch) with the server's update
+  counts, so for every optimizer but plain SGD the local step is the server's arithmetic on
+  the same numbers: bit for bit (``assert_array_equal``). Plain SGD keeps its single-kernel
+  path, whose momentum buffer starts at ``W_{W+1} - W_W`` instead of the server's buffer:
+  equal up to float32 rounding (rtol 1e-6, atol 1e-6; largest measured 2.4e-7);
+- the same with an lr scheduler, clip_gradient, lr_mult/wd_mult and two devices, and with
+  float16 weights and ``multi_precision`` (a float32 master copy, fetched too);
+- refusals at construction, naming the optimizer and what to use instead;
+- the store side: state keys in the layout, the server's copy of a chunk's state;
+- save and load in the delayed phase (the rule state is a tuple of arrays) resume bit for bit.
+"""
+import re
+import types
+
+import numpy as np
+import pytest
+
+import mxdelay
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+from conftest import FakeDistDelay
+from kvstore_ext.layout import KeyLayout
+from kvstore_ext.optimizers import flatten_state
+from kvstore_ext.rounds import RoundKeeper
+from mxdelay.rules import MIRRORED, MirrorRule
+from scripts import mlp_model
+
+BATCH = 6
+WARMUP = 3
+NAMES = ('w1', 'b1', 'w2', 'b2')
+
+#: name -> (optimizer, its parameters): every optimizer the mirror accepts.
+OPTIMIZERS = {
+    'sgd': ('sgd', {'learning_rate': 0.1, 'momentum': 0.9}),
+    'sgd-plain': ('sgd', {'learning_rate': 0.1}),
+    'nag': ('nag', {'learning_rate': 0.1, 'momentum': 0.9}),
+    'adam': ('adam', {'learning_rate': 0.01}),
+    'rmsprop': ('rmsprop', {'learning_rate': 0.01}),
+    'rmsprop-centered': ('rmsprop', {'learning_rate': 0.01, 'centered': True}),
+    'adagrad': ('adagrad', {'learning_rate': 0.05}),
+    'adadelta': ('adadelta', {}),
+    'ftrl': ('ftrl', {'learning_rate': 0.05}),
+    'signum': ('signum', {'learning_rate': 0.01, 'momentum': 0.9}),
+    'adamax': ('adamax', {'learning_rate': 0.01}),
+    'ftml': ('ftml', {'learning_rate': 0.01}),
+    'ccsgd': ('ccsgd', {'learning_rate': 0.1, 'momentum': 0.9}),
+}
+#: Largest |w' - W| per (optimizer name, k), filled by the invariant test (reported with -s).
+MAX_DIFFERENCE = {}
+
+
+class FakeStore(FakeDistDelay):
+    """FakeDistDelay whose server applies the Parameters' lr_mult and wd_mult, as mxdelay's
+    does (they travel with each key's registration; test_multipliers.py has the same)."""
+
+    def init(self, key, value):
+        super(FakeStore, self).init(key, value)
+        lr_mult, wd_mult, _ = self._mults(key)
+        self.server_optimizer.param_dict[key] = types.SimpleNamespace(lr_mult=lr_mult,
+                                                                      wd_mult=wd_mult)
+
+
+class MyAdam(mx.optimizer.Adam):
+    """A subclass of a mirrored optimizer (module level: the servers unpickle it)."""
+
+
+def make_params(ctxs, dtype='float32', lr_mult=None, wd_mult=None):
+    init = mlp_model.init_params()
+    params = []
+    for name in NAMES:
+        param = gluon.Parameter(name, shape=init[name].shape, dtype=dtype)
+        param.initialize(ctx=ctxs)
+        param.set_data(nd.array(init[name], dtype=dtype))
+        param.lr_mult = (lr_mult or {}).get(name, 1.0)
+        param.wd_mult = (wd_mult or {}).get(name, 1.0)
+        params.append(param)
+    return params
+
+
+def backward_with(params, ctxs, step):
+    """Gluon's backward producing mlp_model's gradient at the current weights (rank 0)."""
+    weights = {p.name: p.data(ctxs[0]).astype('float32').asnumpy() for p in params}
+    x, y = mlp_model.batch(0, step, BATCH)
+    grads = mlp_model.numpy_grad(weights, x, y)
+    with autograd.record():
+        losses = [(p.data(ctx) * nd.array(grads[p.name] / len(ctxs), ctx=ctx,
+                                          dtype=p.dtype)).sum()
+                  for p in params for ctx in ctxs]
+    autograd.backward(losses)
+
+
+def train(optimizer, optimizer_params, delay, steps, ctxs=None, dtype='float32', **kwargs):
+    """Yield (step, name, w', W) for every step and parameter of a one-worker training."""
+    ctxs = ctxs or [mx.cpu()]
+    lr_mult, wd_mult = kwargs.pop('lr_mult', None), kwargs.pop('wd_mult', None)
+    params = make_params(ctxs, dtype, lr_mult, wd_mult)
+    kv = FakeStore()
+    trainer = mxdelay.DelayedTrainer(params, optimizer, dict(optimizer_params), kvstore=kv,
+                                     delay=delay, warmup_steps=WARMUP, **kwargs)
+    for step in range(steps):
+        backward_with(params, ctxs, step)
+        trainer.step(BATCH)
+        for i, p in enumerate(params):
+            for other in p.list_data()[1:]:
+                np.testing.assert_array_equal(other.asnumpy(), p.data(ctxs[0]).asnumpy())
+            yield step, p.name, p.data(ctxs[0]).asnumpy(), kv.store[i].asnumpy()
+    assert ('fetch_states', (0, 1, 2, 3)) in kv.log or optimizer in ('sgd',), kv.log
+
+
+def check_invariant(name, delay, exact, **kwargs):
+    optimizer, optimizer_params = OPTIMIZERS[name]
+    worst = 0.0
+    moved = False
+    for step, pname, local, glob in train(optimizer, optimizer_params, delay,
+                                          WARMUP + 3 * delay + 3, **kwargs):
+        worst = max(worst, float(np.max(np.abs(local.astype(np.float64) - glob))))
+        moved = moved or step > WARMUP
+        if exact:
+            np.testing.assert_array_equal(local, glob, err_msg='step %d, %s' % (step, pname))
+        else:
+            np.testing.assert_allclose(local, glob, rtol=1e-6, atol=1e-6,
+                                       err_msg='step %d, %s' % (step, pname))
+    assert moved
+    return worst
+
+
+@pytest.mark.parametrize('delay', [1, 2, 4])
+@pytest.mark.parametrize('name', sorted(OPTIMIZERS))
+def test_one_worker_local_weights_are_the_global_weights(name, delay):
+    # SGD (exactly mx.optimizer.SGD) keeps the single-kernel path: float32 rounding only.
+    exact = OPTIMIZERS[name][0] != 'sgd'
+    worst = check_invariant(name, delay, exact)
+    MAX_DIFFERENCE[(name, delay)] = worst
+    print('\nmirror invariant: %-17s k=%d  max |w\' - W| = %.3g' % (name, delay, worst))
+
+
+@pytest.mark.parametrize('name', ['adam', 'nag', 'rmsprop-centered', 'ftml', 'sgd'])
+def test_invariant_with_schedule_clipping_multipliers_and_two_devices(name):
+    optimizer, optimizer_params = OPTIMIZERS[name]
+    params = dict(optimizer_params, wd=1e-3, clip_gradient=0.05,
+                  lr_scheduler=mx.lr_scheduler.FactorScheduler(step=3, factor=0.5))
+    OPTIMIZERS['_case'] = (optimizer, params)
+    try:
+        check_invariant('_case', 3, optimizer != 'sgd', ctxs=[mx.cpu(0), mx.cpu(1)],
+                        lr_mult={'w1': 0.5, 'b2': 2.0}, wd_mult={'b1': 0.0})
+    finally:
+        del OPTIMIZERS['_case']
+
+
+@pytest.mark.parametrize('name', ['adam', 'sgd', 'nag'])
+def test_invariant_with_float16_weights_and_multi_precision(name):
+    # The servers keep a float32 master copy; the local optimizer too (fetched with the
+    # state), and it is applied to the float16 weights as on the servers: bit for bit.
+    optimizer, optimizer_params = OPTIMIZERS[name]
+    OPTIMIZERS['_case'] = (optimizer, dict(optimizer_params, multi_precision=True))
+    try:
+        check_invariant('_case', 2, True, dtype='float16')
+    finally:
+        del OPTIMIZERS['_case']
+
+
+def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
+    params = make_params([mx.cpu()])
+    kv = FakeStore()
+    trainer = mxdelay.DelayedTrainer(params, 'adam', {'learning_rate': 0.01}, kvstore=kv,
+                                     delay=2, warmup_steps=1)
+    for step in range(4):
+        backward_with(params, [mx.cpu()], step)
+        trainer.step(BATCH)
+    local = trainer._rule._local  # pylint: disable=protected-access
+    assert local is not trainer.optimizer and type(local) is mx.optimizer.Adam
+    assert local.rescale_grad == 1.0 / BATCH          # N = 1
+    assert local._index_update_count[0] == 4          # rounds 0..3 applied
+    assert kv.server_optimizer._index_update_count[0] == 4
+    assert trainer.optimizer._index_update_count == {}   # the trainer's is untouched
+
+
+# -- refusals --------------------------------------------------------------------------------
+REFUSED = [
+    ('lamb', 'LAMB', r'trust ratio .* per chunk'),
+    ('lars', 'LARS', r'trust ratio .* per chunk'),
+    ('lbsgd', 'LBSGD', r'whole tensor'),
+    ('nadam', 'Nadam', r"m_schedule .* optimizer='adam' or 'nag'"),
+    ('dcasgd', 'DCASGD', r"local_rule='dc'"),
+    ('sgld', 'SGLD', r'random noise'),
+    ('groupadagrad', 'GroupAdaGrad', r'none of the optimizers'),
+    ('test', 'Test', r'none of the optimizers'),
+]
+
+
+@pytest.mark.parametrize('optimizer,name,why', REFUSED, ids=[r[0] for r in REFUSED])
+def test_refused_at_construction_naming_it_and_what_to_use(optimizer, name, why):
+    with pytest.raises(ValueError) as info:
+        mxdelay.DelayedTrainer(make_params([mx.cpu()]), optimizer, {}, kvstore=FakeStore())
+    message = str(info.value)
+    assert 'cannot mirror %s' % name in message
+    assert re.search(why, message), message
+    assert "local_rule='sgd'" in message and "gluon.Trainer on kvstore='dist_delay'" in message
+
+
+def test_refused_optimizer_is_accepted_by_the_literal_rule():
+    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'lamb', {}, kvstore=FakeStore(),
+                           local_rule='sgd')
+
+
+def test_subclass_of_a_mirrored_optimizer_is_accepted_and_mirrored():
+    params = make_params([mx.cpu()])
+    kv = FakeStore()
+    trainer = mxdelay.DelayedTrainer(params, MyAdam(learning_rate=0.01), kvstore=kv, delay=2,
+                                     warmup_steps=1)
+    for step in range(6):
+        backward_with(params, [mx.cpu()], step)
+        trainer.step(BATCH)
+        for i, p in enumerate(params):
+            np.testing.assert_array_equal(p.data().asnumpy(), kv.store[i].asnumpy())
+
+
+def test_state_that_is_not_elementwise_is_refused():
+    class RowState(mx.optimizer.AdaGrad):
+        def create_state(self, index, weight):
+            return nd.zeros((weight.shape[0], 1))
+    with pytest.raises(ValueError, match=r'cannot mirror RowState: its optimizer state is not '
+                                         r'elementwise'):
+        mxdelay.DelayedTrainer(make_params([mx.cpu()]), RowState(), kvstore=FakeStore())
+
+
+def test_every_mirrored_name_is_an_mxnet_optimizer():
+    assert {n.lower() for n in MIRRORED} <= set(mx.optimizer.Optimizer.opt_registry)
+
+
+# -- the store side ----------------------------------------------------------------------------
+@pytest.mark.parametrize('num_servers', [1, 3])
+def test_state_keys_follow_the_slots_and_leave_j0_keys_unchanged(num_servers):
+    plain, layout = KeyLayout(num_servers, 3), KeyLayout(num_servers, 3, state_keys=2)
+    seen = set()
+    for chunk in range(5):
+        server = chunk % num_servers
+        assert plain.decode(plain.slot_key(chunk, 1, server)) == ('slot', chunk, 1)
+        for slot in range(3):
+            key = layout.slot_key(chunk, slot, server)
+            assert layout.decode(key) == ('slot', chunk, slot)
+            assert layout.server_of(key) == server
+            seen.add(key)
+        for j in range(2):
+            key = layout.state_key(chunk, j, server)
+            assert layout.decode(key) == ('state', chunk, j)
+            assert layout.server_of(key) == server
+            seen.add(key)
+    assert len(seen) == 5 * 5
+    assert layout.status_key(0) == plain.status_key(0)
+    with pytest.raises(ValueError, match='has 2 state keys per chunk'):
+        layout.state_key(0, 2, 0)
+
+
+def test_server_writes_a_chunks_state_into_the_state_key():
+    rounds = RoundKeeper(slots=2)
+    rounds.install(mx.optimizer.Adam(learning_rate=0.01))
+    stored = nd.array([1.0, 2.0, 3.0])
+    rounds.on_round(7, 0, nd.array([0.5, -1.0, 2.0]), stored)
+    mean, var = rounds.updater.states[7]
+    for j, want in enumerate((mean, var)):
+        out = nd.zeros(3)
+        rounds.copy_state(7, j, out)
+        np.testing.assert_array_equal(out.asnumpy(), want.asnumpy())
+    with pytest.raises(ValueError, match='has 2 arrays'):
+        rounds.copy_state(7, 2, nd.zeros(3))
+
+
+def test_flatten_state_order():
+    a, b, c = nd.zeros(1), nd.ones(1), nd.zeros(2)
+    assert flatten_state(None) == []
+    assert flatten_state((a, (b, None), [c])) == [a, b, c]
+    with pytest.raises(TypeError):
+        flatten_state((a, 3))
+
+
+# -- checkpoints -------------------------------------------------------------------------------
+def test_delayed_save_and_load_with_adam_resume_bit_for_bit(tmp_path):
+    def run(trainer, params, first, steps, out):
+        for step in range(first, first + steps):
+            backward_with(params, [mx.cpu()], step)
+            trainer.step(BATCH)
+            out.append([p.data().asnumpy() for p in params])
+
+    args = dict(delay=3, warmup_steps=1)
+    opt = {'learning_rate': 0.01, 'wd': 1e-3}
+    params = make_params([mx.cpu()])
+    full = []
+    run(mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=FakeStore(), **args),
+        params, 0, 10, full)
+    params = make_params([mx.cpu()])
+    trainer = mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=FakeStore(), **args)
+    run(trainer, params, 0, 5, [])
+    trainer.save_states(str(tmp_path / 'ckpt'))
+    params2 = make_params([mx.cpu()])
+    trainer2 = mxdelay.DelayedTrainer(params2, 'adam', dict(opt), kvstore=FakeStore(),
+                                      **args)
+    trainer2.load_states(str(tmp_path / 'ckpt'))
+    resumed = []
+    run(trainer2, params2, 5, 5, resumed)
+    for t, (got, want) in enumerate(zip(resumed, full[5:])):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w, err_msg='step %d' % (5 + t))
+
+
+def test_mirror_rule_alone_is_the_sgd_momentum_rule():
+    # Without a trainer (not started) MirrorRule is the single-kernel SGD-momentum rule.
+    assert isinstance(mxdelay.rules.create_rule('mirror'), MirrorRule)
