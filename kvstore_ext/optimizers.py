@@ -9,7 +9,7 @@ import json
 import numpy as np
 
 __all__ = ['describe_optimizer', 'optimizer_differences', 'type_difference',
-           'format_differences', 'flatten_state', 'PER_STEP_FIELDS']
+           'format_differences', 'flatten_state', 'whole_tensor_refusal', 'PER_STEP_FIELDS']
 
 
 #: Fields of :func:`describe_optimizer` that a trainer sets at every step, not at creation:
@@ -147,3 +147,69 @@ def flatten_state(state):
         return [state]
     raise TypeError('optimizer state part %.60r (%s) is not an NDArray, a tuple or None'
                     % (state, type(state).__name__))
+
+
+#: MXNet's optimizers (and their subclasses) whose step reads norms of the whole tensor
+#: (docs/design.md §3.4): name -> what the norms decide. LBSGD only with
+#: ``warmup_strategy='lars'``; its other strategies are elementwise.
+WHOLE_TENSOR = {
+    'LAMB': 'its trust ratio is computed from the norms of the whole weight and update',
+    'LARS': 'its layer-wise learning rate is computed from the norms of the whole weight and '
+            'gradient',
+    'LBSGD': "with warmup_strategy='lars' its learning rate is computed from the norms of the "
+             'whole weight and gradient',
+}
+
+
+def whole_tensor_name(optimizer):
+    """The :data:`WHOLE_TENSOR` class that `optimizer` is or derives from, if its step reads
+    whole-tensor norms (LBSGD: only with ``warmup_strategy='lars'``); else None. Classes are
+    recognised by name among the optimizer's MXNet base classes, so that this module loads
+    no MXNet."""
+    for cls in type(optimizer).__mro__:
+        if cls.__module__.startswith('mxnet.') and cls.__name__ in WHOLE_TENSOR:
+            if cls.__name__ == 'LBSGD' and getattr(optimizer, 'warmup_strategy', None) != 'lars':
+                return None
+            return cls.__name__
+    return None
+
+
+def whole_tensor_refusal(optimizer, tensors, chunk_size, bound):
+    """Why the servers must refuse to apply `optimizer` per chunk, or None.
+
+    Parameters
+    ----------
+    optimizer : mxnet.optimizer.Optimizer or None
+    tensors : dict
+        Parameter index -> ``{'name', 'size', 'chunks'}`` (its number of elements and of
+        chunks).
+    chunk_size : int or None
+        The job's ``MXDELAY_CHUNK_SIZE``.
+    bound : int
+        ``MXNET_KVSTORE_BIGARRAY_BOUND``: chunks must stay below it.
+
+    Returns
+    -------
+    str or None
+        None unless `optimizer` reads whole-tensor norms (:func:`whole_tensor_name`) and some
+        tensor spans more than one chunk; then the message names the optimizer, the largest
+        such parameter, its size, the chunk size and the fixes.
+    """
+    base = whole_tensor_name(optimizer) if optimizer is not None else None
+    split = [t for t in tensors.values() if t['chunks'] > 1]
+    if base is None or not split:
+        return None
+    worst = max(split, key=lambda t: t['size'])
+    largest = max(t['size'] for t in tensors.values())
+    name = type(optimizer).__name__
+    fix = ('set MXDELAY_CHUNK_SIZE to at least %d (the largest tensor) on every worker, below '
+           'MXNET_KVSTORE_BIGARRAY_BOUND=%d' % (largest, bound))
+    if largest >= bound:
+        fix = ('set MXNET_KVSTORE_BIGARRAY_BOUND above %d and MXDELAY_CHUNK_SIZE to at least '
+               '%d, alike on every worker and server' % (largest, largest))
+    return ('%s%s: %s, but the mxdelay servers apply the optimizer per chunk of '
+            'MXDELAY_CHUNK_SIZE=%s elements, and parameter %r (%d elements) spans %d chunks: '
+            'each chunk would get its own ratio, unlike dist_sync (%d of the %d parameters '
+            'are split). Fix: %s; or use another optimizer (e.g. Adam or SGD)'
+            % (name, '' if name == base else ' (a %s)' % base, WHOLE_TENSOR[base], chunk_size,
+               worst['name'], worst['size'], worst['chunks'], len(split), len(tensors), fix))

@@ -21,7 +21,7 @@ from mxnet.kvstore import KVStoreServer
 from . import checkpoint, env, protocol
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
-                         optimizer_differences, type_difference)
+                         optimizer_differences, type_difference, whole_tensor_refusal)
 from .protocol import Command
 from .rounds import RoundKeeper
 
@@ -52,6 +52,7 @@ class DelayServer(KVStoreServer):
         self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
         self._rescale_grad = None      # the job's rescale_grad: rank 0's at the hand-shake
         self._chunks = {}              # chunk id -> registration dict
+        self._tensors = {}             # param index -> {'name', 'size', 'chunks'}, every server's
         self._stock_updater = None     # for stock MXNet workers that never say hello
         self._ballots = {}             # ballot -> {rank: error or None}
         self._handlers = {
@@ -159,6 +160,17 @@ class DelayServer(KVStoreServer):
                       'num_workers': self._num_workers, 'rescale_grad': self._rescale_grad}
 
     def _on_register(self, body):
+        # Every server hears every chunk, so each knows whole tensors: refuse an optimizer
+        # that needs whole-tensor norms for a tensor split into chunks, before anything of
+        # this registration is kept (docs/design.md §3.4).
+        tensors = {}
+        for _, _, param_index, name, _, _, size in body['chunks']:
+            if param_index != protocol.FINISH_KEY:
+                tensor = tensors.setdefault(param_index, {'name': name, 'size': 0, 'chunks': 0})
+                tensor['size'] += size
+                tensor['chunks'] += 1
+        self._check_whole_tensor(self._rounds.optimizer, {**self._tensors, **tensors})
+        self._tensors.update(tensors)
         for chunk, server, param_index, name, lr_mult, wd_mult, size in body['chunks']:
             if server != self._server_rank:
                 continue
@@ -182,6 +194,7 @@ class DelayServer(KVStoreServer):
         # One optimizer per job: a worker whose optimizer differs from another's is refused
         # (the hand-shake catches this already when the optimizer is set before it; this
         # catches an optimizer set later, e.g. on a bare kvstore).
+        self._check_whole_tensor(optimizer, self._tensors)
         rank, described = int(body['rank']), describe_optimizer(optimizer)
         for other, theirs in sorted(self._sent_optimizers.items()):
             differences = optimizer_differences(theirs, described, PER_STEP_FIELDS)
@@ -202,6 +215,14 @@ class DelayServer(KVStoreServer):
             rounds.install(optimizer)
         # The worker compares this with its own optimizer (DistDelay._send_optimizer).
         return {'optimizer': describe_optimizer(rounds.optimizer)}
+
+    def _check_whole_tensor(self, optimizer, tensors):
+        hello = self._hellos.get(0) or next(iter(self._hellos.values()), {})
+        refusal = whole_tensor_refusal(optimizer, tensors,
+                                       hello.get('config', {}).get('chunk_size'),
+                                       protocol.bigarray_bound())
+        if refusal is not None:
+            raise ValueError(refusal)
 
     def _check_saved_optimizer(self, path, state, expected, warn):
         """Refuse a state whose optimizer is of another type than the workers' `expected`
