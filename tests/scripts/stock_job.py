@@ -5,7 +5,8 @@ the servers are MXNet's own: they run inside ``import mxnet`` below and exit fro
 workers train mlp_job.py's model on its data (``mlp_model``, which has no mxdelay either) with
 a stock ``gluon.Trainer`` on MXNet's native ``'dist_sync'`` store, and write
 ``OUT_DIR/worker<rank>.npz`` as mlp_job.py does (key ``<name>``: every parameter after every
-step). CONFIG keys: steps, batch, lr, momentum, wd, lr_mult, wd_mult (as mlp_job.py's).
+step). CONFIG keys: steps, batch, lr, momentum, wd, lr_mult, wd_mult, optimizer (default
+'sgd') and optimizer_params (as mlp_job.py's: momentum goes to 'sgd' and 'nag' only).
 
 Provenance: ``mxdelay`` and ``kvstore_ext`` cannot be imported in any role (a meta-path
 finder refuses them before MXNet is imported), and every role writes
@@ -80,9 +81,12 @@ def main():
     rank = kv.rank
     ctxs = [mx.cpu()]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
-    trainer = gluon.Trainer(net.collect_params(), 'sgd',
-                            {'learning_rate': config['lr'], 'momentum': config['momentum'],
-                             'wd': config['wd']}, kvstore=kv)
+    optimizer = config.get('optimizer', 'sgd')
+    opt = {'learning_rate': config['lr'], 'wd': config.get('wd', 0.0)}
+    if optimizer in ('sgd', 'nag'):
+        opt['momentum'] = config.get('momentum', 0.0)
+    opt.update(config.get('optimizer_params', {}))
+    trainer = gluon.Trainer(net.collect_params(), optimizer, opt, kvstore=kv)
     loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in names.values()}
     for step in range(config['steps']):
