@@ -209,7 +209,7 @@ def whole_tensor_refusal(optimizer, tensors, chunk_size, bound):
                '%d, alike on every worker and server' % (largest, largest))
     return ('%s%s: %s, but the mxdelay servers apply the optimizer per chunk of '
             'MXDELAY_CHUNK_SIZE=%s elements, and parameter %r (%d elements) spans %d chunks: '
-            'each chunk would get its own ratio, unlike dist_sync (%d of the %d parameters '
-            'are split). Fix: %s; or use another optimizer (e.g. Adam or SGD)'
+            'each chunk would get its own ratio, unlike dist_sync. Fix: %s; or use another '
+            'optimizer (e.g. Adam or SGD)'
             % (name, '' if name == base else ' (a %s)' % base, WHOLE_TENSOR[base], chunk_size,
-               worst['name'], worst['size'], worst['chunks'], len(split), len(tensors), fix))
+               worst['name'], worst['size'], worst['chunks'], fix))
