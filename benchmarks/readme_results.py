@@ -44,7 +44,8 @@ def _tta_cells(tta, network):
     per = {m: tta['tta'].get('%s/%s' % (network, m)) for m in ('sync',) + DELAYED}
     if not per['sync'] or not all(per['sync']):
         return None
-    base = _mean(p['derived_s'] for p in per['sync'])
+    key = 'real_s' if network == 'loopback' else 'derived_s'
+    base = _mean(p[key] for p in per['sync'])
     cells = ['`dist_sync` %s' % _s(base)]
     for method in DELAYED:
         values = per[method]
@@ -53,7 +54,7 @@ def _tta_cells(tta, network):
         if not all(values):
             cells.append('k=%s not reached by every seed' % method[1:])
             continue
-        mean = _mean(p['derived_s'] for p in values)
+        mean = _mean(p[key] for p in values)
         cells.append('k=%s %s (**%.2fx**)' % (method[1:], _s(mean), base / mean))
     return '; '.join(cells)
 
@@ -67,9 +68,10 @@ def section():
         cells = _tta_cells(tta, network)
         if cells is None:
             continue
-        how = ('derived: the real loopback runs\' steps timed with per-phase step times '
-               'measured on this link' if network != 'loopback' else
-               'derived from loopback per-phase times; checked against the real runs\' wall time')
+        how = ('*derived*: the real loopback runs\' steps timed with per-phase step times '
+               'measured on this link (median of 3 interleaved rounds)' if network != 'loopback'
+               else 'real wall time of the full runs (the derived loopback value is in the '
+               'file: its phase runs were disturbed by other processes)')
         rows.append('| time to %.4f test accuracy, %s | %s | whole training from step 1, the '
                     '200 warm-up steps included; evaluation excluded; mean of %d seeds; %s | '
                     '[tta/results.md](%s) |' % (tta['target'], label, cells, seeds, how, link))
@@ -115,9 +117,18 @@ def section():
         cells = ['`dist_sync` %.0f' % base] + [
             'k=%s %.0f (%.2fx)' % (m[1:], times[m]['window_samples_per_s'],
                                    times[m]['window_samples_per_s'] / base) for m in DELAYED]
+        noisy = sum(t['noisy'] for t in times.values())
+        runs = sum(t['rounds'] for t in times.values())
         rows.append('| steady-state samples/s, %s | %s | delayed phase only (warm-up excluded); '
-                    'median of %d interleaved rounds | [tta/results.md](%s) |' % (
-                        label, '; '.join(cells), times['sync']['rounds'], link))
+                    'median of %d interleaved rounds; %d of %d runs noisy (other processes used '
+                    'more than 0.25 cores) | [tta/results.md](%s) |' % (
+                        label, '; '.join(cells), times['sync']['rounds'], noisy, runs, link))
+        rows.append('| synchronous step (dist_sync; warm-up of the delayed methods), %s | %s | '
+                    'ms per step, median of %d interleaved rounds; the 200 warm-up steps run at '
+                    'this speed | [tta/results.md](%s) |' % (label, '; '.join(
+                        '%s %.0f ms' % ('`dist_sync`' if m == 'sync' else 'k=%s' % m[1:],
+                                        times[m]['sync_step_ms']) for m in ('sync',) + DELAYED),
+                        times['sync']['rounds'], link))
     roundtrip = _load(ROUNDTRIP, 'results.json')
     cells = []
     for optimizer in ('none', 'sgd'):

@@ -601,6 +601,14 @@ def write_markdown(out, result, methods, networks, phases):
                 text += ', %d of %d seeds' % (len(reached), len(per_seed))
             cells.append(text)
         lines.append('| %s | %s |' % (NETWORKS[net_name][0], ' | '.join(cells)))
+        if net_name == 'loopback':
+            cells = []
+            for method in methods:
+                real = [p['real_s'] for p in result['tta'].get('loopback/%s' % method) or []
+                        if p]
+                cells.append('%s (%s-%s)' % (_fmt_s(statistics.mean(real)), _fmt_s(min(real)),
+                                             _fmt_s(max(real))) if real else '-')
+            lines.append('| loopback, real wall time of the full runs | %s |' % ' | '.join(cells))
     lines += ['', 'Speed-up of time to accuracy over dist_sync (ratio of the means):', '',
               '| network | ' + ' | '.join(label[m] for m in methods[1:]) + ' |',
               '|---|' + '---:|' * (len(methods) - 1)]
@@ -618,6 +626,13 @@ def write_markdown(out, result, methods, networks, phases):
                 cells.append('%.2fx' % (base_mean / statistics.mean(p['derived_s']
                                                                     for p in per_seed)))
         lines.append('| %s | %s |' % (NETWORKS[net_name][0], ' | '.join(cells)))
+        if net_name == 'loopback':
+            real = {m: [p['real_s'] for p in result['tta'].get('loopback/%s' % m) or [] if p]
+                    for m in methods}
+            if real['sync'] and all(len(real[m]) == len(real['sync']) for m in methods):
+                lines.append('| loopback, real wall time of the full runs | %s |' % ' | '.join(
+                    '%.2fx' % (statistics.mean(real['sync']) / statistics.mean(real[m]))
+                    for m in methods[1:]))
     lines += ['', '## Accuracy at a fixed wall time', '',
               "The budget on each network is dist_sync's derived time to the end of epoch 5; "
               'accuracy of the last evaluation within it, mean (min-max) over seeds.', '',
