@@ -23,6 +23,20 @@ def make_init(seed=0):
     return {'w': (0.5 * rs.randn(3, 4)).astype(F32), 'b': (0.1 * rs.randn(4)).astype(F32)}
 
 
+def assert_server_is_updater(traj, updater):
+    """The reference's global weights of a 2-worker, 6-step synchronous run `traj` equal
+    MXNet's `updater` applied to each round's sum of the two workers' gradients, bit for bit."""
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    grad_fn, init = make_grad_fn(), make_init()
+    W = {n: mx.nd.array(a, dtype='float32') for n, a in init.items()}
+    for t in range(6):
+        w_np = {n: a.asnumpy() for n, a in W.items()}
+        for key, n in enumerate(sorted(W)):
+            G = grad_fn(w_np, 0, t)[n] + grad_fn(w_np, 1, t)[n]
+            updater(key, mx.nd.array(G, dtype='float32'), W[n])
+            np.testing.assert_array_equal(traj.glob[t][n], W[n].asnumpy())  # exact
+
+
 def make_grad_fn(calls=None):
     """Raw (batch-summed) gradient of 0.5*|tanh(x@w + b) - y|^2; data a pure function of
     (rank, step). ``calls[(rank, step)] = (weights, grads)`` records every evaluation."""
@@ -82,14 +96,7 @@ def test_server_is_mxnet_sgd(momentum):
     traj = run(num_workers=2, steps=6, warmup_steps=6, momentum=momentum)
     opt = mx.optimizer.SGD(learning_rate=LR, wd=WD, rescale_grad=RG, momentum=momentum)
     updater = mx.optimizer.get_updater(opt)
-    grad_fn, init = make_grad_fn(), make_init()
-    W = {n: mx.nd.array(a, dtype='float32') for n, a in init.items()}
-    for t in range(6):
-        w_np = {n: a.asnumpy() for n, a in W.items()}
-        for key, n in enumerate(sorted(W)):
-            G = grad_fn(w_np, 0, t)[n] + grad_fn(w_np, 1, t)[n]
-            updater(key, mx.nd.array(G, dtype='float32'), W[n])
-            np.testing.assert_array_equal(traj.glob[t][n], W[n].asnumpy())  # exact
+    assert_server_is_updater(traj, updater)
 
 
 def _step_lr(t):
@@ -414,14 +421,7 @@ def test_server_is_mxnet_adam_and_nag(optimizer, params):
                momentum=params.get('momentum', 0.0))
     updater = mx.optimizer.get_updater(mx.optimizer.create(optimizer, wd=WD, rescale_grad=RG,
                                                            **params))
-    grad_fn, init = make_grad_fn(), make_init()
-    W = {n: mx.nd.array(a, dtype='float32') for n, a in init.items()}
-    for t in range(6):
-        w_np = {n: a.asnumpy() for n, a in W.items()}
-        for key, n in enumerate(sorted(W)):
-            G = grad_fn(w_np, 0, t)[n] + grad_fn(w_np, 1, t)[n]
-            updater(key, mx.nd.array(G, dtype='float32'), W[n])
-            np.testing.assert_array_equal(traj.glob[t][n], W[n].asnumpy())  # exact
+    assert_server_is_updater(traj, updater)
 
 
 def adam_closed_form(w, g, m, v, lr, t, wd, rescale):

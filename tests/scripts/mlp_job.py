@@ -31,7 +31,8 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 # The model and data, shared with the stock pin's job (stock_job.py), which has no mxdelay.
-from mlp_model import IN, HIDDEN, OUT, batch, build, init_params, numpy_grad  # noqa: F401
+from mlp_model import (IN, HIDDEN, OUT, batch, build, init_params, numpy_grad,  # noqa: F401
+                       optimizer_of)
 
 
 class StockTrainer(gluon.Trainer):
@@ -49,11 +50,7 @@ def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
-    optimizer = config.get('optimizer', 'sgd')
-    opt = {'learning_rate': config['lr'], 'wd': config.get('wd', 0.0)}
-    if optimizer in ('sgd', 'nag'):
-        opt['momentum'] = config.get('momentum', 0.0)
-    opt.update(config.get('optimizer_params', {}))
+    optimizer, opt = optimizer_of(config)
     if config.get('trainer', 'delayed') == 'delayed':
         trainer = mxdelay.DelayedTrainer(
             net.collect_params(), optimizer, opt, kvstore=config.get('kvstore', 'dist_delay'),

@@ -10,7 +10,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 __all__ = ['IN', 'HIDDEN', 'OUT', 'NAMES', 'init_params', 'batch', 'numpy_grad', 'build',
-           'weights_of', 'symbol']
+           'weights_of', 'optimizer_of', 'symbol']
 
 IN, HIDDEN, OUT = 8, 16, 4
 #: Gluon's parameter names -> the short names of init_params() and the npz files.
@@ -81,3 +81,14 @@ def symbol(lr_mult=None):
     out = mx.sym.FullyConnected(hidden, weight=var('l2_weight'), bias=var('l2_bias'),
                                 num_hidden=OUT, name='l2')
     return mx.sym.LinearRegressionOutput(out, mx.sym.Variable('label'), name='out')
+
+
+def optimizer_of(config):
+    """``(name, params)`` of a job config's optimizer: 'optimizer' (default 'sgd'), 'lr', 'wd',
+    'momentum' (sgd and nag only) and any 'optimizer_params'."""
+    name = config.get('optimizer', 'sgd')
+    params = {'learning_rate': config['lr'], 'wd': config.get('wd', 0.0)}
+    if name in ('sgd', 'nag'):
+        params['momentum'] = config.get('momentum', 0.0)
+    params.update(config.get('optimizer_params', {}))
+    return name, params

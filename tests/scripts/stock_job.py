@@ -60,7 +60,7 @@ import mxnet as mx  # noqa: E402  scheduler and servers: MXNet's own, which exit
 from mxnet import autograd, gluon, nd  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlp_model import batch, build  # noqa: E402
+from mlp_model import batch, build, optimizer_of  # noqa: E402
 
 
 def _violation(message):
@@ -81,11 +81,7 @@ def main():
     rank = kv.rank
     ctxs = [mx.cpu()]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
-    optimizer = config.get('optimizer', 'sgd')
-    opt = {'learning_rate': config['lr'], 'wd': config.get('wd', 0.0)}
-    if optimizer in ('sgd', 'nag'):
-        opt['momentum'] = config.get('momentum', 0.0)
-    opt.update(config.get('optimizer_params', {}))
+    optimizer, opt = optimizer_of(config)
     trainer = gluon.Trainer(net.collect_params(), optimizer, opt, kvstore=kv)
     loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in names.values()}
