@@ -283,3 +283,38 @@ def test_custom_rule_object_is_used_as_given():
                     RuleContext(0.5, 0.0, 0.0, -1.0, 1.0, 1))
     np.testing.assert_allclose(weight.asnumpy(), np.full(4, 0.5), **TOL)
     assert 'HalfStep' in repr(rule_obj)
+
+
+@pytest.mark.parametrize('num_workers', [1, 3])
+@pytest.mark.parametrize('wd', [0.0, 0.05])
+def test_mirror_dc_term_with_adam(wd, num_workers):
+    # dc_lambda with a non-SGD mirror: the local Adam copy gets N * g_dc, g_dc = g + lam*g*g*
+    # grad_sync (g = rescale * raw), its update count continuing the servers' (docs/design.md
+    # §1.4). Closed form: MXNet 1.9.1's adam_update as pinned in tests/reference.py.
+    lam, rescale, b1, b2, eps = 0.5, 0.25, 0.9, 0.999, 1e-8
+    w, raws, syncs, _ = make_inputs(seed=11)
+    rule = create_rule('mirror', lam)
+    optimizer = mx.optimizer.Adam(learning_rate=LR, wd=wd, beta1=b1, beta2=b2, epsilon=eps)
+    rule.check_optimizer(optimizer)
+    rule.start(optimizer)
+    weight = nd.array(w)
+    state = rule.create_state_for(0, weight, nd.zeros(SHAPE))
+    assert not isinstance(state, nd.NDArray)         # Adam's (mean, var): the general path
+    mean = np.zeros(SHAPE, F32)
+    var = np.zeros(SHAPE, F32)
+    want_w = w.copy()
+    compensation_moved = False
+    for t, (raw, sync) in enumerate(zip(raws, syncs)):
+        ctx = RuleContext(lr=LR, wd=wd, momentum=0.0, clip_gradient=-1.0, rescale_grad=rescale,
+                          num_workers=num_workers, index=0, step=t)
+        rule.update(weight, nd.array(raw), nd.array(sync), state, ctx)
+        g = F32(rescale) * raw
+        g_dc = g + F32(lam) * g * g * sync
+        lr_t = reference.adam_lr(LR, t + 1, b1, b2)
+        plain = reference.adam_step(want_w, g, mean, var, lr_t, F32(wd), F32(num_workers),
+                                    F32(b1), F32(b2), F32(eps))[0]
+        want_w, mean, var = reference.adam_step(want_w, g_dc, mean, var, lr_t, F32(wd),
+                                                F32(num_workers), F32(b1), F32(b2), F32(eps))
+        np.testing.assert_allclose(weight.asnumpy(), want_w, err_msg='step %d' % t, **TOL)
+        compensation_moved |= np.abs(plain - want_w).max() > 1e-4
+    assert compensation_moved   # the tolerance resolves the compensation term
