@@ -822,12 +822,16 @@ def _module_rescale(optimizer, num_workers):
     which leaves ``sym_info`` non-empty (Gluon's trainers never pass it); such an optimizer
     gets Module's dist_sync value here, before the hand-shake carries it as the job's
     rescale_grad (worker 0's; every worker does the same) and before it is pickled to the
-    servers. ``1.0/b`` becomes ``1.0/(b*N)`` as Module computes it, so the servers apply
+    servers (an optimizer with a ``param_dict`` is a Gluon trainer's, and is left alone).
+    ``1.0/b`` becomes ``1.0/(b*N)`` as Module computes it, so the servers apply
     exactly what dist_sync's do; any other value is divided by N. An explicit
     ``rescale_grad`` in Module's ``optimizer_params`` is divided too (dist_sync would keep
     it). Marked on the optimizer, so that setting it again does not divide twice.
     """
-    if not optimizer.sym_info or getattr(optimizer, '_mxdelay_module_rescale', False):
+    if (not optimizer.sym_info or optimizer.param_dict
+            or getattr(optimizer, '_mxdelay_module_rescale', False)):
+        # Gluon's trainers (mxdelay.DelayedModule's too, which sets dist_sync's value itself)
+        # give their optimizer a param_dict; Module never does.
         return
     before = optimizer.rescale_grad
     batch = round(1.0 / before) if before > 0 else 0

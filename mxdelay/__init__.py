@@ -10,13 +10,15 @@ import importlib
 
 import kvstore_ext  # noqa: F401  prepares MXNet's import; runs the scheduler and server roles
 
-__all__ = ['DelayedTrainer', 'DistDelay', 'StepObserver', 'ArgumentTypeError', 'timeline',
-           '__version__']
+__all__ = ['DelayedTrainer', 'DelayedModule', 'DistDelay', 'StepObserver', 'ArgumentTypeError',
+           'timeline', '__version__']
 __version__ = '0.1.0'
 
-_LAZY = {'DelayedTrainer': 'mxdelay.trainer', 'DistDelay': 'kvstore_ext.dist_delay',
+_LAZY = {'DelayedTrainer': 'mxdelay.trainer', 'DelayedModule': 'mxdelay.module',
+         'DistDelay': 'kvstore_ext.dist_delay',
          'StepObserver': 'mxdelay.observer', 'ArgumentTypeError': 'kvstore_ext.checks'}
-_SUBMODULES = ('timeline', 'trace', 'trainer', 'rules', 'schedule', 'observer')
+_SUBMODULES = ('timeline', 'trace', 'trainer', 'rules', 'schedule', 'observer',
+               'module')
 
 
 def __getattr__(name):

@@ -5,7 +5,16 @@ Usage: ``mxdelay-launch -n N -s S [mxdelay-run] python module_job.py CONFIG_JSON
 
 CONFIG keys: ``kvstore`` (the type string given to ``Module.fit``), ``mode``, ``epochs``,
 ``steps`` (batches per epoch), ``batch``, ``lr``, ``momentum``, ``wd``, ``lr_mult`` ({Symbol
-argument name: multiplier}, set as the Variable's ``lr_mult`` attribute).
+argument name: multiplier}, set as the Variable's ``lr_mult`` attribute),
+``optimizer_params`` (more arguments of the optimizer, e.g. ``{"rescale_grad": 0.05}``),
+``devices`` (contexts ``cpu(0) .. cpu(devices-1)``, default 1).
+
+``module``: ``'plain'`` (default) ``mx.mod.Module``; ``'delayed'``: ``mxdelay.DelayedModule``
+with CONFIG ``delay`` and ``warmup_steps`` (``mode`` ``'import'``). With ``'delayed'``:
+``save_epoch`` e: ``mod.save_checkpoint(OUT_DIR/ckpt, e, save_optimizer_states=True)`` after
+epoch e (counted from 1); ``resume_from`` [prefix, e]: start from ``DelayedModule.load(prefix,
+e, load_optimizer_states=True)`` at epoch e; ``sync_at_end``: ``mod.sync_weights()`` after
+``fit``, recorded as ``synced_<short name>``.
 
 ``mode``:
 
@@ -53,8 +62,21 @@ def main():
         {'data': np.concatenate([x for x, _ in data])},
         {'label': np.concatenate([y for _, y in data])}, batch_size=size, shuffle=False)
     init = init_params()
-    mod = mx.mod.Module(symbol(CONFIG.get('lr_mult', {})), data_names=['data'],
-                        label_names=['label'], context=mx.cpu())
+    kwargs = dict(data_names=['data'], label_names=['label'],
+                  context=[mx.cpu(i) for i in range(CONFIG.get('devices', 1))])
+    begin, fit_params = 0, {'arg_params': {name: mx.nd.array(init[short])
+                                           for name, short in NAMES.items()}}
+    if CONFIG.get('module', 'plain') == 'delayed':
+        kwargs.update(delay=CONFIG['delay'], warmup_steps=CONFIG['warmup_steps'])
+        if CONFIG.get('resume_from'):
+            prefix, begin = CONFIG['resume_from']
+            mod = mxdelay.DelayedModule.load(prefix, begin, load_optimizer_states=True,
+                                             **kwargs)
+            fit_params = {}
+        else:
+            mod = mxdelay.DelayedModule(symbol(CONFIG.get('lr_mult', {})), **kwargs)
+    else:
+        mod = mx.mod.Module(symbol(CONFIG.get('lr_mult', {})), **kwargs)
     history = {short: [] for short in NAMES.values()}
 
     def record(_):
@@ -62,11 +84,23 @@ def main():
         for name, short in NAMES.items():
             history[short].append(args[name].asnumpy())
 
-    mod.fit(train, num_epoch=CONFIG['epochs'], kvstore=CONFIG['kvstore'], optimizer='sgd',
-            optimizer_params={'learning_rate': CONFIG['lr'], 'momentum': CONFIG['momentum'],
-                              'wd': CONFIG['wd']},
-            arg_params={name: mx.nd.array(init[short]) for name, short in NAMES.items()},
-            eval_metric='mse', batch_end_callback=record)
+    def checkpoint(epoch, *_):
+        if epoch + 1 == CONFIG.get('save_epoch'):
+            mod.save_checkpoint(os.path.join(out_dir, 'ckpt'), epoch + 1,
+                                save_optimizer_states=True)
+
+    mod.fit(train, begin_epoch=begin, num_epoch=CONFIG['epochs'], kvstore=CONFIG['kvstore'],
+            optimizer='sgd',
+            optimizer_params=dict({'learning_rate': CONFIG['lr'],
+                                   'momentum': CONFIG['momentum'], 'wd': CONFIG['wd']},
+                                  **CONFIG.get('optimizer_params', {})),
+            eval_metric='mse', batch_end_callback=record, epoch_end_callback=checkpoint,
+            **fit_params)
+    synced = {}
+    if CONFIG.get('sync_at_end'):
+        mod.sync_weights()
+        args, _ = mod.get_params()
+        synced = {'synced_' + short: args[name].asnumpy() for name, short in NAMES.items()}
     kv = mod._kvstore  # pylint: disable=protected-access
     report = {'kvstore': '%s.%s %s' % (type(kv).__module__, type(kv).__name__, kv.type),
               'kvstore_rank': kv.rank, 'num_workers': kv.num_workers,
@@ -79,7 +113,7 @@ def main():
             # pylint: disable=protected-access
             stock_job._violation('kvstore is %s, not MXNet\'s own' % report['kvstore'])
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank),
-             **{k: np.array(v) for k, v in history.items()})
+             **{k: np.array(v) for k, v in history.items()}, **synced)
     with open(os.path.join(out_dir, 'worker%d.json' % rank), 'w', encoding='utf-8') as dst:
         json.dump(report, dst)
 
