@@ -33,6 +33,7 @@ from .layout import KeyLayout, Placement
 from .optimizers import PER_STEP_FIELDS, describe_optimizer, format_differences, \
     optimizer_differences
 from .protocol import Command
+from .typenames import TYPE_STRING
 
 __all__ = ['DistDelay']
 
@@ -212,7 +213,12 @@ class DistDelay(KVStoreBase):
     # -- KVStoreBase -----------------------------------------------------------------------
     @property
     def type(self):
-        return 'dist_delay'
+        """``'dist_sync_delay'``: created as ``'dist_delay'``, described as a synchronous
+        store. MXNet 1.9.1's ``Module.init_optimizer`` tests this string for ``'dist'`` and
+        ``'_sync'`` to give the optimizer dist_sync's ``rescale_grad`` (``1/(batch*N)``, an
+        explicit value kept); the rounds are synchronous, so that is the right answer
+        (docs/design.md §9). Gluon tests it for ``'dist'`` and ``'async'`` only."""
+        return TYPE_STRING
 
     @property
     def rank(self):
@@ -237,9 +243,6 @@ class DistDelay(KVStoreBase):
         Every worker must set the same optimizer (type and hyper-parameters). It is sent at
         the hand-shake (the first :meth:`init` or command) or at once if that has happened.
 
-        An optimizer made by the symbolic API (``Module.init_optimizer``) gets the
-        ``rescale_grad`` that Module gives ``'dist_sync'``: see :func:`_module_rescale`.
-
         Raises
         ------
         TypeError
@@ -252,7 +255,6 @@ class DistDelay(KVStoreBase):
             raise ArgumentTypeError("optimizer must be an mx.optimizer.Optimizer, got %r (%s); "
                                     "create one with mx.optimizer.create('sgd', ...)"
                                     % (optimizer, type(optimizer).__name__))
-        _module_rescale(optimizer, self.num_workers)
         self._optimizer = optimizer
         self._updater = _OptimizerHolder(optimizer)
         if self._channel is not None:
@@ -810,39 +812,6 @@ def _wait_for_issued_work():
     # after this every round this worker pushed is applied (which waits for the other
     # workers' pushes of those rounds too: a command is a collective point in that sense).
     nd.waitall()
-
-
-def _module_rescale(optimizer, num_workers):
-    """Give an optimizer made by ``Module.init_optimizer`` the rescale_grad of 'dist_sync'.
-
-    MXNet 1.9.1's ``Module.init_optimizer`` sets ``rescale_grad = 1.0/batch_size`` and
-    multiplies the batch size by the number of workers only for types containing both
-    ``'dist'`` and ``'_sync'``: with ``'dist_delay'`` the servers would apply N times
-    dist_sync's step to the sum of N gradients. Module makes its optimizer with ``sym=``,
-    which leaves ``sym_info`` non-empty (Gluon's trainers never pass it); such an optimizer
-    gets Module's dist_sync value here, before the hand-shake carries it as the job's
-    rescale_grad (worker 0's; every worker does the same) and before it is pickled to the
-    servers (an optimizer with a ``param_dict`` is a Gluon trainer's, and is left alone).
-    ``1.0/b`` becomes ``1.0/(b*N)`` as Module computes it, so the servers apply
-    exactly what dist_sync's do; any other value is divided by N. An explicit
-    ``rescale_grad`` in Module's ``optimizer_params`` is divided too (dist_sync would keep
-    it). Marked on the optimizer, so that setting it again does not divide twice.
-    """
-    if (not optimizer.sym_info or optimizer.param_dict
-            or getattr(optimizer, '_mxdelay_module_rescale', False)):
-        # Gluon's trainers (mxdelay.DelayedModule's too, which sets dist_sync's value itself)
-        # give their optimizer a param_dict; Module never does.
-        return
-    before = optimizer.rescale_grad
-    batch = round(1.0 / before) if before > 0 else 0
-    if batch >= 1 and 1.0 / batch == before:
-        optimizer.rescale_grad = 1.0 / (batch * num_workers)
-    else:
-        optimizer.rescale_grad = before / num_workers
-    optimizer._mxdelay_module_rescale = True  # pylint: disable=protected-access
-    _LOG.info("dist_delay: the optimizer was made by the symbolic API (Module): rescale_grad "
-              "%r -> %r, as Module sets it for 'dist_sync' with %d workers",
-              before, optimizer.rescale_grad, num_workers)
 
 
 def _refuse_module_local_update():

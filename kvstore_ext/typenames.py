@@ -6,10 +6,14 @@ used before and while MXNet is imported.
 """
 import difflib
 
-__all__ = ['STORE_TYPE', 'NATIVE_DIST_TYPES', 'check_kvstore_type', 'register_store_type']
+__all__ = ['STORE_TYPE', 'TYPE_STRING', 'NATIVE_DIST_TYPES', 'check_kvstore_type',
+           'register_store_type']
 
 #: The type string of mxdelay's store.
 STORE_TYPE = 'dist_delay'
+#: What the store's ``type`` property says: MXNet's Module gives an optimizer dist_sync's
+#: rescale_grad only for types containing 'dist' and '_sync' (docs/design.md §9).
+TYPE_STRING = 'dist_sync_delay'
 #: The distributed types MXNet 1.9's C++ store knows (src/kvstore/kvstore.cc); it accepts
 #: any other name containing 'dist' too, as a native store whose mode depends on substrings.
 NATIVE_DIST_TYPES = ('dist', 'dist_sync', 'dist_async', 'dist_sync_device',
@@ -47,8 +51,9 @@ def check_kvstore_type(name, registered=()):
 
 
 def register_store_type(mxnet, create, replace=True):
-    """Register ``'dist_delay'`` in the loaded `mxnet` module's kvstore registry and make
-    ``mx.kv.create`` refuse misspelt distributed types (:func:`check_kvstore_type`).
+    """Register ``'dist_delay'`` (and :data:`TYPE_STRING`) in the loaded `mxnet` module's
+    kvstore registry and make ``mx.kv.create`` refuse misspelt distributed types
+    (:func:`check_kvstore_type`).
 
     Parameters
     ----------
@@ -64,6 +69,8 @@ def register_store_type(mxnet, create, replace=True):
     registry = kvstore.KVStoreBase.kv_registry
     if replace or STORE_TYPE not in registry:
         registry[STORE_TYPE] = create
+        # mx.kv.create(store.type) must give mxdelay's store again, not MXNet's native one.
+        registry[TYPE_STRING] = create
     original = kvstore.create
     if getattr(original, 'mxdelay_checked', False):
         return

@@ -1,13 +1,14 @@
 """The Module API on ``'dist_delay'`` (issue 12, item 5, first bullet): ``mx.mod.Module.fit(
 kvstore='dist_delay')`` trains exactly like ``'dist_sync'``.
 
-MXNet 1.9.1's ``Module.init_optimizer`` makes its optimizer with ``sym=`` and
-``rescale_grad = 1/batch``, multiplying the batch by the number of workers only for type
-strings containing ``'_sync'``; and its optimizer keeps the parameters' multipliers by name
-(biases get ``wd_mult=0``, Variables' ``lr_mult`` attributes), which MXNet's server finds
-through ``idx2name``. ``DistDelay`` gives such an optimizer dist_sync's ``rescale_grad`` and
-registers Module's per-name multipliers with its servers (kvstore_ext/dist_delay.py,
-``_module_rescale`` and ``_mults``).
+MXNet 1.9.1's ``Module.init_optimizer`` makes its optimizer with ``rescale_grad = 1/batch``,
+multiplying the batch by the number of workers only for type strings containing ``'dist'``
+and ``'_sync'``, and keeps an explicit ``rescale_grad`` of ``optimizer_params``; its
+optimizer keeps the parameters' multipliers by name (biases get ``wd_mult=0``, Variables'
+``lr_mult`` attributes), which MXNet's server finds through ``idx2name``. ``DistDelay``'s
+``type`` is ``'dist_sync_delay'`` (so Module takes its dist_sync path) and it registers
+Module's per-name multipliers with its servers (kvstore_ext/dist_delay.py, ``type`` and
+``_mults``).
 
 1. Real jobs, 2 workers, ``Module.fit`` for 2 epochs of 4 batches of 6 (scripts/module_job.py:
    the MLP of mlp_model.py as a Symbol, ``l1_weight`` with ``lr_mult=0.5``, SGD with momentum
@@ -18,13 +19,13 @@ registers Module's per-name multipliers with its servers (kvstore_ext/dist_delay
    reference of synchronous SGD (rescale 1/(batch*2), Module's multipliers) at
    ``rtol=1e-5, atol=1e-6``. Measured without the fix: the same job's weights end up to 0.29
    away from stock (39% of the largest final ``w1`` weight); with the rescale fixed but not
-   the multipliers, 0.12.
+   the multipliers, 0.12. (An explicit ``rescale_grad``: tests/test_module_delay.py.)
 2. In one process, on a ``DistDelay`` whose native store is a stand-in of 2 or 3 workers and
    whose servers are a FakeChannel: Module's own ``init_optimizer`` leaves the optimizer, in
    the hand-shake and in the pickle sent to the servers, with ``rescale_grad ==
-   1.0/(batch*N)`` exactly, registers each parameter's multipliers by name, and setting it
-   again does not divide twice; an optimizer without ``sym`` (Gluon's) is left alone;
-   Module with ``MXNET_UPDATE_ON_KVSTORE=0`` is refused before any network use.
+   1.0/(batch*N)`` exactly (an explicit value unchanged), registers each parameter's
+   multipliers by name; ``mx.kv.create(store.type)`` is mxdelay's store again; Module with
+   ``MXNET_UPDATE_ON_KVSTORE=0`` is refused before any network use.
 """
 import glob
 import json
@@ -38,7 +39,7 @@ import mxnet as mx
 
 import reference
 from conftest import (ATOL, RTOL, SCRIPTS, FakeChannel, OfflineNative, PidFile, _no_channel,
-                      assert_ok, run_job, stock_env, worker_lines)
+                      assert_ok, run_job, stock_env)
 from kvstore_ext import protocol
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.optimizers import describe_optimizer
@@ -52,7 +53,6 @@ CONFIG = {'epochs': 2, 'steps': 4, 'batch': 6, 'lr': 0.1, 'momentum': 0.9, 'wd':
           'lr_mult': {'l1_weight': 0.5}}
 #: What Module's optimizer applies per parameter (short names), for the reference.
 LR_MULT, WD_MULT = {'w1': 0.5}, {'b1': 0.0, 'b2': 0.0}
-LOG_LINE = 'the optimizer was made by the symbolic API (Module)'
 
 
 # -- 1. real jobs -------------------------------------------------------------------------------
@@ -116,19 +116,17 @@ def test_module_fit_on_dist_delay_equals_stock_dist_sync_bit_for_bit(tmp_path, n
     stock, stock_reports, _ = run_module_job(
         tmp_path / 'stock', dict(CONFIG, kvstore='dist_sync', mode='stock'), num_servers)
     assert_stock(tmp_path / 'stock', num_servers)
-    delay, reports, result = run_module_job(
+    delay, reports, _ = run_module_job(
         tmp_path / 'delay', dict(CONFIG, kvstore='dist_delay', mode=mode), num_servers)
 
     # Module's optimizer: dist_sync's rescale_grad, 1/(batch*N), on both stores.
     rescale = 1.0 / (CONFIG['batch'] * 2)
     for rank in range(2):
         assert stock_reports[rank]['kvstore'] == 'mxnet.kvstore.kvstore.KVStore dist_sync'
-        assert reports[rank]['kvstore'] == 'kvstore_ext.dist_delay.DistDelay dist_delay'
+        assert reports[rank]['kvstore'] == 'kvstore_ext.dist_delay.DistDelay dist_sync_delay'
         for report in (stock_reports[rank], reports[rank]):
             assert report['update_on_kvstore'] is True, report
             assert report['rescale_grad'] == rescale, report
-        said = [line for line in worker_lines(result.stderr, rank) if LOG_LINE in line]
-        assert len(said) == 1 and "'dist_sync' with 2 workers" in said[0], said
 
     # Bit for bit, every parameter after every step on every worker.
     for rank in range(2):
@@ -191,17 +189,21 @@ def servers():
     return FakeChannel(answer), sent
 
 
-@pytest.mark.parametrize('batch, num_workers', [(6, 2), (13, 3)])
+@pytest.mark.parametrize('batch, num_workers, explicit', [(6, 2, None), (13, 3, None),
+                                                     (6, 2, 0.05), (6, 2, 1.0 / 6)])
 def test_module_init_optimizer_gives_the_servers_dist_syncs_rescale_and_multipliers(
-        batch, num_workers):
-    # (13, 3): (1/13)/3 != 1/39 in float64; Module computes 1.0/(13*3) for dist_sync.
+        batch, num_workers, explicit):
+    # (13, 3): (1/13)/3 != 1/39 in float64; Module computes 1.0/(13*3) for dist_sync. An
+    # explicit value is kept, as dist_sync keeps it, even 1/batch.
     channel, sent = servers()
     store = DistDelay(native=WorkersNative(num_workers),
                       channel_factory=lambda native, layout: channel)
     mod = module(batch)
-    mod.init_optimizer(kvstore=store, optimizer='sgd',
-                       optimizer_params={'learning_rate': 0.1, 'momentum': 0.9, 'wd': 0.01})
-    rescale = 1.0 / (batch * num_workers)
+    params = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 0.01}
+    if explicit is not None:
+        params['rescale_grad'] = explicit
+    mod.init_optimizer(kvstore=store, optimizer='sgd', optimizer_params=params)
+    rescale = 1.0 / (batch * num_workers) if explicit is None else explicit
     optimizer = mod._optimizer  # pylint: disable=protected-access
     assert optimizer is store._optimizer and optimizer.rescale_grad == rescale
     assert channel.hello['config']['optimizer']['rescale_grad'] == rescale
@@ -212,19 +214,18 @@ def test_module_init_optimizer_gives_the_servers_dist_syncs_rescale_and_multipli
     assert registered == {'l1_weight': (0.5, 1.0), 'l1_bias': (1.0, 0.0),
                           'l2_weight': (1.0, 1.0), 'l2_bias': (1.0, 0.0),
                           protocol.FINISH_KEY: (1.0, 1.0)}
-    store.set_optimizer(optimizer)  # again: not divided twice
+    store.set_optimizer(optimizer)  # again: unchanged
     assert optimizer.rescale_grad == rescale
 
 
-def test_an_optimizer_without_sym_keeps_its_rescale_grad():
+def test_the_type_string_says_synchronous_and_creates_mxdelays_store():
     store = DistDelay(native=WorkersNative(2), channel_factory=_no_channel)
+    assert 'dist' in store.type and '_sync' in store.type and 'async' not in store.type
+    assert mx.kvstore.KVStoreBase.kv_registry[store.type] is \
+        mx.kvstore.KVStoreBase.kv_registry['dist_delay']
     optimizer = mx.optimizer.create('sgd', learning_rate=0.1, rescale_grad=1.0 / 6)
-    store.set_optimizer(optimizer)  # as Gluon's trainers make it
+    store.set_optimizer(optimizer)  # as Gluon's trainers make it: unchanged
     assert optimizer.rescale_grad == 1.0 / 6
-    # With sym= but a value that is not 1/integer, it is divided by N.
-    optimizer = mx.optimizer.create('sgd', sym=mlp_model.symbol(), rescale_grad=0.3)
-    store.set_optimizer(optimizer)
-    assert optimizer.rescale_grad == 0.15
 
 
 def test_module_that_updates_locally_is_refused(monkeypatch):

@@ -37,12 +37,11 @@ import mxdelay
 import mxnet as mx
 
 import reference
-from conftest import (ATOL, RTOL, SCRIPTS, FakeChannel, FakeDistDelay, OfflineNative, PidFile,
-                      assert_ok, run_job, stock_env)
+from conftest import ATOL, RTOL, SCRIPTS, FakeDistDelay, PidFile, assert_ok, run_job, stock_env
 from kvstore_ext import protocol
-from kvstore_ext.optimizers import describe_optimizer
 from kvstore_ext.protocol import Command
 from scripts import mlp_model
+from test_module_api import WorkersNative, servers
 
 SCRIPT = os.path.join(SCRIPTS, 'module_job.py')
 SHORT = ('w1', 'b1', 'w2', 'b2')
@@ -97,32 +96,12 @@ def test_one_worker_equals_module_on_local(optimizer, params, atol, delay):
             np.testing.assert_array_equal(got[name], want[name])
 
 
-class WorkersNative(OfflineNative):
-    """A native store of `num_workers` workers that accepts init and pull (and does nothing)."""
-
-    def __init__(self, num_workers):
-        self.num_workers = num_workers
-
-    def init(self, keys, values):
-        pass
-
-    def pull(self, keys, out=None, priority=0):
-        pass
-
-
 @pytest.mark.parametrize('batch, num_workers, params, expected', [
     (6, 2, {}, 1.0 / 12), (13, 3, {}, 1.0 / 39), (6, 2, {'rescale_grad': 0.05}, 0.05)])
 def test_the_servers_get_dist_syncs_rescale_grad_and_modules_multipliers(
         batch, num_workers, params, expected):
     # (13, 3): (1/13)/3 != 1/39 in float64; Module computes 1.0/(13*3) for dist_sync.
-    sent = []
-
-    def answer(command, body):
-        sent.append((command, body))
-        if command == Command.OPTIMIZER:
-            return {'optimizer': describe_optimizer(protocol.unpack_object(body['optimizer']))}
-        return {}
-    channel = FakeChannel(answer)
+    channel, sent = servers()
     store = mxdelay.DistDelay(native=WorkersNative(num_workers),
                               channel_factory=lambda native, layout: channel)
     mod = mxdelay.DelayedModule(mlp_model.symbol({'l1_weight': 0.5}), data_names=['data'],
