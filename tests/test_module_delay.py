@@ -246,7 +246,7 @@ def test_explicit_rescale_grad_is_kept_as_dist_sync_keeps_it(tmp_path):
 
 @pytest.mark.jobs
 def test_checkpoint_through_modules_api_resumes_bit_for_bit(tmp_path):
-    # Saved after epoch 2 (step 8; warm-up 2, k = 3: a pull issued at step 7 is pending).
+    # Saved after epoch 2 (steps 0-7; warm-up 2, k = 3: the delayed phase, mid-period).
     config = dict(BASE, delay=3, warmup_steps=2)
     full = run_module_job(tmp_path / 'full', dict(config, save_epoch=2), 2, env=CHUNKS)
     prefix = str(tmp_path / 'full' / 'ckpt')

@@ -14,7 +14,8 @@ with CONFIG ``delay`` and ``warmup_steps`` (``mode`` ``'import'``). With ``'dela
 ``save_epoch`` e: ``mod.save_checkpoint(OUT_DIR/ckpt, e, save_optimizer_states=True)`` after
 epoch e (counted from 1); ``resume_from`` [prefix, e]: start from ``DelayedModule.load(prefix,
 e, load_optimizer_states=True)`` at epoch e; ``sync_at_end``: ``mod.sync_weights()`` after
-``fit``, recorded as ``synced_<short name>``.
+``fit``, recorded as ``synced_<short name>``. ``'delayed'`` creates the kvstore before ``fit``
+and uses its ``rank`` (ps-lite's) instead of ``MXDELAY_RANK`` for the data and the files.
 
 ``mode``:
 
@@ -56,6 +57,13 @@ def main():
     logging.basicConfig(level=logging.INFO)  # Module's epochs, dist_delay's INFO lines
     out_dir = sys.argv[2]
     rank = int(os.environ['MXDELAY_RANK'])
+    kvstore = CONFIG['kvstore']
+    if CONFIG.get('module') == 'delayed':
+        # As MXNet's image-classification fit.py: the store first, the data shard by its
+        # rank (ps-lite's, which may differ from the launcher's numbering): a resumed job's
+        # worker must get the data of the checkpoint's worker file of that rank.
+        kvstore = mx.kv.create(kvstore)
+        rank = kvstore.rank
     size, steps = CONFIG['batch'], CONFIG['steps']
     data = [batch(rank, s, size) for s in range(steps)]
     train = mx.io.NDArrayIter(
@@ -89,7 +97,7 @@ def main():
             mod.save_checkpoint(os.path.join(out_dir, 'ckpt'), epoch + 1,
                                 save_optimizer_states=True)
 
-    mod.fit(train, begin_epoch=begin, num_epoch=CONFIG['epochs'], kvstore=CONFIG['kvstore'],
+    mod.fit(train, begin_epoch=begin, num_epoch=CONFIG['epochs'], kvstore=kvstore,
             optimizer='sgd',
             optimizer_params=dict({'learning_rate': CONFIG['lr'],
                                    'momentum': CONFIG['momentum'], 'wd': CONFIG['wd']},
