@@ -4,7 +4,8 @@ scripts/sparse_gluon_job.py, 2 workers and 1 server, 4 steps: the baseline is a 
 (no mxdelay in any process, ``stock_env()``) with a row_sparse weight; against it, on the
 same initial weights and per-(rank, step, device) batches, ``gluon.Trainer`` on 'dist_delay'
 with (a) the row_sparse weight and (b) a dense weight with ``grad_stype='row_sparse'``.
-Tolerance: bit-equal, every worker and step. (b) has no stock job of its own: in MXNet 1.9.1
+With Adam, also a stock ``dist_sync`` worker (no hello) served by mxdelay's servers
+(docs/design.md §3.3). Tolerance: bit-equal, every worker and step. (b) has no stock job of its own: in MXNet 1.9.1
 a dense weight with row_sparse gradients on 'dist_sync' aborts the server at the first
 pull (``ndarray_function.cc: Check failed: size == to->Size()``; the worker's dense pull
 lands in the row_sparse push buffer), so its baseline is (a)'s: the servers apply the same
@@ -44,7 +45,7 @@ def run_sparse_job(out, store, kind, case):
     result = run_job([sys.executable, JOB, store, json.dumps(config), str(out)], num_workers=2,
                      num_servers=1, env=env, timeout=60)
     assert_ok(result)
-    expected_class = 'KVStore' if store == 'dist_sync' else 'DistDelay'
+    expected_class = 'DistDelay' if store == 'dist_delay' else 'KVStore'
     assert sorted(line.split()[-3:] for line in result.stdout.splitlines() if 'DONE' in line) \
         == [['0', expected_class, 'True'], ['1', expected_class, 'True']]
     return [np.load(str(out / ('worker%d.npy' % rank))) for rank in range(2)]
@@ -57,11 +58,14 @@ def test_sparse_gluon_trainer_equals_dist_sync(tmp_path, case):
     # Training moved the weights (rows of every step's batches), and both workers agree.
     assert not np.array_equal(stock[0][0], stock[0][-1])
     np.testing.assert_array_equal(stock[0], stock[1])
-    for kind in ('weight', 'grad'):
-        mine = run_sparse_job(tmp_path / kind, 'dist_delay', kind, case)
+    jobs = [('dist_delay', 'weight'), ('dist_delay', 'grad')]
+    if case == 'adam-2dev':
+        jobs.append(('stock_client', 'weight'))  # a stock worker served by mxdelay's servers
+    for store, kind in jobs:
+        mine = run_sparse_job(tmp_path / (store + kind), store, kind, case)
         for rank in range(2):
-            np.testing.assert_array_equal(mine[rank], stock[rank], err_msg='%s rank %d'
-                                          % (kind, rank))
+            np.testing.assert_array_equal(mine[rank], stock[rank], err_msg='%s %s rank %d'
+                                          % (store, kind, rank))
 
 
 def _sparse_block(stype, grad_stype):

@@ -2,7 +2,8 @@
 
 Usage: ``mxdelay-launch -n N -s S python sparse_gluon_job.py STORE CONFIG_JSON OUT_DIR``.
 STORE ``dist_sync``: a stock job, no mxdelay in any process (importing it is refused, and
-the kvstore must be MXNet's own); ``dist_delay``: ``import mxdelay`` first. CONFIG keys:
+the kvstore must be MXNet's own); ``dist_delay``: ``import mxdelay`` first;
+``stock_client``: MXNet's own ``dist_sync`` worker, with mxdelay's servers. CONFIG keys:
 ``kind`` ('weight': a row_sparse weight read through ``row_sparse_data``; 'grad': a dense
 weight with ``grad_stype='row_sparse'``), ``optimizer``, ``optimizer_params``, ``devices``
 (1 or 2: ``mx.cpu(0), mx.cpu(1)``), ``steps``. The model is ``y = onehot(ids) . W`` (a
@@ -16,7 +17,7 @@ import os
 import sys
 
 STORE = sys.argv[1]
-if STORE == 'dist_delay':
+if STORE in ('dist_delay', 'stock_client'):
     import mxdelay  # noqa: F401  before mxnet: the servers are mxdelay's
 else:
     class _Refuse(importlib.abc.MetaPathFinder):
@@ -59,7 +60,7 @@ def batch(rank, step, device):
 
 def main():
     config, out_dir = json.loads(sys.argv[2]), sys.argv[3]
-    kv = mx.kv.create(STORE)
+    kv = mx.kv.create('dist_sync' if STORE == 'stock_client' else STORE)
     if STORE == 'dist_sync' and (type(kv) is not mx.kvstore.KVStore  # noqa: E721
                                  or 'mxdelay' in sys.modules):
         sys.stderr.write('not a stock job: %r\n' % type(kv))
