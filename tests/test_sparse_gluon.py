@@ -76,21 +76,15 @@ def _sparse_block(stype, grad_stype):
     return block, param
 
 
-def test_row_sparse_weight_refuses_local_update_as_on_dist_sync():
-    block, _ = _sparse_block('row_sparse', 'row_sparse')
+@pytest.mark.parametrize('stype,message', [
+    ('row_sparse', 'Cannot set update_on_kvstore=False when sparse weights are present'),
+    ('default', 'Cannot set update_on_kvstore=False on dist kvstore when sparse gradients '
+                'are present')])
+def test_sparse_parameters_refuse_local_update_as_on_dist_sync(stype, message):
+    block, _ = _sparse_block(stype, 'row_sparse')
     trainer = gluon.Trainer(block.collect_params(), 'sgd', kvstore=offline_store(),
                             update_on_kvstore=False)
-    with pytest.raises(ValueError, match='Cannot set update_on_kvstore=False when sparse '
-                                         'weights are present'):
-        trainer._init_kvstore()  # pylint: disable=protected-access
-
-
-def test_sparse_gradients_refuse_local_update_as_on_dist_sync():
-    block, _ = _sparse_block('default', 'row_sparse')
-    trainer = gluon.Trainer(block.collect_params(), 'sgd', kvstore=offline_store(),
-                            update_on_kvstore=False)
-    with pytest.raises(ValueError, match='Cannot set update_on_kvstore=False on dist kvstore '
-                                         'when sparse gradients are present'):
+    with pytest.raises(ValueError, match=message):
         trainer._init_kvstore()  # pylint: disable=protected-access
 
 
