@@ -24,7 +24,7 @@ import mxnet as mx
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
-from . import checkpoint, env, hooks, protocol
+from . import checkpoint, env, gluon_sparse, hooks, protocol, sparse
 from .channel import CommandChannel
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                      check_path, check_real)
@@ -315,16 +315,22 @@ class DistDelay(KVStoreBase):
         native_keys, native_values, chunks_msg = [], [], []
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
-            tensor = self._place(k, v)
-            flat = v.reshape(-1)
-            for chunk in tensor.chunks:
+            if sparse.is_row_sparse(v, self._param_of(k)):  # chunks of rows, docs/design.md §2.10
+                tensor = self._tensors[k] = sparse.place_rows(self._placement, k, v.shape,
+                                                              v.dtype, v.stype)
+                chunk_values = sparse.init_values(tensor, v)
+            else:
+                tensor = self._place(k, v)
+                flat = v.reshape(-1)
+                chunk_values = [flat[c.start:c.stop] for c in tensor.chunks]
+            for chunk, chunk_value in zip(tensor.chunks, chunk_values):
                 native_keys.extend(chunk.keys)
-                native_values.extend([flat[chunk.start:chunk.stop]] * len(chunk.keys))
+                native_values.extend([chunk_value] * len(chunk.keys))
                 lr_mult, wd_mult, name = self._mults(k)
                 chunks_msg.append([chunk.chunk_id, chunk.server,
                                    int(k) if isinstance(k, (int, np.integer))
                                    else str(k), name, lr_mult, wd_mult,
-                                   chunk.stop - chunk.start])
+                                   int(np.prod(chunk_value.shape))])
         if self._finish is None:
             # The counter is placed with the first keys, in the same collective init, so that
             # its chunk id and server are the same on every worker.
@@ -340,9 +346,13 @@ class DistDelay(KVStoreBase):
         self._command(Command.REGISTER, {'chunks': chunks_msg})
         self._native.init(native_keys, native_values)
 
+    def _param_of(self, key):
+        # Gluon's Parameter of `key` (Gluon sets the optimizer before init), or None.
+        return self._optimizer.param_dict.get(key) if self._optimizer is not None else None
+
     def _mults(self, key):
         optimizer = self._optimizer
-        param = optimizer.param_dict.get(key) if optimizer is not None else None
+        param = self._param_of(key)
         if param is not None:  # Gluon: Parameters by key
             return float(param.lr_mult), float(param.wd_mult), param.name
         if optimizer is not None and isinstance(key, str) and key in optimizer.idx2name.values():
@@ -417,6 +427,8 @@ class DistDelay(KVStoreBase):
     def push_tensor(self, tensor, grads, priority, factor=None):
         """Push round ``tensor.next_round`` of `tensor`: the sum of `grads` (one array per
         device), times `factor` if given, copied into the round's slot buffer."""
+        if isinstance(tensor, sparse.SparseTensor):
+            return sparse.push(self, tensor, grads, priority, factor)
         slots = self._slack + 1
         slot = tensor.next_round % slots
         if tensor.buffers is None:
@@ -451,10 +463,50 @@ class DistDelay(KVStoreBase):
                                     'per device) to receive the weights of key %r' % (key,))
         keys, outs = self._checked_lists(key, out, 'out', priority)
         for k, o in zip(keys, outs):
-            self._pull_one(k, o if isinstance(o, (list, tuple)) else [o], priority)
+            self._pull_one(k, o if isinstance(o, (list, tuple)) else [o], priority, ignore_sparse)
 
-    def _pull_one(self, key, outs, priority):
-        self.pull_tensor(self._tensor(key), outs, priority)
+    def _pull_one(self, key, outs, priority, ignore_sparse=True):
+        tensor = self._tensor(key)
+        if isinstance(tensor, sparse.SparseTensor):
+            return sparse.pull_dense(self, tensor, outs, priority, ignore_sparse)
+        self.pull_tensor(tensor, outs, priority)
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        """Pull rows `row_ids` of row_sparse `key` after this worker's last pushed round.
+
+        As MXNet's ``KVStore.row_sparse_pull``: each out (a ``RowSparseNDArray``, or a list,
+        one per device) then holds exactly the rows asked for; ids may repeat, be unsorted
+        or empty. After the push of round t these are rows of ``W_{t+1}`` (docs/design.md
+        §2.10).
+
+        Parameters
+        ----------
+        key : int or str, or list of them
+        out : RowSparseNDArray, or list of them (one per device; a list per key)
+        priority : int
+        row_ids : NDArray or list of NDArray
+            One int array per out, or one for all outs of a key.
+
+        Raises
+        ------
+        TypeError
+            If an out is not row_sparse, or the key was initialised dense.
+        ValueError
+            If the numbers of outs and row_ids differ.
+        """
+        if out is None or row_ids is None:
+            raise ArgumentTypeError('row_sparse_pull needs out= (RowSparseNDArrays) and '
+                                    'row_ids= (int NDArrays) for key %r' % (key,))
+        keys, outs = self._checked_lists(key, out, 'out', priority)
+        _, ids = _as_lists(key, row_ids, 'row_ids', priority)
+        for k, o, r in zip(keys, outs, ids):
+            tensor = self._tensor(k)
+            if not isinstance(tensor, sparse.SparseTensor):
+                raise ArgumentTypeError('row_sparse_pull of key %r, which was initialised '
+                                        'dense; use pull, or init the key with a row_sparse '
+                                        'value' % (k,))
+            sparse.row_sparse_pull(self, tensor, o if isinstance(o, (list, tuple)) else [o],
+                                   r if isinstance(r, (list, tuple)) else [r], priority)
 
     def pull_tensor(self, tensor, outs, priority):
         """Pull into `outs` the weights of `tensor` after this worker's last pushed round."""
@@ -840,3 +892,4 @@ class _OptimizerHolder(object):
 
 
 hooks.register_store_type(DistDelay)
+gluon_sparse.accept_in_gluon(DistDelay)

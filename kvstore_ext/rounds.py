@@ -21,6 +21,7 @@ import types
 
 import mxnet as mx
 
+from . import sparse
 from .optimizers import flatten_state
 
 __all__ = ['RoundKeeper', 'is_plain_sgd']
@@ -104,8 +105,11 @@ class RoundKeeper(object):
         # copyto, not `a[:] = b`: the same copy without Python's indexing machinery, which
         # cost a third of the server's updater time (profiled with py-spy).
         if self.updater is None or chunk in self.counters:
-            grad.copyto(weight)  # the round's sum: MXNet's server without optimizer; the counter
-        elif is_plain_sgd(self.optimizer):
+            if weight.stype == 'default':
+                grad.copyto(weight)  # the sum: MXNet's server without optimizer; the counter
+            else:
+                sparse.copy_all_rows(grad, weight)  # a pull may ask for any row (§2.10)
+        elif is_plain_sgd(self.optimizer) and weight.stype == 'default':  # else: lazy (§2.10)
             sgd_step(self.optimizer, self.updater, chunk, grad, weight)
         else:
             self.updater(chunk, grad, weight)

@@ -345,7 +345,7 @@ class DelayServer(KVStoreServer):
             if self._layout is None:
                 # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
                 if self._stock_updater is None:
-                    stored[:] = merged
+                    merged.copyto(stored)  # MXNet's CopyFromTo, row_sparse too
                 else:
                     self._stock_updater(key, merged, stored)
                 return

@@ -125,6 +125,8 @@ class DelayedTrainer(gluon.Trainer):
         if compression_params and _is_dist_delay(kvstore):
             raise ValueError("compression_params=%r cannot be used with 'dist_delay' (every "
                              'gradient enters its round exactly); remove it' % (compression_params,))
+        if _is_dist_delay(kvstore):
+            _refuse_sparse(params)  # before Gluon ties a row_sparse Parameter to this trainer
         self._registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
@@ -672,6 +674,22 @@ def _parameter_names(params):
     if isinstance(params, (list, tuple)):
         return [getattr(p, 'name', None) for p in params]
     return []
+
+
+def _refuse_sparse(params):
+    """Refuse row_sparse weights and gradients on 'dist_delay' (docs/design.md §2.10): the
+    local rules and the delayed pulls handle dense tensors only. Non-Parameters are left
+    to gluon.Trainer's own check."""
+    for param in (params.values() if hasattr(params, 'values') else params):
+        stype = getattr(param, '_stype', 'default')
+        grad_stype = getattr(param, '_grad_stype', 'default')
+        if stype != 'default' or grad_stype != 'default':
+            raise ValueError(
+                "DelayedTrainer does not train sparse parameters on 'dist_delay' yet: "
+                'Parameter %s has stype=%r, grad_stype=%r. Use gluon.Trainer(..., '
+                "kvstore='dist_delay'), which trains it exactly like 'dist_sync', or dense "
+                'parameters (e.g. nn.Embedding without sparse_grad)'
+                % (param.name, stype, grad_stype))
 
 
 def _is_dist_delay(kvstore):
