@@ -94,13 +94,16 @@ CASES = [
     (3, 2, {'delay': 3, 'warmup_steps': 2}),
     (2, 2, {'delay': 1, 'warmup_steps': 0, 'local_rule': 'sgd'}),
     (2, 2, {'trainer': 'gluon', 'kvstore': 'dist_delay', 'delay': 1, 'warmup_steps': 16}),
+    # the Adam mirror: its state comes through the state keys, after the pull keys
+    (2, 2, {'optimizer': 'adam', 'lr': 0.01, 'delay': 2, 'warmup_steps': 2}),
 ]
 
 
 @pytest.mark.jobs
 @pytest.mark.parametrize('num_workers,num_servers,overrides', CASES, ids=[
-    '%s-N%d-S%d-k%d-W%d' % (c[2].get('trainer', 'delayed'), c[0], c[1], c[2]['delay'],
-                            c[2]['warmup_steps']) for c in CASES])
+    '%s-%s-N%d-S%d-k%d-W%d' % (c[2].get('trainer', 'delayed'), c[2].get('optimizer', 'sgd'),
+                               c[0], c[1], c[2]['delay'], c[2]['warmup_steps'])
+    for c in CASES])
 def test_fp16_pushes_match_the_reference_bit_for_bit(tmp_path, num_workers, num_servers,
                                                      overrides):
     config = dict(BASE, compression=FP16, record_grads=True, **overrides)
