@@ -24,7 +24,7 @@ import mxnet as mx
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
-from . import checkpoint, env, gluon_sparse, hooks, protocol, sparse
+from . import checkpoint, env, gluon_sparse, hooks, protocol, sparse, wire
 from .channel import CommandChannel
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                      check_path, check_real)
@@ -54,6 +54,8 @@ class DistDelay(KVStoreBase):
     3. ``lr_mult`` and ``wd_mult`` of Gluon Parameters apply on the servers, and
        :meth:`set_learning_rate`, :meth:`save_optimizer_states` and
        :meth:`load_optimizer_states` reach the servers.
+    4. ``set_gradient_compression({'type': 'fp16'})`` pushes float16 gradients; the
+       servers sum them in float32 and pulls return float32 weights (:mod:`kvstore_ext.wire`).
 
     Configuration comes from ``MXDELAY_SLACK`` and ``MXDELAY_CHUNK_SIZE`` (README table) and
     can be changed with :meth:`configure` before the first :meth:`init`.
@@ -87,6 +89,7 @@ class DistDelay(KVStoreBase):
         self._chunk_size = None
         self._state_keys = 0       # J: state keys per chunk (fetch_optimizer_states)
         self._state_keys_made = set()   # state keys initialised on the servers
+        self._wire = None          # wire dtype of the pushes (set_gradient_compression)
         self.configure(slack=env.get_int('MXDELAY_SLACK'),
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
         self._tensors = {}
@@ -177,16 +180,21 @@ class DistDelay(KVStoreBase):
 
     def _handshake(self):
         """Prove the servers are mxdelay's and the workers agree; prepare the key placement."""
-        layout = KeyLayout(self._num_servers, self._slack + 1, self._state_keys)
+        slots = self._slack + 1
+        layout = KeyLayout(self._num_servers, slots, self._state_keys,
+                           pull_keys=slots if self._wire else 0)
         channel = self._channel_factory(self._native, layout)
-        hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': self._slack + 1,
-                 'state_keys': self._state_keys,
+        if self._wire and self.rank == 0:
+            # Before any key exists: the servers then sum float16 keys in float32 (§2.11).
+            wire.enable_float32_sums(self._native)
+        hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': slots,
+                 'state_keys': self._state_keys, 'wire': self._wire,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': protocol.PROTOCOL_VERSION,
                  # The optimizer's description too: workers that set different optimizers
                  # fail here, all of them, naming both (the servers apply one optimizer).
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
-                                state_keys=self._state_keys,
+                                state_keys=self._state_keys, wire=self._wire,
                                 optimizer=describe_optimizer(self._optimizer))}
         replies = channel.handshake(hello)
         self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
@@ -292,8 +300,32 @@ class DistDelay(KVStoreBase):
         self._command(Command.SET_HYPER, {'lr': lr})
 
     def set_gradient_compression(self, compression_params):
-        raise ValueError("'dist_delay' does not compress gradients (every gradient enters "
-                         'its round exactly); remove compression_params')
+        """Push float16 gradients: ``{'type': 'fp16'}`` (docs/design.md §2.11).
+
+        Each worker casts its gradient to float16 in the copy into its send buffer; the
+        servers sum every round in float32 and keep the weights and the optimizer state in
+        float32; pulls return float32 weights. Every worker must set the same, before the
+        first :meth:`init`; every parameter must be float32.
+
+        Raises
+        ------
+        TypeError
+            If `compression_params` is not a dict.
+        ValueError
+            For another compression type, or if keys were already initialised.
+        """
+        dtype = wire.parse_compression(compression_params)
+        if self._tensors:
+            raise ValueError('set_gradient_compression(%r) must be called before the first '
+                             'init(); keys were already placed with %s pushes'
+                             % (compression_params, self._wire or 'float32'))
+        self._wire = dtype
+
+    @property
+    def wire_dtype(self):
+        """The dtype gradients are pushed in: 'float16' with fp16 compression, else None
+        (each tensor's own)."""
+        return self._wire
 
     def init(self, key, value):
         """Place `key` (int or list of ints) on the servers with initial `value`.
@@ -311,21 +343,40 @@ class DistDelay(KVStoreBase):
             if k in self._tensors or keys.count(k) > 1:
                 raise ValueError('key %r is already initialised or given twice; initialise '
                                  'each key once' % (k,))
+        if self._wire:
+            for k, v in zip(keys, values):
+                wire.check_float32('key %r' % (k,), (v[0] if isinstance(v, (list, tuple))
+                                                     else v).dtype)
         self._ensure_started()
-        native_keys, native_values, chunks_msg = [], [], []
+        native_keys, native_values, chunks_msg, placed = [], [], [], []
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
             if sparse.is_row_sparse(v, self._param_of(k)):  # chunks of rows, docs/design.md §2.10
+                if self._wire:
+                    raise ValueError("key %r is row_sparse: compression_params={'type': 'fp16'} "
+                                     'pushes dense float32 gradients only; remove the '
+                                     'compression or use a dense parameter' % (k,))
                 tensor = self._tensors[k] = sparse.place_rows(self._placement, k, v.shape,
                                                               v.dtype, v.stype)
                 chunk_values = sparse.init_values(tensor, v)
+                for chunk, chunk_value in zip(tensor.chunks, chunk_values):
+                    native_keys.extend(chunk.keys)
+                    native_values.extend([chunk_value] * len(chunk.keys))
             else:
                 tensor = self._place(k, v)
+                placed.append(tensor)
                 flat = v.reshape(-1)
                 chunk_values = [flat[c.start:c.stop] for c in tensor.chunks]
+                for chunk, chunk_value in zip(tensor.chunks, chunk_values):
+                    native_keys.extend(chunk.keys)
+                    if self._wire:
+                        # float16 slot keys (their value is never read: pulls read the pull
+                        # keys, which start at the tensor's float32 value).
+                        zeros = nd.zeros(chunk.stop - chunk.start, dtype=self._wire)
+                        native_values.extend([zeros] * len(chunk.keys))
+                        native_keys.extend(chunk.pull_keys)
+                    native_values.extend([chunk_value] * len(chunk.pull_keys))
             for chunk, chunk_value in zip(tensor.chunks, chunk_values):
-                native_keys.extend(chunk.keys)
-                native_values.extend([chunk_value] * len(chunk.keys))
                 lr_mult, wd_mult, name = self._mults(k)
                 chunks_msg.append([chunk.chunk_id, chunk.server,
                                    int(k) if isinstance(k, (int, np.integer))
@@ -345,6 +396,10 @@ class DistDelay(KVStoreBase):
             self._finish = FinishCounter(counter, self, self.num_workers)
         self._command(Command.REGISTER, {'chunks': chunks_msg})
         self._native.init(native_keys, native_values)
+        if self._wire:
+            for tensor in placed:
+                tensor.make_pull_buffers(self._slack + 1)
+            wire.push_handle_round(self._native, placed)
 
     def _param_of(self, key):
         # Gluon's Parameter of `key` (Gluon sets the optimizer before init), or None.
@@ -364,7 +419,7 @@ class DistDelay(KVStoreBase):
         return 1.0, 1.0, str(key)
 
     def _place(self, key, value):
-        tensor = self._placement.place(key, value.shape, value.dtype)
+        tensor = self._placement.place(key, value.shape, value.dtype, self._wire)
         self._tensors[key] = tensor
         return tensor
 
@@ -435,13 +490,17 @@ class DistDelay(KVStoreBase):
             tensor.make_buffers(slots, mx.cpu() if grads[0].context.device_type == 'cpu'
                                 else mx.cpu_pinned())
         buf = tensor.buffers[slot]
+        if tensor.wire:
+            wire.order_push(tensor, slot)
         if len(grads) == 1:
             source = tensor.views_of(grads[0])[2]
         else:
             # Sum on the first device (a GPU stays a GPU), then one copy to the buffer.
             first = grads[0].context
             source = nd.add_n(*[tensor.views_of(g)[2].as_in_context(first) for g in grads])
-        if factor is None:
+        if tensor.wire:
+            wire.fill_send_buffer(source, buf, factor)
+        elif factor is None:
             source.copyto(buf)
         elif source.context == buf.context:
             nd._internal._mul_scalar(source, scalar=factor, out=buf)  # in the copy's one pass
@@ -515,7 +574,7 @@ class DistDelay(KVStoreBase):
         if last >= 0:
             self._order_after_earlier_rounds(tensor, last)
         per_chunk = list(zip(*[tensor.views_of(o)[1] for o in outs]))
-        self._native.pull([c.keys[slot] for c in tensor.chunks],
+        self._native.pull([c.pull_keys[slot] for c in tensor.chunks],
                           out=[list(views) for views in per_chunk], priority=priority)
         tensor.last_pulled = last
         if last < 0:
@@ -536,8 +595,12 @@ class DistDelay(KVStoreBase):
         no longer needed, and the pull overwrites this slot's buffer.
         """
         slots = self._slack + 1
+        earlier = range(max(tensor.last_pulled, last - slots + 1, 0), last)
+        if tensor.wire:
+            wire.order_pull(tensor, earlier, last)  # the pull lands in a buffer of its own
+            return
         target = tensor.heads[last % slots]
-        for rnd in range(max(tensor.last_pulled, last - slots + 1, 0), last):
+        for rnd in earlier:
             head = tensor.heads[rnd % slots]
             nd._internal._plus_scalar(head, scalar=0.0, out=head)
             nd.elemwise_add(target, head, out=target)

@@ -8,6 +8,9 @@ lands every key on the server it wants (:class:`KeyLayout`):
   answers the hand-shake and the commands (:mod:`kvstore_ext.protocol`);
 - ``R`` *slot* keys per tensor chunk (``slot_key(chunk, slot, server)``), all on the
   chunk's server; round t of a chunk goes to slot ``t mod R`` (docs/design.md §2);
+- with float16 pushes, ``R`` float32 *pull* keys per chunk (``pull_key(chunk, slot,
+  server)``): the servers write round t's weights into pull key ``t mod R``, which pulls
+  read (:mod:`kvstore_ext.wire`, docs/design.md §2.11);
 - ``J`` *state* keys per chunk (``state_key(chunk, j, server)``; J = 0 unless a trainer's
   local rule fetches the servers' optimizer state, docs/design.md §2.9): a round of state
   key j carries the j-th array of the chunk's optimizer state back to the workers.
@@ -37,14 +40,19 @@ class KeyLayout(object):
         Slot keys per chunk (the slack plus one).
     state_keys : int, default 0
         State keys per chunk (J). With J = 0 every key is what it was without state keys.
+    pull_keys : int, default 0
+        Pull keys per chunk: R with float16 pushes, else 0 (then every key is what it was
+        without them).
     """
 
-    def __init__(self, num_servers, slots, state_keys=0):
+    def __init__(self, num_servers, slots, state_keys=0, pull_keys=0):
         if not 1 <= num_servers < _MXNET_KEY_MULTIPLIER:
             raise ValueError('num_servers=%d is outside 1..%d' % (num_servers, _MXNET_KEY_MULTIPLIER - 1))
         self.num_servers = num_servers
         self.slots = slots
         self.state_keys = state_keys
+        self.pull_keys = pull_keys
+        self._stride = slots + pull_keys + state_keys   # keys per chunk
         # residue[s]: the key residue modulo num_servers that MXNet sends to server s
         self._residue = [0] * num_servers
         for r in range(num_servers):
@@ -64,24 +72,33 @@ class KeyLayout(object):
 
     def slot_key(self, chunk, slot, server):
         """Key of slot `slot` of chunk `chunk`, placed on server `server`."""
-        return self._key(1 + chunk * (self.slots + self.state_keys) + slot, server)
+        return self._key(1 + chunk * self._stride + slot, server)
+
+    def pull_key(self, chunk, slot, server):
+        """Key of pull key `slot` of chunk `chunk` (float16 pushes), on server `server`."""
+        if not 0 <= slot < self.pull_keys:
+            raise ValueError('pull key %d of chunk %d: this layout has %d pull keys per chunk'
+                             % (slot, chunk, self.pull_keys))
+        return self._key(1 + chunk * self._stride + self.slots + slot, server)
 
     def state_key(self, chunk, j, server):
         """Key of state key `j` (0 .. J-1) of chunk `chunk`, placed on server `server`."""
         if not 0 <= j < self.state_keys:
             raise ValueError('state key %d of chunk %d: this layout has %d state keys per chunk'
                              % (j, chunk, self.state_keys))
-        return self._key(1 + chunk * (self.slots + self.state_keys) + self.slots + j, server)
+        return self._key(1 + chunk * self._stride + self.slots + self.pull_keys + j, server)
 
     def decode(self, key):
-        """Return ``('status', None, None)``, ``('slot', chunk, slot)`` or
-        ``('state', chunk, j)`` for `key`."""
+        """Return ``('status', None, None)``, ``('slot', chunk, slot)``,
+        ``('pull', chunk, slot)`` or ``('state', chunk, j)`` for `key`."""
         index = key // self.num_servers
         if index == 0:
             return 'status', None, None
-        chunk, slot = divmod(index - 1, self.slots + self.state_keys)
+        chunk, slot = divmod(index - 1, self._stride)
+        if slot >= self.slots + self.pull_keys:
+            return 'state', chunk, slot - self.slots - self.pull_keys
         if slot >= self.slots:
-            return 'state', chunk, slot - self.slots
+            return 'pull', chunk, slot - self.slots
         return 'slot', chunk, slot
 
     def server_of(self, key):
@@ -96,11 +113,12 @@ def num_elements(shape):
 
 class Chunk(object):
     """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor."""
-    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'keys')
+    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'keys', 'pull_keys')
 
-    def __init__(self, chunk_id, start, stop, server, keys):
+    def __init__(self, chunk_id, start, stop, server, keys, pull_keys=None):
         self.chunk_id, self.start, self.stop, self.server = chunk_id, start, stop, server
-        self.keys = keys          # one native key per slot
+        self.keys = keys          # one native key per slot: the pushes
+        self.pull_keys = pull_keys or keys   # the keys that pulls read
 
 
 class Tensor(object):
@@ -109,22 +127,37 @@ class Tensor(object):
     ``buffers[s]`` is slot s's send/receive buffer (the flattened tensor; its chunks are
     views of it, so one copy fills a whole round and MXNet's engine tracks it as one
     variable); made at the first push, on the CPU (pinned memory for GPU gradients).
-    """
-    __slots__ = ('key', 'shape', 'size', 'dtype', 'chunks', 'next_round', 'last_pulled',
-                 'buffers', 'chunk_views', 'heads', 'views', 'zero')
 
-    def __init__(self, key, shape, dtype, chunks):
+    With float16 pushes (`wire` float16) the send buffers are float16, and the pulls land
+    in float32 receive buffers of their own, ``pull_buffers[s]`` (made at ``init``;
+    :mod:`kvstore_ext.wire`); ``pulled_slots`` are the slots pulled since their last push.
+    """
+    __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
+                 'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
+                 'pull_buffers', 'pull_heads', 'pulled_slots')
+
+    def __init__(self, key, shape, dtype, chunks, wire=None):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
+        self.wire = wire          # dtype of the pushes: None for the tensor's own
         self.size = num_elements(shape)
         self.next_round = 0
         self.last_pulled = -1
         self.buffers = self.chunk_views = self.heads = self.zero = None
+        self.pull_buffers = self.pull_heads = None
+        self.pulled_slots = set()
         self.views = {}           # handle of a user array -> (array, its chunk views, flat)
+
+    def make_pull_buffers(self, slots):
+        """Make the `slots` float32 receive buffers of float16 pushes, on the CPU."""
+        size = self.chunks[-1].stop
+        self.pull_buffers = [nd.zeros(size, dtype=self.dtype) for _ in range(slots)]
+        self.pull_heads = [buf[0:1] for buf in self.pull_buffers]
 
     def make_buffers(self, slots, ctx):
         """Make the `slots` send/receive buffers on `ctx`."""
         size = self.chunks[-1].stop
-        self.buffers = [nd.zeros(size, ctx=ctx, dtype=self.dtype) for _ in range(slots)]
+        self.buffers = [nd.zeros(size, ctx=ctx, dtype=self.wire or self.dtype)
+                        for _ in range(slots)]
         self.chunk_views = [[buf[c.start:c.stop] for c in self.chunks] for buf in self.buffers]
         self.heads = [buf[0:1] for buf in self.buffers]
 
@@ -180,8 +213,9 @@ class Placement(object):
         self.next_chunk_id = 0
         self.server_load = [0] * layout.num_servers
 
-    def place(self, key, shape, dtype):
-        """Return a new :class:`Tensor` for `key`, its chunks placed."""
+    def place(self, key, shape, dtype, wire=None):
+        """Return a new :class:`Tensor` for `key`, its chunks placed; with `wire` float16,
+        pushed as float16 and pulled through the layout's pull keys."""
         size = num_elements(shape)
         chunks = []
         for start in range(0, max(size, 1), self.chunk_size):
@@ -191,5 +225,7 @@ class Placement(object):
             chunk_id = self.next_chunk_id
             self.next_chunk_id += 1
             keys = [self.layout.slot_key(chunk_id, s, server) for s in range(self.layout.slots)]
-            chunks.append(Chunk(chunk_id, start, stop, server, keys))
-        return Tensor(key, shape, dtype, chunks)
+            pull_keys = [self.layout.pull_key(chunk_id, s, server)
+                         for s in range(self.layout.slots)] if wire else None
+            chunks.append(Chunk(chunk_id, start, stop, server, keys, pull_keys))
+        return Tensor(key, shape, dtype, chunks, wire)

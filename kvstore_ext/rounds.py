@@ -54,6 +54,9 @@ class RoundKeeper(object):
         self.next_round = {}           # chunk id -> round whose completion is applied next
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
         self.held = {}                 # chunk id -> {round: (gradient copy, stored)}
+        # (chunk, slot) -> the stored array of the slot's pull key (float16 pushes,
+        # docs/design.md §2.11): W is written there instead of into the slot's own.
+        self.pull_stores = {}
         self._multipliers = {}         # chunk id -> (lr_mult, wd_mult)
 
     @property
@@ -79,7 +82,9 @@ class RoundKeeper(object):
 
     def on_round(self, chunk, slot, merged, stored):
         """Slot `slot` of `chunk` completed a round: the sum is `merged`; `stored` is what
-        pulls of the slot return. Apply it now if it is the next round, else hold it."""
+        pulls of the slot return (unless the slot has a pull key: then that key's stored
+        array). Apply it now if it is the next round, else hold it."""
+        stored = self.pull_stores.get((chunk, slot), stored)
         next_round = self.next_round.setdefault(chunk, 0)
         if chunk not in self.weights:
             # Every slot was initialised with the same initial value.
@@ -94,6 +99,9 @@ class RoundKeeper(object):
                        next_round)
             return
         self._apply(chunk, merged, stored)
+        # The native server waits only for the stored array of the key it called us for;
+        # a pull key is another key, and a pull of it reads its bytes without waiting.
+        stored.wait_to_read()
         held = self.held.get(chunk, {})
         while self.next_round[chunk] in held:
             grad, later_stored = held.pop(self.next_round[chunk])

@@ -126,8 +126,10 @@ class DelayServer(KVStoreServer):
                                                              protocol.PROTOCOL_VERSION))
         num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         if self._layout is None:
-            self._layout = KeyLayout(num_servers, int(body['slots']),
-                                     int(body.get('state_keys', 0)))
+            slots = int(body['slots'])
+            # float16 pushes: R pull keys per chunk, which hold W (docs/design.md §2.11)
+            self._layout = KeyLayout(num_servers, slots, int(body.get('state_keys', 0)),
+                                     pull_keys=slots if body.get('wire') else 0)
             self._rounds.slots = self._layout.slots
         self._hellos[int(body['rank'])] = body
         return None  # answered when the hand-shake round completes
@@ -359,6 +361,15 @@ class DelayServer(KVStoreServer):
             if kind == 'state':
                 self._rounds.copy_state(chunk, slot, stored)
                 return
+            if kind == 'pull':
+                # The workers' round of zeros at init (kvstore_ext.wire.push_handle_round):
+                # keep the stored array, leave its value (W_0), write W into it from now on.
+                self._rounds.pull_stores[(chunk, slot)] = stored
+                return
+            if self._layout.pull_keys and chunk not in self._rounds.counters \
+                    and (chunk, slot) not in self._rounds.pull_stores:
+                raise RuntimeError('chunk %d slot %d completed a round before its pull key '
+                                   'was set up' % (chunk, slot))
             self._rounds.on_round(chunk, slot, merged, stored)
         except Exception:  # pylint: disable=broad-except
             # Raising into ctypes would only print; a wrong server must stop the job.

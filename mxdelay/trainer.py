@@ -11,7 +11,7 @@ import numpy as np
 from mxnet import gluon, nd
 from mxnet.kvstore import KVStoreBase
 
-from kvstore_ext import checkpoint
+from kvstore_ext import checkpoint, wire
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_path, check_real
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.typenames import STORE_TYPE
@@ -57,8 +57,10 @@ class DelayedTrainer(gluon.Trainer):
     kvstore : str or KVStore, default 'dist_delay'
         ``'dist_delay'`` (or an instance of it) for distributed training; a
         non-distributed type trains as ``gluon.Trainer``.
-    compression_params : None
-        Not supported with ``'dist_delay'``.
+    compression_params : dict, optional
+        ``{'type': 'fp16'}``: push float16 gradients (half the bytes); the servers sum them
+        in float32 and keep float32 weights, which the pulls return. Needs float32
+        parameters. The local rule then reads the gradient as it was pushed.
     update_on_kvstore : bool or None, default None
         Must not be False with ``'dist_delay'``: the servers own the global update.
     delay : int, default 4
@@ -122,9 +124,7 @@ class DelayedTrainer(gluon.Trainer):
         if update_on_kvstore is False and _is_dist_delay(kvstore):
             raise ValueError("update_on_kvstore=False cannot be used with kvstore='dist_delay': "
                              'the servers apply the optimizer once per round; leave it None')
-        if compression_params and _is_dist_delay(kvstore):
-            raise ValueError("compression_params=%r cannot be used with 'dist_delay' (every "
-                             'gradient enters its round exactly); remove it' % (compression_params,))
+        fp16 = _is_dist_delay(kvstore) and wire.parse_compression(compression_params)
         if _is_dist_delay(kvstore):
             _refuse_sparse(params)  # before Gluon ties a row_sparse Parameter to this trainer
         self._registration_order = _parameter_names(params)  # before Gluon sorts them
@@ -135,6 +135,9 @@ class DelayedTrainer(gluon.Trainer):
                                              compression_params, update_on_kvstore)
         if _is_dist_delay(kvstore):
             self._rule.check_optimizer(self._optimizer)
+        if fp16:
+            for param in self._trained_params():
+                wire.check_float32('parameter %s' % param.name, param.dtype)
         self._base_lr = self._optimizer.learning_rate
         self._pre_weight = {}     # param index -> NDArray on the first context
         self._rule_state = {}     # param index -> rule state
@@ -505,8 +508,10 @@ class DelayedTrainer(gluon.Trainer):
                               clip_gradient=self._clip_gradient(),
                               rescale_grad=self._optimizer.rescale_grad,
                               num_workers=self._kvstore.num_workers, index=i, step=t)
-            self._rule.update(weight, self._reduced_grad(i, param), grad_sync,  # 2. and 4.
-                              self._rule_state[i], ctx)
+            grad = self._reduced_grad(i, param)
+            if self._kvstore.wire_dtype:
+                grad = wire.round_trip(grad)  # what this worker pushed (docs/design.md §1.4)
+            self._rule.update(weight, grad, grad_sync, self._rule_state[i], ctx)  # 2. and 4.
             for other in datas[1:]:
                 weight.copyto(other)                             # device copies stay equal
             if issues:

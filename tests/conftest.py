@@ -358,6 +358,7 @@ def simulate_mlp_job(config, num_workers):
         wd=config.get('wd', 0.0), rescale_grad=1.0 / config['batch'],
         local_lr=config.get('local_lr'), rule=config.get('local_rule', 'mirror'),
         dc_lambda=config.get('dc_lambda'), optimizer=config.get('optimizer', 'sgd'),
+        fp16=config.get('compression') == {'type': 'fp16'},
         **config.get('optimizer_params', {}))
 
 

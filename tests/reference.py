@@ -96,7 +96,7 @@ def _copy(d):
 def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentum=0.0, wd=0.0,
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
-             epsilon=1e-8):
+             epsilon=1e-8, fp16=False):
     """Simulate SPEC section 1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
@@ -109,6 +109,11 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     optimizer does: parameter n's lr is ``float32(lr * lr_mult[n])`` and its wd
     ``float32(wd * wd_mult[n])``, each product taken in float64 (Python floats) and rounded
     once when it reaches the kernel; the local lr is ``float32(local lr * lr_mult[n])``.
+
+    ``fp16=True`` models float16 pushes (docs/design.md §2.11): each worker's raw gradient is
+    rounded to float16 (numpy's ``astype``: to nearest even, as MXNet's cast) and back to
+    float32 before the server's float32 sum and before the worker's own local rule (which
+    reads what it pushed, docs/design.md §1.4).
 
     `optimizer` is the servers' (:data:`OPTIMIZERS`; ``beta1``, ``beta2``, ``epsilon`` are
     Adam's, `momentum` NAG's too). With 'adam' or 'nag', rule 'mirror' runs that optimizer
@@ -159,6 +164,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
         for i, wk in enumerate(workers):                   # forward/backward at w'
             gr = grad_fn(_copy(wk['w']), i, t)
             raws.append({n: np.asarray(gr[n], dtype=F32).copy() for n in names})
+            if fp16:
+                raws[-1] = {n: g.astype(np.float16).astype(F32) for n, g in raws[-1].items()}
 
         # Server, claim 4: round t = one update with the sum of the N round-t gradients.
         W_t, W = W, {}

@@ -3,8 +3,10 @@
 
 Usage: ``mxdelay-launch -n N -s S python kv_job.py MODE [ARG...]``; MODE is one of
 ``rounds`` (straggler + pulls of every round), ``slack`` (how long a fast worker runs
-ahead), ``commands`` (stats, learning rate, save/load, unknown command) and ``stock_first``
-(imports mxnet before mxdelay: the servers are MXNet's stock ones).
+ahead), ``commands`` (stats, learning rate, save/load, unknown command), ``held`` (a round
+that completes before the previous one) and ``stock_first`` (imports mxnet before mxdelay:
+the servers are MXNet's stock ones). ``rounds`` and ``held`` take a last argument ``fp16``
+or ``fp32``: with ``fp16`` the store pushes float16 (``compression_params={'type': 'fp16'}``).
 """
 import sys
 
@@ -25,32 +27,63 @@ from kvstore_ext import protocol  # noqa: E402
 SHAPES = {0: (3, 4), 1: (2500,), 2: (7,)}   # key 1 spans several chunks with chunk_size 1000
 
 
-def value(rank, rnd, shape):
+#: Added to every pushed value with float16 pushes: not a float16 number, so the sum
+#: shows that each push was rounded to float16 (and then summed in float32).
+FP16_OFFSET = 1.0 / 3
+
+
+def value(rank, rnd, shape, offset=0.0):
     """What worker `rank` pushes in round `rnd`: rank and round are recoverable from a sum."""
-    return nd.full(shape, rnd + 1000.0 * rank)
+    return nd.full(shape, rnd + 1000.0 * rank + offset)
 
 
-def expected_sum(num_workers, rnd):
-    return num_workers * rnd + 1000.0 * num_workers * (num_workers - 1) / 2
+def expected_sum(num_workers, rnd, fp16=False):
+    """The exact sum of round `rnd`: float32, each push rounded to float16 first with fp16
+    (every value is below 2048 + 1: exact in float16 up to the offset; the float32 sum of
+    such values is exact in any order)."""
+    if not fp16:
+        return num_workers * rnd + 1000.0 * num_workers * (num_workers - 1) / 2
+    total = np.float32(0)
+    for rank in range(num_workers):
+        total += np.float32(np.float16(np.float32(rnd + 1000.0 * rank + FP16_OFFSET)))
+    return float(total)
 
 
-def mode_rounds(kv, rounds, sleep):
+def mode_rounds(kv, rounds, sleep, fp16):
     """Straggler: rank 1 sleeps before every push; every worker pulls every round without
     waiting; every pulled value must be exactly its own round's sum."""
     outs = {k: [nd.zeros(s) for _ in range(rounds)] for k, s in SHAPES.items()}
+    offset = FP16_OFFSET if fp16 else 0.0
     for rnd in range(rounds):
         if kv.rank == 1:
             time.sleep(sleep)
         for key, shape in SHAPES.items():
-            kv.push(key, value(kv.rank, rnd, shape), priority=-key)
+            kv.push(key, value(kv.rank, rnd, shape, offset), priority=-key)
             kv.pull(key, out=outs[key][rnd], priority=-key)
     bad = []
     for key in SHAPES:
         for rnd in range(rounds):
             got = np.unique(outs[key][rnd].asnumpy())
-            if got.tolist() != [expected_sum(kv.num_workers, rnd)]:
+            if got.tolist() != [expected_sum(kv.num_workers, rnd, fp16)]:
                 bad.append([key, rnd, got.tolist()])
     return {'bad': bad, 'stats': kv.server_stats()}
+
+
+def mode_held(kv):
+    """Round 0's gradient takes 1 s in the engine, round 1's is ready: every worker's push
+    of round 1 (slot 1) leaves first, so round 1 completes before round 0 and the servers
+    hold it. The pull after round 1 must still be exactly W_2. Returns the pulled values
+    and the pushed ones (SGD, lr 0.5, rescale 1, W_0 = 1 over 3 chunks)."""
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
+    shape = (3000,)
+    kv.init(0, nd.ones(shape))
+    grads = [0.1, 0.3]
+    kv.push(0, nd.Custom(nd.full(shape, grads[0]), op_type='mxdelay_test_slow'))  # round 0
+    kv.push(0, nd.full(shape, grads[1]))                                          # round 1
+    out = nd.zeros(shape)
+    kv.pull(0, out=out)
+    return {'pulled': np.unique(out.asnumpy()).tolist(), 'grads': grads,
+            'stats': kv.server_stats()}
 
 
 def mode_slack(kv, sleep):
@@ -180,12 +213,17 @@ def main():
         kv.init(0, nd.zeros((2,)))
         print('RESULT ' + json.dumps({'trained': True}), flush=True)
         return
+    fp16 = sys.argv[-1] == 'fp16'
+    if fp16:
+        kv.set_gradient_compression({'type': 'fp16'})
     if mode in ('rounds', 'slack'):
         kv.configure(slack=int(sys.argv[2]))
         for key, shape in SHAPES.items():
             kv.init(key, nd.zeros(shape))
     if mode == 'rounds':
-        result = mode_rounds(kv, int(sys.argv[3]), float(sys.argv[4]))
+        result = mode_rounds(kv, int(sys.argv[3]), float(sys.argv[4]), fp16)
+    elif mode == 'held':
+        result = mode_held(kv)
     elif mode == 'slack':
         result = mode_slack(kv, float(sys.argv[3]))
     elif mode == 'ordering':

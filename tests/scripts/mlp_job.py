@@ -16,7 +16,8 @@ its script's end fills the other workers' rounds). A step's data is a function o
 round), and the npz also holds ``rounds``: the round of every recorded step.
 ``save_at_end``: save_states after the last step. ``batch_sizes`` ({rank: size}) and
 ``last_batch`` (the size of every epoch's last batch) vary the batch size. ``sync_at_end``: ``trainer.sync_weights()`` after the last step, recorded as
-``synced_<name>``. ``end_marker``:
+``synced_<name>``. ``compression``: the trainer's ``compression_params`` (e.g.
+``{"type": "fp16"}``). ``record_grads``: also record each step's gradient (``grad_<name>``). ``end_marker``:
 write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
@@ -51,15 +52,18 @@ def main():
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
     optimizer, opt = optimizer_of(config)
+    compression = config.get('compression')
     if config.get('trainer', 'delayed') == 'delayed':
         trainer = mxdelay.DelayedTrainer(
             net.collect_params(), optimizer, opt, kvstore=config.get('kvstore', 'dist_delay'),
+            compression_params=compression,
             delay=config['delay'], warmup_steps=config['warmup_steps'],
             local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'),
             local_lr=config.get('local_lr'), slack=config.get('slack'))
     else:
         trainer = StockTrainer(net.collect_params(), optimizer, opt,
-                               kvstore=config.get('kvstore', 'dist_sync'))
+                               kvstore=config.get('kvstore', 'dist_sync'),
+                               compression_params=compression)
     loss_fn = gluon.loss.L2Loss()
     first = 0
     if config.get('resume_from'):
@@ -68,6 +72,8 @@ def main():
     rank = (trainer.rank if hasattr(trainer, 'rank')
             else trainer._kvstore_rank(config['batch']))
     history = {name: [] for name in names.values()}
+    if config.get('record_grads'):
+        history.update({'grad_' + name: [] for name in names.values()})
     times, rounds = [], []
     size = config.get('batch_sizes', {}).get(str(rank), config['batch'])
     if config.get('batches'):
@@ -95,6 +101,9 @@ def main():
         autograd.backward(losses)
         if rank == config.get('sleep_rank'):
             time.sleep(config['sleep'])
+        if config.get('record_grads'):
+            for name, param in net.collect_params().items():
+                history['grad_' + names[name]].append(param.grad().asnumpy())
         start = time.time()
         trainer.step(size)
         for name, param in net.collect_params().items():

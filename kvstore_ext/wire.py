@@ -1,0 +1,150 @@
+"""The dtype of gradients on the wire: float16 pushes (``compression_params={'type': 'fp16'}``).
+
+With float16 pushes (docs/design.md §2.11) a worker casts its gradient to float16 in the copy
+into its send buffer, so every push carries half the bytes. The servers sum a round in
+float32 and keep ``W`` and the optimizer state in float32; pulls return float32 ``W``:
+
+- every chunk keeps its R slot keys for the pushes, now float16 keys, and the servers run
+  MXNet's *multi-precision* mode (:func:`enable_float32_sums`), in which the native server
+  casts each float16 push to float32 and sums in float32 (``kvstore_dist_server.h``,
+  ``DataHandleDefault``);
+- every chunk gets R float32 *pull keys* (``KeyLayout.pull_key``): round t's ``W_{t+1}`` is
+  written into pull key ``t mod R`` (:class:`kvstore_ext.rounds.RoundKeeper`), and pulls
+  read it. The native server hands its updater only the stored value of the key whose round
+  completed, so each worker pushes one round of zeros into the pull keys at ``init``; the
+  server keeps their stored arrays from that round on (:func:`push_handle_round`).
+
+This module holds the worker-side pieces: the parsing of ``compression_params`` (one small
+function, :func:`parse_compression`, that the general compression parser can replace), the
+float16 copy and the engine ordering between a slot's float16 send buffer and its float32
+receive buffer.
+"""
+import numpy as np
+from mxnet import nd
+
+from .checks import ArgumentTypeError
+
+__all__ = ['FLOAT16', 'parse_compression', 'check_float32', 'enable_float32_sums',
+           'round_trip', 'fill_send_buffer', 'order_pull', 'order_push', 'push_handle_round']
+
+#: The wire dtype name of float16 pushes (what the hand-shake carries; None: no compression).
+FLOAT16 = 'float16'
+
+#: MXNet's command id of ``kSetMultiPrecision`` (``kvstore_dist_server.h``, ``CommandType``);
+#: handled by the native server in C++, never by mxdelay's controller.
+_SET_MULTI_PRECISION = 1
+
+
+def parse_compression(compression_params):
+    """Return the wire dtype of `compression_params`: :data:`FLOAT16` for ``{'type': 'fp16'}``,
+    None for None (no compression).
+
+    Raises
+    ------
+    TypeError
+        If `compression_params` is not a dict (:class:`ArgumentTypeError`).
+    ValueError
+        For another type or an extra key, naming it and the fix.
+    """
+    if compression_params is None:
+        return None
+    if not isinstance(compression_params, dict):
+        raise ArgumentTypeError("compression_params must be a dict such as {'type': 'fp16'}, "
+                                'got %r (%s)' % (compression_params,
+                                                 type(compression_params).__name__))
+    kind = compression_params.get('type')
+    if kind != 'fp16':
+        raise ValueError("compression_params=%r: 'dist_delay' supports {'type': 'fp16'} "
+                         '(float16 pushes, float32 sums and weights on the servers); pass that '
+                         'or None' % (compression_params,))
+    extra = sorted(set(compression_params) - {'type'})
+    if extra:
+        raise ValueError("compression_params=%r: fp16 compression takes no other setting, got "
+                         "%s; pass {'type': 'fp16'}" % (compression_params, extra))
+    return FLOAT16
+
+
+def check_float32(name, dtype):
+    """Refuse float16 pushes of a parameter `name` whose dtype is not float32.
+
+    A float16 parameter already pushes float16 (no saving); its server keys would be
+    float16 and run in MXNet's multi-precision mode, which float16 pushes switch on for the
+    whole job, with pulls of float16 values (docs/design.md §2.11).
+    """
+    if np.dtype(dtype) != np.float32:
+        raise ValueError("compression_params={'type': 'fp16'} needs float32 parameters, but %s "
+                         "is %s; cast the model to float32 (net.cast('float32')) or remove "
+                         'compression_params' % (name, np.dtype(dtype).name))
+
+
+def enable_float32_sums(native):
+    """Switch every server to MXNet's multi-precision mode: float16 keys are summed in
+    float32 (an exact cast of each push, then float32 additions). Sent once, by rank 0,
+    before any key is initialised (MXNet refuses it while pushes are under way)."""
+    native._send_command_to_servers(_SET_MULTI_PRECISION, '')  # pylint: disable=protected-access
+
+
+def round_trip(array):
+    """``float32(float16(array))``: the gradient as a float16 push carries it (a new array).
+
+    The local rules use it, so that a worker's own step reads what it sends (with one
+    worker, ``w' = W`` then holds with float16 pushes too, docs/design.md §1.4)."""
+    return array.astype(np.float16).astype(array.dtype)
+
+
+def fill_send_buffer(source, buf, factor):
+    """Copy `source` (float32) into the float16 `buf`, times `factor` if not None; the cast
+    rounds to nearest, as numpy's ``astype(float16)``."""
+    if factor is not None:
+        source = source * factor  # in float32, then one rounding to float16
+    source.copyto(buf)  # the copy casts
+
+
+def order_push(tensor, slot):
+    """Before the next push into `slot`: wait in MXNet's engine for the pull of the slot's
+    previous round to return (a one-element write on the send buffer that reads the
+    receive buffer). Otherwise the push could complete the next round, and the server
+    overwrite the pull key, before that pull was served."""
+    if slot in tensor.pulled_slots:
+        tensor.pull_heads[slot].copyto(tensor.heads[slot])
+        tensor.pulled_slots.discard(slot)
+
+
+def order_pull(tensor, rounds, last):
+    """Before the pull of round `last`: wait in MXNet's engine for the push of round `last`
+    and of each round in `rounds` to be acknowledged (complete on its server).
+
+    The pull writes the receive buffer of slot ``last mod R``, not the send buffer that the
+    push of `last` reads, so this touches every send buffer concerned (a write, which waits
+    for its push) and then writes the receive buffer's first element from it; the pull
+    (another write on that buffer) then follows. The elements touched are overwritten by
+    the next copy and by the pull.
+    """
+    slots = len(tensor.buffers)
+    target = tensor.pull_heads[last % slots]
+    for rnd in list(rounds) + [last]:
+        head = tensor.heads[rnd % slots]
+        nd._internal._plus_scalar(head, scalar=0.0, out=head)  # pylint: disable=protected-access
+        head.copyto(target)
+    tensor.pulled_slots.add(last % slots)
+
+
+def push_handle_round(native, tensors):
+    """Push one round of zeros into the pull keys of `tensors` and wait for it (collective:
+    every worker does it at ``init``). The server keeps each pull key's stored array from
+    this round and writes ``W`` into it from then on; the zeros change nothing (the updater
+    leaves the key's initial value). Waiting makes every worker's first push of a slot
+    key come after the server holds the handles."""
+    keys, views = [], []
+    for tensor in tensors:
+        for chunk in tensor.chunks:
+            for slot, key in enumerate(chunk.pull_keys):
+                keys.append(key)
+                views.append(tensor.pull_buffers[slot][chunk.start:chunk.stop])
+    if keys:
+        native.push(keys, views)
+        for tensor in tensors:
+            for head in tensor.pull_heads:
+                # A write waits for the push that reads the buffer to be acknowledged.
+                nd._internal._plus_scalar(head, scalar=0.0, out=head)  # pylint: disable=protected-access
+                head.wait_to_read()
