@@ -94,7 +94,7 @@ def test_2bit_equals_stock_dist_sync_bit_for_bit(tmp_path, num_servers):
 def test_delayed_phase_with_2bit_matches_reference(tmp_path, num_workers, num_servers):
     config = dict(MLP_BASE, delay=3, warmup_steps=3, compression=COMPRESSION)
     histories = run_mlp_job(tmp_path, num_workers, config, num_servers=num_servers,
-                            env={'MXDELAY_CHUNK_SIZE': '40'})
+                            env={'MXDELAY_CHUNK_SIZE': '40'}, timeout=240)
     assert_matches_reference(histories, simulate(config, num_workers))
 
 
