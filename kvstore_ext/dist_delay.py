@@ -24,7 +24,7 @@ import mxnet as mx
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
-from . import checkpoint, env, gluon_sparse, hooks, protocol, sparse, wire
+from . import checkpoint, compression, env, gluon_sparse, hooks, protocol, sparse, wire
 from .channel import CommandChannel
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                      check_path, check_real)
@@ -54,8 +54,10 @@ class DistDelay(KVStoreBase):
     3. ``lr_mult`` and ``wd_mult`` of Gluon Parameters apply on the servers, and
        :meth:`set_learning_rate`, :meth:`save_optimizer_states` and
        :meth:`load_optimizer_states` reach the servers.
-    4. ``set_gradient_compression({'type': 'fp16'})`` pushes float16 gradients; the
-       servers sum them in float32 and pulls return float32 weights (:mod:`kvstore_ext.wire`).
+    4. :meth:`set_gradient_compression` (before the first :meth:`init` or command, the same
+       on every worker, checked at the hand-shake): MXNet's ``'2bit'`` with one residual
+       per tensor, or ``{'type': 'fp16'}`` (float16 pushes summed in float32 on the servers,
+       float32 pulls, :mod:`kvstore_ext.wire`).
 
     Configuration comes from ``MXDELAY_SLACK`` and ``MXDELAY_CHUNK_SIZE`` (README table) and
     can be changed with :meth:`configure` before the first :meth:`init`.
@@ -102,6 +104,11 @@ class DistDelay(KVStoreBase):
         # that the servers apply (rank 0's at the hand-shake).
         self._rescale_grad = None
         self._job_rescale_grad = None
+        # Gradient compression (docs/design.md §2.8): the setting, one residual per key,
+        # and the scaling factor of each key's last push (sent_gradient undoes it).
+        self._compression = None
+        self._residuals = {}
+        self._last_factor = {}
 
     # -- configuration and hand-shake ------------------------------------------------------
     def configure(self, slack=None, chunk_size=None, state_keys=None):
@@ -195,8 +202,15 @@ class DistDelay(KVStoreBase):
                  # fail here, all of them, naming both (the servers apply one optimizer).
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
                                 state_keys=self._state_keys, wire=self._wire,
-                                optimizer=describe_optimizer(self._optimizer))}
+                                optimizer=describe_optimizer(self._optimizer),
+                                compression=self._compression and self._compression.describe())}
         replies = channel.handshake(hello)
+        if self._compression is not None and self._compression.native_params() is not None:
+            # After the hand-shake, which pushed the status keys uncompressed (and refused
+            # workers that disagree before any compressed push could reach a server that was
+            # never told), before the first init. Rank 0 sends it to the servers and waits
+            # for them; the other workers push only after the init's barrier, behind it.
+            self._native.set_gradient_compression(self._compression.native_params())
         self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
         self._channel = channel
         self._placement = Placement(layout, self._chunk_size)
@@ -300,32 +314,57 @@ class DistDelay(KVStoreBase):
         self._command(Command.SET_HYPER, {'lr': lr})
 
     def set_gradient_compression(self, compression_params):
-        """Push float16 gradients: ``{'type': 'fp16'}`` (docs/design.md §2.11).
+        """Compress this worker's pushes: MXNet's ``'2bit'`` as ``'dist_sync'`` does it, or
+        float16 pushes (``{'type': 'fp16'}``, mxdelay's own).
 
-        Each worker casts its gradient to float16 in the copy into its send buffer; the
-        servers sum every round in float32 and keep the weights and the optimizer state in
-        float32; pulls return float32 weights. Every worker must set the same, before the
-        first :meth:`init`; every parameter must be float32.
+        ``'2bit'``: each key keeps one residual on this worker: a push adds the gradient to
+        it, sends ``+t``, ``0`` or ``-t`` per value and keeps the rest (docs/design.md §2.8).
+        ``'fp16'``: each worker casts its gradient to float16 in the copy into its send
+        buffer; the servers sum every round in float32 and keep the weights and the optimizer
+        state in float32; pulls return float32 weights (docs/design.md §2.11). Pulls are never
+        compressed. Every worker must set the same, before the first :meth:`init` or command
+        (Gluon's trainers call this when they create the store); compressed tensors must be
+        float32.
+
+        Parameters
+        ----------
+        compression_params : dict
+            E.g. ``{'type': '2bit', 'threshold': 0.5}`` (threshold default 0.5) or
+            ``{'type': 'fp16'}``.
 
         Raises
         ------
-        TypeError
-            If `compression_params` is not a dict.
         ValueError
-            For another compression type, or if keys were already initialised.
+            For bad parameters (for '2bit' MXNet's message; also ``mxnet.base.MXNetError``),
+            or if the store has started (stock MXNet accepts that silently; its residuals
+            would start late and a key split over the servers would break).
         """
-        dtype = wire.parse_compression(compression_params)
-        if self._tensors:
-            raise ValueError('set_gradient_compression(%r) must be called before the first '
-                             'init(); keys were already placed with %s pushes'
-                             % (compression_params, self._wire or 'float32'))
-        self._wire = dtype
+        if self._channel is not None or self._tensors:
+            raise ValueError('set_gradient_compression must be called before the first init() '
+                             '(and before any command, e.g. set_learning_rate), on every '
+                             'worker alike: this store has started; call it right after '
+                             "mx.kv.create('dist_delay'), or pass compression_params to the "
+                             'trainer')
+        self._compression = compression.parse(compression_params)
+        self._wire = self._compression.wire_dtype if self._compression else None
+
+    @property
+    def compression(self):
+        """The :class:`kvstore_ext.compression.Compression` in use, or None."""
+        return self._compression
 
     @property
     def wire_dtype(self):
         """The dtype gradients are pushed in: 'float16' with fp16 compression, else None
         (each tensor's own)."""
         return self._wire
+
+    def _check_compressible(self, keys, values):
+        if self._compression is None:
+            return
+        for k, v in zip(keys, values):
+            v = v[0] if isinstance(v, (list, tuple)) else v
+            self._compression.check_dtype('key %r' % (k,), v.dtype)
 
     def init(self, key, value):
         """Place `key` (int or list of ints) on the servers with initial `value`.
@@ -343,10 +382,7 @@ class DistDelay(KVStoreBase):
             if k in self._tensors or keys.count(k) > 1:
                 raise ValueError('key %r is already initialised or given twice; initialise '
                                  'each key once' % (k,))
-        if self._wire:
-            for k, v in zip(keys, values):
-                wire.check_float32('key %r' % (k,), (v[0] if isinstance(v, (list, tuple))
-                                                     else v).dtype)
+        self._check_compressible(keys, values)
         self._ensure_started()
         native_keys, native_values, chunks_msg, placed = [], [], [], []
         for k, v in zip(keys, values):
@@ -393,7 +429,9 @@ class DistDelay(KVStoreBase):
             chunks_msg.append([chunk.chunk_id, chunk.server, protocol.FINISH_KEY,
                                protocol.FINISH_KEY, 1.0, 1.0, 2])
             counter.make_buffers(self._slack + 1, mx.cpu())
-            self._finish = FinishCounter(counter, self, self.num_workers)
+            self._finish = FinishCounter(counter, self, self.num_workers,
+                                         self._compression.flag_unit if self._compression
+                                         else 1.0)
         self._command(Command.REGISTER, {'chunks': chunks_msg})
         self._native.init(native_keys, native_values)
         if self._wire:
@@ -421,6 +459,10 @@ class DistDelay(KVStoreBase):
     def _place(self, key, value):
         tensor = self._placement.place(key, value.shape, value.dtype, self._wire)
         self._tensors[key] = tensor
+        if self._compression is not None:
+            residual = self._compression.make_residual(tensor.size)
+            if residual is not None:
+                self._residuals[key] = residual
         return tensor
 
     def broadcast(self, key, value, out, priority=0):
@@ -506,6 +548,13 @@ class DistDelay(KVStoreBase):
             nd._internal._mul_scalar(source, scalar=factor, out=buf)  # in the copy's one pass
         else:
             (source * factor).copyto(buf)  # scaled on the device, then one copy
+        residual = self._residuals.get(tensor.key)
+        if residual is not None:
+            # One residual per tensor, quantized in the buffer (as MXNet's worker does in its
+            # CPU send buffer); the native store's own quantization of these values is then
+            # lossless and its per-slot residuals stay 0 (docs/design.md §2.8).
+            self._compression.quantize(buf, residual)
+            self._last_factor[tensor.key] = factor
         self._native.push([c.keys[slot] for c in tensor.chunks], tensor.chunk_views[slot],
                           priority=priority)
         tensor.next_round += 1
@@ -761,6 +810,40 @@ class DistDelay(KVStoreBase):
         its round is acknowledged; for :mod:`mxdelay.timeline`)."""
         tensor = self._tensor(key)
         return tensor.buffers[(tensor.next_round - 1) % (self._slack + 1)]
+
+    def sent_gradient(self, key, out):
+        """Write into `out` what this worker's last push of `key` sent, in the units of its
+        gradient: the quantized values (divided by the push's batch-size factor, if any).
+        With compression this is the ``g`` of the local rule (docs/design.md §1.4)."""
+        source = self.send_buffer(key).reshape(out.shape)
+        factor = self._last_factor.get(key)
+        if factor is None:
+            source.copyto(out)
+        else:
+            (source.as_in_context(out.context) / factor).copyto(out)
+
+    def residuals(self):
+        """This worker's compression residuals: {key: numpy array} (empty without)."""
+        return {k: r.asnumpy() for k, r in self._residuals.items()}
+
+    def set_residuals(self, residuals):
+        """Restore what :meth:`residuals` returned (a checkpoint's), before pushing again.
+
+        Raises
+        ------
+        ValueError
+            If the keys or sizes differ from this store's residuals.
+        """
+        if set(residuals) != set(self._residuals):
+            raise ValueError('compression residuals for keys %s, this store has %s: saved with '
+                             'another compression setting or model'
+                             % (sorted(residuals, key=str), sorted(self._residuals, key=str)))
+        for key, value in residuals.items():
+            if np.size(value) != self._residuals[key].size:
+                raise ValueError('compression residual of key %r has %d elements, the key %d'
+                                 % (key, np.size(value), self._residuals[key].size))
+        for key, value in residuals.items():
+            self._residuals[key][:] = np.asarray(value, dtype=np.float32).reshape(-1)
 
     def rounds(self, key):
         """Number of rounds of `key` this worker has pushed."""

@@ -5,6 +5,8 @@ of a round while it has data, ``(1, leaving)`` once it has none (``leaving`` whe
 is ending). The server stores each round's sum instead of applying an optimizer. Rounds are
 exact, so every worker reads the same sums, and all workers that vote stop at the first
 round in which every worker has finished; that round is never pushed (docs/design.md §5).
+With gradient compression a flag of 1 travels as the compression's ``flag_unit`` (the 2bit
+threshold t, which the wire carries exactly), and the sums are read back in that unit.
 """
 from mxnet import nd
 
@@ -26,13 +28,17 @@ class FinishCounter(object):
         ``pull_tensor(tensor, outs, priority)`` send the flags and read the sums.
     num_workers : int
         Workers of the job.
+    unit : float, default 1.0
+        The value that a flag of 1 is sent as (the compression's ``flag_unit``).
     """
 
-    def __init__(self, tensor, data_path, num_workers):
+    def __init__(self, tensor, data_path, num_workers, unit=1.0):
         self.tensor = tensor
         self._data_path = data_path
         self._num_workers = num_workers
-        self._flags = {flag: nd.array(flag) for flag in ((0, 0), (1, 0), (1, 1))}
+        self._unit = unit
+        self._flags = {flag: nd.array([f * unit for f in flag])
+                       for flag in ((0, 0), (1, 0), (1, 1))}
         self._counts = nd.zeros(2)     # receives a round's sums of the flags
         self.flagged_rounds = 0        # rounds before this carry this worker's flag
         self.all_finished = False      # the last vote found every worker finished; no push since
@@ -62,7 +68,8 @@ class FinishCounter(object):
         self._data_path.push_tensor(self.tensor, [self._flags[(1, int(bool(leaving)))]],
                                     FLAG_PRIORITY)
         self._data_path.pull_tensor(self.tensor, [self._counts], FLAG_PRIORITY)
-        finished, left = (int(round(c)) for c in self._counts.asnumpy())
+        # A sum of at most N units: its float32 rounding is far below half a unit.
+        finished, left = (int(round(c / self._unit)) for c in self._counts.asnumpy())
         if finished < self._num_workers:
             self.flagged_rounds += 1
             return False

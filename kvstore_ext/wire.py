@@ -14,67 +14,20 @@ float32 and keep ``W`` and the optimizer state in float32; pulls return float32 
   completed, so each worker pushes one round of zeros into the pull keys at ``init``; the
   server keeps their stored arrays from that round on (:func:`push_handle_round`).
 
-This module holds the worker-side pieces: the parsing of ``compression_params`` (one small
-function, :func:`parse_compression`, that the general compression parser can replace), the
-float16 copy and the engine ordering between a slot's float16 send buffer and its float32
-receive buffer.
+This module holds the worker-side pieces (``compression_params`` are parsed by
+:mod:`kvstore_ext.compression`, :class:`~kvstore_ext.compression.Float16`): the float16 copy
+and the engine ordering between a slot's float16 send buffer and its float32 receive buffer.
 """
 import numpy as np
 from mxnet import nd
 
 from .checks import ArgumentTypeError
 
-__all__ = ['FLOAT16', 'parse_compression', 'check_float32', 'enable_float32_sums',
-           'round_trip', 'fill_send_buffer', 'order_pull', 'order_push', 'push_handle_round']
-
-#: The wire dtype name of float16 pushes (what the hand-shake carries; None: no compression).
-FLOAT16 = 'float16'
+__all__ = ['enable_float32_sums', 'round_trip', 'fill_send_buffer', 'order_pull', 'order_push', 'push_handle_round']
 
 #: MXNet's command id of ``kSetMultiPrecision`` (``kvstore_dist_server.h``, ``CommandType``);
 #: handled by the native server in C++, never by mxdelay's controller.
 _SET_MULTI_PRECISION = 1
-
-
-def parse_compression(compression_params):
-    """Return the wire dtype of `compression_params`: :data:`FLOAT16` for ``{'type': 'fp16'}``,
-    None for None (no compression).
-
-    Raises
-    ------
-    TypeError
-        If `compression_params` is not a dict (:class:`ArgumentTypeError`).
-    ValueError
-        For another type or an extra key, naming it and the fix.
-    """
-    if compression_params is None:
-        return None
-    if not isinstance(compression_params, dict):
-        raise ArgumentTypeError("compression_params must be a dict such as {'type': 'fp16'}, "
-                                'got %r (%s)' % (compression_params,
-                                                 type(compression_params).__name__))
-    kind = compression_params.get('type')
-    if kind != 'fp16':
-        raise ValueError("compression_params=%r: 'dist_delay' supports {'type': 'fp16'} "
-                         '(float16 pushes, float32 sums and weights on the servers); pass that '
-                         'or None' % (compression_params,))
-    extra = sorted(set(compression_params) - {'type'})
-    if extra:
-        raise ValueError("compression_params=%r: fp16 compression takes no other setting, got "
-                         "%s; pass {'type': 'fp16'}" % (compression_params, extra))
-    return FLOAT16
-
-
-def check_float32(name, dtype):
-    """Refuse float16 pushes of a parameter `name` whose dtype is not float32.
-
-    A float16 parameter already pushes float16 (no saving); its server keys would be
-    float16 and run in MXNet's multi-precision mode, which float16 pushes switch on for the
-    whole job, with pulls of float16 values (docs/design.md §2.11).
-    """
-    if np.dtype(dtype) != np.float32:
-        raise ValueError("compression_params={'type': 'fp16'} needs float32 parameters, but %s "
-                         "is %s; cast the model to float32 (net.cast('float32')) or remove "
-                         'compression_params' % (name, np.dtype(dtype).name))
 
 
 def enable_float32_sums(native):

@@ -11,7 +11,7 @@ import numpy as np
 from mxnet import gluon, nd
 from mxnet.kvstore import KVStoreBase
 
-from kvstore_ext import checkpoint, wire
+from kvstore_ext import checkpoint, compression, wire
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_path, check_real
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.typenames import STORE_TYPE
@@ -58,9 +58,12 @@ class DelayedTrainer(gluon.Trainer):
         ``'dist_delay'`` (or an instance of it) for distributed training; a
         non-distributed type trains as ``gluon.Trainer``.
     compression_params : dict, optional
-        ``{'type': 'fp16'}``: push float16 gradients (half the bytes); the servers sum them
-        in float32 and keep float32 weights, which the pulls return. Needs float32
-        parameters. The local rule then reads the gradient as it was pushed.
+        Gradient compression as in ``gluon.Trainer``: MXNet's ``{'type': '2bit',
+        'threshold': 0.5}`` (each worker sends its quantized gradient and keeps the error in a
+        residual), or ``{'type': 'fp16'}`` (float16 pushes, half the bytes; the servers sum
+        them in float32 and keep float32 weights, which the pulls return; float32 parameters
+        only). In the delayed phase the local rule steps with what the worker sent. Checked
+        at construction.
     update_on_kvstore : bool or None, default None
         Must not be False with ``'dist_delay'``: the servers own the global update.
     delay : int, default 4
@@ -124,7 +127,7 @@ class DelayedTrainer(gluon.Trainer):
         if update_on_kvstore is False and _is_dist_delay(kvstore):
             raise ValueError("update_on_kvstore=False cannot be used with kvstore='dist_delay': "
                              'the servers apply the optimizer once per round; leave it None')
-        fp16 = _is_dist_delay(kvstore) and wire.parse_compression(compression_params)
+        compressed = compression.parse(compression_params) if _is_dist_delay(kvstore) else None
         if _is_dist_delay(kvstore):
             _refuse_sparse(params)  # before Gluon ties a row_sparse Parameter to this trainer
         self._registration_order = _parameter_names(params)  # before Gluon sorts them
@@ -135,14 +138,15 @@ class DelayedTrainer(gluon.Trainer):
                                              compression_params, update_on_kvstore)
         if _is_dist_delay(kvstore):
             self._rule.check_optimizer(self._optimizer)
-        if fp16:
+        if compressed is not None:
             for param in self._trained_params():
-                wire.check_float32('parameter %s' % param.name, param.dtype)
+                compressed.check_dtype('parameter %s' % param.name, param.dtype)
         self._base_lr = self._optimizer.learning_rate
         self._pre_weight = {}     # param index -> NDArray on the first context
         self._rule_state = {}     # param index -> rule state
         self._pulled = {}         # param index -> pull target on the first context
         self._grad_sum = {}       # param index -> gradient summed over devices (>1 device)
+        self._sent = {}           # param index -> the compressed gradient this worker sent
         self._logged_phase = None
         self._delayed_mode = None  # decided when the kvstore is created
         self._first_use = []       # param indices in the order the first forward used them
@@ -477,6 +481,15 @@ class DelayedTrainer(gluon.Trainer):
             if state['weights'][i].shape != param.shape:
                 raise ValueError('%s: parameter %s has shape %s, saved %s' % (
                     fname, param.name, param.shape, state['weights'][i].shape))
+        current = kv.compression and kv.compression.describe()
+        if state.get('compression') != current:
+            raise ValueError('%s was saved with compression_params %r, this trainer has %r: '
+                             'resume with the same compression'
+                             % (fname, state.get('compression'), current))
+        if set(state.get('residuals', {})) != set(kv.residuals()):
+            raise ValueError('%s holds compression residuals of keys %s, this trainer has %s'
+                             % (fname, sorted(state.get('residuals', {})),
+                                sorted(kv.residuals())))
         saved = state.get('optimizer')
         types = saved is not None and type_difference(describe_optimizer(saved),
                                                       describe_optimizer(self._optimizer))
@@ -508,10 +521,8 @@ class DelayedTrainer(gluon.Trainer):
                               clip_gradient=self._clip_gradient(),
                               rescale_grad=self._optimizer.rescale_grad,
                               num_workers=self._kvstore.num_workers, index=i, step=t)
-            grad = self._reduced_grad(i, param)
-            if self._kvstore.wire_dtype:
-                grad = wire.round_trip(grad)  # what this worker pushed (docs/design.md §1.4)
-            self._rule.update(weight, grad, grad_sync, self._rule_state[i], ctx)  # 2. and 4.
+            self._rule.update(weight, self._local_gradient(i, param), grad_sync,  # 2. and 4.
+                              self._rule_state[i], ctx)
             for other in datas[1:]:
                 weight.copyto(other)                             # device copies stay equal
             if issues:
@@ -519,6 +530,19 @@ class DelayedTrainer(gluon.Trainer):
                     self._pulled[i] = nd.zeros_like(weight)
                 self._kvstore.pull(i, out=self._pulled[i], priority=self._priority[i])
                 self._observer.pull_received(param.name, t, self._pulled[i])
+
+    def _local_gradient(self, i, param):
+        """The local rule's g: this worker's gradient, or with compression what it sent
+        (so that with one worker the local step is the servers' step, docs/design.md §1.4)."""
+        grad = self._reduced_grad(i, param)
+        if self._kvstore.compression is None:
+            return grad
+        if self._kvstore.wire_dtype:
+            return wire.round_trip(grad)  # float16 pushes: the gradient as pushed
+        if i not in self._sent:
+            self._sent[i] = nd.zeros_like(grad)
+        self._kvstore.sent_gradient(i, self._sent[i])
+        return self._sent[i]
 
     def _clip_gradient(self):
         clip = self._optimizer.clip_gradient
@@ -594,6 +618,9 @@ class DelayedTrainer(gluon.Trainer):
             # As gluon.Trainer's states: the optimizer (its param_dict is not pickled) and
             # the learning rate local_lr is scaled against.
             'optimizer': self._optimizer, 'base_lr': self._base_lr,
+            # Gradient compression: the setting and this worker's residuals (per key).
+            'compression': kv.compression and kv.compression.describe(),
+            'residuals': kv.residuals(),
         }
         checkpoint.write_pickle(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER,
                                 worker_state)
@@ -643,6 +670,7 @@ class DelayedTrainer(gluon.Trainer):
         self._pulled = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
                         for i, w in state['pulled'].items()}
         self._rule_state = {i: _from_numpy(s, ctx0) for i, s in state['rule_state'].items()}
+        kv.set_residuals(state.get('residuals', {}))
         if state.get('optimizer') is not None:
             # The servers apply the saved optimizer from now on; so does the local rule
             # (gluon.Trainer.load_states adopts the saved optimizer too).

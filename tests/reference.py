@@ -16,13 +16,17 @@ weights; checked in test_reference.py). The local rules use the same two kernels
 ``optimizer='adam'`` and ``'nag'`` replace the server's SGD by MXNet 1.9.1's ``adam_update``
 and ``nag_mom_update`` (:func:`adam_step`, :func:`nag_step`, also pinned there), and rule
 ``'mirror'`` by a copy of that optimizer: its state starts as the server's after round W.
+
+``compression_threshold=t`` adds MXNet's '2bit' gradient compression on each worker, with one
+residual per worker per tensor (:func:`quantize_2bit`): the server sums what the workers send,
+and the local rules step with what their worker sent (docs/design.md §1.4, §2.8).
 """
 import math
 
 import numpy as np
 
 __all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step', 'adam_step',
-           'nag_step', 'OPTIMIZERS']
+           'nag_step', 'OPTIMIZERS', 'quantize_2bit']
 
 F32 = np.float32
 DEFAULT_LAMBDA = {'sgd': 0.0, 'dc': 0.04, 'dc_adaptive': 0.04, 'mirror': 0.0}
@@ -76,6 +80,15 @@ def sgd_update_step(w, grad, lr, wd, rescale):
     return (F32(1) - lr * wd) * w - (lr * rescale) * grad
 
 
+def quantize_2bit(residual, raw, t):
+    """MXNet 1.9.1's ``quantize_2bit`` kernel on one tensor: ``r := r + raw``; send ``+t``
+    where ``r >= t``, ``-t`` where ``r <= -t``, else 0; ``r := r - sent``. Returns
+    ``(sent, r)``."""
+    r = residual + raw
+    sent = np.where(r >= t, t, np.where(r <= -t, -t, F32(0))).astype(F32)
+    return sent, r - sent
+
+
 #: The servers' optimizers the reference knows.
 OPTIMIZERS = ('sgd', 'adam', 'nag')
 
@@ -96,7 +109,7 @@ def _copy(d):
 def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentum=0.0, wd=0.0,
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
-             epsilon=1e-8, fp16=False):
+             epsilon=1e-8, fp16=False, compression_threshold=None):
     """Simulate SPEC section 1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
@@ -119,6 +132,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     Adam's, `momentum` NAG's too). With 'adam' or 'nag', rule 'mirror' runs that optimizer
     on each worker with rescale ``float32(N * rescale_grad)`` and the server's update count
     (round t is update t + 1), its state a copy of the server's after round W; lam must be 0.
+
+    `compression_threshold` t: each worker's raw gradient goes through
+    :func:`quantize_2bit` with its own residual per tensor; ``grads`` then holds what was sent.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError('optimizer must be one of %s, got %r' % (OPTIMIZERS, optimizer))
@@ -153,6 +169,7 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 'pending': False}                              # a pull issued at t-1
                for _ in range(N)]
     traj = Trajectory()
+    residuals = [{n: np.zeros_like(W[n]) for n in names} for _ in range(N)]
 
     for t in range(steps):
         lr_t = lr if lr_fn is None else lr_fn(t)
@@ -166,6 +183,10 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             raws.append({n: np.asarray(gr[n], dtype=F32).copy() for n in names})
             if fp16:
                 raws[-1] = {n: g.astype(np.float16).astype(F32) for n, g in raws[-1].items()}
+            if compression_threshold is not None:          # what worker i sends
+                for n in names:
+                    raws[i][n], residuals[i][n] = quantize_2bit(
+                        residuals[i][n], raws[i][n], F32(compression_threshold))
 
         # Server, claim 4: round t = one update with the sum of the N round-t gradients.
         W_t, W = W, {}

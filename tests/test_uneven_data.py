@@ -39,9 +39,10 @@ def batch_size(config, rank, t):
     return last if last and index == batches - 1 else size
 
 
-def simulate_uneven(config, num_workers, warmup_steps):
+def simulate_uneven(config, num_workers, warmup_steps, **kw):
     """The reference: zero gradients where a worker has no data; the servers apply worker 0's
-    first rescale_grad, and every worker's gradient is scaled by its own batch size."""
+    first rescale_grad, and every worker's gradient is scaled by its own batch size. `kw`
+    goes to ``reference.simulate`` (e.g. ``compression_threshold``)."""
     rounds = config['epochs'] * max(config['batches'])
     job_batch = batch_size(config, 0, 0)
 
@@ -56,7 +57,7 @@ def simulate_uneven(config, num_workers, warmup_steps):
     return reference.simulate(
         mlp_model.init_params(), grad_fn, num_workers, rounds, config['delay'], warmup_steps,
         config['lr'], momentum=config['momentum'], wd=config['wd'],
-        rescale_grad=1.0 / job_batch, rule=config.get('local_rule', 'mirror'))
+        rescale_grad=1.0 / job_batch, rule=config.get('local_rule', 'mirror'), **kw)
 
 
 def assert_uneven_matches_reference(histories, config, trajectory):

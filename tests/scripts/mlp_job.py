@@ -7,7 +7,9 @@ Usage: ``mxdelay-launch -n N -s S python mlp_job.py CONFIG_JSON OUT_DIR``. Each 
 batch, lr, momentum (sgd and nag), wd, optimizer (default 'sgd'), optimizer_params (more
 arguments of it, e.g. ``{"beta1": 0.8}``), delay, warmup_steps, local_rule, dc_lambda, local_lr, slack,
 devices, sleep_rank, sleep, save_at, resume_from, stop_after, lr_mult and wd_mult ({short
-name: multiplier} set on the Parameters, e.g. ``{"w1": 0.5}``).
+name: multiplier} set on the Parameters, e.g. ``{"w1": 0.5}``), compression (the trainer's
+compression_params, e.g. ``{"type": "2bit", "threshold": 0.5}``; with ``push_then_pull``
+the gluon trainer is mlp_model.PushThenPullTrainer, which 'dist_sync' needs for it).
 
 Uneven data: with CONFIG ``batches`` (a list: worker r has ``batches[r]`` batches per epoch)
 and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
@@ -33,7 +35,7 @@ from mxnet import autograd, gluon, nd
 
 # The model and data, shared with the stock pin's job (stock_job.py), which has no mxdelay.
 from mlp_model import (IN, HIDDEN, OUT, batch, build, init_params, numpy_grad,  # noqa: F401
-                       optimizer_of)
+                       optimizer_of, PushThenPullTrainer)
 
 
 class StockTrainer(gluon.Trainer):
@@ -45,6 +47,10 @@ class StockTrainer(gluon.Trainer):
             self._optimizer.rescale_grad = self._scale / batch_size
             self._init_kvstore()
         return self._kvstore.rank
+
+
+class PushThenStockTrainer(StockTrainer, PushThenPullTrainer):
+    """StockTrainer that pushes, then pulls (what 'dist_sync' needs with compression)."""
 
 
 def main():
@@ -61,9 +67,9 @@ def main():
             local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'),
             local_lr=config.get('local_lr'), slack=config.get('slack'))
     else:
-        trainer = StockTrainer(net.collect_params(), optimizer, opt,
-                               kvstore=config.get('kvstore', 'dist_sync'),
-                               compression_params=compression)
+        trainer = (PushThenStockTrainer if config.get('push_then_pull') else StockTrainer)(
+            net.collect_params(), optimizer, opt, kvstore=config.get('kvstore', 'dist_sync'),
+            compression_params=compression)
     loss_fn = gluon.loss.L2Loss()
     first = 0
     if config.get('resume_from'):

@@ -10,7 +10,7 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 __all__ = ['IN', 'HIDDEN', 'OUT', 'NAMES', 'init_params', 'batch', 'numpy_grad', 'build',
-           'weights_of', 'optimizer_of', 'symbol']
+           'weights_of', 'optimizer_of', 'symbol', 'PushThenPullTrainer']
 
 IN, HIDDEN, OUT = 8, 16, 4
 #: Gluon's parameter names -> the short names of init_params() and the npz files.
@@ -92,3 +92,21 @@ def optimizer_of(config):
         params['momentum'] = config.get('momentum', 0.0)
     params.update(config.get('optimizer_params', {}))
     return name, params
+
+
+class PushThenPullTrainer(gluon.Trainer):
+    """MXNet 1.9.1's ``gluon.Trainer`` with a push, then a pull, for dense gradients too.
+
+    Its ``_allreduce_grads`` sends dense gradients with ``kvstore.pushpull``, which MXNet's
+    native distributed store refuses with gradient compression ("Compression not supported
+    with PushPull", kvstore_dist.h): stock Gluon cannot train with ``compression_params`` on
+    ``'dist_sync'``. This trainer does what Gluon's own row_sparse branch does (push, then
+    pull the weights), the way compression works on the native store.
+    """
+
+    def _allreduce_grads(self):
+        assert self._update_on_kvstore, 'only the update_on_kvstore path'
+        for i, param in enumerate(self._params):
+            if param.grad_req != 'null':
+                self._kvstore.push(i, param.list_grad(), priority=-i)
+                self._kvstore.pull(i, param.list_data(), priority=-i)

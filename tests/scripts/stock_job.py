@@ -6,7 +6,9 @@ workers train mlp_job.py's model on its data (``mlp_model``, which has no mxdela
 a stock ``gluon.Trainer`` on MXNet's native ``'dist_sync'`` store, and write
 ``OUT_DIR/worker<rank>.npz`` as mlp_job.py does (key ``<name>``: every parameter after every
 step). CONFIG keys: steps, batch, lr, momentum, wd, lr_mult, wd_mult, optimizer (default
-'sgd') and optimizer_params (as mlp_job.py's: momentum goes to 'sgd' and 'nag' only).
+'sgd'), optimizer_params (as mlp_job.py's: momentum goes to 'sgd' and 'nag' only) and
+compression (gluon.Trainer's compression_params; then mlp_model.PushThenPullTrainer, since
+stock Gluon's pushpull refuses compression on 'dist_sync').
 
 Provenance: ``mxdelay`` and ``kvstore_ext`` cannot be imported in any role (a meta-path
 finder refuses them before MXNet is imported), and every role writes
@@ -60,7 +62,7 @@ import mxnet as mx  # noqa: E402  scheduler and servers: MXNet's own, which exit
 from mxnet import autograd, gluon, nd  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlp_model import batch, build, optimizer_of  # noqa: E402
+from mlp_model import PushThenPullTrainer, batch, build, optimizer_of  # noqa: E402
 
 
 def _violation(message):
@@ -82,7 +84,11 @@ def main():
     ctxs = [mx.cpu()]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
     optimizer, opt = optimizer_of(config)
-    trainer = gluon.Trainer(net.collect_params(), optimizer, opt, kvstore=kv)
+    if config.get('compression'):
+        trainer = PushThenPullTrainer(net.collect_params(), optimizer, opt, kvstore=kv,
+                                      compression_params=config['compression'])
+    else:
+        trainer = gluon.Trainer(net.collect_params(), optimizer, opt, kvstore=kv)
     loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in names.values()}
     for step in range(config['steps']):
