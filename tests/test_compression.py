@@ -148,7 +148,7 @@ def test_errors_carry_mxnets_message(params, kind):
     ({'type': '2bit', 'threshold': 1e-7}, r"threshold'\]=1e-07 cannot be sent exactly.*"
                                           r"'0\.000000'"),
     ({'type': '2bit', 'threshold': 1.481409}, r"parses it as 1\.4814091"),
-    ({'type': 'fp16'}, r"'fp16' is not yet available"),
+    ({'type': 'fp16', 'scale': 2}, r"fp16 compression takes no other setting, got \['scale'\]"),
 ], ids=repr)
 def test_errors_stricter_than_mxnet(params, message):
     # MXNet accepts these (or raises an AssertionError for a str): unknown keys are ignored,
