@@ -1,0 +1,45 @@
+"""AMP dynamic loss scaling with DelayedTrainer on 'dist_delay' (docs/design.md §11), in
+real jobs against the numpy reference (tests/reference.py with ``overflow``) and against
+stock MXNet.
+
+Overflows are injected by the job script (tests/scripts/mlp_job.py: the w1 gradient of
+chosen (rank, step) pairs times inf). With ``amp='float32'`` AMP casts no operator, so the
+arithmetic is float32 with loss scaling by powers of two, which the reference replays with
+the unscaled gradients: the tolerance is the reference tests' (conftest RTOL, ATOL), and
+loss scales must be equal.
+"""
+import numpy as np
+import pytest
+
+from conftest import MLP_BASE as BASE, assert_matches_reference, run_mlp_job, \
+    simulate_mlp_job as simulate
+
+pytestmark = pytest.mark.jobs
+
+CASES = [
+    # (num_workers, num_servers, overrides). W = 3, k = 3: overflows in the warm-up (1),
+    # at the switch (3) and in the delayed phase (6, the second step of a period) on one
+    # worker; a window of 3 lets the scale also grow.
+    (2, 2, {'delay': 3, 'warmup_steps': 3, 'local_rule': 'mirror', 'scale_window': 3,
+            'overflow': [[1, 1], [0, 3], [1, 6]]}),
+    # N = 3 with Adam (the update count skips overflowed rounds): two workers at once in
+    # the delayed phase, one at a pull application (7: k = 2, pulls applied at 4, 6, 8).
+    (3, 1, {'optimizer': 'adam', 'lr': 0.01, 'delay': 2, 'warmup_steps': 1,
+            'scale_window': 4, 'overflow': [[2, 0], [0, 4], [1, 4], [2, 7]]}),
+]
+
+
+@pytest.mark.parametrize('num_workers,num_servers,overrides', CASES,
+                         ids=['N%d-S%d-%s' % (c[0], c[1], c[2].get('optimizer', 'sgd'))
+                              for c in CASES])
+def test_overflowed_rounds_match_reference(tmp_path, num_workers, num_servers, overrides):
+    config = dict(BASE, steps=14, amp='float32', **overrides)
+    histories = run_mlp_job(tmp_path, num_workers, config, num_servers=num_servers,
+                            env={'MXDELAY_CHUNK_SIZE': 50})
+    trajectory = simulate(config, num_workers)
+    assert trajectory.skipped == sorted({t for _, t in config['overflow']})
+    assert_matches_reference(histories, trajectory)
+    for rank, history in histories.items():
+        np.testing.assert_array_equal(history['loss_scale'], trajectory.scales,
+                                      err_msg='worker %d loss scale' % rank)
+    assert len(set(trajectory.scales)) >= 3, 'the test needs the scale to fall and rise'
