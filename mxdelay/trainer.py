@@ -502,6 +502,11 @@ class DelayedTrainer(gluon.Trainer):
             if state['weights'][i].shape != param.shape:
                 raise ValueError('%s: parameter %s has shape %s, saved %s' % (
                     fname, param.name, param.shape, state['weights'][i].shape))
+        if (state.get('amp') is not None) != bool(self._amp):
+            raise ValueError('%s was saved %s AMP, this trainer runs %s it: %s'
+                             % ((fname,) + (('with', 'without', 'call amp.init_trainer('
+                                             'trainer) before loading') if state.get('amp')
+                                            else ('without', 'with', 'resume without AMP'))))
         saved = state.get('optimizer')
         types = saved is not None and type_difference(describe_optimizer(saved),
                                                       describe_optimizer(self._optimizer))
@@ -615,6 +620,7 @@ class DelayedTrainer(gluon.Trainer):
             self._init_kvstore()
         if not self._delayed_mode:
             return super(DelayedTrainer, self).save_states(fname)
+        self._check_amp()
         if self._params_to_init:
             self._init_params()
         self.join()  # every worker at the same round, or a hang in the barriers below
@@ -630,6 +636,11 @@ class DelayedTrainer(gluon.Trainer):
             # As gluon.Trainer's states: the optimizer (its param_dict is not pickled) and
             # the learning rate local_lr is scaled against.
             'optimizer': self._optimizer, 'base_lr': self._base_lr,
+            # AMP: the loss scaler and the rounds it has seen (docs/design.md §11); the
+            # overflow marks of rounds not seen yet are restored on the counter's server.
+            'amp': None if not self._amp else {
+                'scaler': scaler_state(self._loss_scaler()),
+                'overflows': self._overflows.state_dict()},
         }
         checkpoint.write_pickle(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER,
                                 worker_state)
@@ -657,6 +668,7 @@ class DelayedTrainer(gluon.Trainer):
             self._init_kvstore()
         if not self._delayed_mode:
             return super(DelayedTrainer, self).load_states(fname)
+        self._check_amp()
         if self._params_to_init:
             self._init_params()
         self.join()
@@ -685,6 +697,9 @@ class DelayedTrainer(gluon.Trainer):
             self._optimizer = state['optimizer']
             self._optimizer.param_dict = {i: param for i, param in enumerate(self._params)}
             self._base_lr = state.get('base_lr', self._base_lr)
+        if state.get('amp') is not None:
+            restore_scaler(self._loss_scaler(), state['amp']['scaler'])
+            self._overflows = GlobalOverflows(**state['amp']['overflows'])
         self._schedule.step = state['schedule']['step']
         if self._schedule.step > self._schedule.warmup_steps:
             self._rule.start(self._optimizer)   # the switch's start, with the loaded optimizer

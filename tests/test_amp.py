@@ -43,3 +43,24 @@ def test_overflowed_rounds_match_reference(tmp_path, num_workers, num_servers, o
         np.testing.assert_array_equal(history['loss_scale'], trajectory.scales,
                                       err_msg='worker %d loss scale' % rank)
     assert len(set(trajectory.scales)) >= 3, 'the test needs the scale to fall and rise'
+
+
+def test_save_resume_with_a_pending_overflow_continues_exactly(tmp_path):
+    # W = 3, k = 3: pulls issued at 6, 9, 12 and applied at 7, 10, 13. Saved at 8, the
+    # overflow of round 7 (worker 1) has not reached the loss scale yet: after the resume
+    # the pull applied at 10 must still see it (the counter's marks are restored on its
+    # server), and the loss scaler's state comes from the worker's file.
+    # The overflow of round 2 leaves the saved scale at half a fresh scaler's.
+    config = dict(BASE, steps=16, delay=3, warmup_steps=3, amp='float32',
+                  overflow=[[0, 2], [1, 7]])
+    full = run_mlp_job(tmp_path / 'full', 2, config)
+    run_mlp_job(tmp_path / 'first', 2, dict(config, save_at=8, stop_after=10))
+    ckpt = str(tmp_path / 'first' / 'out' / 'ckpt')
+    resumed = run_mlp_job(tmp_path / 'resumed', 2, dict(config, resume_from=ckpt))
+    assert_matches_reference(full, simulate(config, 2))
+    for rank in range(2):
+        assert int(resumed[rank]['first']) == 9
+        for name in ('w1', 'b1', 'w2', 'b2', 'loss_scale'):
+            np.testing.assert_array_equal(resumed[rank][name], full[rank][name][9:],
+                                          err_msg='worker %d %s after resume' % (rank, name))
+    assert full[0]['loss_scale'][9] != full[0]['loss_scale'][10], 'round 7 must matter at 10'
