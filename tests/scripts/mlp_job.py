@@ -16,12 +16,9 @@ its script's end fills the other workers' rounds). A step's data is a function o
 round), and the npz also holds ``rounds``: the round of every recorded step.
 ``save_at_end``: save_states after the last step.
 
-AMP (docs/design.md §11): ``amp`` 'float32' (``amp.init`` with no op cast to a low precision:
-float32 arithmetic with loss scaling, which the numpy reference replays exactly) or
-'bfloat16' (AMP's default bfloat16 lists); ``amp.init_trainer`` right after the trainer.
-``overflow``: [[rank, step], ...] whose w1 gradient is multiplied by inf after backward;
-``scale_window``: the loss scaler's window (Gluon's 2000). The npz then also holds
-``loss_scale``, the loss scale after every step. ``batch_sizes`` ({rank: size}) and
+AMP (docs/design.md §11): ``amp``, ``overflow``, ``scale_window`` as in
+``mlp_model.init_amp`` and ``mlp_model.Amp`` (``amp.init_trainer`` right after the
+trainer). The npz then also holds ``loss_scale``, the loss scale after every step. ``batch_sizes`` ({rank: size}) and
 ``last_batch`` (the size of every epoch's last batch) vary the batch size. ``sync_at_end``: ``trainer.sync_weights()`` after the last step, recorded as
 ``synced_<name>``. ``end_marker``:
 write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
@@ -38,8 +35,8 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 # The model and data, shared with the stock pin's job (stock_job.py), which has no mxdelay.
-from mlp_model import (IN, HIDDEN, OUT, batch, build, init_params, numpy_grad,  # noqa: F401
-                       optimizer_of)
+from mlp_model import (IN, HIDDEN, OUT, Amp, batch, build, init_amp, init_params,  # noqa: F401
+                       numpy_grad, optimizer_of)
 
 
 class StockTrainer(gluon.Trainer):
@@ -49,7 +46,7 @@ class StockTrainer(gluon.Trainer):
         if not self._kv_initialized:
             # The servers get the optimizer, with rescale_grad, when the store is created
             # (with AMP: amp.scale_loss's, for the initial loss scale).
-            scaler = getattr(self, '_amp_loss_scaler', None)
+            scaler = getattr(self, '_amp_loss_scaler', None)  # pylint: disable=no-member
             scale = self._scale if scaler is None else 1.0 / scaler.loss_scale
             self._optimizer.rescale_grad = scale / batch_size
             self._init_kvstore()
@@ -58,11 +55,7 @@ class StockTrainer(gluon.Trainer):
 
 def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
-    if config.get('amp'):
-        from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
-        none = {} if config['amp'] == 'bfloat16' else dict(
-            target_precision_ops=[], conditional_fp32_ops=[], fp32_ops=[])
-        amp.init(target_dtype='bfloat16', **none)   # before the model, as AMP requires
+    init_amp(config)   # before the model, as AMP requires
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
     optimizer, opt = optimizer_of(config)
@@ -75,12 +68,7 @@ def main():
     else:
         trainer = StockTrainer(net.collect_params(), optimizer, opt,
                                kvstore=config.get('kvstore', 'dist_sync'))
-    scaler = None
-    if config.get('amp'):
-        amp.init_trainer(trainer)
-        scaler = trainer._amp_loss_scaler
-        scaler._scale_seq_len = config.get('scale_window', scaler._scale_seq_len)
-    overflow = {tuple(pair) for pair in config.get('overflow', [])}
+    amp = Amp(config, trainer, net)
     loss_fn = gluon.loss.L2Loss()
     first = 0
     if config.get('resume_from'):
@@ -89,7 +77,7 @@ def main():
     rank = (trainer.rank if hasattr(trainer, 'rank')
             else trainer._kvstore_rank(config['batch']))
     history = {name: [] for name in names.values()}
-    times, rounds, scales = [], [], []
+    times, rounds = [], []
     size = config.get('batch_sizes', {}).get(str(rank), config['batch'])
     if config.get('batches'):
         epoch = [size] * config['batches'][rank]                 # a batch size: a round's data
@@ -112,14 +100,9 @@ def main():
         xs = gluon.utils.split_and_load(nd.array(x), ctxs, even_split=True)
         ys = gluon.utils.split_and_load(nd.array(y), ctxs, even_split=True)
         with autograd.record():
-            losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
-            if scaler is not None:
-                with amp.scale_loss(losses, trainer) as scaled:
-                    autograd.backward(scaled)
-        if scaler is None:
-            autograd.backward(losses)
-        if (rank, step) in overflow:
-            net.collect_params()['l1_weight'].grad()[:] *= float('inf')
+            losses = amp.scale([loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)])
+        autograd.backward(losses)
+        amp.inject(rank, step)
         if rank == config.get('sleep_rank'):
             time.sleep(config['sleep'])
         start = time.time()
@@ -131,8 +114,7 @@ def main():
             history[names[name]].append(copies[0])
         times.append(time.time() - start)
         rounds.append(step)
-        if scaler is not None:
-            scales.append(scaler.loss_scale)
+        amp.record()
         if config.get('save_at') == step:
             trainer.save_states(os.path.join(out_dir, 'ckpt'))
         if config.get('stop_after') == step:
@@ -146,7 +128,7 @@ def main():
         synced = {'synced_' + names[name]: param.list_data()[0].asnumpy()
                   for name, param in net.collect_params().items()}
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
-             rounds=rounds, loss_scale=scales, **{k: np.array(v) for k, v in history.items()},
+             rounds=rounds, loss_scale=amp.scales, **{k: np.array(v) for k, v in history.items()},
              **synced)
     if config.get('end_marker'):   # the script's end (before anything atexit does)
         with open(os.path.join(out_dir, 'ended.worker%d' % rank), 'w', encoding='ascii') as out:
