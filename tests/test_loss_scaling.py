@@ -136,3 +136,27 @@ def test_global_overflows_apply_each_round_once_in_order():
         advance(expected, count > 0)
     assert scaler_state(scaler) == scaler_state(expected)
     assert seen.state_dict() == {'applied': 6, 'skipped': 2}
+
+
+def test_amp_init_trainer_after_the_store_was_created_is_refused():
+    # amp.init_trainer sets trainer._amp_loss_scaler; set directly here, because amp.init
+    # would change every later test's NDArray functions in this process.
+    import mxdelay  # pylint: disable=import-outside-toplevel
+    from conftest import FakeDistDelay  # pylint: disable=import-outside-toplevel
+    from scripts import mlp_model  # pylint: disable=import-outside-toplevel
+    net, _ = mlp_model.build()
+    trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                                     kvstore=FakeDistDelay(), delay=2, warmup_steps=1)
+    assert trainer.rank == 0                       # creates the store, without AMP
+    trainer._amp_loss_scaler = LossScaler()
+    trainer._amp_original_scale = trainer._scale
+    x, y = mlp_model.batch(0, 0, 4)
+    with autograd.record():
+        loss = gluon.loss.L2Loss()(net(nd.array(x)), nd.array(y))
+    loss.backward()
+    try:
+        trainer.step(4)
+    except ValueError as err:
+        assert 'amp.init_trainer(trainer)' in str(err) and 'right after' in str(err)
+    else:
+        raise AssertionError('a late amp.init_trainer was accepted')
