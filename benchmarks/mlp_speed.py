@@ -2,7 +2,9 @@
 
 Usage: ``mxdelay-launch -n 2 -s 1 python mlp_speed.py MODE STEPS OUT_JSON`` with MODE
 ``sync`` (gluon.Trainer on dist_sync), ``delay<k>`` (DelayedTrainer, delay k, warm-up 20)
-or ``compute`` (no communication at all).
+or ``compute`` (no communication at all). A ``-amp`` suffix (``delay4-amp``) adds AMP's
+dynamic loss scaling with no operator cast (float32 arithmetic: only the cost of the
+overflow machinery, docs/design.md §11).
 """
 import mxdelay  # noqa: F401
 
@@ -17,6 +19,12 @@ from mxnet import autograd, gluon, nd
 
 def main():
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    use_amp = mode.endswith('-amp')
+    mode = mode[:-len('-amp')] if use_amp else mode
+    if use_amp:
+        from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
+        amp.init(target_dtype='bfloat16', target_precision_ops=[], conditional_fp32_ops=[],
+                 fp32_ops=[])
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(1024, activation='relu', in_units=784),
             gluon.nn.Dense(1024, activation='relu', in_units=1024),
@@ -31,6 +39,8 @@ def main():
     else:
         trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', opt, kvstore='dist_delay',
                                          delay=int(mode[5:]), warmup_steps=20)
+    if use_amp:
+        amp.init_trainer(trainer)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rs = np.random.RandomState(0)
     x = nd.array(rs.rand(128, 784))
@@ -40,13 +50,17 @@ def main():
         start = time.time()
         with autograd.record():
             loss = loss_fn(net(x), y)
-        loss.backward()
+            if use_amp:
+                with amp.scale_loss(loss, trainer) as scaled:
+                    scaled.backward()
+        if not use_amp:
+            loss.backward()
         trainer.step(128)
         loss.asnumpy()   # a real loop reads its loss: this is where waiting shows
         times.append(time.time() - start)
     rank = trainer._kvstore.rank if trainer._kvstore else int(mxdelay.env.get('MXDELAY_RANK'))
     with open(out + '.%s' % rank, 'w') as dst:
-        json.dump({'mode': mode, 'times': times}, dst)
+        json.dump({'mode': mode + ('-amp' if use_amp else ''), 'times': times}, dst)
 
 
 if __name__ == '__main__':

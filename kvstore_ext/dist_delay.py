@@ -28,7 +28,7 @@ from . import checkpoint, compression, env, gluon_sparse, hooks, protocol, spars
 from .channel import CommandChannel
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                      check_path, check_real)
-from .finish import FinishCounter
+from .finish import FinishCounter, counter_size
 from .layout import KeyLayout, Placement
 from .optimizers import PER_STEP_FIELDS, describe_optimizer, format_differences, \
     optimizer_differences
@@ -109,6 +109,7 @@ class DistDelay(KVStoreBase):
         self._compression = None
         self._residuals = {}
         self._last_factor = {}
+        self._finite = {}          # {round: its all-finite flag} (set_finite_flag)
 
     # -- configuration and hand-shake ------------------------------------------------------
     def configure(self, slack=None, chunk_size=None, state_keys=None):
@@ -421,13 +422,13 @@ class DistDelay(KVStoreBase):
         if self._finish is None:
             # The counter is placed with the first keys, in the same collective init, so that
             # its chunk id and server are the same on every worker.
-            value = nd.zeros(2)
+            value = nd.zeros(counter_size(self._slack + 1))
             counter = self._placement.place(protocol.FINISH_KEY, value.shape, value.dtype)
             chunk = counter.chunks[0]
             native_keys.extend(chunk.keys)
             native_values.extend([value] * len(chunk.keys))
             chunks_msg.append([chunk.chunk_id, chunk.server, protocol.FINISH_KEY,
-                               protocol.FINISH_KEY, 1.0, 1.0, 2])
+                               protocol.FINISH_KEY, 1.0, 1.0, value.size])
             counter.make_buffers(self._slack + 1, mx.cpu())
             self._finish = FinishCounter(counter, self, self.num_workers,
                                          self._compression.flag_unit if self._compression
@@ -493,9 +494,40 @@ class DistDelay(KVStoreBase):
 
     def _push_one(self, key, grads, priority):
         tensor = self._tensor(key)
+        finite = self._finite.get(tensor.next_round)
         if self._finish is not None:
-            self._finish.flag_round(tensor.next_round)  # once per round: "I have data"
-        self.push_tensor(tensor, grads, priority, self._gradient_factor())
+            self._finish.flag_round(tensor.next_round, finite)  # once per round: "I have data"
+        self.push_tensor(tensor, grads, priority, self._gradient_factor(), finite)
+
+    def set_finite_flag(self, flag):
+        """Mark this worker's next round with its all-finite flag (AMP, docs/design.md §11).
+
+        Every push of the round is divided by `flag`: unchanged for 1 (exact), inf or nan
+        everywhere for 0, so that the servers skip the round on every chunk; the finish
+        counter carries the flag to every worker (:meth:`overflows`). Call it before the
+        round's first push.
+
+        Parameters
+        ----------
+        flag : NDArray
+            One element, 1 if every gradient of the round is finite, else 0 (e.g. from
+            ``nd.multi_all_finite``, still being computed in MXNet's engine).
+        """
+        if not isinstance(flag, nd.NDArray) or flag.size != 1:
+            raise ArgumentTypeError('flag must be a one-element NDArray (1: all finite, 0: '
+                                    'overflow), got %s' % _describe(flag))
+        self._finite = {self._finish.flagged_rounds if self._finish else 0: flag}
+
+    def pull_overflows(self):
+        """Issue a pull of the overflow marks of the last R rounds this worker pushed;
+        returns at once (:meth:`overflows` waits for it)."""
+        self._finish.pull_marks()
+
+    def overflows(self, rounds):
+        """How many workers overflowed (:meth:`set_finite_flag` 0) in each of `rounds`:
+        rounds at most ``slack`` before the one of the last :meth:`pull_overflows`, which
+        this waits for."""
+        return self._finish.overflows(rounds)
 
     def scale_gradients(self, rescale_grad):
         """Scale this worker's gradients by its own `rescale_grad` (1/its batch size).
@@ -521,9 +553,10 @@ class DistDelay(KVStoreBase):
         factor = self._rescale_grad / self._job_rescale_grad
         return None if factor == 1.0 else factor
 
-    def push_tensor(self, tensor, grads, priority, factor=None):
+    def push_tensor(self, tensor, grads, priority, factor=None, finite=None):
         """Push round ``tensor.next_round`` of `tensor`: the sum of `grads` (one array per
-        device), times `factor` if given, copied into the round's slot buffer."""
+        device), times `factor` if given, copied into the round's slot buffer, divided by the
+        one-element NDArray `finite` if given (see :meth:`set_finite_flag`)."""
         if isinstance(tensor, sparse.SparseTensor):
             return sparse.push(self, tensor, grads, priority, factor)
         slots = self._slack + 1
@@ -555,6 +588,8 @@ class DistDelay(KVStoreBase):
             # lossless and its per-slot residuals stay 0 (docs/design.md §2.8).
             self._compression.quantize(buf, residual)
             self._last_factor[tensor.key] = factor
+        if finite is not None:
+            _divide_by_flag(buf, finite)
         self._native.push([c.keys[slot] for c in tensor.chunks], tensor.chunk_views[slot],
                           priority=priority)
         tensor.next_round += 1
@@ -999,6 +1034,13 @@ def _describe(value):
                              sorted({type(v).__name__ for v in value}) or 'nothing')
     return '%.80r (%s)' % (value, type(value).__name__) if not isinstance(value, nd.NDArray) \
         else 'an NDArray of shape %s' % (value.shape,)
+
+
+def _divide_by_flag(buf, finite):
+    # In place, after the copy: x / 1 is x bit for bit; x / 0 is inf or nan for every x
+    # (docs/design.md §11). The push waits in MXNet's engine for the flag, i.e. for the end
+    # of backward.
+    nd.broadcast_div(buf, finite.as_in_context(buf.context), out=buf)
 
 
 def _wait_for_issued_work():

@@ -1,19 +1,33 @@
-"""The finish counter: how workers with uneven data agree on the round where all stop.
+"""The finish counter: how workers with uneven data agree on the round where all stop, and
+how they learn which rounds overflowed (AMP).
 
-A two-element key that every worker pushes once per round: ``(0, 0)`` with its first push
-of a round while it has data, ``(1, leaving)`` once it has none (``leaving`` when its script
-is ending). The server stores each round's sum instead of applying an optimizer. Rounds are
-exact, so every worker reads the same sums, and all workers that vote stop at the first
-round in which every worker has finished; that round is never pushed (docs/design.md §5).
-With gradient compression a flag of 1 travels as the compression's ``flag_unit`` (the 2bit
+A key of ``2 + R`` elements (R slots) that every worker pushes once per round: ``(0, 0)``
+with its first push of a round while it has data, ``(1, leaving)`` once it has none
+(``leaving`` when its script is ending). The server stores each round's sum of these two
+instead of applying an optimizer. Rounds are exact, so every worker reads the same sums,
+and all workers that vote stop at the first round in which every worker has finished; that
+round is never pushed (docs/design.md §5).
+
+The other R elements are a ring of overflow marks (docs/design.md §11): in round t a worker
+pushes ``1 + overflowed`` at element ``2 + t mod R`` (``overflowed`` is 1 if its gradients
+were not all finite, 0 otherwise and in a vote), and the server keeps, per element, the last
+round that marked it (:func:`kvstore_ext.rounds.store_counter`). One pull after round t
+then tells how many workers overflowed in each of the rounds t - R + 1 .. t.
+With gradient compression a value of 1 travels as the compression's ``flag_unit`` (the 2bit
 threshold t, which the wire carries exactly), and the sums are read back in that unit.
 """
+import numpy as np
 from mxnet import nd
 
-__all__ = ['FinishCounter', 'FLAG_PRIORITY']
+__all__ = ['FinishCounter', 'FLAG_PRIORITY', 'counter_size']
 
 #: The flag needs no gradient: let it go first.
 FLAG_PRIORITY = 1 << 20
+
+
+def counter_size(slots):
+    """Elements of the finish counter of a store with `slots` slots per chunk."""
+    return 2 + slots
 
 
 class FinishCounter(object):
@@ -22,7 +36,7 @@ class FinishCounter(object):
     Parameters
     ----------
     tensor : kvstore_ext.layout.Tensor
-        The counter's key, placed and initialised (two elements).
+        The counter's key, placed and initialised (:func:`counter_size` elements).
     data_path : object
         The store: its ``push_tensor(tensor, arrays, priority)`` and
         ``pull_tensor(tensor, outs, priority)`` send the flags and read the sums.
@@ -37,20 +51,34 @@ class FinishCounter(object):
         self._data_path = data_path
         self._num_workers = num_workers
         self._unit = unit
-        self._flags = {flag: nd.array([f * unit for f in flag])
-                       for flag in ((0, 0), (1, 0), (1, 1))}
-        self._counts = nd.zeros(2)     # receives a round's sums of the flags
+        self._slots = tensor.size - 2
+        # (votes, ring position) -> the array pushed: the votes, and 1 at the round's mark,
+        # in units of `unit`.
+        self._flags = {}
+        for votes in ((0, 0), (1, 0), (1, 1)):
+            for position in range(self._slots):
+                flag = np.zeros(tensor.size, dtype=np.float32)
+                flag[:2] = votes
+                flag[2 + position] = 1
+                self._flags[(votes, position)] = nd.array(flag * np.float32(unit))
+        self._counts = nd.zeros(tensor.size)   # receives a round's sums of the flags
+        self._marks = nd.zeros(tensor.size)    # receives the ring of overflow marks
         self.flagged_rounds = 0        # rounds before this carry this worker's flag
         self.all_finished = False      # the last vote found every worker finished; no push since
         self.workers_left = 0          # workers that ended their script at that vote
 
-    def flag_round(self, round_index):
+    def flag_round(self, round_index, finite=None):
         """Before the first push of round `round_index`: flag it "this worker has data" (once
-        per round)."""
+        per round). `finite`: this worker's all-finite flag of the round (a one-element
+        NDArray, 1 or 0), or None (finite)."""
         if round_index < self.flagged_rounds:
             return
         self.check_no_worker_left()
-        self._data_path.push_tensor(self.tensor, [self._flags[(0, 0)]], FLAG_PRIORITY)
+        flag = self._flags[((0, 0), round_index % self._slots)]
+        if finite is not None:
+            # 1 + overflowed at the mark, in MXNet's engine: no wait for the gradients here.
+            flag = nd.broadcast_mul(flag, 2 - finite.as_in_context(flag.context))
+        self._data_path.push_tensor(self.tensor, [flag], FLAG_PRIORITY)
         self.flagged_rounds = round_index + 1
         self.all_finished = False
 
@@ -65,11 +93,12 @@ class FinishCounter(object):
             and vote again.
         """
         self.check_no_worker_left()
-        self._data_path.push_tensor(self.tensor, [self._flags[(1, int(bool(leaving)))]],
-                                    FLAG_PRIORITY)
+        votes = (1, int(bool(leaving)))
+        self._data_path.push_tensor(self.tensor, [self._flags[(votes, self.flagged_rounds %
+                                                                self._slots)]], FLAG_PRIORITY)
         self._data_path.pull_tensor(self.tensor, [self._counts], FLAG_PRIORITY)
         # A sum of at most N units: its float32 rounding is far below half a unit.
-        finished, left = (int(round(c / self._unit)) for c in self._counts.asnumpy())
+        finished, left = (int(round(c / self._unit)) for c in self._counts.asnumpy()[:2])
         if finished < self._num_workers:
             self.flagged_rounds += 1
             return False
@@ -77,6 +106,18 @@ class FinishCounter(object):
         if not leaving:
             self.workers_left = left
         return True
+
+    def pull_marks(self):
+        """Issue a pull of the overflow marks after this worker's last flagged round; returns
+        at once (:meth:`overflows` waits for it)."""
+        self._data_path.pull_tensor(self.tensor, [self._marks], FLAG_PRIORITY)
+
+    def overflows(self, rounds):
+        """The number of workers whose gradients overflowed in each of `rounds` (at most R
+        back from the round of the last :meth:`pull_marks`); waits for that pull."""
+        marks = self._marks.asnumpy()
+        return [int(round(marks[2 + r % self._slots] / self._unit)) - self._num_workers
+                for r in rounds]
 
     def check_no_worker_left(self):
         """Raise if a worker ended its script while this one goes on (it never arrives)."""

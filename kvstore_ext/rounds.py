@@ -17,6 +17,7 @@ authoritative weights, the optimizer state (n per momentum buffer), plus a copy 
 gradient while it waits for an earlier round: (2R + 1 + state) * n floats.
 """
 import logging
+import math
 import types
 
 import mxnet as mx
@@ -24,7 +25,7 @@ import mxnet as mx
 from . import sparse
 from .optimizers import flatten_state
 
-__all__ = ['RoundKeeper', 'is_plain_sgd']
+__all__ = ['RoundKeeper', 'is_plain_sgd', 'store_counter']
 
 _LOG = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class RoundKeeper(object):
         self.optimizer = None
         self.updater = None            # mx.optimizer.Updater over chunk ids
         self.counters = set()          # chunk ids that store a round's sum (finish counter)
+        self.skip_nonfinite = False    # AMP: a round whose sum is not finite is skipped
+        self.skipped = {}              # chunk id -> rounds skipped for a non-finite sum
         self.weights = {}              # chunk id -> authoritative weights W
         self.next_round = {}           # chunk id -> round whose completion is applied next
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
@@ -112,9 +115,17 @@ class RoundKeeper(object):
         weight = self.weights[chunk]
         # copyto, not `a[:] = b`: the same copy without Python's indexing machinery, which
         # cost a third of the server's updater time (profiled with py-spy).
-        if self.updater is None or chunk in self.counters:
+        if chunk in self.counters:
+            store_counter(grad, weight)
+        elif self.skip_nonfinite and not _first_is_finite(grad):
+            # An overflowed round (docs/design.md §11): a worker whose gradients were not all
+            # finite pushed them divided by 0, so every element of every chunk's sum is
+            # inf or nan; one element decides. Weights, optimizer state and update count
+            # stay, as gluon.Trainer skips the step; the round still counts as a round.
+            self.skipped[chunk] = self.skipped.get(chunk, 0) + 1
+        elif self.updater is None:
             if weight.stype == 'default':
-                grad.copyto(weight)  # the sum: MXNet's server without optimizer; the counter
+                grad.copyto(weight)  # the round's sum: MXNet's server without optimizer
             else:
                 sparse.copy_all_rows(grad, weight)  # a pull may ask for any row (§2.10)
         elif is_plain_sgd(self.optimizer) and weight.stype == 'default':  # else: lazy (§2.10)
@@ -150,16 +161,39 @@ class RoundKeeper(object):
         round) and its next round."""
         weight = self.weights.get(chunk)
         return {'weight': None if weight is None else weight.asnumpy(),
-                'next_round': self.next_round.get(chunk, 0)}
+                'next_round': self.next_round.get(chunk, 0),
+                'skipped': self.skipped.get(chunk, 0)}
 
-    def restore_chunk(self, chunk, weight, next_round):
-        """Take `chunk`'s saved weights (numpy or None) and next round; drop held rounds."""
+    def restore_chunk(self, chunk, weight, next_round, skipped=0):
+        """Take `chunk`'s saved weights (numpy or None), next round and skipped rounds;
+        drop held rounds."""
+        self.skipped[chunk] = skipped
         if weight is not None:
             self.weights[chunk] = mx.nd.array(weight, dtype=weight.dtype)
         self.next_round[chunk] = next_round
         self.held.pop(chunk, None)
         for slot in range(self.slots):
             self._slot_round.pop((chunk, slot), None)
+
+
+def _first_is_finite(array):
+    return math.isfinite(array.reshape((-1,))[0:1].asnumpy()[0])
+
+
+def store_counter(total, counter):
+    """Store round sum `total` of the finish counter into its value `counter` (numpy-sized).
+
+    Elements 0 and 1 take the round's sums (the finish votes, docs/design.md §5). The rest
+    is a ring of the last R rounds' overflow marks (docs/design.md §11): in round t every
+    worker pushes 1, plus 1 if its gradients overflowed, at element ``2 + t mod R`` and 0
+    elsewhere, so the element that is not 0 is round t's and the others keep older rounds.
+    """
+    values = total.asnumpy()
+    ring = counter.asnumpy()
+    marked = values != 0
+    marked[:2] = True
+    ring[marked] = values[marked]
+    mx.nd.array(ring, dtype=ring.dtype).copyto(counter)
 
 
 def sgd_step(optimizer, updater, index, grad, weight):

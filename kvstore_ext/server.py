@@ -158,6 +158,9 @@ class DelayServer(KVStoreServer):
         # with other or changing batch sizes need no command and cannot rescale each other.
         optimizer = reference['config'].get('optimizer')
         self._rescale_grad = optimizer.get('rescale_grad') if optimizer else None
+        # DelayedTrainer with AMP divides an overflowed round's pushes by 0: skip such
+        # rounds (docs/design.md §11). Off otherwise: stock dist_sync applies them.
+        self._rounds.skip_nonfinite = bool(reference['config'].get('amp'))
         return True, {'server': self._server_rank, 'protocol': protocol.PROTOCOL_VERSION,
                       'num_workers': self._num_workers, 'rescale_grad': self._rescale_grad}
 
@@ -289,8 +292,10 @@ class DelayServer(KVStoreServer):
     def _on_stats(self, _):
         rounds = self._rounds
         return {'server': self._server_rank,
-                'chunks': {str(c): {'rounds': rounds.next_round.get(c, 0),
-                                    'held': len(rounds.held.get(c, {}))}
+                'chunks': {str(c): dict({'rounds': rounds.next_round.get(c, 0),
+                                         'held': len(rounds.held.get(c, {}))},
+                                        **({'skipped': rounds.skipped.get(c, 0)}
+                                           if rounds.skip_nonfinite else {}))
                            for c in sorted(self._chunks) if c not in rounds.counters},
                 'finish_rounds': {str(c): rounds.next_round.get(c, 0)
                                   for c in sorted(rounds.counters)}}
@@ -334,7 +339,8 @@ class DelayServer(KVStoreServer):
             # The saved job's rescale_grad, which the workers also restore (apply_states).
             self._rescale_grad = rounds.optimizer.rescale_grad
         for chunk, saved in state['chunks'].items():
-            rounds.restore_chunk(chunk, saved['weight'], saved['next_round'])
+            rounds.restore_chunk(chunk, saved['weight'], saved['next_round'],
+                                 saved.get('skipped', 0))
         return {'path': path, 'chunks': len(state['chunks'])}
 
     # -- updater: called by the native server when a key's round is complete ---------------

@@ -34,7 +34,8 @@ __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'RuleContext', 'create_rul
 
 #: Hyper-parameters of one call: local lr and wd (with the Parameter's multipliers), the
 #: optimizer's momentum and clip_gradient, rescale_grad (1/batch size), N workers, the
-#: trainer's index of the Parameter and the step (= round) t.
+#: trainer's index of the Parameter and the step (= round) t, less the rounds the servers
+#: skipped for an AMP overflow as far as this worker knows (docs/design.md §11).
 RuleContext = collections.namedtuple(
     'RuleContext', ['lr', 'wd', 'momentum', 'clip_gradient', 'rescale_grad', 'num_workers',
                     'index', 'step'], defaults=(None, None))

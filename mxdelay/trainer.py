@@ -16,6 +16,7 @@ from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_p
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.typenames import STORE_TYPE
 from kvstore_ext.optimizers import describe_optimizer, type_difference
+from .loss_scaling import GlobalOverflows, finite_flag, restore_scaler, scaler_state
 from .observer import StepObserver
 from .rules import RuleContext, create_rule
 from .schedule import DelaySchedule, SWITCH
@@ -153,6 +154,9 @@ class DelayedTrainer(gluon.Trainer):
         self._push_order = None    # param indices, last-used first; set at the first step
         self._priority = {}        # param index -> priority (first used: highest)
         self._observer = StepObserver()
+        self._amp = None           # AMP (docs/design.md §11): whether the store was told
+        self._finite = None        # this step's all-finite flag (AMP)
+        self._overflows = GlobalOverflows()
         self._watch_first_forward()
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, self._rule,
@@ -233,8 +237,30 @@ class DelayedTrainer(gluon.Trainer):
             self._optimizer, sorted({np.dtype(p.dtype).name for p in self._trained_params()}))
         kvstore.configure(slack=max(self._slack, kvstore.slack), state_keys=state_keys)
         # The kvstore adds its optimizer's description to the hand-shake.
+        # amp: the servers skip rounds with a non-finite sum (docs/design.md §11).
+        self._amp = self._loss_scaler() is not None
+        if self._amp and kvstore.compression is not None and not kvstore.compression.wire_dtype:
+            # 2bit quantizes inf to +t (and nan to 0, with a nan residual from then on): an
+            # overflowed round would reach the servers finite and be applied.
+            raise ValueError(
+                "AMP's dynamic loss scaling cannot be combined with compression_params=%r: "
+                'an overflowed gradient would be quantized to finite values and applied, and '
+                "its residual would stay non-finite; use compression_params={'type': 'fp16'} "
+                'or None with AMP' % (kvstore.compression.describe(),))
         kvstore.set_config(delay=self._schedule.delay, warmup_steps=self._schedule.warmup_steps,
-                           local_rule=repr(self._rule), local_lr=self._local_lr)
+                           local_rule=repr(self._rule), local_lr=self._local_lr, amp=self._amp)
+
+    def _loss_scaler(self):
+        """The AMP loss scaler that ``amp.init_trainer(self)`` set, or None."""
+        return getattr(self, '_amp_loss_scaler', None)
+
+    def _check_amp(self):
+        if (self._loss_scaler() is not None) != self._amp:
+            raise ValueError(
+                'amp.init_trainer(trainer) was called after the trainer created its kvstore '
+                "(at the first step, or trainer.rank / num_workers): with 'dist_delay' the "
+                'servers must know at the hand-shake that rounds may overflow. Call '
+                'amp.init_trainer(trainer) right after creating the DelayedTrainer')
 
     def _check_and_rescale_grad(self, scale):
         # gluon.Trainer refuses a new batch size with update_on_kvstore. Here each worker
@@ -282,6 +308,7 @@ class DelayedTrainer(gluon.Trainer):
             self._init_kvstore()
         if not self._delayed_mode:
             return super(DelayedTrainer, self).step(batch_size, ignore_stale_grad)
+        self._check_amp()
         self._check_and_rescale_grad(self._scale / batch_size)
         if self._params_to_init:
             self._init_params()
@@ -430,8 +457,14 @@ class DelayedTrainer(gluon.Trainer):
         # Issued at once, last layer first: MXNet's engine starts each push as soon as its
         # gradient is written (backward runs in segments of a few operators, see env.py),
         # and the priority lets the layers the next forward needs first overtake.
+        grads = {i: self._reduced_grad(i, self._params[i]) for i in self._push_order}
+        if self._amp:
+            # Every push of the step waits for this flag, i.e. for the whole backward
+            # (docs/design.md §11): an overflowed round reaches every chunk as inf/nan.
+            self._finite = finite_flag(list(grads.values()))
+            self._kvstore.set_finite_flag(self._finite)
         for i in self._push_order:
-            grad = self._reduced_grad(i, self._params[i])
+            grad = grads[i]
             self._kvstore.push(i, grad, priority=self._priority[i])
             name, t = self._params[i].name, self._schedule.step
             self._observer.gradient_written(name, t, grad)
@@ -461,6 +494,11 @@ class DelayedTrainer(gluon.Trainer):
         if fetch:
             # Collective: the servers' optimizer state after round W (docs/design.md §1.4).
             self._kvstore.fetch_optimizer_states(fetch)
+        if self._amp:
+            # Round t's global overflow flag drives the loss scale of step t + 1, as
+            # gluon.Trainer's local one does (docs/design.md §11); waits for round t.
+            self._kvstore.pull_overflows()
+            self._overflows.apply(self._loss_scaler(), self._kvstore, t)
 
     def _read_worker_state(self, fname, kv):
         """Read and validate this worker's files of checkpoint `fname`; change nothing."""
@@ -490,6 +528,11 @@ class DelayedTrainer(gluon.Trainer):
             raise ValueError('%s holds compression residuals of keys %s, this trainer has %s'
                              % (fname, sorted(state.get('residuals', {})),
                                 sorted(kv.residuals())))
+        if (state.get('amp') is not None) != bool(self._amp):
+            raise ValueError('%s was saved %s AMP, this trainer runs %s it: %s'
+                             % ((fname,) + (('with', 'without', 'call amp.init_trainer('
+                                             'trainer) before loading') if state.get('amp')
+                                            else ('without', 'with', 'resume without AMP'))))
         saved = state.get('optimizer')
         types = saved is not None and type_difference(describe_optimizer(saved),
                                                       describe_optimizer(self._optimizer))
@@ -504,7 +547,15 @@ class DelayedTrainer(gluon.Trainer):
         # that ends a period.
         applies = self._schedule.applies_pull(t)
         issues = self._schedule.issues_pull(t)
-        lr = self._local_learning_rate(t)
+        overflowed = False
+        if self._amp:
+            # docs/design.md §11: the period's global flags reach the loss scale with its
+            # pull; this worker skips its own local step only on its own overflow.
+            if applies:
+                self._overflows.apply(self._loss_scaler(), self._kvstore, t - 1)
+            overflowed = not self._finite.asscalar()
+        update = t - self._overflows.skipped   # the servers' update of round t, as known
+        lr = self._local_learning_rate(update)
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
@@ -520,9 +571,10 @@ class DelayedTrainer(gluon.Trainer):
                               momentum=getattr(self._optimizer, 'momentum', 0.0) or 0.0,
                               clip_gradient=self._clip_gradient(),
                               rescale_grad=self._optimizer.rescale_grad,
-                              num_workers=self._kvstore.num_workers, index=i, step=t)
-            self._rule.update(weight, self._local_gradient(i, param), grad_sync,  # 2. and 4.
-                              self._rule_state[i], ctx)
+                              num_workers=self._kvstore.num_workers, index=i, step=update)
+            if not overflowed:
+                self._rule.update(weight, self._local_gradient(i, param), grad_sync,  # 2., 4.
+                                  self._rule_state[i], ctx)
             for other in datas[1:]:
                 weight.copyto(other)                             # device copies stay equal
             if issues:
@@ -530,6 +582,8 @@ class DelayedTrainer(gluon.Trainer):
                     self._pulled[i] = nd.zeros_like(weight)
                 self._kvstore.pull(i, out=self._pulled[i], priority=self._priority[i])
                 self._observer.pull_received(param.name, t, self._pulled[i])
+        if issues and self._amp:
+            self._kvstore.pull_overflows()
 
     def _local_gradient(self, i, param):
         """The local rule's g: this worker's gradient, or with compression what it sent
@@ -548,10 +602,12 @@ class DelayedTrainer(gluon.Trainer):
         clip = self._optimizer.clip_gradient
         return -1.0 if clip is None else float(clip)
 
-    def _local_learning_rate(self, t):
-        """``local_lr`` scaled by the optimizer's schedule at round t (num_update t + 1)."""
+    def _local_learning_rate(self, update):
+        """``local_lr`` scaled by the optimizer's schedule at num_update ``update + 1``
+        (round t's is t + 1 less the rounds skipped for overflow)."""
         scheduler = self._optimizer.lr_scheduler
-        current = scheduler(t + 1) if scheduler is not None else self._optimizer.learning_rate
+        current = (scheduler(update + 1) if scheduler is not None
+                   else self._optimizer.learning_rate)
         if self._local_lr is None:
             return current
         return self._local_lr * current / self._base_lr if self._base_lr else self._local_lr
@@ -603,6 +659,7 @@ class DelayedTrainer(gluon.Trainer):
             self._init_kvstore()
         if not self._delayed_mode:
             return super(DelayedTrainer, self).save_states(fname)
+        self._check_amp()
         if self._params_to_init:
             self._init_params()
         self.join()  # every worker at the same round, or a hang in the barriers below
@@ -621,6 +678,11 @@ class DelayedTrainer(gluon.Trainer):
             # Gradient compression: the setting and this worker's residuals (per key).
             'compression': kv.compression and kv.compression.describe(),
             'residuals': kv.residuals(),
+            # AMP: the loss scaler and the rounds it has seen (docs/design.md §11); the
+            # overflow marks of rounds not seen yet are restored on the counter's server.
+            'amp': None if not self._amp else {
+                'scaler': scaler_state(self._loss_scaler()),
+                'overflows': self._overflows.state_dict()},
         }
         checkpoint.write_pickle(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER,
                                 worker_state)
@@ -648,6 +710,7 @@ class DelayedTrainer(gluon.Trainer):
             self._init_kvstore()
         if not self._delayed_mode:
             return super(DelayedTrainer, self).load_states(fname)
+        self._check_amp()
         if self._params_to_init:
             self._init_params()
         self.join()
@@ -677,6 +740,9 @@ class DelayedTrainer(gluon.Trainer):
             self._optimizer = state['optimizer']
             self._optimizer.param_dict = {i: param for i, param in enumerate(self._params)}
             self._base_lr = state.get('base_lr', self._base_lr)
+        if state.get('amp') is not None:
+            restore_scaler(self._loss_scaler(), state['amp']['scaler'])
+            self._overflows = GlobalOverflows(**state['amp']['overflows'])
         self._schedule.step = state['schedule']['step']
         if self._schedule.step > self._schedule.warmup_steps:
             self._rule.start(self._optimizer)   # the switch's start, with the loaded optimizer

@@ -359,7 +359,8 @@ def simulate_mlp_job(config, num_workers):
         local_lr=config.get('local_lr'), rule=config.get('local_rule', 'mirror'),
         dc_lambda=config.get('dc_lambda'), optimizer=config.get('optimizer', 'sgd'),
         fp16=config.get('compression') == {'type': 'fp16'},
-        **config.get('optimizer_params', {}))
+        overflow={tuple(pair) for pair in config.get('overflow', [])},
+        scale_window=config.get('scale_window', 2000), **config.get('optimizer_params', {}))
 
 
 def assert_matches_reference(histories, trajectory, first=0):

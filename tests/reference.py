@@ -20,13 +20,24 @@ and ``nag_mom_update`` (:func:`adam_step`, :func:`nag_step`, also pinned there),
 ``compression_threshold=t`` adds MXNet's '2bit' gradient compression on each worker, with one
 residual per worker per tensor (:func:`quantize_2bit`): the server sums what the workers send,
 and the local rules step with what their worker sent (docs/design.md §1.4, §2.8).
+
+AMP (docs/design.md §11), with ``overflow`` the set of (rank, step) whose gradient was not
+finite: a round in which any worker overflowed is skipped by the server (weights, state and
+update count unchanged); a worker skips its own local step (4.) only when its own gradient
+overflowed; the loss scale (:class:`LossScale`, Gluon's rule) advances with the global flag
+of round t at step t in the synchronous steps, and with the flags of a period's rounds at
+the step that applies its pull. The update count u of a round (the lr schedule's argument
+and Adam's bias correction) counts applied rounds; a worker's local steps use t less the
+skipped rounds its loss scale has seen. Loss scales are powers of two, so the scaled
+gradient times its ``rescale_grad`` is the unscaled one bit for bit: the reference works
+with unscaled gradients.
 """
 import math
 
 import numpy as np
 
 __all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step', 'adam_step',
-           'nag_step', 'OPTIMIZERS', 'quantize_2bit']
+           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'LossScale']
 
 F32 = np.float32
 DEFAULT_LAMBDA = {'sgd': 0.0, 'dc': 0.04, 'dc_adaptive': 0.04, 'mirror': 0.0}
@@ -93,13 +104,35 @@ def quantize_2bit(residual, raw, t):
 OPTIMIZERS = ('sgd', 'adam', 'nag')
 
 
+class LossScale:
+    """Gluon's dynamic loss scale (``mxnet.contrib.amp.LossScaler``), written from its rule:
+    the scale of the next step is the one decided a round earlier; an overflow halves the
+    following one and restarts the count; ``window`` rounds in a row without overflow
+    double it, up to 2**24. Starts at 2**16."""
+
+    def __init__(self, window=2000):
+        self.scale = self.next = 2.0 ** 16
+        self.window, self.count = window, 0
+
+    def advance(self, overflow):
+        self.scale = self.next
+        self.count = 0 if overflow else self.count + 1
+        if overflow:
+            self.next = self.scale / 2
+        if self.count == self.window:
+            self.count, self.next = 0, min(2.0 ** 24, self.scale * 2)
+
+
 class Trajectory:
     """``local[t][i][name]``: worker i's ``w'`` after its step t (its forward weights at t+1).
     ``glob[t][name]``: the server's ``W_{t+1}``. ``grads[t][i][name]``: worker i's raw
-    gradient of step t. ``pulls``: the steps whose local update applied a pull (step 1)."""
+    gradient of step t. ``pulls``: the steps whose local update applied a pull (step 1).
+    ``scales[t]``: the loss scale after step t (every worker's). ``skipped``: the rounds the
+    server skipped."""
 
     def __init__(self):
         self.local, self.glob, self.grads, self.pulls = [], [], [], []
+        self.scales, self.skipped = [], []
 
 
 def _copy(d):
@@ -109,12 +142,15 @@ def _copy(d):
 def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentum=0.0, wd=0.0,
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
-             epsilon=1e-8, fp16=False, compression_threshold=None):
+             epsilon=1e-8, fp16=False, compression_threshold=None, overflow=(),
+             scale_window=2000):
     """Simulate SPEC section 1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
-    ``weights``. ``lr_fn(t)`` is the server's lr in round t (default ``lr``); the local lr
-    is ``local_lr`` (default ``lr``) times ``lr_fn(t) / lr``. ``dc_lambda=None`` takes the
+    ``weights``. ``lr_fn(u)`` is the server's lr of its update u + 1 (default ``lr``; u = t
+    without overflows); the local lr is ``local_lr`` (default ``lr``) times
+    ``lr_fn(u) / lr``. ``overflow`` ({(rank, step)}) and ``scale_window`` (the loss scale's
+    window) model AMP (see the module's docstring). ``dc_lambda=None`` takes the
     rule's default from ``DEFAULT_LAMBDA``.
 
     ``lr_mult`` and ``wd_mult`` ({name: multiplier}, 1 for a name not given) are the
@@ -170,11 +206,25 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                for _ in range(N)]
     traj = Trajectory()
     residuals = [{n: np.zeros_like(W[n]) for n in names} for _ in range(N)]
+    overflowed = {t for _, t in overflow}          # rounds with a non-finite sum
+    loss_scale, seen, seen_skipped = LossScale(scale_window), 0, 0
+    u = 0                                          # the server's applied rounds
+
+    def see(last):                                 # the loss scale learns rounds .. last
+        nonlocal seen, seen_skipped
+        for r in range(seen, last + 1):
+            loss_scale.advance(r in overflowed)
+            seen_skipped += r in overflowed
+        seen = max(seen, last + 1)
 
     for t in range(steps):
-        lr_t = lr if lr_fn is None else lr_fn(t)
+        lr_t = lr if lr_fn is None else lr_fn(u)
         lr_s = {n: F32(lr_t * lr_mult[n]) for n in names}  # server lr, round t
-        lr_l = local_lr * (lr_t / lr)                      # local lr, same schedule factor
+        if t > warm and (t - t0) % k == 0 and t > t0:      # this step applies a pull
+            see(t - 1)
+        known = t - seen_skipped                           # a worker's update number - 1
+        lr_k = lr if lr_fn is None else lr_fn(known)
+        lr_l = local_lr * (lr_k / lr)                      # local lr, same schedule factor
         lr_l64 = {n: lr_l * lr_mult[n] for n in names}   # float64, as the optimizer has it
         lr_l = {n: F32(lr_l64[n]) for n in names}
         raws = []
@@ -190,13 +240,18 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
 
         # Server, claim 4: round t = one update with the sum of the N round-t gradients.
         W_t, W = W, {}
-        for n in names:
+        if t in overflowed:                                # AMP: skipped, u unchanged
+            W = _copy(W_t)
+            traj.skipped.append(t)
+        else:
+            u += 1
+        for n in ([] if t in overflowed else names):
             G = raws[0][n]
             for r in raws[1:]:
                 G = G + r[n]                               # rank order
-            if optimizer == 'adam':                        # update number t + 1
+            if optimizer == 'adam':                        # update number u
                 W[n], mom[n], var[n] = adam_step(
-                    W_t[n], G, mom[n], var[n], adam_lr(lr_t * lr_mult[n], t + 1, beta1, beta2),
+                    W_t[n], G, mom[n], var[n], adam_lr(lr_t * lr_mult[n], u, beta1, beta2),
                     wd_n[n], rg, opt['b1'], opt['b2'], opt['eps'])
             elif optimizer == 'nag' and momentum > 0:
                 W[n], mom[n] = nag_step(W_t[n], G, mom[n], lr_s[n], wd_n[n], rg, mu)
@@ -207,6 +262,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             else:
                 W[n] = sgd_step(W_t[n], G, lr_s[n], wd_n[n], rg)
 
+        if t <= warm:
+            see(t)                                         # synchronous: round t at once
         for i, wk in enumerate(workers):
             if t <= warm:
                 # S1 (t < W) and the first switch iteration (t == W): pull W_{t+1}.
@@ -228,8 +285,11 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 gs = w[n] - wk['pre'][n]                   # 2. grad_sync := w' - pre_weight
                 if pulled:
                     wk['pre'][n] = w[n].copy()             # 3. pre_weight := w'
+                if (i, t) in overflow:                     # 4. skipped: own overflow
+                    continue
                 if rule == 'mirror' and optimizer != 'sgd':
-                    w[n] = _mirror(opt, w[n], raws[i][n], wk, n, lr_l[n], lr_l64[n], wd_n[n], t)
+                    w[n] = _mirror(opt, w[n], raws[i][n], wk, n, lr_l[n], lr_l64[n], wd_n[n],
+                                   known)
                     continue
                 w[n] = _rule(rule, w[n], raws[i][n], gs, wk, n, lam, lr_l[n], wd_n[n], rg, mu,
                              m, N)
@@ -239,6 +299,7 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             if pulled and i == 0:
                 traj.pulls.append(t)
 
+        traj.scales.append(loss_scale.scale)
         traj.local.append([_copy(wk['w']) for wk in workers])
         traj.glob.append(_copy(W))
         traj.grads.append(raws)

@@ -16,7 +16,11 @@ and ``epochs``, worker r trains ``batches[r]`` steps per epoch and then calls
 ``trainer.join()`` if ``join`` is true or a list holding r (otherwise it goes straight on;
 its script's end fills the other workers' rounds). A step's data is a function of (rank,
 round), and the npz also holds ``rounds``: the round of every recorded step.
-``save_at_end``: save_states after the last step. ``batch_sizes`` ({rank: size}) and
+``save_at_end``: save_states after the last step.
+
+AMP (docs/design.md §11): ``amp``, ``overflow``, ``scale_window`` as in
+``mlp_model.init_amp`` and ``mlp_model.Amp`` (``amp.init_trainer`` right after the
+trainer). The npz then also holds ``loss_scale``, the loss scale after every step. ``batch_sizes`` ({rank: size}) and
 ``last_batch`` (the size of every epoch's last batch) vary the batch size. ``sync_at_end``: ``trainer.sync_weights()`` after the last step, recorded as
 ``synced_<name>``. ``compression``: the trainer's ``compression_params`` (e.g.
 ``{"type": "fp16"}``). ``record_grads``: also record each step's gradient (``grad_<name>``). ``end_marker``:
@@ -34,8 +38,8 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 # The model and data, shared with the stock pin's job (stock_job.py), which has no mxdelay.
-from mlp_model import (IN, HIDDEN, OUT, batch, build, init_params, numpy_grad,  # noqa: F401
-                       optimizer_of, PushThenPullTrainer)
+from mlp_model import (IN, HIDDEN, OUT, Amp, batch, build, init_amp, init_params,  # noqa: F401
+                       numpy_grad, optimizer_of, PushThenPullTrainer)
 
 
 class StockTrainer(gluon.Trainer):
@@ -43,8 +47,11 @@ class StockTrainer(gluon.Trainer):
 
     def _kvstore_rank(self, batch_size):
         if not self._kv_initialized:
-            # The servers get the optimizer, with rescale_grad, when the store is created.
-            self._optimizer.rescale_grad = self._scale / batch_size
+            # The servers get the optimizer, with rescale_grad, when the store is created
+            # (with AMP: amp.scale_loss's, for the initial loss scale).
+            scaler = getattr(self, '_amp_loss_scaler', None)  # pylint: disable=no-member
+            scale = self._scale if scaler is None else 1.0 / scaler.loss_scale
+            self._optimizer.rescale_grad = scale / batch_size
             self._init_kvstore()
         return self._kvstore.rank
 
@@ -55,6 +62,7 @@ class PushThenStockTrainer(StockTrainer, PushThenPullTrainer):
 
 def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
+    init_amp(config)   # before the model, as AMP requires
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
     optimizer, opt = optimizer_of(config)
@@ -70,6 +78,7 @@ def main():
         trainer = (PushThenStockTrainer if config.get('push_then_pull') else StockTrainer)(
             net.collect_params(), optimizer, opt, kvstore=config.get('kvstore', 'dist_sync'),
             compression_params=compression)
+    amp = Amp(config, trainer, net)
     loss_fn = gluon.loss.L2Loss()
     first = 0
     if config.get('resume_from'):
@@ -103,8 +112,9 @@ def main():
         xs = gluon.utils.split_and_load(nd.array(x), ctxs, even_split=True)
         ys = gluon.utils.split_and_load(nd.array(y), ctxs, even_split=True)
         with autograd.record():
-            losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
+            losses = amp.scale([loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)])
         autograd.backward(losses)
+        amp.inject(rank, step)
         if rank == config.get('sleep_rank'):
             time.sleep(config['sleep'])
         if config.get('record_grads'):
@@ -119,6 +129,7 @@ def main():
             history[names[name]].append(copies[0])
         times.append(time.time() - start)
         rounds.append(step)
+        amp.record()
         if config.get('save_at') == step:
             trainer.save_states(os.path.join(out_dir, 'ckpt'))
         if config.get('stop_after') == step:
@@ -132,7 +143,8 @@ def main():
         synced = {'synced_' + names[name]: param.list_data()[0].asnumpy()
                   for name, param in net.collect_params().items()}
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
-             rounds=rounds, **{k: np.array(v) for k, v in history.items()}, **synced)
+             rounds=rounds, loss_scale=amp.scales, **{k: np.array(v) for k, v in history.items()},
+             **synced)
     if config.get('end_marker'):   # the script's end (before anything atexit does)
         with open(os.path.join(out_dir, 'ended.worker%d' % rank), 'w', encoding='ascii') as out:
             out.write(repr(time.time()))

@@ -10,7 +10,8 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 __all__ = ['IN', 'HIDDEN', 'OUT', 'NAMES', 'init_params', 'batch', 'numpy_grad', 'build',
-           'weights_of', 'optimizer_of', 'symbol', 'PushThenPullTrainer']
+           'weights_of', 'optimizer_of', 'symbol', 'PushThenPullTrainer', 'init_amp',
+           'Amp']
 
 IN, HIDDEN, OUT = 8, 16, 4
 #: Gluon's parameter names -> the short names of init_params() and the npz files.
@@ -110,3 +111,51 @@ class PushThenPullTrainer(gluon.Trainer):
             if param.grad_req != 'null':
                 self._kvstore.push(i, param.list_grad(), priority=-i)
                 self._kvstore.pull(i, param.list_data(), priority=-i)
+
+
+def init_amp(config):
+    """``amp.init`` for a job config's ``amp``: None (no AMP), 'float32' (no operator cast to
+    a low precision: float32 arithmetic with loss scaling, which the numpy reference replays
+    exactly) or 'bfloat16' (AMP's own bfloat16 lists). Call it before building the model."""
+    if not config.get('amp'):
+        return
+    from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
+    lists = {} if config['amp'] == 'bfloat16' else dict(
+        target_precision_ops=[], conditional_fp32_ops=[], fp32_ops=[])
+    amp.init(target_dtype='bfloat16', **lists)
+
+
+class Amp(object):
+    """A job's side of AMP: ``amp.init_trainer(trainer)`` with the config's ``scale_window``
+    (the loss scaler's window, Gluon's 2000), the scaled backward, the injected overflows
+    (``overflow``: [[rank, step], ...] whose w1 gradient is multiplied by inf after
+    backward) and the loss scale after each step (``scales``)."""
+
+    def __init__(self, config, trainer, net):
+        self.trainer, self.net = trainer, net
+        self.overflow = {tuple(pair) for pair in config.get('overflow', [])}
+        self.scaler, self.scales = None, []
+        if config.get('amp'):
+            from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
+            amp.init_trainer(trainer)
+            self.scaler = trainer._amp_loss_scaler  # pylint: disable=protected-access
+            self.scaler._scale_seq_len = config.get('scale_window', self.scaler._scale_seq_len)
+
+    def scale(self, losses):
+        """`losses` times the loss scale with AMP (``amp.scale_loss``; inside
+        ``autograd.record``), else `losses`."""
+        if self.scaler is None:
+            return losses
+        from mxnet.contrib import amp  # pylint: disable=import-outside-toplevel
+        with amp.scale_loss(losses, self.trainer) as scaled:
+            return scaled
+
+    def inject(self, rank, step):
+        """After backward: make w1's gradient inf/nan if (rank, step) is to overflow."""
+        if (rank, step) in self.overflow:
+            self.net.collect_params()['l1_weight'].grad()[:] *= float('inf')
+
+    def record(self):
+        """After a step: note the loss scale."""
+        if self.scaler is not None:
+            self.scales.append(self.scaler.loss_scale)

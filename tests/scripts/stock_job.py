@@ -6,9 +6,10 @@ workers train mlp_job.py's model on its data (``mlp_model``, which has no mxdela
 a stock ``gluon.Trainer`` on MXNet's native ``'dist_sync'`` store, and write
 ``OUT_DIR/worker<rank>.npz`` as mlp_job.py does (key ``<name>``: every parameter after every
 step). CONFIG keys: steps, batch, lr, momentum, wd, lr_mult, wd_mult, optimizer (default
-'sgd'), optimizer_params (as mlp_job.py's: momentum goes to 'sgd' and 'nag' only) and
+'sgd'), optimizer_params (as mlp_job.py's: momentum goes to 'sgd' and 'nag' only),
 compression (gluon.Trainer's compression_params; then mlp_model.PushThenPullTrainer, since
-stock Gluon's pushpull refuses compression on 'dist_sync').
+stock Gluon's pushpull refuses compression on 'dist_sync'), and amp, overflow, scale_window
+(mlp_model.Amp; the npz then holds ``loss_scale``).
 
 Provenance: ``mxdelay`` and ``kvstore_ext`` cannot be imported in any role (a meta-path
 finder refuses them before MXNet is imported), and every role writes
@@ -62,7 +63,7 @@ import mxnet as mx  # noqa: E402  scheduler and servers: MXNet's own, which exit
 from mxnet import autograd, gluon, nd  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from mlp_model import PushThenPullTrainer, batch, build, optimizer_of  # noqa: E402
+from mlp_model import Amp, PushThenPullTrainer, batch, build, init_amp, optimizer_of  # noqa: E402
 
 
 def _violation(message):
@@ -82,6 +83,7 @@ def main():
         _violation('found %r imported' % _imported())
     rank = kv.rank
     ctxs = [mx.cpu()]
+    init_amp(config)
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))
     optimizer, opt = optimizer_of(config)
     if config.get('compression'):
@@ -89,6 +91,7 @@ def main():
                                       compression_params=config['compression'])
     else:
         trainer = gluon.Trainer(net.collect_params(), optimizer, opt, kvstore=kv)
+    amp = Amp(config, trainer, net)
     loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in names.values()}
     for step in range(config['steps']):
@@ -96,13 +99,15 @@ def main():
         xs = gluon.utils.split_and_load(nd.array(x), ctxs, even_split=True)
         ys = gluon.utils.split_and_load(nd.array(y), ctxs, even_split=True)
         with autograd.record():
-            losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
+            losses = amp.scale([loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)])
         autograd.backward(losses)
+        amp.inject(rank, step)
         trainer.step(config['batch'])
+        amp.record()
         for name, param in net.collect_params().items():
             history[names[name]].append(param.data().asnumpy())
     RECORD['update_on_kvstore'] = trainer._update_on_kvstore  # pylint: disable=protected-access
-    np.savez(os.path.join(out_dir, 'worker%d.npz' % rank),
+    np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), loss_scale=amp.scales,
              **{k: np.array(v) for k, v in history.items()})
 
 
