@@ -160,3 +160,26 @@ def test_amp_init_trainer_after_the_store_was_created_is_refused():
         assert 'amp.init_trainer(trainer)' in str(err) and 'right after' in str(err)
     else:
         raise AssertionError('a late amp.init_trainer was accepted')
+
+
+def test_amp_with_2bit_compression_is_refused_and_with_fp16_accepted():
+    # 2bit would quantize an overflowed gradient to finite values (inf -> +t, nan -> 0 with a
+    # nan residual): the servers would apply the round. fp16 keeps inf and nan.
+    import mxdelay  # pylint: disable=import-outside-toplevel
+    from conftest import FakeDistDelay  # pylint: disable=import-outside-toplevel
+    from scripts import mlp_model  # pylint: disable=import-outside-toplevel
+    for params, refused in (({'type': '2bit', 'threshold': 0.5}, True), ({'type': 'fp16'}, False)):
+        net, _ = mlp_model.build()
+        trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
+                                         kvstore=FakeDistDelay(), compression_params=params,
+                                         delay=2, warmup_steps=1)
+        trainer._amp_loss_scaler = LossScaler()    # what amp.init_trainer sets (see above)
+        trainer._amp_original_scale = trainer._scale
+        try:
+            trainer._init_kvstore()
+        except ValueError as err:
+            assert refused, err
+            assert "AMP's dynamic loss scaling cannot be combined" in str(err)
+            assert "'2bit'" in str(err) and "{'type': 'fp16'}" in str(err)
+        else:
+            assert not refused, 'AMP with 2bit was accepted'
