@@ -12,7 +12,7 @@ sample after every worker has finished its steps and its queued work (it then ho
 for 3 s before exiting); *peak* is the last ``VmHWM`` seen of the process.
 
 Configurations, fixed here: models ``mlp`` (1,863,690 float32 parameters) and ``big``
-(100,687,872), each with ``dist_sync`` and ``dist_delay`` k = 1, 4, 8 (slack k, R = k + 1
+(100,663,296), each with ``dist_sync`` and ``dist_delay`` k = 1, 4, 8 (slack k, R = k + 1
 slots), one job at a time. A job is skipped, and says so, when the formula below predicts
 more memory than ``MemAvailable`` minus 2 GiB (the machine is shared).
 
@@ -29,7 +29,8 @@ device), docs/design.md §3.5:
 Writes ``memory.json`` (every sample of every process, the commit, command, machine),
 ``memory.csv`` (one row per process), ``memory.md`` and ``memory.png`` into ``--out``.
 
-Usage: ``python benchmarks/memory.py [--models mlp,big] [--ks 1,4,8]``
+Usage: ``python benchmarks/memory.py [--models mlp,big] [--ks 1,4,8]`` (``--report``: only rewrite
+the Markdown and the plot from the JSON)
 """
 import argparse
 import csv
@@ -261,7 +262,7 @@ def write_markdown(meta, runs, rows, fits, path):
                 run_['model'], run_['store'], run_['k'] or '-', run_['skipped']))
     if fits:
         lines += ['', '## Per parameter, measured', '',
-                  'Slope: (big model\'s mean steady RSS - MLP\'s) / (100,687,872 - 1,863,690) '
+                  'Slope: (big model\'s mean steady RSS - MLP\'s) / (100,663,296 - 1,863,690) '
                   '/ 4 bytes, per process; for servers per server (each holds half the '
                   'parameters, so the formula column is per server too). Fixed: the MLP\'s '
                   'steady RSS minus its formula (interpreter, MXNet, thread pools).', '',
@@ -280,7 +281,16 @@ def main(argv=None):
     parser.add_argument('--models', default='mlp,big')
     parser.add_argument('--ks', default='1,4,8')
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks'))
+    parser.add_argument('--report', action='store_true',
+                        help='only rewrite memory.md and memory.png from --out\'s memory.json')
     args = parser.parse_args(argv)
+    if args.report:
+        with open(os.path.join(args.out, 'memory.json'), encoding='utf-8') as src:
+            saved = json.load(src)
+        plot(saved['rows'], os.path.join(args.out, 'memory.png'))
+        write_markdown(saved['meta'], saved['runs'], saved['rows'], saved['per_parameter'],
+                       os.path.join(args.out, 'memory.md'))
+        return 0
     with open('/proc/meminfo', encoding='ascii') as src:
         total = int(src.readline().split()[1]) * 1024
     meta = dict(command='python benchmarks/memory.py ' + shlex.join(

@@ -8,7 +8,7 @@ Usage (under a launcher): ``python memory_worker.py MODE K MODEL STEPS OUT_FOLDE
   so R = K + 1 slot buffers), rule ``'mirror'``; mxdelay is imported before mxnet, so that
   the servers are mxdelay's.
 - MODEL ``mlp``: the Fashion-MNIST MLP of ``examples/train_fashion_mnist.py`` (784-1024-1024-10,
-  1,863,690 parameters); ``big``: 6 Dense layers of 4096 x 4096 (100,687,872 parameters).
+  1,863,690 parameters); ``big``: 6 Dense layers of 4096 x 4096 (100,663,296 parameters).
   Data is synthetic (a pure function of rank and step); the optimizer is SGD with momentum
   0.9 for both modes.
 
