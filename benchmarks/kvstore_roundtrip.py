@@ -1,16 +1,16 @@
 """Push + pull round trip of 'dist_delay' vs MXNet's own stock 'dist_sync', side by side.
 
-Runs benchmarks/kv_worker.py (``--models``: ``mlp``, a 1.86M-float model, the Fashion-MNIST
-MLP's 6 tensors; ``big``, one tensor of 16.8M floats; every step pushes all and pulls all,
-then waits) with 2 workers and 1 server on loopback,
+Runs benchmarks/kv_worker.py (model ``mlp``, a 1.86M-float model, the Fashion-MNIST MLP's 6
+tensors; ``big``, one tensor of 16.8M floats; every step pushes all and pulls all, then
+waits) with 2 workers and 1 server on loopback,
 launched by ``mxdelay/launcher.py`` as a plain file (it imports neither mxdelay's package nor
 MXNet) with an explicit environment: this one minus every ``DMLC_*``, ``MXNET_*`` and
 ``MXDELAY_*`` variable, plus ``OMP_NUM_THREADS=1``. The ``dist_sync`` jobs are stock MXNet in
 every process (no mxdelay import anywhere; each process checks it and records it).
 
-Procedure, fixed by the arguments: for each optimizer setting of ``--optimizers``, and each
-of ``--rounds`` rounds, one job per store, the stores alternating (every other round in the
-reverse order). Each job runs ``--steps`` steps; the first 10 of every job are dropped (the
+Procedure, fixed by the arguments: for each case of ``--cases`` (``model:optimizer``), and
+each of ``--rounds`` rounds, one job per store, the stores alternating (every other round in
+the reverse order). Each job runs ``--steps`` steps (``--big-steps`` with model ``big``); the first 10 of every job are dropped (the
 first steps allocate buffers); nothing else is excluded. The figure is the median step time
 over all kept steps of all rounds, and the ratio is dist_sync's median over dist_delay's
 (above 1: dist_delay is faster).
@@ -29,8 +29,8 @@ server always runs its Python updater (it orders the rounds).
 Writes ``results.json`` (every step time, the commit, command, machine and load) and
 ``results.md`` into ``--out``.
 
-Usage: ``python benchmarks/kvstore_roundtrip.py [--rounds 4] [--steps 100] [--optimizers none,sgd]
-[--models mlp]``
+Usage: ``python benchmarks/kvstore_roundtrip.py [--rounds 4] [--steps 100] [--big-steps 30]
+[--cases mlp:none,mlp:sgd,big:sgd]``
 """
 import argparse
 import datetime
@@ -97,19 +97,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--rounds', type=int, default=4)
     parser.add_argument('--steps', type=int, default=100)
-    parser.add_argument('--optimizers', default='none,sgd')
-    parser.add_argument('--models', default='mlp')
+    parser.add_argument('--cases', default='mlp:none,mlp:sgd,big:sgd',
+                        help='model:optimizer pairs; models mlp, big; optimizers none, sgd')
+    parser.add_argument('--big-steps', type=int, default=30)
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'roundtrip'))
     args = parser.parse_args(argv)
-    optimizers = [o for o in args.optimizers.split(',') if o]
-    models = [m for m in args.models.split(',') if m]
-    cases = [(m, o) for m in models for o in optimizers]
+    cases = [tuple(c.split(':')) for c in args.cases.split(',') if c]
     meta = dict(command='python benchmarks/kvstore_roundtrip.py ' + shlex.join(
                     sys.argv[1:] if argv is None else argv),
                 started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
                 load_before=os.getloadavg(), code=tta.code_version(), machine=tta.machine(),
                 job_env_mxnet={k: v for k, v in tta.job_env().items() if k.startswith('MXNET_')},
-                rounds=args.rounds, steps=args.steps, dropped_per_job=DROPPED)
+                rounds=args.rounds, steps=args.steps, big_steps=args.big_steps,
+                dropped_per_job=DROPPED)
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
         for model, optimizer in cases:
@@ -119,7 +119,8 @@ def main(argv=None):
                                                                 round_index))
                     os.makedirs(folder)
                     load = os.getloadavg()[0]
-                    times, check = run(kind, args.steps, folder, optimizer, model)
+                    steps = args.big_steps if model == 'big' else args.steps
+                    times, check = run(kind, steps, folder, optimizer, model)
                     runs.append(dict(model=model, optimizer=optimizer, store=kind,
                                      round=round_index, load_before=load, times=times, **check))
                     print('%s %s %s round %d: median %.1f ms; server %.2f ms CPU per round; '
@@ -167,12 +168,12 @@ def main(argv=None):
                  meta['load_after'][0]), '',
              '2 workers + 1 server on loopback; models: `mlp` 1,863,690 floats in 6 tensors, '
              '`big` one tensor of 16,777,216 floats; every step pushes all and pulls all, then '
-             'waits. %d rounds of %d steps per store, alternating; the first %d steps of each '
-             'job dropped. Server CPU: utime + stime of the server process over the kept '
+             'waits. %d rounds of %d steps (`big`: %d) per store, alternating; the first %d '
+             'steps of each job dropped. Server CPU: utime + stime of the server process over the kept '
              'steps, per round and per MB pushed (both workers\' bytes). Stock baseline '
              'verified in every process of every dist_sync job (no mxdelay import; MXNET_* of '
              'the workers: %s): **%s**.' % (
-                 args.rounds, args.steps, DROPPED,
+                 args.rounds, args.steps, args.big_steps, DROPPED,
                  ', '.join(sorted({e for r in runs if r['store'] == 'dist_sync'
                                    for e in r['worker_mxnet_env']})),
                  'yes' if stock_ok else 'NO'), '',
