@@ -87,3 +87,21 @@ def test_a_billion_parameters_fit_the_key_space(num_servers, slots, state_keys):
 def test_status_keys_of_1000_workers_fit_the_default_bound():
     assert protocol.reply_len(1000, 10 ** 6) == 999        # 2982 bytes of reply text each
     assert protocol.reply_capacity(999) == 2982
+
+
+@pytest.mark.parametrize('num_workers,fits', [(2, 1300), (1000, 78)])
+def test_stats_of_too_many_chunks_is_an_error_reply(num_workers, fits):
+    # server_stats() lists every chunk (about 37 bytes each): README's limit. Past it the
+    # worker gets "reply too long", never a wrong or partial answer.
+    import types  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.server import DelayServer  # pylint: disable=import-outside-toplevel
+    server = DelayServer(types.SimpleNamespace(handle=None))   # handlers only, no network
+    server._server_rank, server._num_workers = 0, num_workers
+    length = protocol.reply_len(num_workers)
+    for chunks, ok in ((fits, True), (fits * 11 // 10, False)):
+        server._chunks = {c: {} for c in range(1000, 1000 + chunks)}
+        server._rounds.next_round = {c: 5000 for c in server._chunks}
+        got = protocol.decode_reply(protocol.encode_reply(True, server._on_stats({}), 1, length))
+        assert got[0] is ok, (chunks, got[1] if not ok else len(got[1]['chunks']))
+        if not ok:
+            assert 'is too long for the status key' in got[1]

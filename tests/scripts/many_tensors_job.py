@@ -74,7 +74,7 @@ def main():
             loss = net(x)
         loss.backward()
         trainer.step(1)
-        history.append(np.stack([p.data().asnumpy() for p in params]))
+        history.append(nd.stack(*[p.data() for p in params]).asnumpy())   # one wait a step
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), weights=np.array(history))
 
 
