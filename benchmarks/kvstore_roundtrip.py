@@ -47,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
 sys.path.insert(0, HERE)
+import provenance  # noqa: E402  pylint: disable=wrong-import-position
 import tta  # noqa: E402  pylint: disable=wrong-import-position  (provenance helpers)
 from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -74,13 +75,7 @@ def run(kind, steps, folder, optimizer, model):
     start, end = result['stamps'][DROPPED][0], result['stamps'][-1][1]
     usage = monitor.usage(start, end)
     server_seconds = usage.get('server 0', 0.0) * (end - start)
-    roles = {}
-    for name in sorted(os.listdir(folder)):
-        if name.startswith('role-'):
-            with open(os.path.join(folder, name), encoding='utf-8') as src:
-                roles[name[5:-5]] = json.load(src)
-    imported = sorted(name for name, records in roles.items()
-                      if any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records))
+    roles, imported = provenance.read_records(folder)
     env = sorted({' '.join('%s=%s' % kv for kv in records[-1]['env'].items()
                            if kv[0].startswith('MXNET_')) or '(none)'
                   for name, records in roles.items() if name.startswith('worker')})

@@ -47,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
 sys.path.insert(0, HERE)
+import provenance  # noqa: E402  pylint: disable=wrong-import-position
 import tta  # noqa: E402  pylint: disable=wrong-import-position  (provenance helpers)
 from cpu_monitor import _label  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -131,13 +132,7 @@ def run(model, mode, k, folder):
                                                               src.read()[-3000:]))
     for label, record in processes.items():
         record['steady'] = (steady or {}).get(label)
-    roles = {}
-    for name in sorted(os.listdir(folder)):
-        if name.startswith('role-'):
-            with open(os.path.join(folder, name), encoding='utf-8') as src:
-                roles[name[5:-5]] = json.load(src)
-    imported = sorted(name for name, records in roles.items()
-                      if any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records))
+    _, imported = provenance.read_records(folder)
     return processes, dict(steps=steps, mxdelay_imported_in=imported)
 
 
