@@ -151,10 +151,12 @@ def section():
                 what, delay['server_cpu_x_dist_sync'], delay['server_cpu_ms_per_round'],
                 sync['server_cpu_ms_per_round'], delay['server_cpu_ms_per_mb'],
                 sync['server_cpu_ms_per_mb']))
+    load = (roundtrip['meta']['load_before'][0], roundtrip['meta']['load_after'][0])
     rows.append('| push+pull round trip of 1.86M floats, `dist_delay` vs stock `dist_sync` | %s | '
                 'throughput ratio of median step times; loopback; %d alternating rounds of %d '
-                'steps | %s |' % ('; '.join(cells), roundtrip['meta']['rounds'],
-                                  roundtrip['meta']['steps'], link))
+                'steps; load average %.1f before, %.1f after (2 cores) | %s |' % (
+                    '; '.join(cells), roundtrip['meta']['rounds'], roundtrip['meta']['steps'],
+                    load[0], load[1], link))
     if cpu_cells:
         rows.append('| server CPU time per round, `dist_delay` vs stock `dist_sync` | %s | '
                     'utime + stime of the server over the kept steps of the same jobs; 2 '
