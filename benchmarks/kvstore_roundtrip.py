@@ -10,7 +10,8 @@ every process (no mxdelay import anywhere; each process checks it and records it
 
 Procedure, fixed by the arguments: for each case of ``--cases`` (``model:optimizer``), and
 each of ``--rounds`` rounds, one job per store, the stores alternating (every other round in
-the reverse order). Each job runs ``--steps`` steps (``--big-steps`` with model ``big``); the first 10 of every job are dropped (the
+the reverse order). Each job runs ``--steps`` steps (``--big-steps`` with model ``big``);
+the first 10 of every job are dropped (the
 first steps allocate buffers); nothing else is excluded. The figure is the median step time
 over all kept steps of all rounds, and the ratio is dist_sync's median over dist_delay's
 (above 1: dist_delay is faster).
@@ -164,8 +165,8 @@ def main(argv=None):
              '2 workers + 1 server on loopback; models: `mlp` 1,863,690 floats in 6 tensors, '
              '`big` one tensor of 16,777,216 floats; every step pushes all and pulls all, then '
              'waits. %d rounds of %d steps (`big`: %d) per store, alternating; the first %d '
-             'steps of each job dropped. Server CPU: utime + stime of the server process over the kept '
-             'steps, per round and per MB pushed (both workers\' bytes). Stock baseline '
+             'steps of each job dropped. Server CPU: utime + stime of the server process over '
+             'the kept steps, per round and per MB pushed (both workers\' bytes). Stock baseline '
              'verified in every process of every dist_sync job (no mxdelay import; MXNET_* of '
              'the workers: %s): **%s**.' % (
                  args.rounds, args.steps, args.big_steps, DROPPED,

@@ -23,7 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import provenance  # noqa: E402  standard library only
 
-MODE, K, MODEL, STEPS, OUT = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+MODE, K, MODEL, STEPS, OUT = (sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
+                              sys.argv[5])
 provenance.record(OUT, MODE, stock=MODE != 'delay')
 if MODE == 'delay':
     import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's

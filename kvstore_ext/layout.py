@@ -85,7 +85,8 @@ class KeyLayout(object):
     def max_chunks_per_server(self, server):
         """The most chunks server `server` can hold: its last chunk's last key, index
         ``chunks * (R + J)``, must stay at or below :data:`MAX_KEY`."""
-        return (MAX_KEY - self._residue[server]) // self.num_servers // (self.slots + self.state_keys)
+        per_chunk = self.slots + self.state_keys
+        return (MAX_KEY - self._residue[server]) // self.num_servers // per_chunk
 
     def decode(self, key):
         """Return ``('status', None, None)``, ``('slot', local, slot)`` or

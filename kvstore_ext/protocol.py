@@ -163,7 +163,8 @@ def encode_reply(ok, payload, seq=0, length=REPLY_LEN):
     out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, seq % SEQ_MODULUS, len(data))
     triples = np.frombuffer(data + b'\0' * (-len(data) % BYTES_PER_ENTRY),
                             dtype=np.uint8).reshape(-1, BYTES_PER_ENTRY).astype(np.uint32)
-    out[_HEADER:_HEADER + len(triples)] = (triples[:, 0] << 16) | (triples[:, 1] << 8) | triples[:, 2]
+    out[_HEADER:_HEADER + len(triples)] = ((triples[:, 0] << 16) | (triples[:, 1] << 8)
+                                           | triples[:, 2])
     return out
 
 

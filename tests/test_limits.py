@@ -1,11 +1,14 @@
-"""Size limits (docs/design.md §2.6, §2.7): a real job with many tensors, and the errors a
-job gets past each cap.
+"""Size limits (docs/design.md §2.6, §2.7; README's limits table): a real job with many
+tensors, where each cap lies, and the error past it.
 
-The job test runs 1,000 parameter tensors (3 elements each) on 2 workers and 2 servers
+- The job test runs 1,000 parameter tensors (3 elements each) on 2 workers and 2 servers
 through the synchronous warm-up, the switch and two delayed periods, and compares every
 worker's weights at every step with the numpy reference (tests/reference.py), with the
 tolerance of the other trainer tests (``rtol=1e-5, atol=1e-6``; the gradient ``x + p`` is
 elementwise, so only the momentum's float32 rounding differs).
+- The key cap per server (exact: every server holds exactly ``max_chunks_per_server``
+  chunks, the next one is refused with the README's message), a billion parameters on 32,
+  64 and 1,000 servers, 1,000 workers' status keys, and ``server_stats()`` past its size.
 """
 import json
 import os
@@ -68,8 +71,8 @@ def test_each_server_holds_its_share_of_the_key_range(num_servers, slots, state_
     with pytest.raises(ValueError, match=r'key \d+ exceeds %d, the largest key MXNet places '
                                          r'correctly .*: server \d+ would hold more than \d+ '
                                          r'chunks \(%d keys each: slack \+ 1 slots and %d state '
-                                         r'keys\); use larger chunks' % (MAX_KEY, slots + state_keys,
-                                                                        state_keys)):
+                                         r'keys\); use larger chunks'
+                                         % (MAX_KEY, slots + state_keys, state_keys)):
         placement.place('one more', (1,), np.float32)
 
 
