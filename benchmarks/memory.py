@@ -24,9 +24,7 @@ device), docs/design.md §3.5:
 - mxdelay worker: R + 5 (weights, gradients, R slot buffers, ``pre_weight``, the mirror's
   momentum, the pull buffer); R + 2 in the warm-up;
 - stock servers, all together: 3 (stored value, merge buffer, momentum);
-- mxdelay servers, all together: 2R + 1 (R stored values, the newest of which is ``W``, R
-  merge buffers, momentum); 2R + 2 up to commit 0d4a1e7, whose server kept ``W`` apart
-  (``docs/benchmarks/memory.md`` was measured on that library, with that formula).
+- mxdelay servers, all together: 2R + 2 (R stored values, R merge buffers, ``W``, momentum).
 
 Writes ``memory.json`` (every sample of every process, the commit, command, machine),
 ``memory.csv`` (one row per process), ``memory.md`` and ``memory.png`` into ``--out``.
@@ -65,7 +63,7 @@ def formula(model, mode, k):
     if mode == 'sync':
         return 2, 3
     slots = k + 1
-    return slots + 5, 2 * slots + 1
+    return slots + 5, 2 * slots + 2
 
 
 def steps_of(mode, k):
