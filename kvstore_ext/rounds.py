@@ -4,18 +4,17 @@ The native server (sync mode) calls the updater once a slot key holds one push f
 worker: one round of one chunk (docs/design.md §3). :class:`RoundKeeper` turns slot
 completions back into one global update per chunk per round:
 
-- it keeps the authoritative weights ``W`` and the optimizer state of every chunk; ``W`` is
-  the stored value of the slot of the chunk's last applied round (no copy of its own);
+- it keeps the authoritative weights ``W`` and the optimizer state of every chunk;
 - when round t of chunk c completes (in slot ``t mod R``) it applies the optimizer once to
-  ``W_t`` with the round's summed gradient, writing ``W_{t+1}`` straight into that slot's
-  stored value, which the native server returns to every pull of the slot;
+  ``W`` with the round's summed gradient and writes ``W_{t+1}`` into that slot's stored
+  value, which the native server returns to every pull of the slot;
 - rounds are applied in order: a round that completes before an earlier one (a worker's
   engine may send two pushes of different slots out of order) is held until the earlier
   rounds are applied.
 
-Memory per chunk of n floats: the native server's R stored values (the newest is ``W``) and R
-merge buffers, the optimizer state (n per momentum buffer), plus a copy of a round's
-gradient while it waits for an earlier round: (2R + state) * n floats.
+Memory per chunk of n floats: the native server's R stored values and R merge buffers, the
+authoritative weights, the optimizer state (n per momentum buffer), plus a copy of a round's
+gradient while it waits for an earlier round: (2R + 1 + state) * n floats.
 """
 import logging
 import types
@@ -50,7 +49,7 @@ class RoundKeeper(object):
         self.optimizer = None
         self.updater = None            # mx.optimizer.Updater over chunk ids
         self.counters = set()          # chunk ids that store a round's sum (finish counter)
-        self.weights = {}              # chunk id -> W: the stored value of its last round
+        self.weights = {}              # chunk id -> authoritative weights W
         self.next_round = {}           # chunk id -> round whose completion is applied next
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
         self.held = {}                 # chunk id -> {round: (gradient copy, stored)}
@@ -83,7 +82,7 @@ class RoundKeeper(object):
         next_round = self.next_round.setdefault(chunk, 0)
         if chunk not in self.weights:
             # Every slot was initialised with the same initial value.
-            self.weights[chunk] = stored
+            self.weights[chunk] = stored.copy()
         rnd = self._slot_round.get((chunk, slot))
         if rnd is None:
             rnd = next_round + (slot - next_round) % self.slots
@@ -101,21 +100,16 @@ class RoundKeeper(object):
             later_stored.wait_to_read()
 
     def _apply(self, chunk, grad, stored):
-        # W_t is the previous round's stored value (a slot the workers may still pull, so it
-        # is only read); W_{t+1} goes straight into this round's `stored`, which becomes W.
-        # Without a W of its own a round costs no copy with plain SGD, and the server holds
-        # n floats less per chunk (docs/design.md §3.5). copyto, not `a[:] = b`: the same
-        # copy without Python's indexing machinery (a third of the updater time, py-spy).
         weight = self.weights[chunk]
+        # copyto, not `a[:] = b`: the same copy without Python's indexing machinery, which
+        # cost a third of the server's updater time (profiled with py-spy).
         if self.updater is None or chunk in self.counters:
-            grad.copyto(stored)  # the round's sum: MXNet's server without optimizer; the counter
+            grad.copyto(weight)  # the round's sum: MXNet's server without optimizer; the counter
         elif is_plain_sgd(self.optimizer):
-            sgd_step(self.optimizer, self.updater, chunk, grad, weight, out=stored)
+            sgd_step(self.optimizer, self.updater, chunk, grad, weight)
         else:
-            if weight is not stored:
-                weight.copyto(stored)
-            self.updater(chunk, grad, stored)
-        self.weights[chunk] = stored
+            self.updater(chunk, grad, weight)
+        weight.copyto(stored)
         self.next_round[chunk] += 1
 
     def copy_state(self, chunk, j, stored):
@@ -156,9 +150,8 @@ class RoundKeeper(object):
             self._slot_round.pop((chunk, slot), None)
 
 
-def sgd_step(optimizer, updater, index, grad, weight, out=None):
-    """Apply plain SGD (with or without momentum) to one tensor, as ``optimizer.SGD`` does,
-    writing the new weights into `out` (default: `weight`, in place).
+def sgd_step(optimizer, updater, index, grad, weight):
+    """Apply plain SGD (with or without momentum) to one tensor, as ``optimizer.SGD`` does.
 
     ``optimizer.SGD`` goes through Python code made for lists of tensors; this calls the
     kernels it ends in directly, with the same arithmetic, so that a round gives the same
@@ -176,10 +169,9 @@ def sgd_step(optimizer, updater, index, grad, weight, out=None):
     if optimizer.clip_gradient:
         kwargs['clip_gradient'] = optimizer.clip_gradient
     momentum = updater.states[index]
-    out = weight if out is None else out
     if momentum is not None:
-        mx.nd.sgd_mom_update(weight, grad, momentum, out=out, momentum=optimizer.momentum,
+        mx.nd.sgd_mom_update(weight, grad, momentum, out=weight, momentum=optimizer.momentum,
                              **kwargs)
     else:
-        mx.nd.multi_sgd_update(weight, grad, out=out, num_weights=1,
+        mx.nd.multi_sgd_update(weight, grad, out=weight, num_weights=1,
                                lrs=(kwargs.pop('lr'),), wds=(kwargs.pop('wd'),), **kwargs)
