@@ -6,15 +6,11 @@ lands every key on the server it wants (:class:`KeyLayout`):
 
 - one *status* key per server (``status_key(s)``), a small array through which the server
   answers the hand-shake and the commands (:mod:`kvstore_ext.protocol`);
-- ``R`` *slot* keys per tensor chunk (``slot_key(local, slot, server)``), all on the
+- ``R`` *slot* keys per tensor chunk (``slot_key(chunk, slot, server)``), all on the
   chunk's server; round t of a chunk goes to slot ``t mod R`` (docs/design.md §2);
-- ``J`` *state* keys per chunk (``state_key(local, j, server)``; J = 0 unless a trainer's
+- ``J`` *state* keys per chunk (``state_key(chunk, j, server)``; J = 0 unless a trainer's
   local rule fetches the servers' optimizer state, docs/design.md §2.9): a round of state
   key j carries the j-th array of the chunk's optimizer state back to the workers.
-
-A chunk's keys are numbered by its *local* index, its number among the chunks of its own
-server (not by its job-wide chunk id): each server's keys are then dense, and the job's
-chunks can use the whole key range below :data:`MAX_KEY` instead of 1/S of it (§2.6).
 
 A tensor of more than ``chunk_size`` elements is split into chunks, each placed on the
 least-loaded server (:class:`Placement`); a worker's :class:`Tensor` holds its chunks, one
@@ -57,47 +53,36 @@ class KeyLayout(object):
     def _key(self, index, server):
         key = index * self.num_servers + self._residue[server]
         if key > MAX_KEY:
-            raise ValueError(
-                'key %d exceeds %d, the largest key MXNet places correctly (it computes '
-                '(key * 9973) %% num_servers in a C int): server %d would hold more than %d '
-                'chunks (%d keys each: slack + 1 slots and %d state keys); use larger chunks '
-                '(MXDELAY_CHUNK_SIZE, below MXNET_KVSTORE_BIGARRAY_BOUND) or a smaller slack'
-                % (key, MAX_KEY, server, self.max_chunks_per_server(server),
-                   self.slots + self.state_keys, self.state_keys))
+            raise ValueError('key %d exceeds %d, the largest key MXNet places correctly (it '
+                             'computes (key * 9973) %% num_servers in a C int): use fewer, '
+                             'larger chunks (MXDELAY_CHUNK_SIZE) or a smaller slack' % (key, MAX_KEY))
         return key
 
     def status_key(self, server):
         """Key of server `server`'s status array."""
         return self._key(0, server)
 
-    def slot_key(self, local, slot, server):
-        """Key of slot `slot` of the chunk with local index `local` on server `server`."""
-        return self._key(1 + local * (self.slots + self.state_keys) + slot, server)
+    def slot_key(self, chunk, slot, server):
+        """Key of slot `slot` of chunk `chunk`, placed on server `server`."""
+        return self._key(1 + chunk * (self.slots + self.state_keys) + slot, server)
 
-    def state_key(self, local, j, server):
-        """Key of state key `j` (0 .. J-1) of the chunk with local index `local` on server
-        `server`."""
+    def state_key(self, chunk, j, server):
+        """Key of state key `j` (0 .. J-1) of chunk `chunk`, placed on server `server`."""
         if not 0 <= j < self.state_keys:
             raise ValueError('state key %d of chunk %d: this layout has %d state keys per chunk'
-                             % (j, local, self.state_keys))
-        return self._key(1 + local * (self.slots + self.state_keys) + self.slots + j, server)
-
-    def max_chunks_per_server(self, server):
-        """The most chunks server `server` can hold: its last chunk's last key, index
-        ``chunks * (R + J)``, must stay at or below :data:`MAX_KEY`."""
-        per_chunk = self.slots + self.state_keys
-        return (MAX_KEY - self._residue[server]) // self.num_servers // per_chunk
+                             % (j, chunk, self.state_keys))
+        return self._key(1 + chunk * (self.slots + self.state_keys) + self.slots + j, server)
 
     def decode(self, key):
-        """Return ``('status', None, None)``, ``('slot', local, slot)`` or
-        ``('state', local, j)`` for `key` (`local`: the chunk's index on its server)."""
+        """Return ``('status', None, None)``, ``('slot', chunk, slot)`` or
+        ``('state', chunk, j)`` for `key`."""
         index = key // self.num_servers
         if index == 0:
             return 'status', None, None
-        local, slot = divmod(index - 1, self.slots + self.state_keys)
+        chunk, slot = divmod(index - 1, self.slots + self.state_keys)
         if slot >= self.slots:
-            return 'state', local, slot - self.slots
-        return 'slot', local, slot
+            return 'state', chunk, slot - self.slots
+        return 'slot', chunk, slot
 
     def server_of(self, key):
         """The server MXNet sends `key` to."""
@@ -110,13 +95,11 @@ def num_elements(shape):
 
 
 class Chunk(object):
-    """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor; `local`
-    is its index among its server's chunks, which numbers its keys."""
-    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'local', 'keys')
+    """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor."""
+    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'keys')
 
-    def __init__(self, chunk_id, start, stop, server, local, keys):
+    def __init__(self, chunk_id, start, stop, server, keys):
         self.chunk_id, self.start, self.stop, self.server = chunk_id, start, stop, server
-        self.local = local
         self.keys = keys          # one native key per slot
 
 
@@ -196,7 +179,6 @@ class Placement(object):
         self.chunk_size = chunk_size
         self.next_chunk_id = 0
         self.server_load = [0] * layout.num_servers
-        self.server_chunks = [0] * layout.num_servers   # chunks placed on each server
 
     def place(self, key, shape, dtype):
         """Return a new :class:`Tensor` for `key`, its chunks placed."""
@@ -205,10 +187,9 @@ class Placement(object):
         for start in range(0, max(size, 1), self.chunk_size):
             stop = min(start + self.chunk_size, size)
             server = int(np.argmin(self.server_load))
-            local = self.server_chunks[server]
-            keys = [self.layout.slot_key(local, s, server) for s in range(self.layout.slots)]
             self.server_load[server] += stop - start
-            self.server_chunks[server] += 1
-            chunks.append(Chunk(self.next_chunk_id, start, stop, server, local, keys))
+            chunk_id = self.next_chunk_id
             self.next_chunk_id += 1
+            keys = [self.layout.slot_key(chunk_id, s, server) for s in range(self.layout.slots)]
+            chunks.append(Chunk(chunk_id, start, stop, server, keys))
         return Tensor(key, shape, dtype, chunks)
