@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-__all__ = ['record', 'STOCK_VIOLATION']
+__all__ = ['record', 'read_records', 'STOCK_VIOLATION']
 
 STOCK_VIOLATION = 3
 
@@ -44,3 +44,16 @@ def record(folder, mode, stock, rank='0'):
         sys.stderr.write('a stock process found mxdelay imported\n')
         sys.stderr.flush()
         os._exit(STOCK_VIOLATION)
+
+
+def read_records(folder):
+    """The records of a job's processes in `folder`: ``({role-rank: [records]}, [the
+    role-ranks that had mxdelay or kvstore_ext imported])``."""
+    roles = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith('role-'):
+            with open(os.path.join(folder, name), encoding='utf-8') as src:
+                roles[name[5:-5]] = json.load(src)
+    imported = sorted(name for name, records in roles.items()
+                      if any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records))
+    return roles, imported

@@ -17,19 +17,24 @@ import numpy as np
 from . import env
 
 __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN',
-           'MIN_REPLY_LEN', 'bigarray_bound', 'reply_len', 'encode_command', 'decode_command',
+           'MIN_REPLY_LEN', 'BYTES_PER_ENTRY', 'bigarray_bound', 'reply_len', 'reply_capacity',
+           'encode_command', 'decode_command',
            'command_rank', 'encode_reply', 'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
            'pack_object', 'unpack_object']
 
-PROTOCOL_VERSION = 2  # 2: state keys (the hello's state_keys)
+PROTOCOL_VERSION = 3  # 2: state keys (the hello's state_keys); 3: 3 reply bytes an entry
 #: First two entries of every reply; a stock MXNet server leaves the status key at zero.
 MAGIC = (7301.0, 1789.0)
 COMMAND_PREFIX = 'mxdelay:'
 #: Float32 entries per worker in a status key at most (2 magic, ok flag, sequence, length,
 #: text); fewer with many workers, see :func:`reply_len`.
 REPLY_LEN = 1 << 14
-#: The fewest entries per worker: enough for the hand-shake and every command's reply.
-MIN_REPLY_LEN = 1 << 10
+#: The fewest entries per worker: 1521 bytes of text, enough for the hand-shake and every
+#: command's reply but STATS of many chunks (an optimizer's description is about 250 bytes;
+#: a tally and an error message are cut to fit). 1953 workers at MXNet's default bound.
+MIN_REPLY_LEN = 1 << 9
+#: Reply bytes per float32 entry: an integer below 2**24 is exact in float32.
+BYTES_PER_ENTRY = 3
 _HEADER = 5
 #: Sequence numbers travel in one float32: exact below 2**24, compared modulo that.
 SEQ_MODULUS = 1 << 24
@@ -132,16 +137,34 @@ def reply_len(num_workers, bound=None):
     return length
 
 
+def reply_capacity(length):
+    """Bytes of reply text that a segment of `length` float32 entries carries: 3 a entry
+    after the header (:func:`encode_reply`)."""
+    return (length - _HEADER) * BYTES_PER_ENTRY
+
+
 def encode_reply(ok, payload, seq=0, length=REPLY_LEN):
     """Encode a reply to command number `seq` (`ok` flag, JSON-able `payload`) as `length`
-    float32 entries."""
+    float32 entries.
+
+    The JSON text's bytes travel three to an entry, as the integer ``b0*65536 + b1*256 + b2``
+    (below 2**24, so exact in float32). A payload that does not fit becomes an error reply;
+    an error message that does not fit is cut (its start says what failed).
+    """
+    room = reply_capacity(length)
     data = json.dumps(payload).encode('utf-8')
-    if len(data) > length - _HEADER:
-        ok, data = False, json.dumps('reply of %d bytes is too long for the status key'
-                                     % len(data)).encode('utf-8')
+    if len(data) > room and not ok and isinstance(payload, str):
+        data = json.dumps(payload.encode('utf-8')[:room // 2].decode('utf-8', 'ignore')
+                          + ' [cut]').encode('utf-8')
+    if len(data) > room:
+        ok, data = False, json.dumps('reply of %d bytes is too long for the status key '
+                                     '(%d bytes)' % (len(data), room)).encode('utf-8')
     out = np.zeros(length, dtype=np.float32)
     out[:_HEADER] = (MAGIC[0], MAGIC[1], 1.0 if ok else 0.0, seq % SEQ_MODULUS, len(data))
-    out[_HEADER:_HEADER + len(data)] = np.frombuffer(data, dtype=np.uint8)
+    triples = np.frombuffer(data + b'\0' * (-len(data) % BYTES_PER_ENTRY),
+                            dtype=np.uint8).reshape(-1, BYTES_PER_ENTRY).astype(np.uint32)
+    out[_HEADER:_HEADER + len(triples)] = ((triples[:, 0] << 16) | (triples[:, 1] << 8)
+                                           | triples[:, 2])
     return out
 
 
@@ -152,5 +175,7 @@ def decode_reply(segment):
     if tuple(segment[:2]) != MAGIC:
         return None
     length = int(segment[4])
-    text = segment[_HEADER:_HEADER + length].astype(np.uint8).tobytes().decode('utf-8')
+    entries = segment[_HEADER:_HEADER + -(-length // BYTES_PER_ENTRY)].astype(np.uint32)
+    raw = np.stack([entries >> 16, (entries >> 8) & 0xFF, entries & 0xFF], axis=1)
+    text = raw.astype(np.uint8).tobytes()[:length].decode('utf-8')
     return bool(segment[2]), json.loads(text), int(segment[3])

@@ -279,7 +279,7 @@ class DelayServer(KVStoreServer):
                              % (body['ballot'], sorted(votes)))
         # Every failure's message, as long as the reply has room (many workers failing alike
         # would not fit): the rest are counted. Every worker reads the same reply.
-        room = protocol.reply_len(self._num_workers) // 2
+        room = protocol.reply_capacity(protocol.reply_len(self._num_workers)) // 2
         errors, more = {}, 0
         for rank, error in sorted(votes.items()):
             if error and room > 0:

@@ -152,13 +152,28 @@ def test_zero_segment_is_not_an_mxdelay_server():
 
 
 def test_reply_length_limit():
-    room = REPLY_LEN - HEADER
+    room = (REPLY_LEN - HEADER) * 3           # three bytes of text an entry
+    assert protocol.reply_capacity(REPLY_LEN) == room
     fits = 'a' * (room - 2)                   # json adds the two quotes
     assert decode_reply(encode_reply(True, fits, 3)) == (True, fits, 3)
     too_long = fits + 'a'
     ok, message, seq = decode_reply(encode_reply(True, too_long, 3))
     assert (ok, seq) == (False, 3)
     assert 'too long' in message and str(room + 1) in message
+
+
+@pytest.mark.parametrize('size', [0, 1, 2, 3, 4, 5, 95])
+def test_reply_text_of_every_length_survives_float32(size):
+    # Three bytes an entry: lengths of every residue modulo 3, escapes (JSON is ASCII).
+    text = ''.join(chr(c) for c in range(32, 32 + size)) + '\u00ff\u4e2d\U0001f600'
+    assert decode_reply(encode_reply(True, text, 1, 512)) == (True, text, 1)
+
+
+def test_a_long_error_message_is_cut_not_lost():
+    message = 'chunk 7 of parameter dense0_weight is refused: ' + 'x' * 5000
+    ok, got, _ = decode_reply(encode_reply(False, message, 2, protocol.MIN_REPLY_LEN))
+    assert ok is False and got.startswith('chunk 7 of parameter dense0_weight is refused: ')
+    assert got.endswith('[cut]')
 
 
 def test_too_long_dict_payload_becomes_an_error_reply():
@@ -294,7 +309,8 @@ def test_protocol_constants():
 # -- status keys with many workers ---------------------------------------------------------------
 @pytest.mark.parametrize('num_workers,bound,expected', [
     (1, 10 ** 6, REPLY_LEN), (61, 10 ** 6, REPLY_LEN),     # 61 * 16384 < 1e6
-    (62, 10 ** 6, 16129), (500, 10 ** 6, 1999), (1000, 10 ** 7, 9999)])
+    (62, 10 ** 6, 16129), (500, 10 ** 6, 1999), (1000, 10 ** 6, 999), (1953, 10 ** 6, 512),
+    (1000, 10 ** 7, 9999)])
 def test_status_keys_stay_below_the_bigarray_bound(num_workers, bound, expected):
     # A status key of num_workers segments at or above MXNet's bound would be split over the
     # servers (each holding a slice): from 62 workers on, the segments shrink instead.
@@ -307,10 +323,11 @@ def test_status_keys_stay_below_the_bigarray_bound(num_workers, bound, expected)
 
 
 def test_too_many_workers_for_the_bound_names_the_fix():
-    with pytest.raises(ValueError, match=r'1000 workers need status keys of 1024000 floats, '
+    # From 1954 workers at MXNet's default bound (README's limits).
+    with pytest.raises(ValueError, match=r'1954 workers need status keys of 1000448 floats, '
                                          r'above MXNET_KVSTORE_BIGARRAY_BOUND=1000000: set '
-                                         r'MXNET_KVSTORE_BIGARRAY_BOUND to at least 1024001'):
-        protocol.reply_len(1000, 10 ** 6)
+                                         r'MXNET_KVSTORE_BIGARRAY_BOUND to at least 1000449'):
+        protocol.reply_len(1954, 10 ** 6)
 
 
 def test_a_tally_of_many_long_errors_fits_its_reply():

@@ -1,0 +1,87 @@
+"""Worker (and, under a launcher, every other role) of benchmarks/memory.py.
+
+Usage (under a launcher): ``python memory_worker.py MODE K MODEL STEPS OUT_FOLDER``.
+
+- MODE ``sync``: stock ``gluon.Trainer`` on ``'dist_sync'``; no mxdelay in any process (every
+  process records it, ``benchmarks/provenance.py``, and exits with code 3 if it finds it).
+- MODE ``delay``: ``mxdelay.DelayedTrainer`` on ``'dist_delay'`` with ``delay=K`` (slack K,
+  so R = K + 1 slot buffers), rule ``'mirror'``; mxdelay is imported before mxnet, so that
+  the servers are mxdelay's.
+- MODEL ``mlp``: the Fashion-MNIST MLP of ``examples/train_fashion_mnist.py`` (784-1024-1024-10,
+  1,863,690 parameters); ``big``: 6 Dense layers of 4096 x 4096 (100,663,296 parameters).
+  Data is synthetic (a pure function of rank and step); the optimizer is SGD with momentum
+  0.9 for both modes.
+
+Each worker runs STEPS steps (with MODE ``delay`` the first ``WARMUP`` are the synchronous
+warm-up), waits for all its work (``nd.waitall``), writes ``steady-<rank>.json`` (its
+parameter count) into OUT_FOLDER and then sleeps ``HOLD`` seconds, so that the driver reads
+every process's memory in that steady state, before the job ends.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import provenance  # noqa: E402  standard library only
+
+MODE, K, MODEL, STEPS, OUT = (sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
+                              sys.argv[5])
+provenance.record(OUT, MODE, stock=MODE != 'delay')
+if MODE == 'delay':
+    import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's
+
+import json  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import mxnet as mx  # noqa: E402
+from mxnet import autograd, gluon, nd  # noqa: E402
+
+WARMUP = 3
+HOLD = 3.0
+BATCH = {'mlp': 64, 'big': 8}
+IN_UNITS = {'mlp': 784, 'big': 4096}
+
+
+def build(model):
+    net = gluon.nn.HybridSequential()
+    if model == 'mlp':
+        net.add(gluon.nn.Dense(1024, activation='relu', in_units=784),
+                gluon.nn.Dense(1024, activation='relu', in_units=1024),
+                gluon.nn.Dense(10, in_units=1024))
+    else:
+        for _ in range(6):
+            net.add(gluon.nn.Dense(4096, activation='tanh', in_units=4096, use_bias=False))
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def main():
+    net = build(MODEL)
+    params = net.collect_params()
+    optimizer_params = {'learning_rate': 0.001, 'momentum': 0.9}
+    if MODE == 'delay':
+        trainer = mxdelay.DelayedTrainer(params, 'sgd', optimizer_params, kvstore='dist_delay',
+                                         delay=K, warmup_steps=WARMUP)
+    else:
+        trainer = gluon.Trainer(params, 'sgd', optimizer_params, kvstore='dist_sync')
+        assert 'mxdelay' not in sys.modules and 'kvstore_ext' not in sys.modules
+    loss_fn = gluon.loss.L2Loss()
+    rank = int(os.environ.get('MXDELAY_RANK', '0'))
+    for step in range(STEPS):
+        rs = np.random.RandomState(1000 * step + rank)
+        x = nd.array(rs.randn(BATCH[MODEL], IN_UNITS[MODEL]).astype(np.float32))
+        with autograd.record():
+            out = net(x)
+            loss = loss_fn(out, nd.zeros_like(out))
+        loss.backward()
+        trainer.step(BATCH[MODEL])
+        loss.mean().asscalar()
+    nd.waitall()
+    count = sum(int(np.prod(p.shape)) for p in params.values())
+    with open(os.path.join(OUT, 'steady-%d.json' % rank), 'w', encoding='utf-8') as dst:
+        json.dump({'rank': rank, 'parameters': count, 'time': time.time()}, dst)
+    time.sleep(HOLD)
+
+
+if __name__ == '__main__':
+    main()
