@@ -22,7 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 BEGIN, END = '<!-- results:begin -->', '<!-- results:end -->'
 TTA = os.path.join('docs', 'benchmarks', 'tta')
-ROUNDTRIP = os.path.join('docs', 'benchmarks', 'roundtrip')
+# The server of main's library: roundtrip/ was measured with a server change of the `limits`
+# branch (W kept in the slots) that main does not have (docs/benchmarks/README.md).
+ROUNDTRIP = os.path.join('docs', 'benchmarks', 'roundtrip-before-31cc805')
 NETWORKS = (('100mbit', '100 Mbit/s'), ('1gbit', '1 Gbit/s'), ('loopback', 'loopback'))
 DELAYED = ('k2', 'k4', 'k8')
 WIDTH = 95
@@ -131,7 +133,8 @@ def section():
                                         times[m]['sync_step_ms']) for m in ('sync',) + DELAYED),
                         times['sync']['rounds'], link))
     roundtrip = _load(ROUNDTRIP, 'results.json')
-    link = '[roundtrip/results.md](docs/benchmarks/roundtrip/results.md)'
+    link = ('[roundtrip-before-31cc805/results.md]'
+            '(docs/benchmarks/roundtrip-before-31cc805/results.md)')
     cells, cpu_cells = [], []
     for model, optimizer in (('mlp', 'none'), ('mlp', 'sgd'), ('big', 'sgd')):
         delay, sync = (next((r for r in roundtrip['summary']
@@ -154,9 +157,10 @@ def section():
     load = (roundtrip['meta']['load_before'][0], roundtrip['meta']['load_after'][0])
     rows.append('| push+pull round trip of 1.86M floats, `dist_delay` vs stock `dist_sync` | %s | '
                 'throughput ratio of median step times; loopback; %d alternating rounds of %d '
-                'steps; load average %.1f before, %.1f after (2 cores) | %s |' % (
-                    '; '.join(cells), roundtrip['meta']['rounds'], roundtrip['meta']['steps'],
-                    load[0], load[1], link))
+                'steps; load average %.1f before, %.1f after (2 cores); library of commit %s | '
+                '%s |' % ('; '.join(cells), roundtrip['meta']['rounds'],
+                          roundtrip['meta']['steps'], load[0], load[1],
+                          roundtrip['meta']['code']['commit'][:7], link))
     if cpu_cells:
         rows.append('| server CPU time per round, `dist_delay` vs stock `dist_sync` | %s | '
                     'utime + stime of the server over the kept steps of the same jobs; 2 '
