@@ -648,8 +648,11 @@ class DistDelay(KVStoreBase):
                 raise ArgumentTypeError('row_sparse_pull of key %r, which was initialised '
                                         'dense; use pull, or init the key with a row_sparse '
                                         'value' % (k,))
-            sparse.row_sparse_pull(self, tensor, o if isinstance(o, (list, tuple)) else [o],
-                                   r if isinstance(r, (list, tuple)) else [r], priority)
+            # Gluon pulls a row_sparse weight's rows inside autograd.record() (its forward
+            # reads row_sparse_data): the store's own copies into `out` must not be recorded.
+            with mx.autograd.pause():
+                sparse.row_sparse_pull(self, tensor, o if isinstance(o, (list, tuple)) else [o],
+                                       r if isinstance(r, (list, tuple)) else [r], priority)
 
     def pull_tensor(self, tensor, outs, priority):
         """Pull into `outs` the weights of `tensor` after this worker's last pushed round."""

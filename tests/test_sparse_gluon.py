@@ -32,6 +32,10 @@ CASES = {
                  'optimizer_params': {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 0.01}},
     'adam-2dev': {'optimizer': 'adam', 'devices': 2,
                   'optimizer_params': {'learning_rate': 0.05, 'wd': 0.01}},
+    # The weight in chunks of a few rows on 'dist_delay' (MXDELAY_CHUNK_SIZE): its
+    # row_sparse_data is pulled chunk by chunk inside autograd.record().
+    'sgd-1dev-chunks': {'optimizer': 'sgd', 'devices': 1, 'chunk_size': 8,
+                        'optimizer_params': {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 0.01}},
 }
 STEPS = 4
 
@@ -40,6 +44,8 @@ def run_sparse_job(out, store, kind, case):
     out.mkdir(parents=True)
     config = dict(CASES[case], kind=kind, steps=STEPS)
     env = {'MXNET_STORAGE_FALLBACK_LOG_VERBOSE': 0}
+    if config.pop('chunk_size', None):
+        env['MXDELAY_CHUNK_SIZE'] = str(CASES[case]['chunk_size'])
     if store == 'dist_sync':
         env.update(stock_env())
     result = run_job([sys.executable, JOB, store, json.dumps(config), str(out)], num_workers=2,
