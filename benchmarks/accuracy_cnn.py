@@ -244,7 +244,8 @@ def write_markdown(out, summary, runs, meta):
                  STEPS_PER_EPOCH, 's' if len(seeds) > 1 else '',
                  ', '.join(str(s) for s in seeds), WARMUP,
                  ','.join('/'.join(p) for p in meta['settings']['runs'])),
-             '- Planned but not run: %s.' % (', '.join('/'.join(p) for p in missing) or 'none'),
+             '- Planned but not run (the invocation was stopped before them): %s.' % (
+                 ', '.join('/'.join(p) for p in missing) or 'none'),
              '- Test accuracy of the global model on the 10000 test images after every epoch: '
              'delayed methods call `trainer.sync_weights()` on every worker at each epoch end '
              '(so their next local steps start from the global weights), then worker 0 copies '
@@ -298,13 +299,15 @@ def write_markdown(out, summary, runs, meta):
     lines += ['', '## Runs', '',
               'Training wall time (evaluation excluded; the machine is shared, so wall times are '
               'not a speed comparison: see the time-to-accuracy benchmark), the CPU other '
-              'processes used during the run (cores), and the stock check.', '',
+              'processes used during the run (cores; *noisy* above %g: it changes wall time, '
+              'not accuracy), and the stock check.' % report_lib.NOISE_CORES, '',
               '| optimizer | method | seed | exit | training s | other cores | load before/after '
               '| stock check | MXNET_* seen by the workers |', '|---|---|---:|---:|---:|---:|---|---|---|']
     for r in runs:
         lines.append('| %s | %s | %s | %s | %s | %s | %.2f / %.2f | %s | %s |' % (
             r['optimizer'], METHODS[r['method']][0], r['seed'], r['exit'],
-            r.get('train_s', '-'), r.get('cpu_other', '-'), r['load_before'], r['load_after'],
+            r.get('train_s', '-'), '%s%s' % (r.get('cpu_other', '-'), ' (noisy)' if r.get(
+                'cpu_other', 0) > report_lib.NOISE_CORES else ''), r['load_before'], r['load_after'],
             r['stock_check'], r['worker_env']))
     with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as dst:
         dst.write('\n'.join(lines) + '\n')
