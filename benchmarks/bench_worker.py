@@ -1,8 +1,10 @@
 """One worker (and, under a launcher, every other role) of the benchmarks' training jobs.
 
 The model, data and seed are those of ``examples/train_fashion_mnist.py``: its
-``build_net('mlp')``, read from the example's source (importing the example would import
-mxdelay), and its per-worker shards (``fashion_mnist_data``, numpy only). The loop is a stock
+``build_net(--model)`` (default ``'mlp'``), read from the example's source (importing the
+example would import mxdelay), and its per-worker shards (``fashion_mnist_data``, numpy
+only). The optimizer is ``--optimizer`` (SGD with ``--momentum`` or Adam), ``--lr``,
+``--wd``, on the servers (and mirrored locally by ``DelayedTrainer``). The loop is a stock
 Gluon loop: forward, backward, ``trainer.step``, read the loss (as a loop that logs its loss
 does; this is where a worker waits for what the step left pending). Every step's end
 (``time.time()``, comparable across the processes of one machine) and loss are recorded.
@@ -15,6 +17,11 @@ Two kinds of run:
 - ``--epochs E``: full training, ``E`` epochs of the shard. Worker 0 copies its weights at
   the end of every ``--eval-every`` steps and of every epoch, and evaluates the copies on the
   10000 test images *after* training, so that evaluation takes no time from training.
+  With ``--global-model`` (delayed mode), every worker calls ``trainer.sync_weights()`` just
+  before each of these copies, so that worker 0 copies the servers' global weights (its own
+  BatchNorm running statistics, which are not trained parameters); the workers' next local
+  steps then start from them (docs/design.md §1.5). Stock ``dist_sync``'s worker 0 holds the
+  global weights after every step anyway.
 
 Modes: ``compute`` trains with ``kvstore=None`` in a process of its own (no launcher; give
 ``--rank`` and ``--num-workers``); ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``;
@@ -125,9 +132,15 @@ def parse_args(argv=None):
     parser.add_argument('--eval-every', type=int, default=78,
                         help='--epochs: worker 0 keeps its weights every this many steps, and '
                              'at every epoch end, for evaluation after training')
+    parser.add_argument('--global-model', action='store_true',
+                        help='--epochs, delayed: trainer.sync_weights() on every worker before '
+                             'each copy of the weights')
+    parser.add_argument('--model', choices=('mlp', 'cnn', 'cnn-bn'), default='mlp')
+    parser.add_argument('--optimizer', choices=('sgd', 'adam'), default='sgd')
     parser.add_argument('--batch-size', type=int, default=128)
     parser.add_argument('--lr', type=float, default=0.05)
-    parser.add_argument('--momentum', type=float, default=0.9)
+    parser.add_argument('--momentum', type=float, default=0.9, help='sgd only')
+    parser.add_argument('--wd', type=float, default=0.0)
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--jitter', default='0,0', metavar='PROB,MAX_MS',
                         help='before each step, with probability PROB, sleep a uniformly random '
@@ -155,7 +168,9 @@ def evaluate(net, images, labels):
 def main(argv=None):
     args = parse_args(argv)
     train_images, train_labels = data.load_split('train', args.data_dir)
-    opt = {'learning_rate': args.lr, 'momentum': args.momentum}
+    opt = {'learning_rate': args.lr, 'wd': args.wd}
+    if args.optimizer == 'sgd':
+        opt['momentum'] = args.momentum
     if args.mode == 'compute':
         kvstore, rank, num_workers = None, args.rank, args.num_workers
     else:
@@ -164,17 +179,17 @@ def main(argv=None):
     if args.mode != 'delayed':
         assert 'mxdelay' not in sys.modules and 'kvstore_ext' not in sys.modules
     mx.random.seed(args.seed)
-    net = build_net('mlp')
+    net = build_net(args.model)
     net.initialize(mx.init.Xavier(magnitude=2.24))
     net(nd.zeros((1, 1, 28, 28)))
     net.hybridize()
     if args.mode == 'delayed':
         trainer = sys.modules['mxdelay'].DelayedTrainer(
-            net.collect_params(), 'sgd', opt, kvstore=kvstore, delay=args.delay,
+            net.collect_params(), args.optimizer, opt, kvstore=kvstore, delay=args.delay,
             warmup_steps=args.warmup_steps, local_rule=args.local_rule)
     else:
-        trainer = gluon.Trainer(net.collect_params(), 'sgd', opt, kvstore=kvstore)
-    params = list(net.collect_params().values())
+        trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt, kvstore=kvstore)
+    params = list(net.collect_params().values())  # BatchNorm's running statistics included
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     shard = data.WorkerShard(train_images, train_labels, args.batch_size, rank, num_workers,
                              args.seed)
@@ -202,7 +217,10 @@ def main(argv=None):
             losses.append(float(loss.mean().asscalar()))
             step += 1
             ends.append(time.time())
-            if full and rank == 0 and (step % args.eval_every == 0 or step % len(shard) == 0):
+            at_eval = full and (step % args.eval_every == 0 or step % len(shard) == 0)
+            if at_eval and args.global_model and args.mode == 'delayed':
+                trainer.sync_weights()  # collective: every worker, at the same steps
+            if at_eval and rank == 0:
                 snapshots.append((step, step / len(shard),
                                   [p.data().asnumpy() for p in params]))
             if step == total:
@@ -211,6 +229,11 @@ def main(argv=None):
     nd.waitall()  # what the last step left pending belongs to the window
     end = time.time()
     result = {'rank': rank, 'num_workers': num_workers, 'mode': args.mode,
+              'model': args.model, 'optimizer': args.optimizer, 'optimizer_params': opt,
+              'local_rule': args.local_rule if args.mode == 'delayed' else None,
+              'global_model': args.global_model and args.mode == 'delayed',
+              'trained_parameters': sum(p.data().size for p in params
+                                        if p.grad_req != 'null'),
               'delay': args.delay if args.mode == 'delayed' else None,
               'warmup_steps': args.warmup_steps if args.mode == 'delayed' else None,
               'seed': args.seed, 'batch_size': args.batch_size, 'steps': total - skip,
@@ -222,7 +245,7 @@ def main(argv=None):
         evaluated = time.time()
         result['evals'] = []
         # A net of its own: set_data on the trained net would reset the trainer's kvstore.
-        eval_net = build_net('mlp')
+        eval_net = build_net(args.model)
         eval_net.initialize()
         eval_net(nd.zeros((1, 1, 28, 28)))
         eval_net.hybridize()

@@ -160,8 +160,11 @@ def job_env():
 
 
 # -- one job -------------------------------------------------------------------------------
-def run_job(folder, method, worker_args, timeout, hostfile=None):
-    """Run one launcher job with `method`; return (exit code, worker results, cpu usage)."""
+def run_job(folder, worker_args, timeout, hostfile=None):
+    """Run one launcher job of bench_worker.py with `worker_args` (``--out`` added).
+
+    Returns (exit code, worker results, the CpuMonitor, the role records).
+    """
     os.makedirs(folder, exist_ok=True)
     for stale in os.listdir(folder):
         os.remove(os.path.join(folder, stale))
@@ -170,7 +173,7 @@ def run_job(folder, method, worker_args, timeout, hostfile=None):
             '--timeout', str(int(timeout))]
     if hostfile:
         argv += ['--launcher', 'netns', '-H', hostfile]
-    argv += ['--', sys.executable, WORKER] + METHODS[method][1] + worker_args + ['--out', out]
+    argv += ['--', sys.executable, WORKER] + worker_args + ['--out', out]
     with open(os.path.join(folder, 'log.txt'), 'wb') as log:
         log.write(('$ %s\n' % shlex.join(argv)).encode())
         log.flush()
@@ -239,7 +242,7 @@ def part_full(args, meta):
                            '--data-dir', args.data_dir]
             load = os.getloadavg()[0]
             started = time.time()
-            code, results, monitor, roles = run_job(folder, method, worker_args,
+            code, results, monitor, roles = run_job(folder, METHODS[method][1] + worker_args,
                                                     300 + args.epochs * 234 * 1.0)
             row = dict(method=method, seed=seed, exit=code, load_before=load,
                        load_after=os.getloadavg()[0], job_s=time.time() - started,
@@ -328,8 +331,8 @@ def part_phases(args, meta):
                                    '--seed', '1', '--data-dir', args.data_dir]
                     load = os.getloadavg()[0]
                     code, results, monitor, roles = run_job(
-                        folder, method, worker_args, 120 + (warmup + 1 + steps) * bound,
-                        hostfile)
+                        folder, METHODS[method][1] + worker_args,
+                        120 + (warmup + 1 + steps) * bound, hostfile)
                     row = dict(network=net_name, method=method, round=round_index, exit=code,
                                warmup=warmup, steps=steps, load_before=load,
                                load_after=os.getloadavg()[0],

@@ -1,0 +1,424 @@
+"""Test accuracy per epoch of a BatchNorm CNN, SGD with momentum and Adam, stock vs delayed.
+
+Every job: the Fashion-MNIST CNN ``build_net('cnn-bn')`` of ``examples/train_fashion_mnist.py``
+(conv3x3-32, BatchNorm, ReLU, maxpool 2; conv3x3-64, BatchNorm, ReLU, maxpool 2; dense 128
+ReLU; dense 10; hybridized; 225,226 trained parameters), batch 128 per worker, 2 workers + 1
+server on loopback, ``--epochs`` (10) epochs of 234 steps, ``OMP_NUM_THREADS=1`` in every
+process. Jobs are started as in ``benchmarks/tta.py`` (whose plumbing this script reuses):
+``mxdelay/launcher.py`` run as a plain file with the explicit environment of ``tta.job_env``,
+the worker ``benchmarks/bench_worker.py``, and every process's provenance records (stock
+runs: no process imports mxdelay, checked per process).
+
+Optimizers (on the servers; mirrored locally by ``DelayedTrainer``'s rule ``'mirror'``):
+``sgd`` (lr 0.05, momentum 0.9, wd 1e-4) and ``adam`` (lr 1e-3, MXNet's default betas and
+epsilon, wd 0). Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's ``dist_sync``),
+``k4``, ``k8``, ``k16`` (``mxdelay.DelayedTrainer``, rule ``'mirror'``) and ``sgd-k4`` (the
+literal rule ``local_rule='sgd'``, k=4); warm-up 200 synchronous steps.
+
+Accuracy is that of the *global* model on the 10000 test images after every epoch: for the
+delayed methods every worker calls ``trainer.sync_weights()`` at each epoch's end (it is part
+of their trajectory: the next local steps start from the global weights), and worker 0 copies
+the weights; for ``sync`` worker 0's weights are the global ones. BatchNorm's running mean and
+variance are not trained parameters: each worker keeps its own, in both cases, and the
+evaluated model has worker 0's. The copies are evaluated after training.
+
+With 2 workers the trajectory does not depend on timing (exact rounds, a sum of two is
+commutative, seeded data order), so the runs need no shaped link, and a loaded machine
+changes only their wall time. The runs go one after the other in the order of ``--runs``
+(default: SGD's dist_sync, k=4, k=8, Adam's, then k=16 and the literal rule of both), once
+per seed of ``--seeds`` (default: 1 only).
+
+Files in ``--out`` (written after every run, so that a cut run keeps what is done):
+``accuracy.csv`` (one row per run and epoch), ``runs.csv`` (one row per run),
+``runs/<optimizer>-<method>-s<seed>.json`` (per run: the row, every worker's loss per epoch
+and a digest of its per-step losses, every process's provenance records), ``meta.json``
+(command, commit, machine, load, date), and from them ``results.md``, ``accuracy.png`` and
+``readme-rows.md`` (the rows for README.md's results section). Logs and the workers' raw
+outputs go to ``--scratch``.
+
+Usage::
+
+    python benchmarks/accuracy_cnn.py                  # every run, then the report
+    python benchmarks/accuracy_cnn.py --report-only    # the report from the files in --out
+"""
+import argparse
+import datetime
+import hashlib
+import json
+import logging
+import os
+import shlex
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import report as report_lib  # noqa: E402  pylint: disable=wrong-import-position
+import tta  # noqa: E402  pylint: disable=wrong-import-position
+
+__all__ = ['main']
+
+_LOG = logging.getLogger('accuracy_cnn')
+
+MODEL = 'cnn-bn'
+WARMUP = 200
+STEPS_PER_EPOCH = 60000 // tta.NUM_WORKERS // tta.BATCH  # 234
+#: optimizer -> (label, bench_worker arguments)
+OPTIMIZERS = {
+    'sgd': ('SGD (lr 0.05, momentum 0.9, wd 1e-4)',
+            ['--optimizer', 'sgd', '--lr', '0.05', '--momentum', '0.9', '--wd', '1e-4']),
+    'adam': ('Adam (lr 1e-3)', ['--optimizer', 'adam', '--lr', '0.001', '--wd', '0']),
+}
+#: method -> (label, bench_worker arguments)
+METHODS = {
+    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
+    'k4': ('k=4', ['--mode', 'delayed', '--delay', '4']),
+    'k8': ('k=8', ['--mode', 'delayed', '--delay', '8']),
+    'k16': ('k=16', ['--mode', 'delayed', '--delay', '16']),
+    'sgd-k4': ("literal 'sgd' rule, k=4", ['--mode', 'delayed', '--delay', '4',
+                                           '--local-rule', 'sgd']),
+}
+TARGETS = ('k4', 'k8')  # within TARGET_POINTS of dist_sync
+TARGET_POINTS = 0.5
+DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'
+                'sgd/k16,sgd/sgd-k4,adam/k16,adam/sgd-k4')
+LINK = 'docs/benchmarks/cnn/results.md'
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'cnn'),
+                        help='results folder (default: %(default)s)')
+    parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'cnn'),
+                        help='logs and raw worker outputs (default: %(default)s)')
+    parser.add_argument('--runs', default=DEFAULT_RUNS,
+                        help='OPTIMIZER/METHOD pairs, in this order (default: %(default)s)')
+    parser.add_argument('--seeds', default='1', help='(default: %(default)s)')
+    parser.add_argument('--epochs', type=int, default=10, help='(default: %(default)s)')
+    parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
+    parser.add_argument('--report-only', action='store_true',
+                        help='no run: the report from the files in --out')
+    args = parser.parse_args(argv)
+    args.runs = [tuple(pair.split('/')) for pair in args.runs.split(',') if pair]
+    for pair in args.runs:
+        if len(pair) != 2 or pair[0] not in OPTIMIZERS or pair[1] not in METHODS:
+            parser.error('--runs: %r is not OPTIMIZER/METHOD with OPTIMIZER one of %s and '
+                         'METHOD one of %s' % ('/'.join(pair), ', '.join(OPTIMIZERS),
+                                               ', '.join(METHODS)))
+    args.seeds = [int(s) for s in args.seeds.split(',') if s]
+    if args.epochs < 1:
+        parser.error('--epochs must be at least 1, got %d' % args.epochs)
+    return args
+
+
+# -- runs ----------------------------------------------------------------------------------
+def worker_args(optimizer, method, seed, args):
+    return (METHODS[method][1] + OPTIMIZERS[optimizer][1]
+            + ['--model', MODEL, '--epochs', str(args.epochs), '--seed', str(seed),
+               '--warmup-steps', str(WARMUP), '--eval-every', str(STEPS_PER_EPOCH),
+               '--global-model', '--data-dir', args.data_dir])
+
+
+def _per_epoch_loss(losses):
+    return [sum(losses[i:i + STEPS_PER_EPOCH]) / len(losses[i:i + STEPS_PER_EPOCH])
+            for i in range(0, len(losses), STEPS_PER_EPOCH)]
+
+
+def run_one(optimizer, method, seed, args):
+    """One job; returns (its row, its accuracy rows) and writes its per-run file."""
+    name = '%s-%s-s%d' % (optimizer, method, seed)
+    folder = os.path.join(args.scratch, name)
+    argv = worker_args(optimizer, method, seed, args)
+    load = os.getloadavg()[0]
+    started = time.time()
+    code, results, monitor, roles = tta.run_job(folder, argv,
+                                                600 + args.epochs * STEPS_PER_EPOCH * 3.0)
+    # tta.stock_check asks every process of a 'sync' job not to have imported mxdelay.
+    row = dict(optimizer=optimizer, method=method, seed=seed, exit=code, load_before=load,
+               load_after=os.getloadavg()[0], job_s=round(time.time() - started, 1),
+               stock_check=tta.stock_check(method, roles), worker_env=tta.worker_env(roles))
+    evals, workers = [], []
+    if code == 0:
+        t0 = min(r['first'] for r in results)
+        end = max(r['end'] for r in results) - t0
+        if results[0]['steps_per_epoch'] != STEPS_PER_EPOCH:
+            raise RuntimeError('%s: %d steps per epoch, expected %d' % (
+                name, results[0]['steps_per_epoch'], STEPS_PER_EPOCH))
+        row.update(train_s=round(end, 1), cpu_other=round(monitor.usage(t0, t0 + end)['other'], 3),
+                   eval_s=round(results[0]['eval_s'], 1),
+                   trained_parameters=results[0]['trained_parameters'])
+        for record in results[0]['evals']:
+            evals.append(dict(optimizer=optimizer, method=method, seed=seed,
+                              epoch=record['step'] // STEPS_PER_EPOCH, step=record['step'],
+                              test_acc=record['test_acc']))
+        for r in results:
+            workers.append({key: r[key] for key in (
+                'rank', 'mode', 'model', 'optimizer', 'optimizer_params', 'local_rule', 'delay',
+                'warmup_steps', 'global_model', 'trained_parameters', 'seed', 'batch_size',
+                'steps', 'steps_per_epoch', 'cpu_s')})
+            workers[-1].update(loss_per_epoch=_per_epoch_loss(r['losses']),
+                               loss_digest=hashlib.sha1(json.dumps(r['losses']).encode())
+                               .hexdigest()[:12])
+        _LOG.info('%s: %.0f s training (%.2f other cores); test acc per epoch %s; %s', name,
+                  end, row['cpu_other'], ' '.join('%.4f' % e['test_acc'] for e in evals),
+                  row['stock_check'])
+    else:
+        _LOG.error('%s FAILED (exit %s): see %s', name, code, folder)
+    os.makedirs(os.path.join(args.out, 'runs'), exist_ok=True)
+    with open(os.path.join(args.out, 'runs', name + '.json'), 'w', encoding='utf-8') as dst:
+        json.dump(dict(row, worker_args=argv, evals=evals, workers=workers, roles=roles), dst,
+                  indent=1)
+    return row, evals
+
+
+def run_all(args, meta):
+    rows, evals = [], []
+    for seed in args.seeds:
+        for optimizer, method in args.runs:
+            row, run_evals = run_one(optimizer, method, seed, args)
+            rows.append(row)
+            evals += run_evals
+            report_lib.write_csv(os.path.join(args.out, 'runs.csv'), rows)
+            report_lib.write_csv(os.path.join(args.out, 'accuracy.csv'), evals)
+            write_meta(args.out, meta)  # finished and load_after: as of the last run
+    return rows
+
+
+def write_meta(out, meta):
+    meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec='seconds'), load_after=os.getloadavg(), code_end=tta.code_version())
+    with open(os.path.join(out, 'meta.json'), 'w', encoding='utf-8') as dst:
+        json.dump(meta, dst, indent=1)
+
+
+# -- report --------------------------------------------------------------------------------
+def summarize(evals):
+    """{(optimizer, method): {'acc': {epoch: mean over seeds}, 'seeds': n, ...}} and gaps."""
+    summary = {}
+    for optimizer in OPTIMIZERS:
+        for method in METHODS:
+            rows = [e for e in evals if e['optimizer'] == optimizer and e['method'] == method]
+            if not rows:
+                continue
+            epochs = sorted({e['epoch'] for e in rows})
+            acc = {ep: sum(e['test_acc'] for e in rows if e['epoch'] == ep)
+                   / sum(1 for e in rows if e['epoch'] == ep) for ep in epochs}
+            summary[optimizer, method] = dict(acc=acc, seeds=sorted({e['seed'] for e in rows}))
+    for (optimizer, method), entry in summary.items():
+        base = summary.get((optimizer, 'sync'))
+        if method == 'sync' or not base:
+            continue
+        gaps = {ep: 100 * (entry['acc'][ep] - base['acc'][ep])
+                for ep in entry['acc'] if ep in base['acc']}
+        if gaps:
+            worst = min(gaps, key=lambda ep: (gaps[ep], ep))
+            entry.update(gaps=gaps, worst_epoch=worst, worst_points=gaps[worst])
+    return summary
+
+
+def _acc(entry, epoch):
+    value = entry['acc'].get(epoch)
+    return '-' if value is None else '%.4f' % value
+
+
+def write_markdown(out, summary, runs, meta):
+    seeds = sorted({r['seed'] for r in runs})
+    params = sorted({r['trained_parameters'] for r in runs if 'trained_parameters' in r})
+    done = {(r['optimizer'], r['method']) for r in runs}
+    missing = [tuple(p) for p in meta['settings']['runs'] if tuple(p) not in done]
+    lines = ['# Accuracy of a BatchNorm CNN: SGD with momentum and Adam, dist_sync vs delayed',
+             '', 'Generated by `python benchmarks/accuracy_cnn.py` from the files in this folder; '
+             'do not edit. How the runs are made: the docstring of `benchmarks/accuracy_cnn.py`; '
+             'the rules: [../README.md](../README.md).', '',
+             '- %s' % tta._meta_line(meta),  # pylint: disable=protected-access
+             '- Procedure, fixed before the run: Fashion-MNIST, CNN `cnn-bn` of the example '
+             '(conv3x3-32 + BN + ReLU + maxpool, conv3x3-64 + BN + ReLU + maxpool, dense 128 + '
+             'ReLU, dense 10; hybridized; %s trained parameters), 2 workers + 1 server on '
+             'loopback, batch 128 per worker, %d epochs of %d steps, seed%s %s (one seed: a '
+             'difference of a few tenths of a point between two methods is within what another '
+             'seed would change), warm-up %d steps, run order `%s`.' % (
+                 ', '.join('{:,}'.format(p) for p in params) or '?', meta['settings']['epochs'],
+                 STEPS_PER_EPOCH, 's' if len(seeds) > 1 else '',
+                 ', '.join(str(s) for s in seeds), WARMUP,
+                 ','.join('/'.join(p) for p in meta['settings']['runs'])),
+             '- Planned but not run (the invocation was stopped before them): %s.' % (
+                 ', '.join('/'.join(p) for p in missing) or 'none'),
+             '- Test accuracy of the global model on the 10000 test images after every epoch: '
+             'delayed methods call `trainer.sync_weights()` on every worker at each epoch end '
+             '(so their next local steps start from the global weights), then worker 0 copies '
+             "its weights; dist_sync: worker 0's weights, which are the global ones. BatchNorm's "
+             'running mean and variance are not trained parameters: each worker keeps its own, '
+             "with dist_sync as with the delayed methods; the evaluated model has worker 0's.",
+             '- Optimizers on the servers: %s. Delayed methods: rule `mirror` (a local copy of '
+             "the servers' optimizer, docs/design.md §1.4) unless said; the literal rule "
+             "`local_rule='sgd'` steps `w' := w' - lr*(g + wd*w')` locally with the optimizer's "
+             'lr (0.05 for SGD, 1e-3 for Adam).' % '; '.join(v[0] for v in OPTIMIZERS.values()),
+             '', '## Summary', '',
+             'Accuracy after epochs 5 and 10; minus dist_sync in points; the largest shortfall '
+             'against dist_sync at any epoch (negative: below dist_sync), with its epoch. '
+             'Targets: k=4 and k=8 within %.1f points of dist_sync.' % TARGET_POINTS, '',
+             '| optimizer | method | epoch 5 | epoch 10 | epoch 10 minus dist_sync | largest '
+             'shortfall, any epoch | within %.1f at epoch 10 | within %.1f at every epoch |'
+             % (TARGET_POINTS, TARGET_POINTS), '|---|---|---:|---:|---:|---:|---|---|']
+    for optimizer, (label, _) in OPTIMIZERS.items():
+        for method in METHODS:
+            entry = summary.get((optimizer, method))
+            if not entry:
+                continue
+            last = max(entry['acc'])
+            if method == 'sync':
+                gap_cells = ['-', '-', '-', '-']
+            elif 'gaps' in entry:
+                gap_cells = ['%+.2f' % entry['gaps'].get(last, float('nan')),
+                             '%+.2f (epoch %d)' % (entry['worst_points'], entry['worst_epoch']),
+                             'yes' if entry['gaps'].get(last, -1e9) >= -TARGET_POINTS else 'no',
+                             'yes' if entry['worst_points'] >= -TARGET_POINTS else 'no']
+            else:
+                gap_cells = ['-'] * 4
+            lines.append('| %s | %s | %s | %s | %s |' % (
+                label, METHODS[method][0], _acc(entry, 5), _acc(entry, last),
+                ' | '.join(gap_cells)))
+    for optimizer, (label, _) in OPTIMIZERS.items():
+        methods = [m for m in METHODS if (optimizer, m) in summary]
+        if not methods:
+            continue
+        epochs = sorted(summary[optimizer, methods[0]]['acc'])
+        lines += ['', '## %s: test accuracy per epoch' % label, '',
+                  '| epoch | ' + ' | '.join(METHODS[m][0] for m in methods) + ' |',
+                  '|---:|' + '---:|' * len(methods)]
+        for epoch in epochs:
+            cells = []
+            for m in methods:
+                cell = _acc(summary[optimizer, m], epoch)
+                gap = summary[optimizer, m].get('gaps', {}).get(epoch)
+                cells.append(cell if gap is None else '%s (%+.2f)' % (cell, gap))
+            lines.append('| %d | %s |' % (epoch, ' | '.join(cells)))
+    lines += ['', '## Runs', '',
+              'Training wall time (evaluation excluded; the machine is shared, so wall times are '
+              'not a speed comparison: see the time-to-accuracy benchmark), the CPU other '
+              'processes used during the run (cores; *noisy* above %g: it changes wall time, '
+              'not accuracy), and the stock check.' % report_lib.NOISE_CORES, '',
+              '| optimizer | method | seed | exit | training s | other cores | load before/after '
+              '| stock check | MXNET_* seen by the workers |', '|---|---|---:|---:|---:|---:|---|---|---|']
+    for r in runs:
+        lines.append('| %s | %s | %s | %s | %s | %s | %.2f / %.2f | %s | %s |' % (
+            r['optimizer'], METHODS[r['method']][0], r['seed'], r['exit'],
+            r.get('train_s', '-'), '%s%s' % (r.get('cpu_other', '-'), ' (noisy)' if r.get(
+                'cpu_other', 0) > report_lib.NOISE_CORES else ''), r['load_before'], r['load_after'],
+            r['stock_check'], r['worker_env']))
+    with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as dst:
+        dst.write('\n'.join(lines) + '\n')
+
+
+def readme_rows(summary, runs):
+    """The rows of README.md's results table for this benchmark (the lead pastes them)."""
+    seeds = len({r['seed'] for r in runs})
+    rows = []
+    for optimizer, (label, _) in OPTIMIZERS.items():
+        methods = [m for m in METHODS if (optimizer, m) in summary]
+        if 'sync' not in methods:
+            continue
+        for epoch in (5, 10):
+            cells = ['%s %s' % ('`dist_sync`' if m == 'sync' else METHODS[m][0],
+                                _acc(summary[optimizer, m], epoch)) for m in methods]
+            rows.append('| CNN with BatchNorm, %s: test accuracy after %d epochs | %s | global '
+                        'model; %d seed%s; rule `mirror` unless said, warm-up 200; loopback, '
+                        'real runs | [cnn/results.md](%s) |' % (
+                            label, epoch, '; '.join(cells), seeds, 's' if seeds > 1 else '',
+                            LINK))
+        gaps = ['%s %+.2f (epoch %d)' % (METHODS[m][0], summary[optimizer, m]['worst_points'],
+                                         summary[optimizer, m]['worst_epoch'])
+                for m in methods if 'worst_points' in summary[optimizer, m]]
+        rows.append('| CNN with BatchNorm, %s: largest shortfall against `dist_sync`, any epoch, '
+                    'in points | %s | epochs 1-10; the target for k=4 and k=8 is %.1f | '
+                    '[cnn/results.md](%s) |' % (label, '; '.join(gaps), TARGET_POINTS, LINK))
+    return rows
+
+
+def plot(path, summary):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import matplotlib.ticker  # pylint: disable=import-outside-toplevel
+    styles = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
+              'sgd-k4': ('C7', '-.')}
+    fig, axes = plt.subplots(1, len(OPTIMIZERS), figsize=(12.8, 4.8))
+    for ax, (optimizer, (label, _)) in zip(axes, OPTIMIZERS.items()):
+        shown, literal = [], []
+        for method in METHODS:
+            entry = summary.get((optimizer, method))
+            if not entry:
+                continue
+            epochs = sorted(entry['acc'])
+            acc = [entry['acc'][e] for e in epochs]
+            color, style = styles[method]
+            ax.plot(epochs, acc, marker='o', ms=4, color=color, ls=style,
+                    label='%s: %.4f' % (METHODS[method][0], acc[-1]))
+            (literal if method == 'sgd-k4' else shown).extend(acc)
+        title = label
+        if shown:
+            # The literal rule may fall far below: the scale is set by the others.
+            ax.set_ylim(min(shown) - 0.01, max(shown) + 0.005)
+            if literal and min(literal) < min(shown) - 0.01:
+                title += " (the literal rule is partly below the scale)"
+        ax.set_title(title, fontsize=10)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.set_xlabel('epoch')
+        ax.set_ylabel('test accuracy, global model')
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc='lower right', title='epoch-10 accuracy', title_fontsize=8)
+    fig.suptitle('Fashion-MNIST CNN with BatchNorm, 2 workers, batch 128 each, warm-up 200')
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_report(out):
+    evals = report_lib.read_csv(os.path.join(out, 'accuracy.csv'))
+    runs = report_lib.read_csv(os.path.join(out, 'runs.csv'))
+    with open(os.path.join(out, 'meta.json'), encoding='utf-8') as src:
+        meta = json.load(src)
+    summary = summarize(evals)
+    write_markdown(out, summary, runs, meta)
+    plot(os.path.join(out, 'accuracy.png'), summary)
+    with open(os.path.join(out, 'readme-rows.md'), 'w', encoding='utf-8') as dst:
+        dst.write('Rows for the table of README.md\'s results section (generated by '
+                  '`python benchmarks/accuracy_cnn.py --report-only`):\n\n'
+                  + '\n'.join(readme_rows(summary, runs)) + '\n')
+
+
+def main(argv=None):
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if not args.report_only:
+        os.makedirs(args.scratch, exist_ok=True)
+        meta = {'command': 'python benchmarks/accuracy_cnn.py ' + shlex.join(
+                    sys.argv[1:] if argv is None else argv),
+                'started': datetime.datetime.now(datetime.timezone.utc).isoformat(
+                    timespec='seconds'),
+                'load_before': os.getloadavg(), 'code_start': tta.code_version(),
+                'machine': tta.machine(), 'repo': REPO,
+                'pythonpath': os.environ.get('PYTHONPATH', ''),
+                'job_env_mxnet': {k: v for k, v in tta.job_env().items()
+                                  if k.startswith('MXNET_')},
+                'settings': {'runs': args.runs, 'seeds': args.seeds, 'epochs': args.epochs,
+                             'model': MODEL, 'warmup': WARMUP,
+                             'optimizers': {k: v[1] for k, v in OPTIMIZERS.items()},
+                             'methods': {k: v[1] for k, v in METHODS.items()}}}
+        _LOG.info('%s', meta['command'])
+        write_meta(args.out, meta)
+        rows = run_all(args, meta)
+        if any(row['exit'] != 0 for row in rows):
+            build_report(args.out)
+            return 1
+    build_report(args.out)
+    _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
