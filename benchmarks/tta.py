@@ -191,6 +191,11 @@ def run_job(folder, method, worker_args, timeout, hostfile=None):
     return code, results, monitor, roles
 
 
+def is_stock(method):
+    """Whether `method` is a stock baseline (bench_worker's ``--mode sync``: no mxdelay)."""
+    return METHODS[method][1][:2] == ['--mode', 'sync']
+
+
 def stock_check(method, roles):
     """'ok' if the job's processes imported mxdelay exactly when they should; else why not."""
     problems = []
@@ -198,7 +203,7 @@ def stock_check(method, roles):
         problems.append('%d role records' % len(roles))
     for name, records in roles.items():
         imported = any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records)
-        if method == 'sync' and imported:
+        if is_stock(method) and imported:
             problems.append('%s imported mxdelay' % name)
     return 'ok' if not problems else '; '.join(problems)
 
@@ -214,8 +219,8 @@ def worker_env(roles):
     return ' | '.join(sorted(seen))
 
 
-def _meta(args, argv):
-    return {'command': 'python benchmarks/tta.py ' + shlex.join(
+def _meta(args, argv, command):
+    return {'command': command + ' ' + shlex.join(
                 sys.argv[1:] if argv is None else argv),
             'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
             'load_before': os.getloadavg(), 'code_start': code_version(), 'machine': machine(),
@@ -365,7 +370,7 @@ def _spread(values):
 
 def derived_time(step, method, times):
     """Derived wall time of step `step` (1-based) from per-phase times (seconds)."""
-    n_sync = step if method == 'sync' else min(step, FULL_WARMUP + 1)
+    n_sync = step if is_stock(method) else min(step, FULL_WARMUP + 1)
     n_delayed = step - n_sync
     return (times['first_step_s'] + (n_sync - 1) * times['sync_step_ms'] / 1000
             + n_delayed * times['delayed_step_ms'] / 1000)
@@ -571,7 +576,7 @@ def write_markdown(out, result, methods, networks, phases):
             lines.append('| %s | %s | %d%s | %.2f s | %.1f | %s | %.0f (%.0f-%.0f) |' % (
                 NETWORKS[net_name][0], label[method], t['rounds'],
                 ' (%d noisy)' % t['noisy'] if t['noisy'] else '', t['first_step_s'],
-                t['sync_step_ms'], '-' if method == 'sync' else '%.1f' % t['delayed_step_ms'],
+                t['sync_step_ms'], '-' if is_stock(method) else '%.1f' % t['delayed_step_ms'],
                 t['window_samples_per_s'], t['window_min'], t['window_max']))
     lines += ['', '## Time to accuracy %.4f (dist_sync\'s mean epoch-5 accuracy)' % result[
         'target'], '',
@@ -708,7 +713,9 @@ def write_markdown(out, result, methods, networks, phases):
         dst.write('\n'.join(lines) + '\n')
 
 
-def main(argv=None):
+def main(argv=None, command='python benchmarks/tta.py'):
+    """Run one part; `command` is what the results record as the command line's start
+    (``benchmarks/compress.py`` runs this file's parts with methods of its own)."""
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -723,7 +730,7 @@ def main(argv=None):
             _LOG.error('shaped networks unavailable: %s', reason)
             return 2
         netns.remove_stale()
-    meta = _meta(args, argv)
+    meta = _meta(args, argv, command)
     _LOG.info('%s', meta['command'])
     try:
         rows = (part_full if args.part == 'full' else part_phases)(args, meta)
