@@ -238,7 +238,8 @@ def main(argv=None):
     result = {'rank': rank, 'num_workers': num_workers, 'mode': args.mode,
               'delay': args.delay if args.mode == 'delayed' else None,
               'warmup_steps': args.warmup_steps if args.mode == 'delayed' else None,
-              'compression': args.compression, 'seed': args.seed, 'batch_size': args.batch_size, 'steps': total - skip,
+              'compression': args.compression, 'seed': args.seed,
+              'batch_size': args.batch_size, 'steps': total - skip,
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
               'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total}
