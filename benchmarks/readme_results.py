@@ -110,8 +110,9 @@ def compression_rows():
                                  'threshold %g)' % compress.THRESHOLD)
         last = {m: data['accuracy'][m][-1] for m in methods}
         base = last['sync']['mean']
-        rows.append('| test accuracy after %d epochs with compression | %s | %d seed(s); '
-                    'difference to `dist_sync` in points; global model; loopback, real runs '
+        rows.append('| test accuracy after %d epochs with compression | %s | %d seed; '
+                    'difference to `dist_sync` in points; worker 0\'s weights; loopback, real '
+                    'runs '
                     '| [compress/results.md](%s) |' % (
                         last['sync']['epoch'], '; '.join(
                             '%s %.4f%s' % (label(m), last[m]['mean'], '' if m == 'sync' else
@@ -124,8 +125,8 @@ def compression_rows():
         rows.append('| bytes per step per worker, `Embedding(%d x %d)` + `Dense(10)`, '
                     '`gluon.Trainer` on `dist_delay` | dense gradient: sends %.1f MB, receives '
                     '%.1f MB, %.1f samples/s; `sparse_grad=True`: sends %.2f MB (**%.0fx '
-                    'fewer**), receives %.1f MB (%.2fx: the dense weight is pulled back), %.1f '
-                    'samples/s | kernel counters of each node\'s link (headers included); %d '
+                    'fewer**), receives %.1f MB (dense / this %.2fx: the dense weight is '
+                    'pulled back), %.1f samples/s | kernel counters of each node\'s link (headers included); %d '
                     'token ids per sample, batch 128, 2 workers | '
                     '[compress/sparse-bytes.md](docs/benchmarks/compress/sparse-bytes.md) |' % (
                         sparse['vocab'], sparse['dim'], dense['worker_tx'] / 1e6,
