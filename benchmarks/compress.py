@@ -33,14 +33,15 @@ Parts (``--part``):
     Variants: ``dense`` (``sparse_grad=False``) and ``sparse_grad`` (``sparse_grad=True``:
     Gluon pushes the row_sparse gradient, and pulls the whole dense weight back, as MXNet
     1.9.1's Trainer does for a dense weight on a distributed store). Samples/s: worker 0's
-    steps of the longer job after its first. Writes ``sparse-bytes.json`` and ``sparse-bytes.md``.
+    steps of the longer job after its first. Writes ``sparse-bytes.json`` and
+    ``sparse-bytes.md``.
 ``plot``
     ``throughput.png`` from ``tta.json``: steady-state samples/s per link and method.
 
 Usage (as root for the shaped links and the namespaces)::
 
     python benchmarks/compress.py --part full
-    python benchmarks/compress.py --part phases --networks 1gbit,100mbit
+    python benchmarks/compress.py --part phases --networks 1gbit,100mbit --rounds 3
     python benchmarks/compress.py --part sparse
     python benchmarks/compress.py --part report
     python benchmarks/compress.py --part plot
