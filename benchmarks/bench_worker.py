@@ -25,7 +25,10 @@ Two kinds of run:
 
 Modes: ``compute`` trains with ``kvstore=None`` in a process of its own (no launcher; give
 ``--rank`` and ``--num-workers``); ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``;
-``delayed`` is ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. Only ``delayed`` imports
+``delayed`` is ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. ``--compression`` (``fp16``,
+``2bit:THRESHOLD``) passes ``compression_params``; in ``sync`` mode the trainer is then the
+tests' ``PushThenPullTrainer`` (``tests/scripts/mlp_model.py``, stock MXNet only): stock
+Gluon's ``pushpull`` is refused with compression on ``'dist_sync'``. Only ``delayed`` imports
 mxdelay (before mxnet, so that its servers are mxdelay's); the other modes are stock MXNet in
 every process, servers and scheduler included.
 
@@ -142,6 +145,8 @@ def parse_args(argv=None):
     parser.add_argument('--momentum', type=float, default=0.9, help='sgd only')
     parser.add_argument('--wd', type=float, default=0.0)
     parser.add_argument('--seed', type=int, default=1)
+    parser.add_argument('--compression', default='none', metavar='none|fp16|2bit:THRESHOLD',
+                        help='compression_params of the trainer (default: %(default)s)')
     parser.add_argument('--jitter', default='0,0', metavar='PROB,MAX_MS',
                         help='before each step, with probability PROB, sleep a uniformly random '
                              '0..MAX_MS milliseconds (seeded by seed and rank)')
@@ -153,7 +158,20 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     prob, max_ms = (float(value) for value in args.jitter.split(','))
     args.jitter = (prob, max_ms)
+    args.compression = compression_params(args.compression)
     return args
+
+
+def compression_params(text):
+    """``compression_params`` of `text`: 'none', 'fp16' or '2bit:THRESHOLD'."""
+    kind, _, threshold = text.partition(':')
+    if kind == 'none' and not threshold:
+        return None
+    if kind == 'fp16' and not threshold:
+        return {'type': 'fp16'}
+    if kind == '2bit' and threshold:
+        return {'type': '2bit', 'threshold': float(threshold)}
+    raise ValueError("--compression must be 'none', 'fp16' or '2bit:THRESHOLD', got %r" % text)
 
 
 def evaluate(net, images, labels):
@@ -186,9 +204,16 @@ def main(argv=None):
     if args.mode == 'delayed':
         trainer = sys.modules['mxdelay'].DelayedTrainer(
             net.collect_params(), args.optimizer, opt, kvstore=kvstore, delay=args.delay,
-            warmup_steps=args.warmup_steps, local_rule=args.local_rule)
+            warmup_steps=args.warmup_steps, local_rule=args.local_rule,
+            compression_params=args.compression)
+    elif args.compression and args.mode == 'sync':
+        sys.path.insert(0, os.path.join(os.path.dirname(EXAMPLES), 'tests', 'scripts'))
+        from mlp_model import PushThenPullTrainer  # pylint: disable=import-outside-toplevel
+        trainer = PushThenPullTrainer(net.collect_params(), args.optimizer, opt, kvstore=kvstore,
+                                      compression_params=args.compression)
     else:
-        trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt, kvstore=kvstore)
+        trainer = gluon.Trainer(net.collect_params(), args.optimizer, opt, kvstore=kvstore,
+                                compression_params=args.compression)
     params = list(net.collect_params().values())  # BatchNorm's running statistics included
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     shard = data.WorkerShard(train_images, train_labels, args.batch_size, rank, num_workers,
@@ -236,7 +261,8 @@ def main(argv=None):
                                         if p.grad_req != 'null'),
               'delay': args.delay if args.mode == 'delayed' else None,
               'warmup_steps': args.warmup_steps if args.mode == 'delayed' else None,
-              'seed': args.seed, 'batch_size': args.batch_size, 'steps': total - skip,
+              'compression': args.compression, 'seed': args.seed,
+              'batch_size': args.batch_size, 'steps': total - skip,
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
               'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total}

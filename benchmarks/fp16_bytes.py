@@ -57,20 +57,35 @@ def counters(net):
     return result
 
 
-def run(net, hostfile, method, steps, size):
-    """Run one job; return the bytes each node sent and received ({namespace: (tx, rx)})."""
+def run(net, hostfile, command, timeout=300):
+    """Run one job of `command` (every role's argv); return the bytes each node sent and
+    received ({namespace: (tx, rx)})."""
     before = counters(net)
     env = {k: v for k, v in os.environ.items() if not k.startswith('MXNET_')}
     env['PYTHONPATH'] = REPO
     argv = [sys.executable, os.path.join(REPO, 'mxdelay', 'launcher.py'), '-n',
-            str(NUM_WORKERS), '-s', '1', '--launcher', 'netns', '-H', hostfile, '--',
-            sys.executable, os.path.abspath(__file__), '--role', method, str(steps),
-            str(size)]
-    subprocess.run(argv, check=True, env=env, timeout=300, stdout=subprocess.DEVNULL)
+            str(NUM_WORKERS), '-s', '1', '--launcher', 'netns', '-H', hostfile, '--'] + command
+    subprocess.run(argv, check=True, env=env, timeout=timeout, stdout=subprocess.DEVNULL)
     time.sleep(0.5)   # the last FINs
     after = counters(net)
     return {name: (after[name][0] - before[name][0], after[name][1] - before[name][1])
             for name in after}
+
+
+def traffic(net, hostfile, command_of, steps, timeout=300):
+    """Per-step bytes of the jobs ``command_of(steps)`` and ``command_of(3 * steps)``: the
+    difference of their counters over 2 * steps (start-up, hand-shake and init cancel out).
+    Returns the workers' mean sends and receives and the server's (``net.nodes``: scheduler,
+    server, workers)."""
+    short = run(net, hostfile, command_of(steps), timeout)
+    long = run(net, hostfile, command_of(3 * steps), timeout)
+    per_step = {name: ((long[name][0] - short[name][0]) / (2 * steps),
+                       (long[name][1] - short[name][1]) / (2 * steps)) for name in long}
+    server = net.nodes[1][0]
+    workers = [name for name, _ in net.nodes[2:]]
+    return {'worker_tx': sum(per_step[w][0] for w in workers) / len(workers),
+            'worker_rx': sum(per_step[w][1] for w in workers) / len(workers),
+            'server_rx': per_step[server][1], 'server_tx': per_step[server][0]}
 
 
 def main():
@@ -92,18 +107,11 @@ def main():
     with netns.ShapedNetwork(1 + 1 + NUM_WORKERS) as net:
         hostfile = os.path.join('/tmp', 'fp16-bytes-hosts-%d' % os.getpid())
         net.write_hostfile(hostfile)
-        server = net.nodes[1][0]
-        workers = [name for name, _ in net.nodes[2:]]
         for method in METHODS:
-            short = run(net, hostfile, method, args.steps, args.size)
-            long = run(net, hostfile, method, 3 * args.steps, args.size)
-            per_step = {name: ((long[name][0] - short[name][0]) / (2 * args.steps),
-                               (long[name][1] - short[name][1]) / (2 * args.steps))
-                        for name in long}
-            rows.append({'method': method,
-                         'worker_tx': sum(per_step[w][0] for w in workers) / NUM_WORKERS,
-                         'worker_rx': sum(per_step[w][1] for w in workers) / NUM_WORKERS,
-                         'server_rx': per_step[server][1], 'server_tx': per_step[server][0]})
+            rows.append(dict(method=method, **traffic(
+                net, hostfile, lambda steps, method=method: [
+                    sys.executable, os.path.abspath(__file__), '--role', method, str(steps),
+                    str(args.size)], args.steps)))
         os.remove(hostfile)
     payload = 4 * args.size
     result = {'command': 'python benchmarks/fp16_bytes.py --steps %d --size %d'

@@ -7,6 +7,8 @@ README.md (nothing else) with a short table made from:
   accuracy, accuracy over seeds, accuracy at a fixed wall time, steady-state throughput;
 - ``docs/benchmarks/roundtrip/results.json`` (``python benchmarks/kvstore_roundtrip.py``).
 - ``docs/benchmarks/memory.json`` (``python benchmarks/memory.py``).
+- ``docs/benchmarks/compress/tta.json`` and ``sparse-bytes.json``
+  (``python benchmarks/compress.py``): compression against stock MXNet, sparse bytes.
 
 Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if README.md
 differs from what would be written, and write nothing).
@@ -25,6 +27,7 @@ TTA = os.path.join('docs', 'benchmarks', 'tta')
 # The server of main's library: roundtrip/ was measured with a server change of the `limits`
 # branch (W kept in the slots) that main does not have (docs/benchmarks/README.md).
 ROUNDTRIP = os.path.join('docs', 'benchmarks', 'roundtrip-before-31cc805')
+COMPRESS = os.path.join('docs', 'benchmarks', 'compress')
 NETWORKS = (('100mbit', '100 Mbit/s'), ('1gbit', '1 Gbit/s'), ('loopback', 'loopback'))
 DELAYED = ('k2', 'k4', 'k8')
 WIDTH = 95
@@ -60,6 +63,81 @@ def _tta_cells(tta, network):
         mean = _mean(p[key] for p in values)
         cells.append('k=%s %s (**%.2fx**)' % (method[1:], _s(mean), base / mean))
     return '; '.join(cells)
+
+
+def _label(method):
+    return '`dist_sync`' if method == 'sync' else 'k=%s' % method[1:]
+
+
+def _throughput_rows(tta, methods, label, link, what):
+    """Steady-state samples/s and synchronous step rows of `methods` (the first is the
+    baseline) on each network of a ``tta.py`` report; `what` qualifies the figure."""
+    rows = []
+    for network, net_label in NETWORKS:
+        times = {m: tta['times'].get('%s/%s' % (network, m)) for m in methods}
+        if not all(times.values()):
+            continue
+        base = times[methods[0]]['window_samples_per_s']
+        cells = ['%s %.0f' % (label(methods[0]), base)] + [
+            '%s %.0f (%.2fx)' % (label(m), times[m]['window_samples_per_s'],
+                                 times[m]['window_samples_per_s'] / base) for m in methods[1:]]
+        noisy = sum(t['noisy'] for t in times.values())
+        runs = sum(t['rounds'] for t in times.values())
+        rounds = sorted({t['rounds'] for t in times.values()})
+        rows.append('| steady-state samples/s%s, %s | %s | delayed phase only (warm-up excluded); '
+                    'median of %s interleaved rounds; %d of %d runs noisy (other processes used '
+                    'more than 0.25 cores) | [%s](%s) |' % (
+                        what, net_label, '; '.join(cells), '-'.join(str(r) for r in rounds),
+                        noisy, runs, link[len('docs/benchmarks/'):], link))
+        rows.append('| synchronous step (dist_sync; warm-up of the delayed methods)%s, %s | %s | '
+                    'ms per step, median of %s interleaved rounds; the 200 warm-up steps run at '
+                    'this speed | [%s](%s) |' % (what, net_label, '; '.join(
+                        '%s %.0f ms' % (label(m), times[m]['sync_step_ms']) for m in methods),
+                        '-'.join(str(r) for r in rounds), link[len('docs/benchmarks/'):], link))
+    return rows
+
+
+def compression_rows():
+    """Rows of ``benchmarks/compress.py``'s results (fp16 and 2bit; sparse bytes)."""
+    sys.path.insert(0, HERE)
+    import compress  # pylint: disable=import-outside-toplevel
+    rows = []
+    link = 'docs/benchmarks/compress/results.md'
+    if os.path.exists(os.path.join(REPO, COMPRESS, 'tta.json')):
+        data = _load(COMPRESS, 'tta.json')
+        methods = [m for m in compress.METHODS if m in data['accuracy']]
+
+        def label(method):
+            return compress.METHODS[method][0].replace('dist_sync', '`dist_sync`')
+        rows += _throughput_rows(data, methods, label, link, ' with compression (2bit '
+                                 'threshold %g)' % compress.THRESHOLD)
+        last = {m: data['accuracy'][m][-1] for m in methods}
+        base = last['sync']['mean']
+        rows.append('| test accuracy after %d epochs with compression | %s | %d seed; '
+                    'difference to `dist_sync` in points; worker 0\'s weights; loopback, real '
+                    'runs '
+                    '| [compress/results.md](%s) |' % (
+                        last['sync']['epoch'], '; '.join(
+                            '%s %.4f%s' % (label(m), last[m]['mean'], '' if m == 'sync' else
+                                           ' (%+.2f)' % (100 * (last[m]['mean'] - base)))
+                            for m in methods), len(data['seeds']), link))
+    if os.path.exists(os.path.join(REPO, COMPRESS, 'sparse-bytes.json')):
+        sparse = _load(COMPRESS, 'sparse-bytes.json')
+        by = {r['variant']: r for r in sparse['rows']}
+        dense, thin = by['dense'], by['sparse_grad']
+        rows.append('| bytes per step per worker, `Embedding(%d x %d)` + `Dense(10)`, '
+                    '`gluon.Trainer` on `dist_delay` | dense gradient: sends %.1f MB, receives '
+                    '%.1f MB, %.1f samples/s; `sparse_grad=True`: sends %.2f MB (**%.0fx '
+                    'fewer**), receives %.1f MB (dense / this %.2fx: the dense weight is '
+                    'pulled back), %.1f samples/s | kernel counters of each node\'s link (headers included); %d '
+                    'token ids per sample, batch 128, 2 workers | '
+                    '[compress/sparse-bytes.md](docs/benchmarks/compress/sparse-bytes.md) |' % (
+                        sparse['vocab'], sparse['dim'], dense['worker_tx'] / 1e6,
+                        dense['worker_rx'] / 1e6, dense['samples_per_s'], thin['worker_tx'] / 1e6,
+                        dense['worker_tx'] / thin['worker_tx'], thin['worker_rx'] / 1e6,
+                        dense['worker_rx'] / thin['worker_rx'], thin['samples_per_s'],
+                        sparse['tokens']))
+    return rows
 
 
 def section():
@@ -112,26 +190,7 @@ def section():
     rows.append('| largest shortfall of the mean accuracy against `dist_sync`\'s, any epoch, in '
                 'points | %s | epochs 1-10, %d seeds; the target is 0.5 | [tta/results.md](%s) |'
                 % ('; '.join(gaps), seeds, link))
-    for network, label in NETWORKS:
-        times = {m: tta['times'].get('%s/%s' % (network, m)) for m in ('sync',) + DELAYED}
-        if not all(times.values()):
-            continue
-        base = times['sync']['window_samples_per_s']
-        cells = ['`dist_sync` %.0f' % base] + [
-            'k=%s %.0f (%.2fx)' % (m[1:], times[m]['window_samples_per_s'],
-                                   times[m]['window_samples_per_s'] / base) for m in DELAYED]
-        noisy = sum(t['noisy'] for t in times.values())
-        runs = sum(t['rounds'] for t in times.values())
-        rows.append('| steady-state samples/s, %s | %s | delayed phase only (warm-up excluded); '
-                    'median of %d interleaved rounds; %d of %d runs noisy (other processes used '
-                    'more than 0.25 cores) | [tta/results.md](%s) |' % (
-                        label, '; '.join(cells), times['sync']['rounds'], noisy, runs, link))
-        rows.append('| synchronous step (dist_sync; warm-up of the delayed methods), %s | %s | '
-                    'ms per step, median of %d interleaved rounds; the 200 warm-up steps run at '
-                    'this speed | [tta/results.md](%s) |' % (label, '; '.join(
-                        '%s %.0f ms' % ('`dist_sync`' if m == 'sync' else 'k=%s' % m[1:],
-                                        times[m]['sync_step_ms']) for m in ('sync',) + DELAYED),
-                        times['sync']['rounds'], link))
+    rows += _throughput_rows(tta, ('sync',) + DELAYED, _label, link, '')
     roundtrip = _load(ROUNDTRIP, 'results.json')
     link = ('[roundtrip-before-31cc805/results.md]'
             '(docs/benchmarks/roundtrip-before-31cc805/results.md)')
@@ -178,6 +237,7 @@ def section():
                 'share); SGD momentum, rule `mirror`; library of commit %s | '
                 '[memory.md](docs/benchmarks/memory.md) |'
                 % ('; '.join(cells), memory['meta']['code']['commit'][:7]))
+    rows += compression_rows()
     # The CNN accuracy rows are made by benchmarks/accuracy_cnn.py from its results files.
     with open(os.path.join('docs', 'benchmarks', 'cnn', 'readme-rows.md')) as rows_file:
         rows.extend(line.rstrip('\n') for line in rows_file if line.startswith('| '))

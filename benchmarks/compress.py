@@ -1,0 +1,247 @@
+"""Gradient compression against stock MXNet, and the bytes of a sparse model (issue text).
+
+Throughput and accuracy are ``benchmarks/tta.py``'s parts, run with methods of their own
+(the same model, data, seeds, launcher, stock checks and interleaving; ``tta.py``'s
+docstring has the procedure):
+
+- ``sync``: stock ``gluon.Trainer`` on MXNet's native ``'dist_sync'``;
+- ``sync-2bit``: stock MXNet's ``'dist_sync'`` with ``{'type': '2bit', 'threshold': 0.5}``;
+  stock Gluon's ``pushpull`` refuses compression on ``'dist_sync'``, so the trainer is the
+  tests' ``PushThenPullTrainer`` (a push, then a pull, as Gluon's own row_sparse branch);
+  still MXNet only in every process (checked per process);
+- ``k4``: ``mxdelay.DelayedTrainer`` k=4, rule ``'mirror'``;
+- ``k4-fp16``: k=4 with ``{'type': 'fp16'}`` (float16 pushes summed in float32);
+- ``k4-2bit``: k=4 with ``{'type': '2bit', 'threshold': 0.5}``.
+
+Threshold 0.5 is MXNet's default (``GradientCompression``'s and its documentation's
+example), so that ``sync-2bit`` is stock MXNet as its users meet it; it is the same in both
+2bit methods. The gradients pushed are sums over the batch of 128 (the optimizer's
+``rescale_grad`` is applied on the servers), so 0.5 is within their range.
+
+Parts (``--part``):
+
+``full``, ``phases``, ``report``
+    ``tta.py``'s parts with the methods above, into ``docs/benchmarks/compress/``: 10-epoch
+    loopback runs (seed 1) evaluated on the test set, short interleaved runs per link
+    (``--networks 1gbit,100mbit``), and the report (``results.md``, ``tta.json``).
+``sparse``
+    Bytes on the wire per step and per worker of an ``Embedding(1,000,000 x 64)`` front-end
+    (mean of the tokens' rows, then ``Dense(10)``) on synthetic token ids (``--tokens`` per
+    sample, uniform over the vocabulary, seeded by rank and step), batch 128 per worker,
+    ``gluon.Trainer`` (SGD) on ``'dist_delay'``; two workers, one server, each role in a
+    network namespace of its own (unshaped links), counted as ``fp16_bytes.py`` counts them.
+    Variants: ``dense`` (``sparse_grad=False``) and ``sparse_grad`` (``sparse_grad=True``:
+    Gluon pushes the row_sparse gradient, and pulls the whole dense weight back, as MXNet
+    1.9.1's Trainer does for a dense weight on a distributed store). Samples/s: worker 0's
+    steps of the longer job after its first. Writes ``sparse-bytes.json`` and
+    ``sparse-bytes.md``.
+``plot``
+    ``throughput.png`` from ``tta.json``: steady-state samples/s per link and method.
+
+Usage (as root for the shaped links and the namespaces)::
+
+    python benchmarks/compress.py --part full
+    python benchmarks/compress.py --part phases --networks 1gbit,100mbit --rounds 3
+    python benchmarks/compress.py --part sparse
+    python benchmarks/compress.py --part report
+    python benchmarks/compress.py --part plot
+"""
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import fp16_bytes  # noqa: E402  pylint: disable=wrong-import-position
+import tta  # noqa: E402  pylint: disable=wrong-import-position
+
+__all__ = ['METHODS', 'THRESHOLD', 'VARIANTS', 'main']
+
+THRESHOLD = 0.5
+METHODS = {
+    'sync': tta.METHODS['sync'],
+    'sync-2bit': ('dist_sync + 2bit (stock)',
+                  ['--mode', 'sync', '--compression', '2bit:%g' % THRESHOLD]),
+    'k4': tta.METHODS['k4'],
+    'k4-fp16': ('k=4 + fp16', tta.METHODS['k4'][1] + ['--compression', 'fp16']),
+    'k4-2bit': ('k=4 + 2bit', tta.METHODS['k4'][1] + ['--compression', '2bit:%g' % THRESHOLD]),
+}
+OUT = os.path.join('docs', 'benchmarks', 'compress')
+SCRATCH = os.path.join('bench_out', 'compress')
+VARIANTS = ('dense', 'sparse_grad')
+VOCAB, DIM, CLASSES = 1000000, 64, 10
+
+
+# -- the sparse model's worker (every role of its jobs) ------------------------------------
+def sparse_worker(variant, steps, tokens, batch, out):
+    """Train the embedding model `steps` steps; worker 0 writes its step ends to `out`."""
+    import mxdelay  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mxnet import autograd, gluon, nd  # pylint: disable=import-outside-toplevel
+    kv = mx.kv.create('dist_delay')
+    mx.random.seed(1)
+    head = gluon.nn.Dense(CLASSES, in_units=DIM)
+    embed = gluon.nn.Embedding(VOCAB, DIM, sparse_grad=variant == 'sparse_grad')
+    params = embed.collect_params()
+    params.update(head.collect_params())
+    params.initialize(mx.init.Uniform(0.1))
+    trainer = gluon.Trainer(params, 'sgd', {'learning_rate': 0.1}, kvstore=kv)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    ends = []
+    for step in range(steps):
+        rng = np.random.RandomState(kv.rank * 100003 + step)
+        ids = rng.randint(0, VOCAB, size=(batch, tokens))
+        labels = nd.array(rng.randint(0, CLASSES, size=batch))
+        with autograd.record():
+            loss = loss_fn(head(embed(nd.array(ids)).mean(axis=1)), labels)
+        loss.backward()
+        trainer.step(batch)
+        loss.wait_to_read()
+        ends.append(time.time())
+    nd.waitall()
+    if kv.rank == 0:
+        with open(out, 'w', encoding='utf-8') as dst:
+            json.dump({'step_ends': ends, 'mxdelay': 'mxdelay' in sys.modules}, dst)
+
+
+def part_sparse(args):
+    import netns  # pylint: disable=import-outside-toplevel
+    reason = netns.netns_available()
+    if reason:
+        sys.exit('the sparse part needs network namespaces: %s' % reason)
+    netns.remove_stale()
+    command = 'python benchmarks/compress.py --part sparse --steps %d --tokens %d' % (
+        args.steps, args.tokens)
+    meta = dict(command=command, started=_now(), load_before=os.getloadavg(),
+                code_start=tta.code_version(), machine=tta.machine(),
+                pythonpath=os.environ.get('PYTHONPATH', ''))
+    scratch = os.path.join(args.scratch, 'sparse')
+    os.makedirs(scratch, exist_ok=True)
+    rows = []
+    with netns.ShapedNetwork(1 + 1 + fp16_bytes.NUM_WORKERS) as net:
+        hostfile = os.path.join(scratch, 'hosts')
+        net.write_hostfile(hostfile)
+        for variant in VARIANTS:
+            timing = os.path.join(scratch, '%s.json' % variant)
+
+            def command_of(steps, variant=variant, timing=timing):
+                return [sys.executable, os.path.abspath(__file__), '--role', variant,
+                        str(steps), str(args.tokens), timing]
+            load = os.getloadavg()[0]
+            row = fp16_bytes.traffic(net, hostfile, command_of, args.steps, timeout=900)
+            with open(timing, encoding='utf-8') as src:
+                ends = json.load(src)['step_ends']
+            row.update(variant=variant, load_before=load, load_after=os.getloadavg()[0],
+                       samples_per_s=fp16_bytes.NUM_WORKERS * 128 * (len(ends) - 1)
+                       / (ends[-1] - ends[0]))
+            rows.append(row)
+            print('%s: sends %.0f, receives %.0f bytes/step/worker, %.0f samples/s' % (
+                variant, row['worker_tx'], row['worker_rx'], row['samples_per_s']), flush=True)
+    meta.update(finished=_now(), load_after=os.getloadavg(), code_end=tta.code_version())
+    result = dict(meta=meta, vocab=VOCAB, dim=DIM, tokens=args.tokens, batch=128,
+                  workers=fp16_bytes.NUM_WORKERS, steps=[args.steps, 3 * args.steps],
+                  rows=rows)
+    with open(os.path.join(args.out, 'sparse-bytes.json'), 'w', encoding='utf-8') as dst:
+        json.dump(result, dst, indent=1)
+    dense = rows[0]
+    lines = ['# Bytes per step of a sparse model (`%s`)' % command, '',
+             '- %s' % tta._meta_line(meta),  # pylint: disable=protected-access
+             '', 'Embedding(%d x %d) (mean of %d tokens per sample) + Dense(%d), batch 128 per '
+             'worker, `gluon.Trainer` SGD on `dist_delay`, %d workers, 1 server, each role in its '
+             'own network namespace (unshaped); bytes from the kernel counters of each node\'s '
+             '`eth0` (headers included), per step = difference between a %d-step and a %d-step '
+             'job / %d, mean of the workers. Samples/s: the %d-step job\'s steps after its '
+             'first, worker 0\'s step ends, on this loaded machine.' % (
+                 VOCAB, DIM, args.tokens, CLASSES, fp16_bytes.NUM_WORKERS, 3 * args.steps,
+                 args.steps, 2 * args.steps, 3 * args.steps), '',
+             '| variant | worker sends | worker receives | sends + receives | dense / this '
+             '(sends) | dense / this (sends + receives) | samples/s | load before/after |',
+             '|---|---:|---:|---:|---:|---:|---:|---|']
+    for row in rows:
+        total = row['worker_tx'] + row['worker_rx']
+        lines.append('| %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.1f | %.2f / %.2f |' % (
+            row['variant'], row['worker_tx'], row['worker_rx'], total,
+            dense['worker_tx'] / row['worker_tx'],
+            (dense['worker_tx'] + dense['worker_rx']) / total, row['samples_per_s'],
+            row['load_before'], row['load_after']))
+    with open(os.path.join(args.out, 'sparse-bytes.md'), 'w', encoding='utf-8') as dst:
+        dst.write('\n'.join(lines) + '\n')
+    print('\n'.join(lines))
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+
+
+def part_plot(out):
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    with open(os.path.join(out, 'tta.json'), encoding='utf-8') as src:
+        times = json.load(src)['times']
+    networks = [n for n in tta.NETWORKS if any(k.startswith(n + '/') for k in times)]
+    fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 4), squeeze=False)
+    for axis, net_name in zip(axes[0], networks):
+        methods = [m for m in METHODS if '%s/%s' % (net_name, m) in times]
+        values = [times['%s/%s' % (net_name, m)] for m in methods]
+        medians = [v['window_samples_per_s'] for v in values]
+        errors = [[v['window_samples_per_s'] - v['window_min'] for v in values],
+                  [v['window_max'] - v['window_samples_per_s'] for v in values]]
+        axis.bar(range(len(methods)), medians, yerr=errors, capsize=4,
+                 color=['0.6' if tta.is_stock(m) else 'C0' for m in methods])
+        base = times['%s/sync' % net_name]['window_samples_per_s']
+        for index, (value, top) in enumerate(zip(medians, (v['window_max'] for v in values))):
+            axis.text(index, top, '%.2fx' % (value / base), ha='center', va='bottom')
+        axis.set_xticks(range(len(methods)))
+        axis.set_xticklabels([METHODS[m][0].replace(' (stock)', '\n(stock)') for m in methods],
+                             fontsize=8)
+        axis.set_title(tta.NETWORKS[net_name][0])
+        axis.set_ylabel('steady-state samples/s (median, min-max)')
+    fig.suptitle('Compression vs stock dist_sync (grey: stock MXNet)', fontsize=10)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, 'throughput.png'), dpi=100)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--part', required=True,
+                        choices=('full', 'phases', 'report', 'sparse', 'plot'))
+    parser.add_argument('--steps', type=int, default=4,
+                        help='sparse: steps of the shorter job (the longer: 3x)')
+    parser.add_argument('--tokens', type=int, default=20, help='sparse: token ids per sample')
+    parser.add_argument('--out', default=os.path.join(REPO, OUT))
+    parser.add_argument('--scratch', default=os.path.join(REPO, SCRATCH))
+    if argv[:1] == ['--role']:  # a process of a sparse job: --role VARIANT STEPS TOKENS OUT
+        sparse_worker(argv[1], int(argv[2]), int(argv[3]), 128, argv[4])
+        return 0
+    args, rest = parser.parse_known_args(argv)
+    # tta.py's parts, labels and stock checks run on this file's methods.
+    tta.METHODS.clear()
+    tta.METHODS.update(METHODS)
+    os.makedirs(args.out, exist_ok=True)
+    if args.part == 'sparse':
+        part_sparse(args)
+        return 0
+    if args.part == 'plot':
+        part_plot(args.out)
+        return 0
+    forwarded = ['--part', args.part, '--out', os.path.relpath(args.out, REPO),
+                 '--scratch', os.path.relpath(args.scratch, REPO)]
+    if args.part == 'full' and '--seeds' not in rest:
+        forwarded += ['--seeds', '1']
+    if '--methods' not in rest:
+        forwarded += ['--methods', ','.join(METHODS)]
+    return tta.main(forwarded + rest, command='python benchmarks/compress.py')
+
+
+if __name__ == '__main__':
+    sys.exit(main())
