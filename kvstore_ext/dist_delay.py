@@ -1043,7 +1043,9 @@ def _divide_by_flag(buf, finite):
     # In place, after the copy: x / 1 is x bit for bit; x / 0 is inf or nan for every x
     # (docs/design.md §11). The push waits in MXNet's engine for the flag, i.e. for the end
     # of backward.
-    nd.broadcast_div(buf, finite.as_in_context(buf.context), out=buf)
+    # (A float16 send buffer, with float16 pushes, needs the flag in its dtype.)
+    nd.broadcast_div(buf, finite.as_in_context(buf.context).astype(buf.dtype, copy=False),
+                     out=buf)
 
 
 def _wait_for_issued_work():
