@@ -239,14 +239,19 @@ class DelayedTrainer(gluon.Trainer):
         # The kvstore adds its optimizer's description to the hand-shake.
         # amp: the servers skip rounds with a non-finite sum (docs/design.md §11).
         self._amp = self._loss_scaler() is not None
-        if self._amp and kvstore.compression is not None and not kvstore.compression.wire_dtype:
+        if self._amp and kvstore.compression is not None:
             # 2bit quantizes inf to +t (and nan to 0, with a nan residual from then on): an
-            # overflowed round would reach the servers finite and be applied.
+            # overflowed round would reach the servers finite and be applied. fp16: a
+            # loss-scaled gradient that is finite in float32 can overflow float16's range in
+            # the push's cast, and the servers would skip a round that no worker's overflow
+            # flag (computed before the cast) reported: measured, the loss scales then leave
+            # Gluon's sequence. Refused until the flag covers the cast.
             raise ValueError(
-                "AMP's dynamic loss scaling cannot be combined with compression_params=%r: "
-                'an overflowed gradient would be quantized to finite values and applied, and '
-                "its residual would stay non-finite; use compression_params={'type': 'fp16'} "
-                'or None with AMP' % (kvstore.compression.describe(),))
+                "AMP's dynamic loss scaling cannot be combined with compression_params=%r yet: "
+                'an overflowed gradient would be quantized to finite values (2bit), or a '
+                'loss-scaled gradient could overflow in the float16 cast without the workers\' '
+                'overflow flags seeing it (fp16); use compression_params=None with AMP'
+                % (kvstore.compression.describe(),))
         kvstore.set_config(delay=self._schedule.delay, warmup_steps=self._schedule.warmup_steps,
                            local_rule=repr(self._rule), local_lr=self._local_lr, amp=self._amp)
 

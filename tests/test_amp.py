@@ -117,3 +117,4 @@ def test_bfloat16_amp_trains_and_loss_scales_agree(tmp_path):
             print('%d %s: moved %.3g, off the float32 reference by %.3g'
                   % (rank, name, moved, error))
             assert 1e-5 < error < 0.05 * moved, (rank, name, error, moved)  # bf16 used
+
