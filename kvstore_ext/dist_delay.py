@@ -91,7 +91,6 @@ class DistDelay(KVStoreBase):
         self._chunk_size = None
         self._state_keys = 0       # J: state keys per chunk (fetch_optimizer_states)
         self._state_keys_made = set()   # state keys initialised on the servers
-        self._wire = None          # wire dtype of the pushes (set_gradient_compression)
         self.configure(slack=env.get_int('MXDELAY_SLACK'),
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
         self._tensors = {}
@@ -190,19 +189,19 @@ class DistDelay(KVStoreBase):
         """Prove the servers are mxdelay's and the workers agree; prepare the key placement."""
         slots = self._slack + 1
         layout = KeyLayout(self._num_servers, slots, self._state_keys,
-                           pull_keys=slots if self._wire else 0)
+                           pull_keys=slots if self.wire_dtype else 0)
         channel = self._channel_factory(self._native, layout)
-        if self._wire and self.rank == 0:
+        if self.wire_dtype and self.rank == 0:
             # Before any key exists: the servers then sum float16 keys in float32 (§2.11).
             wire.enable_float32_sums(self._native)
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': slots,
-                 'state_keys': self._state_keys, 'wire': self._wire,
+                 'state_keys': self._state_keys, 'wire': self.wire_dtype,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': protocol.PROTOCOL_VERSION,
                  # The optimizer's description too: workers that set different optimizers
                  # fail here, all of them, naming both (the servers apply one optimizer).
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
-                                state_keys=self._state_keys, wire=self._wire,
+                                state_keys=self._state_keys,
                                 optimizer=describe_optimizer(self._optimizer),
                                 compression=self._compression and self._compression.describe())}
         replies = channel.handshake(hello)
@@ -347,7 +346,6 @@ class DistDelay(KVStoreBase):
                              "mx.kv.create('dist_delay'), or pass compression_params to the "
                              'trainer')
         self._compression = compression.parse(compression_params)
-        self._wire = self._compression.wire_dtype if self._compression else None
 
     @property
     def compression(self):
@@ -358,7 +356,7 @@ class DistDelay(KVStoreBase):
     def wire_dtype(self):
         """The dtype gradients are pushed in: 'float16' with fp16 compression, else None
         (each tensor's own)."""
-        return self._wire
+        return self._compression.wire_dtype if self._compression is not None else None
 
     def _check_compressible(self, keys, values):
         if self._compression is None:
@@ -389,7 +387,7 @@ class DistDelay(KVStoreBase):
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
             if sparse.is_row_sparse(v, self._param_of(k)):  # chunks of rows, docs/design.md §2.10
-                if self._wire:
+                if self.wire_dtype:
                     raise ValueError("key %r is row_sparse: compression_params={'type': 'fp16'} "
                                      'pushes dense float32 gradients only; remove the '
                                      'compression or use a dense parameter' % (k,))
@@ -406,10 +404,10 @@ class DistDelay(KVStoreBase):
                 chunk_values = [flat[c.start:c.stop] for c in tensor.chunks]
                 for chunk, chunk_value in zip(tensor.chunks, chunk_values):
                     native_keys.extend(chunk.keys)
-                    if self._wire:
+                    if self.wire_dtype:
                         # float16 slot keys (their value is never read: pulls read the pull
                         # keys, which start at the tensor's float32 value).
-                        zeros = nd.zeros(chunk.stop - chunk.start, dtype=self._wire)
+                        zeros = nd.zeros(chunk.stop - chunk.start, dtype=self.wire_dtype)
                         native_values.extend([zeros] * len(chunk.keys))
                         native_keys.extend(chunk.pull_keys)
                     native_values.extend([chunk_value] * len(chunk.pull_keys))
@@ -435,7 +433,7 @@ class DistDelay(KVStoreBase):
                                          else 1.0)
         self._command(Command.REGISTER, {'chunks': chunks_msg})
         self._native.init(native_keys, native_values)
-        if self._wire:
+        if self.wire_dtype:
             for tensor in placed:
                 tensor.make_pull_buffers(self._slack + 1)
             wire.push_handle_round(self._native, placed)
@@ -458,7 +456,7 @@ class DistDelay(KVStoreBase):
         return 1.0, 1.0, str(key)
 
     def _place(self, key, value):
-        tensor = self._placement.place(key, value.shape, value.dtype, self._wire)
+        tensor = self._placement.place(key, value.shape, value.dtype, self.wire_dtype)
         self._tensors[key] = tensor
         if self._compression is not None:
             residual = self._compression.make_residual(tensor.size)
@@ -1043,9 +1041,7 @@ def _divide_by_flag(buf, finite):
     # In place, after the copy: x / 1 is x bit for bit; x / 0 is inf or nan for every x
     # (docs/design.md §11). The push waits in MXNet's engine for the flag, i.e. for the end
     # of backward.
-    # (A float16 send buffer, with float16 pushes, needs the flag in its dtype.)
-    nd.broadcast_div(buf, finite.as_in_context(buf.context).astype(buf.dtype, copy=False),
-                     out=buf)
+    nd.broadcast_div(buf, finite.as_in_context(buf.context), out=buf)
 
 
 def _wait_for_issued_work():

@@ -185,14 +185,3 @@ def test_amp_with_compression_is_refused():
         else:
             assert params is None, 'AMP with %r was accepted' % (params,)
 
-
-def test_pushes_divided_by_the_flag_in_float32_and_float16_send_buffers():
-    # float16 pushes with AMP: the flag is divided into a float16 send buffer too.
-    from kvstore_ext.dist_delay import _divide_by_flag  # pylint: disable=import-outside-toplevel
-    for dtype in ('float32', 'float16'):
-        values = np.array([1.5, -2.0, 0.0], dtype=dtype)
-        buf = nd.array(values, dtype=dtype)
-        _divide_by_flag(buf, nd.ones((1,)))
-        np.testing.assert_array_equal(buf.asnumpy(), values)      # x / 1 is x
-        _divide_by_flag(buf, nd.zeros((1,)))
-        assert buf.dtype == np.dtype(dtype) and not np.isfinite(buf.asnumpy()).any()
