@@ -31,6 +31,7 @@ the launcher never sees it fail. To make a worker fail on purpose, use ``os._exi
 """
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import pickle
@@ -41,16 +42,19 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import numpy as np
 
 import mxdelay  # noqa: F401  before mxnet, as the job scripts do
 import mxnet as mx
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 
 import reference
+from kvstore_ext import protocol
 from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.optimizers import flatten_state
+from kvstore_ext.optimizers import describe_optimizer, flatten_state
+from kvstore_ext.protocol import Command
 from kvstore_ext.rounds import is_plain_sgd, sgd_step
 from scripts import mlp_model
 
@@ -85,8 +89,6 @@ TESTS = os.path.join(REPO, 'tests')
 SCRIPTS = os.path.join(TESTS, 'scripts')
 #: The launcher runs as a file, as MXNet's tools/launch.py does (it loads no MXNet).
 LAUNCHER = (sys.executable, os.path.join(REPO, 'mxdelay', 'launcher.py'))
-
-_PREFIX = re.compile(r'^\[(scheduler|server \d+|worker \d+)\] ', re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +328,20 @@ def _lines_of(text, name):
     return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
 
 
+# -- the store's own tests' job (scripts/kv_job.py) ---------------------------------------------
+KV_JOB = os.path.join(SCRIPTS, 'kv_job.py')
+
+
+def kv_results(result):
+    """{rank: RESULT dict} from the workers' output of a KV_JOB job."""
+    results = {}
+    for line in result.stdout.splitlines():
+        if 'RESULT ' in line:
+            data = json.loads(line.split('RESULT ', 1)[1])
+            results[data['rank']] = data
+    return results
+
+
 # -- the distributed trainer tests' job (scripts/mlp_job.py) ---------------------------------
 #: Tolerance of the reference comparisons. The update kernels match MXNet's arithmetic, but
 #: Gluon's backward (BLAS) and numpy's matmul round differently; over 16 steps the largest
@@ -375,6 +391,89 @@ def assert_matches_reference(histories, trajectory, first=0):
                     err_msg='worker %d, step %d, parameter %s' % (rank, first + t, name))
 
 
+# -- uneven data: mlp_job's plans of batches per worker (tests/test_uneven_data.py) -------
+def has_data(config, rank, t):
+    """Worker `rank` has a batch in round `t` (mlp_job's plan)."""
+    batches = config['batches']
+    if config.get('join'):
+        return t % max(batches) < batches[rank]
+    return t < config['epochs'] * batches[rank]
+
+
+def batch_size(config, rank, t):
+    """The size of worker `rank`'s batch in round `t` (mlp_job's plan)."""
+    size = config.get('batch_sizes', {}).get(str(rank), config['batch'])
+    batches, last = config['batches'][rank], config.get('last_batch')
+    index = t % max(config['batches']) if config.get('join') else t % batches
+    return last if last and index == batches - 1 else size
+
+
+def simulate_uneven(config, num_workers, warmup_steps, **kw):
+    """The reference: zero gradients where a worker has no data; the servers apply worker 0's
+    first rescale_grad, and every worker's gradient is scaled by its own batch size. `kw`
+    goes to ``reference.simulate`` (e.g. ``compression_threshold``)."""
+    rounds = config['epochs'] * max(config['batches'])
+    job_batch = batch_size(config, 0, 0)
+
+    def grad_fn(weights, rank, t):
+        if not has_data(config, rank, t):
+            return {name: np.zeros_like(w) for name, w in weights.items()}
+        size = batch_size(config, rank, t)
+        x, y = mlp_model.batch(rank, t, size)
+        factor = np.float32(job_batch / size)
+        return {name: g.astype(np.float32) * factor
+                for name, g in mlp_model.numpy_grad(weights, x, y).items()}
+    return reference.simulate(
+        mlp_model.init_params(), grad_fn, num_workers, rounds, config['delay'], warmup_steps,
+        config['lr'], momentum=config['momentum'], wd=config['wd'],
+        rescale_grad=1.0 / job_batch, rule=config.get('local_rule', 'mirror'), **kw)
+
+
+def assert_uneven_matches_reference(histories, config, trajectory):
+    """Each worker trained exactly its rounds with data, and its weights after each equal
+    the reference's local weights."""
+    for rank, history in histories.items():
+        want_rounds = [t for t in range(len(trajectory.glob)) if has_data(config, rank, t)]
+        assert list(history['rounds']) == want_rounds, 'worker %d trained other rounds' % rank
+        for name in ('w1', 'b1', 'w2', 'b2'):
+            for index, t in enumerate(want_rounds):
+                np.testing.assert_allclose(
+                    history[name][index], trajectory.local[t][rank][name], rtol=RTOL, atol=ATOL,
+                    err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
+
+
+# -- stock MXNet's job (scripts/stock_job.py) --------------------------------------------------
+#: Stock MXNet's gluon.Trainer on dist_sync in every role (scripts/stock_job.py).
+STOCK_SCRIPT = os.path.join(SCRIPTS, 'stock_job.py')
+
+
+def run_stock_job(out, config, num_workers=2, num_servers=1):
+    """Run scripts/stock_job.py; return ({rank: npz}, [role records]) after checking that no
+    role of the job imported mxdelay or kvstore_ext and none saw an MXNET_* variable."""
+    out.mkdir(parents=True)
+    command = [sys.executable, STOCK_SCRIPT, json.dumps(config), str(out)]
+    result = run_job(command, num_workers=num_workers, num_servers=num_servers, timeout=90,
+                     env=stock_env())
+    assert_ok(result)
+    records = []
+    for path in sorted(glob.glob(str(out / 'role-*.json'))):
+        with open(path, encoding='utf-8') as src:
+            records.append(json.load(src))
+    roles = sorted((r['role'], r['rank']) for r in records)
+    assert roles == sorted([('scheduler', '0')] + [('server', str(i)) for i in range(num_servers)]
+                           + [('worker', str(i)) for i in range(num_workers)]), roles
+    for record in records:
+        where = '%s %s' % (record['role'], record['rank'])
+        for stage in ('imported_at_start', 'imported_at_exit'):
+            assert record[stage] == {'mxdelay': False, 'kvstore_ext': False}, (where, record)
+        assert record['env'] == {}, (where, record['env'])
+        if record['role'] == 'worker':
+            assert record['kvstore'] == 'mxnet.kvstore.kvstore.KVStore dist_sync', record
+            assert record['update_on_kvstore'] is True, record
+    histories = {rank: np.load(str(out / ('worker%d.npz' % rank))) for rank in range(num_workers)}
+    return histories
+
+
 # -- in-process stores ------------------------------------------------------------------------
 class OfflineNative(object):
     """A native store of one worker with no network: a barrier fails the test."""
@@ -405,6 +504,33 @@ class FakeChannel(object):
     def command(self, command, body, refusal=RuntimeError):
         self.sent.append(command)
         return [self.answer(command, body)]
+
+
+class WorkersNative(OfflineNative):
+    """A native store of `num_workers` workers that accepts init and pull (and does nothing);
+    a barrier fails the test."""
+
+    def __init__(self, num_workers):
+        self.num_workers = num_workers
+
+    def init(self, keys, values):
+        pass
+
+    def pull(self, keys, out=None, priority=0):
+        pass
+
+
+def servers():
+    """A FakeChannel that answers OPTIMIZER as a server would; returns (channel, sent), sent:
+    [(command, body)]."""
+    sent = []
+
+    def answer(command, body):
+        sent.append((command, body))
+        if command == Command.OPTIMIZER:
+            return {'optimizer': describe_optimizer(protocol.unpack_object(body['optimizer']))}
+        return {}
+    return FakeChannel(answer), sent
 
 
 def started_store(answer=None):
@@ -548,8 +674,75 @@ class FakeDistDelay(DistDelay):
         self._job_rescale_grad = self.server_optimizer.rescale_grad
 
 
+class FakeDistDelayWithMultipliers(FakeDistDelay):
+    """FakeDistDelay whose server applies the Parameters' multipliers, as mxdelay's does.
+
+    The worker side is DistDelay's own (``_mults`` reads each key's Parameter from the
+    optimizer's ``param_dict``; its values travel in the REGISTER command); the server side
+    is ``DelayServer._attach_param_dict``: a ``param_dict`` of the server's optimizer keyed
+    like its updater, holding only the two multipliers (the optimizer it received was
+    unpickled, which empties ``param_dict``).
+    """
+
+    def init(self, key, value):
+        super(FakeDistDelayWithMultipliers, self).init(key, value)
+        lr_mult, wd_mult, _ = self._mults(key)
+        self.server_optimizer.param_dict[key] = types.SimpleNamespace(lr_mult=lr_mult,
+                                                                      wd_mult=wd_mult)
+
+
 def small_params():
     """The parameters of a fresh Dense(2, in_units=3)."""
     net = gluon.nn.Dense(2, in_units=3)
     net.initialize()
     return net.collect_params()
+
+
+# -- one worker in this process: mlp_model's parameters and gradients -------------------------
+#: The batch of the in-process MLP tests (mlp_model's data of rank 0 unless told).
+BATCH = 6
+#: mlp_model's parameter names in the trainer's key order.
+MLP_NAMES = tuple(sorted(mlp_model.init_params()))   # b1, b2, w1, w2
+
+
+def contexts(n):
+    """`n` CPU contexts: MXNet fakes `n` devices with them."""
+    return [mx.cpu(i) for i in range(n)]
+
+
+def mlp_params(ctxs, dtype='float32', lr_mult=None, wd_mult=None):
+    """mlp_model's initial weights as bare Parameters on `ctxs`, in key order; `lr_mult` and
+    `wd_mult` map names to multipliers (1.0 for the others)."""
+    init = mlp_model.init_params()
+    params = []
+    for name in MLP_NAMES:
+        param = gluon.Parameter(name, shape=init[name].shape, dtype=dtype,
+                                lr_mult=(lr_mult or {}).get(name, 1.0),
+                                wd_mult=(wd_mult or {}).get(name, 1.0))
+        param.initialize(ctx=ctxs)
+        param.set_data(nd.array(init[name], dtype=dtype))
+        params.append(param)
+    return params
+
+
+def numpy_grad(weights, rank, step, batch=BATCH):
+    """mlp_model's gradient (numpy, summed over the batch) of rank's batch at `step`."""
+    x, y = mlp_model.batch(rank, step, batch)
+    return mlp_model.numpy_grad(weights, x, y)
+
+
+def backward_with(params, ctxs, grads):
+    """Make Gluon's backward produce exactly `grads` (split evenly over the devices, in each
+    Parameter's dtype): the gradient of sum(p * c) is c, and halving is exact in binary."""
+    with autograd.record():
+        losses = [(p.data(ctx) * nd.array(grads[p.name] / len(ctxs), ctx=ctx,
+                                          dtype=p.dtype)).sum()
+                  for p in params for ctx in ctxs]
+    autograd.backward(losses)
+
+
+def backward_at(params, ctxs, step, rank=0):
+    """Gluon's backward producing mlp_model's gradient at the current weights (in float32,
+    read from the first device)."""
+    weights = {p.name: p.data(ctxs[0]).astype('float32').asnumpy() for p in params}
+    backward_with(params, ctxs, numpy_grad(weights, rank, step))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import MLP_BASE as BASE, assert_matches_reference, run_mlp_job, \
+from conftest import MLP_BASE as BASE, assert_matches_reference, run_mlp_job, run_stock_job, \
     simulate_mlp_job as simulate
 
 pytestmark = pytest.mark.jobs
@@ -84,7 +84,7 @@ def test_stock_gluon_trainer_with_amp_on_dist_delay_is_stock_dist_sync(tmp_path)
     # its gradient at step 4; on 'dist_delay' it sees its own finite gradient, as Gluon
     # means (docs/design.md §11). 6 steps: at step 6 Gluon's batch-size check would refuse
     # worker 1's new loss scale on either store.
-    from test_stock_pin import run_stock_job  # pylint: disable=import-outside-toplevel
+
     config = dict(BASE, steps=6, amp='float32', overflow=[[1, 4]])
     stock = run_stock_job(tmp_path / 'stock', config)
     ours = run_mlp_job(tmp_path / 'delay', 2, dict(config, trainer='gluon', delay=1,

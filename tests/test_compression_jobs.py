@@ -24,10 +24,9 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import MLP_BASE, assert_matches_reference, run_mlp_job, stock_env
+from conftest import (MLP_BASE, assert_matches_reference, assert_uneven_matches_reference, run_mlp_job,
+                      run_stock_job, simulate_uneven, stock_env)
 from scripts import mlp_model
-from test_stock_pin import run_stock_job
-from test_uneven_data import assert_uneven_matches_reference, simulate_uneven
 
 NAMES = ('w1', 'b1', 'w2', 'b2')
 COMPRESSION = {'type': '2bit', 'threshold': 0.5}

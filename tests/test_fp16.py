@@ -20,7 +20,6 @@ What is tested, and against what:
 - uneven data with join, and checkpoint save/resume, bit for bit;
 - refusals: bad parameters, float16 parameters, set after init.
 """
-import os
 import sys
 
 import numpy as np
@@ -31,15 +30,16 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 import reference
-from conftest import MLP_BASE as BASE, assert_ok, offline_store, run_job, run_mlp_job
+from conftest import (KV_JOB, MLP_BASE as BASE, FakeDistDelayWithMultipliers as FakeStore, assert_ok,
+                      backward_at, kv_results, mlp_params as make_params, offline_store, run_job,
+                      run_mlp_job)
 from kvstore_ext import compression, wire
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.rounds import RoundKeeper
 from scripts import mlp_model
-from test_kvstore_distributed import KV_JOB, kv_results
-from test_mirror import WARMUP, FakeStore, backward_with, make_params
 
 FP16 = {'type': 'fp16'}
+WARMUP = 3
 NAMES = ('w1', 'b1', 'w2', 'b2')
 
 
@@ -213,7 +213,7 @@ def test_one_worker_with_fp16_pushes_is_the_servers_model(delay, optimizer, para
                                      compression_params=FP16)
     tight = not (optimizer == 'sgd' and 'momentum' in params)
     for step in range(WARMUP + 3 * delay + 3):
-        backward_with(model, ctxs, step)
+        backward_at(model, ctxs, step)
         trainer.step(6)
         for i, param in enumerate(model):
             local, glob = param.data().asnumpy(), kv.store[i].asnumpy()
@@ -241,7 +241,7 @@ def test_bad_compression_params_are_refused(params, error, message):
 
 
 def test_fp16_pushes_need_float32_parameters():
-    with pytest.raises(ValueError, match=r"needs float32 parameters, but parameter w1 is "
+    with pytest.raises(ValueError, match=r"needs float32 parameters, but parameter b1 is "
                                          r"float16; cast the model"):
         mxdelay.DelayedTrainer(make_params([mx.cpu()], dtype='float16'), 'sgd',
                                {'learning_rate': 0.1, 'multi_precision': True},

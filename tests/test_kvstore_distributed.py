@@ -3,26 +3,13 @@
 Values pushed encode the worker's rank and the round (``round + 1000 * rank``), so a pulled
 sum tells exactly which gradients a round contained.
 """
-import json
 import os
 import sys
 
 import pytest
 
-from conftest import run_job, assert_ok
+from conftest import KV_JOB, assert_ok, kv_results, run_job
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-KV_JOB = os.path.join(HERE, 'scripts', 'kv_job.py')
-
-
-def kv_results(result):
-    """{rank: RESULT dict} from the workers' output."""
-    results = {}
-    for line in result.stdout.splitlines():
-        if 'RESULT ' in line:
-            data = json.loads(line.split('RESULT ', 1)[1])
-            results[data['rank']] = data
-    return results
 
 
 def run_kv(mode, args, num_workers, num_servers, tmp_path=None, timeout=90):

@@ -17,23 +17,21 @@ What is tested:
 - save and load in the delayed phase (the rule state is a tuple of arrays) resume bit for bit.
 """
 import re
-import types
 
 import numpy as np
 import pytest
 
 import mxdelay
 import mxnet as mx
-from mxnet import autograd, gluon, nd
+from mxnet import nd
 
-from conftest import FakeDistDelay
+from conftest import BATCH, FakeDistDelayWithMultipliers as FakeStore, backward_at, \
+    mlp_params as make_params
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.optimizers import flatten_state
 from kvstore_ext.rounds import RoundKeeper
 from mxdelay.rules import MIRRORED, MirrorRule
-from scripts import mlp_model
 
-BATCH = 6
 WARMUP = 3
 NAMES = ('w1', 'b1', 'w2', 'b2')
 
@@ -57,44 +55,8 @@ OPTIMIZERS = {
 MAX_DIFFERENCE = {}
 
 
-class FakeStore(FakeDistDelay):
-    """FakeDistDelay whose server applies the Parameters' lr_mult and wd_mult, as mxdelay's
-    does (they travel with each key's registration; test_multipliers.py has the same)."""
-
-    def init(self, key, value):
-        super(FakeStore, self).init(key, value)
-        lr_mult, wd_mult, _ = self._mults(key)
-        self.server_optimizer.param_dict[key] = types.SimpleNamespace(lr_mult=lr_mult,
-                                                                      wd_mult=wd_mult)
-
-
 class MyAdam(mx.optimizer.Adam):
     """A subclass of a mirrored optimizer (module level: the servers unpickle it)."""
-
-
-def make_params(ctxs, dtype='float32', lr_mult=None, wd_mult=None):
-    init = mlp_model.init_params()
-    params = []
-    for name in NAMES:
-        param = gluon.Parameter(name, shape=init[name].shape, dtype=dtype)
-        param.initialize(ctx=ctxs)
-        param.set_data(nd.array(init[name], dtype=dtype))
-        param.lr_mult = (lr_mult or {}).get(name, 1.0)
-        param.wd_mult = (wd_mult or {}).get(name, 1.0)
-        params.append(param)
-    return params
-
-
-def backward_with(params, ctxs, step):
-    """Gluon's backward producing mlp_model's gradient at the current weights (rank 0)."""
-    weights = {p.name: p.data(ctxs[0]).astype('float32').asnumpy() for p in params}
-    x, y = mlp_model.batch(0, step, BATCH)
-    grads = mlp_model.numpy_grad(weights, x, y)
-    with autograd.record():
-        losses = [(p.data(ctx) * nd.array(grads[p.name] / len(ctxs), ctx=ctx,
-                                          dtype=p.dtype)).sum()
-                  for p in params for ctx in ctxs]
-    autograd.backward(losses)
 
 
 def train(optimizer, optimizer_params, delay, steps, ctxs=None, dtype='float32', **kwargs):
@@ -106,7 +68,7 @@ def train(optimizer, optimizer_params, delay, steps, ctxs=None, dtype='float32',
     trainer = mxdelay.DelayedTrainer(params, optimizer, dict(optimizer_params), kvstore=kv,
                                      delay=delay, warmup_steps=WARMUP, **kwargs)
     for step in range(steps):
-        backward_with(params, ctxs, step)
+        backward_at(params, ctxs, step)
         trainer.step(BATCH)
         for i, p in enumerate(params):
             for other in p.list_data()[1:]:
@@ -173,7 +135,7 @@ def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
     trainer = mxdelay.DelayedTrainer(params, 'adam', {'learning_rate': 0.01}, kvstore=kv,
                                      delay=2, warmup_steps=1)
     for step in range(4):
-        backward_with(params, [mx.cpu()], step)
+        backward_at(params, [mx.cpu()], step)
         trainer.step(BATCH)
     local = trainer._rule._local  # pylint: disable=protected-access
     assert local is not trainer.optimizer and type(local) is mx.optimizer.Adam
@@ -217,7 +179,7 @@ def test_subclass_of_a_mirrored_optimizer_is_accepted_and_mirrored():
     trainer = mxdelay.DelayedTrainer(params, MyAdam(learning_rate=0.01), kvstore=kv, delay=2,
                                      warmup_steps=1)
     for step in range(6):
-        backward_with(params, [mx.cpu()], step)
+        backward_at(params, [mx.cpu()], step)
         trainer.step(BATCH)
         for i, p in enumerate(params):
             np.testing.assert_array_equal(p.data().asnumpy(), kv.store[i].asnumpy())
@@ -286,7 +248,7 @@ def test_flatten_state_order():
 def test_delayed_save_and_load_with_adam_resume_bit_for_bit(tmp_path):
     def run(trainer, params, first, steps, out):
         for step in range(first, first + steps):
-            backward_with(params, [mx.cpu()], step)
+            backward_at(params, [mx.cpu()], step)
             trainer.step(BATCH)
             out.append([p.data().asnumpy() for p in params])
 

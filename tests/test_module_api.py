@@ -38,11 +38,10 @@ import pytest
 import mxnet as mx
 
 import reference
-from conftest import (ATOL, RTOL, SCRIPTS, FakeChannel, OfflineNative, PidFile, _no_channel,
-                      assert_ok, run_job, stock_env)
+from conftest import (ATOL, RTOL, SCRIPTS, PidFile, WorkersNative, _no_channel, assert_ok, run_job,
+                      servers, stock_env)
 from kvstore_ext import protocol
 from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.optimizers import describe_optimizer
 from kvstore_ext.protocol import Command
 from scripts import mlp_model
 
@@ -151,20 +150,6 @@ def test_module_fit_on_dist_delay_equals_stock_dist_sync_bit_for_bit(tmp_path, n
 
 
 # -- 2. one process -----------------------------------------------------------------------------
-class WorkersNative(OfflineNative):
-    """A native store of `num_workers` workers that accepts init and pull (and does nothing);
-    a barrier fails the test."""
-
-    def __init__(self, num_workers):
-        self.num_workers = num_workers
-
-    def init(self, keys, values):
-        pass
-
-    def pull(self, keys, out=None, priority=0):
-        pass
-
-
 def module(batch):
     mod = mx.mod.Module(mlp_model.symbol(CONFIG['lr_mult']), data_names=['data'],
                         label_names=['label'], context=mx.cpu())
@@ -174,19 +159,6 @@ def module(batch):
     mod.init_params(arg_params={name: mx.nd.array(init[short])
                                 for name, short in mlp_model.NAMES.items()})
     return mod
-
-
-def servers():
-    """A FakeChannel that answers OPTIMIZER as a server would; returns (channel, sent), sent:
-    [(command, body)]."""
-    sent = []
-
-    def answer(command, body):
-        sent.append((command, body))
-        if command == Command.OPTIMIZER:
-            return {'optimizer': describe_optimizer(protocol.unpack_object(body['optimizer']))}
-        return {}
-    return FakeChannel(answer), sent
 
 
 @pytest.mark.parametrize('batch, num_workers, explicit', [(6, 2, None), (13, 3, None),

@@ -37,11 +37,11 @@ import mxdelay
 import mxnet as mx
 
 import reference
-from conftest import ATOL, RTOL, SCRIPTS, FakeDistDelay, PidFile, assert_ok, run_job, stock_env
+from conftest import (ATOL, RTOL, SCRIPTS, FakeDistDelay, PidFile, WorkersNative, assert_ok, run_job,
+                      servers, stock_env)
 from kvstore_ext import protocol
 from kvstore_ext.protocol import Command
 from scripts import mlp_model
-from test_module_api import WorkersNative, servers
 
 SCRIPT = os.path.join(SCRIPTS, 'module_job.py')
 SHORT = ('w1', 'b1', 'w2', 'b2')

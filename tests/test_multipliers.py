@@ -11,25 +11,24 @@ DelayedTrainer: honoured by mxdelay's servers (warm-up and every round) and by t
    elements are 3 chunks spread over both servers, each of which must apply ``w1``'s
    multiplier). The same job without multipliers is more than 100x the tolerance away, so
    a server or a rule that dropped one would fail.
-2. In one process (N = 1, ``FakeDistDelay`` of test_trainer_local.py, whose "server" here
+2. In one process (N = 1, conftest's ``FakeDistDelayWithMultipliers``, whose "server"
    takes the multipliers from the worker's REGISTER data as mxdelay's server does): SPEC's
    N = 1 invariant, DelayedTrainer with rule ``'mirror'`` (and ``'sgd'`` without momentum)
    trains like a stock ``gluon.Trainer`` with the same multipliers, at every step of every
    phase, up to float32 rounding (``rtol=atol=1e-6``).
 """
-import types
 
 import numpy as np
 import pytest
 
 import mxdelay
 from mxdelay.schedule import DelaySchedule
-from mxnet import gluon, nd
+from mxnet import gluon
 
 import reference
-from conftest import ATOL, RTOL, run_mlp_job, stock_env
+from conftest import (ATOL, BATCH, RTOL, FakeDistDelayWithMultipliers, backward_at, contexts,
+                      mlp_params, run_mlp_job, stock_env)
 from scripts import mlp_model
-from test_trainer_local import BATCH, FakeDistDelay, backward_with, contexts, numpy_grad
 
 NAMES = ('w1', 'b1', 'w2', 'b2')
 MULTS = {'lr_mult': {'w1': 0.5}, 'wd_mult': {'w2': 0.0}}
@@ -91,48 +90,17 @@ def test_servers_and_local_rule_apply_the_multipliers(tmp_path, num_servers, ove
 
 
 # -- 2. one worker, in one process ----------------------------------------------------------
-class FakeDistDelayWithMultipliers(FakeDistDelay):
-    """FakeDistDelay whose server applies the Parameters' multipliers, as mxdelay's does.
-
-    The worker side is DistDelay's own (``_mults`` reads each key's Parameter from the
-    optimizer's ``param_dict``; its values travel in the REGISTER command); the server side
-    is ``DelayServer._attach_param_dict``: a ``param_dict`` of the server's optimizer keyed
-    like its updater, holding only the two multipliers (the optimizer it received was
-    unpickled, which empties ``param_dict``).
-    """
-
-    def init(self, key, value):
-        super(FakeDistDelayWithMultipliers, self).init(key, value)
-        lr_mult, wd_mult, _ = self._mults(key)
-        self.server_optimizer.param_dict[key] = types.SimpleNamespace(lr_mult=lr_mult,
-                                                                      wd_mult=wd_mult)
-
-
 OPT = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 0.01}
-
-
-def make_params(ctxs, mults):
-    init = mlp_model.init_params()
-    params = []
-    for name in sorted(init):
-        param = gluon.Parameter(name, shape=init[name].shape,
-                                lr_mult=mults.get('lr_mult', {}).get(name, 1.0),
-                                wd_mult=mults.get('wd_mult', {}).get(name, 1.0))
-        param.initialize(ctx=ctxs)
-        param.set_data(nd.array(init[name]))
-        params.append(param)
-    return params
 
 
 def train(make_trainer, mults, steps=12):
     """{name: [weights after each step]} of one worker trained on rank 0's data."""
     ctxs = contexts(1)
-    params = make_params(ctxs, mults)
+    params = mlp_params(ctxs, **mults)
     trainer = make_trainer(params)
     history = {p.name: [] for p in params}
     for step in range(steps):
-        backward_with(params, ctxs, numpy_grad({p.name: p.data().asnumpy() for p in params},
-                                               0, step))
+        backward_at(params, ctxs, step)
         trainer.step(BATCH)
         for p in params:
             history[p.name].append(p.data().asnumpy())

@@ -39,13 +39,13 @@ import numpy as np
 import pytest
 import mxnet as mx
 
-from conftest import SCRIPTS, run_job, run_mlp_job, stock_env
+from conftest import SCRIPTS, run_job, run_mlp_job, run_stock_job, stock_env
 from kvstore_ext import protocol
 from kvstore_ext.optimizers import whole_tensor_name
 from kvstore_ext.server import DelayServer
 from scripts import mlp_model
-from test_stock_pin import NAMES, run_stock_job
 
+NAMES = ('w1', 'b1', 'w2', 'b2')
 STEPS = 6
 BASE = {'steps': STEPS, 'batch': 6, 'lr': 0.05, 'wd': 1e-3}
 

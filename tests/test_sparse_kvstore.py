@@ -14,8 +14,7 @@ import sys
 
 import pytest
 
-from conftest import assert_ok, run_job
-from test_kvstore_distributed import kv_results
+from conftest import assert_ok, kv_results, run_job
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'sparse_kv_job.py')
 

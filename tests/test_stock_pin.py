@@ -26,49 +26,17 @@ Also pinned: MXNet's own server ignores ``lr_mult`` and ``wd_mult`` (the optimiz
 receives is unpickled, and ``Optimizer.__setstate__`` empties ``param_dict``), which is why
 mxdelay's server takes them from the workers (tests/test_multipliers.py tests that it does).
 """
-import glob
-import json
-import os
-import sys
 
 import numpy as np
 import pytest
 
 import reference
-from conftest import ATOL, RTOL, SCRIPTS, assert_ok, run_job, run_mlp_job, stock_env
+from conftest import ATOL, RTOL, run_mlp_job, run_stock_job, stock_env
 from scripts import mlp_model
 
-STOCK_SCRIPT = os.path.join(SCRIPTS, 'stock_job.py')
 NAMES = ('w1', 'b1', 'w2', 'b2')
 STEPS = 8
 CONFIG = {'steps': STEPS, 'batch': 6, 'lr': 0.1, 'momentum': 0.9, 'wd': 1e-3}
-
-
-def run_stock_job(out, config, num_workers=2, num_servers=1):
-    """Run scripts/stock_job.py; return ({rank: npz}, [role records]) after checking that no
-    role of the job imported mxdelay or kvstore_ext and none saw an MXNET_* variable."""
-    out.mkdir(parents=True)
-    command = [sys.executable, STOCK_SCRIPT, json.dumps(config), str(out)]
-    result = run_job(command, num_workers=num_workers, num_servers=num_servers, timeout=90,
-                     env=stock_env())
-    assert_ok(result)
-    records = []
-    for path in sorted(glob.glob(str(out / 'role-*.json'))):
-        with open(path, encoding='utf-8') as src:
-            records.append(json.load(src))
-    roles = sorted((r['role'], r['rank']) for r in records)
-    assert roles == sorted([('scheduler', '0')] + [('server', str(i)) for i in range(num_servers)]
-                           + [('worker', str(i)) for i in range(num_workers)]), roles
-    for record in records:
-        where = '%s %s' % (record['role'], record['rank'])
-        for stage in ('imported_at_start', 'imported_at_exit'):
-            assert record[stage] == {'mxdelay': False, 'kvstore_ext': False}, (where, record)
-        assert record['env'] == {}, (where, record['env'])
-        if record['role'] == 'worker':
-            assert record['kvstore'] == 'mxnet.kvstore.kvstore.KVStore dist_sync', record
-            assert record['update_on_kvstore'] is True, record
-    histories = {rank: np.load(str(out / ('worker%d.npz' % rank))) for rank in range(num_workers)}
-    return histories
 
 
 def simulate(config, lr_mult=None, wd_mult=None):

@@ -39,7 +39,8 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 import reference
-from conftest import FakeDistDelay, small_params
+from conftest import (BATCH, MLP_NAMES as NAMES, FakeDistDelay, backward_with, contexts,
+                      mlp_params as make_params, numpy_grad, small_params)
 from kvstore_ext.dist_delay import DistDelay
 from scripts import mlp_model
 from mxnet.kvstore import KVStoreBase
@@ -48,12 +49,8 @@ from mxdelay.rules import LocalRule, MirrorRule
 
 RTOL, ATOL = 1e-5, 1e-6
 OPT = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}
-BATCH = 6
 TRAINER_LOG = 'mxdelay.trainer'
 
-
-def contexts(n):
-    return [mx.cpu(i) for i in range(n)]
 
 
 def weights_of(net):
@@ -286,35 +283,6 @@ def test_other_distributed_type_strings_are_refused(kvstore):
 
 
 # -- 3. the delayed path, with an in-process 'dist_delay' of one worker ---------------------
-NAMES = sorted(mlp_model.init_params())       # b1, b2, w1, w2: the trainer's key order
-
-
-def make_params(ctxs):
-    """mlp_job's initial weights as bare Parameters on `ctxs`, in key order."""
-    init = mlp_model.init_params()
-    params = []
-    for name in NAMES:
-        param = gluon.Parameter(name, shape=init[name].shape)
-        param.initialize(ctx=ctxs)
-        param.set_data(nd.array(init[name]))
-        params.append(param)
-    return params
-
-
-def numpy_grad(weights, rank, step):
-    x, y = mlp_model.batch(rank, step, BATCH)
-    return mlp_model.numpy_grad(weights, x, y)
-
-
-def backward_with(params, ctxs, grads):
-    """Make Gluon's backward produce exactly `grads` (split evenly over the devices):
-    the gradient of sum(p * c) is c, and halving is exact in binary."""
-    with autograd.record():
-        losses = [(p.data(ctx) * nd.array(grads[p.name] / len(ctxs), ctx=ctx)).sum()
-                  for p in params for ctx in ctxs]
-    autograd.backward(losses)
-
-
 def run_delayed(steps, ctxs=None, kvstore=None, trainer=None, params=None, first=0,
                 optimizer_params=None, **trainer_args):
     """Train with DelayedTrainer on `kvstore` (a fresh FakeDistDelay by default); return

@@ -17,58 +17,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-import reference
-from conftest import run_job
-from conftest import ATOL, MLP_BASE as BASE, RTOL, SCRIPTS, run_mlp_job
+from conftest import (MLP_BASE as BASE, SCRIPTS, assert_uneven_matches_reference,
+                      run_job, run_mlp_job, simulate_uneven)
 from scripts import mlp_model
-
-
-def has_data(config, rank, t):
-    """Worker `rank` has a batch in round `t` (mlp_job's plan)."""
-    batches = config['batches']
-    if config.get('join'):
-        return t % max(batches) < batches[rank]
-    return t < config['epochs'] * batches[rank]
-
-
-def batch_size(config, rank, t):
-    """The size of worker `rank`'s batch in round `t` (mlp_job's plan)."""
-    size = config.get('batch_sizes', {}).get(str(rank), config['batch'])
-    batches, last = config['batches'][rank], config.get('last_batch')
-    index = t % max(config['batches']) if config.get('join') else t % batches
-    return last if last and index == batches - 1 else size
-
-
-def simulate_uneven(config, num_workers, warmup_steps, **kw):
-    """The reference: zero gradients where a worker has no data; the servers apply worker 0's
-    first rescale_grad, and every worker's gradient is scaled by its own batch size. `kw`
-    goes to ``reference.simulate`` (e.g. ``compression_threshold``)."""
-    rounds = config['epochs'] * max(config['batches'])
-    job_batch = batch_size(config, 0, 0)
-
-    def grad_fn(weights, rank, t):
-        if not has_data(config, rank, t):
-            return {name: np.zeros_like(w) for name, w in weights.items()}
-        size = batch_size(config, rank, t)
-        x, y = mlp_model.batch(rank, t, size)
-        factor = np.float32(job_batch / size)
-        return {name: g.astype(np.float32) * factor
-                for name, g in mlp_model.numpy_grad(weights, x, y).items()}
-    return reference.simulate(
-        mlp_model.init_params(), grad_fn, num_workers, rounds, config['delay'], warmup_steps,
-        config['lr'], momentum=config['momentum'], wd=config['wd'],
-        rescale_grad=1.0 / job_batch, rule=config.get('local_rule', 'mirror'), **kw)
-
-
-def assert_uneven_matches_reference(histories, config, trajectory):
-    for rank, history in histories.items():
-        want_rounds = [t for t in range(len(trajectory.glob)) if has_data(config, rank, t)]
-        assert list(history['rounds']) == want_rounds, 'worker %d trained other rounds' % rank
-        for name in ('w1', 'b1', 'w2', 'b2'):
-            for index, t in enumerate(want_rounds):
-                np.testing.assert_allclose(
-                    history[name][index], trajectory.local[t][rank][name], rtol=RTOL, atol=ATOL,
-                    err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
 
 
 CASES = [
