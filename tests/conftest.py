@@ -30,6 +30,7 @@ the launcher never sees it fail. To make a worker fail on purpose, use ``os._exi
 (a script that imports mxdelay and creates a ``'dist_delay'`` store exits at once anyway).
 """
 import contextlib
+import ctypes
 import dataclasses
 import glob
 import json
@@ -65,6 +66,18 @@ _CURRENT = {'jobs': True}   # whether the running test is marked 'jobs'
 def pytest_configure(config):
     config.addinivalue_line('markers', 'jobs: runs real multi-process jobs (scheduler, servers, '
                                        'workers); deselect with -m "not jobs"')
+    config.addinivalue_line('markers', 'big: needs several GB of memory and minutes; runs only '
+                                       'when asked for by name: -m big')
+
+
+def pytest_collection_modifyitems(config, items):
+    # 'big' tests are left out unless the -m expression names them (-m jobs alone does not).
+    if 'big' in (config.getoption('markexpr') or ''):
+        return
+    big = [item for item in items if item.get_closest_marker('big') is not None]
+    if big:
+        config.hook.pytest_deselected(items=big)
+        items[:] = [item for item in items if item.get_closest_marker('big') is None]
 
 
 class UnmarkedJobError(RuntimeError):
@@ -143,6 +156,19 @@ def stock_env():
     return {name: None for name in os.environ if name.startswith('MXNET_')}
 
 
+def _stop_when_pytest_dies(pytest_pid):
+    """A preexec_fn: the launcher gets SIGTERM when this process dies, even by SIGKILL, and
+    stops its job (its roles have parent-death signals of their own), so that a killed test
+    run leaves no job behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec():
+        libc.prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG (<linux/prctl.h>)
+        if os.getppid() != pytest_pid:  # pytest died before prctl: nothing would signal us
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
 @contextlib.contextmanager
 def started_job(command, num_workers, num_servers=1, env=None, cwd=None, extra_launcher_args=()):
     """Start ``mxdelay-launch`` on `command` in a session of its own; yield its Popen.
@@ -174,7 +200,8 @@ def started_job(command, num_workers, num_servers=1, env=None, cwd=None, extra_l
     argv += list(extra_launcher_args) + ['--'] + list(command)
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=job_env(env), cwd=cwd,
-                          start_new_session=True) as popen:
+                          start_new_session=True,
+                          preexec_fn=_stop_when_pytest_dies(os.getpid())) as popen:
         try:
             yield popen
         finally:

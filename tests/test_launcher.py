@@ -203,6 +203,31 @@ def test_signal_to_launcher_stops_the_job(tmp_path, signum, code):
     pids.assert_all_dead()
 
 
+# A test run that dies holding a job: started_job's launcher must stop that job on its own.
+DYING_RUNNER = '''
+import sys, time
+sys.path.insert(0, sys.argv[1])
+import conftest
+conftest._CURRENT['jobs'] = True
+with conftest.started_job(conftest.PidFile(sys.argv[2]).wrap(['sleep', '1000']), 2):
+    time.sleep(1000)
+'''
+
+
+@pytest.mark.jobs
+def test_a_killed_test_run_leaves_no_job_behind(tmp_path):
+    pids = PidFile(tmp_path / 'pids')
+    runner = subprocess.Popen([sys.executable, '-c', DYING_RUNNER,  # pylint: disable=consider-using-with
+                               os.path.dirname(os.path.abspath(__file__)), pids.path],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        pids.wait(4)                     # scheduler, server, 2 workers
+    finally:
+        runner.kill()                    # SIGKILL: no clean-up of its own can run
+        runner.wait()
+    pids.assert_all_dead(timeout=15)
+
+
 @pytest.mark.jobs
 def test_servers_that_stay_are_killed_after_the_workers_finish(tmp_path):
     pids = PidFile(tmp_path / 'pids')

@@ -2,12 +2,13 @@
 
 Usage: ``mxdelay-launch -n N -s S python many_tensors_job.py CONFIG_JSON OUT_DIR``. CONFIG:
 ``tensors`` (parameter count), ``size`` (elements of each), ``steps``, ``delay``,
-``warmup_steps``, ``lr``, ``momentum``. Parameter i is ``p<i>`` (shape ``(size,)``), its
+``warmup_steps``, ``lr``, ``momentum``, and ``sampled`` (optional: record only the elements of
+:func:`sample_indices`, for models too big to record whole). Parameter i is ``p<i>`` (shape ``(size,)``), its
 initial value :func:`init_params`; the loss of worker r at step t is
 ``sum_i sum(x_i * p_i + p_i * p_i / 2)`` with ``x`` = :func:`data`, so its gradient is
 ``x_i + p_i`` (:func:`numpy_grad`), which tests/reference.py replays. Each worker writes
 ``OUT_DIR/worker<rank>.npz``: every parameter after every step, as one array
-``(steps, tensors, size)``.
+``(steps, tensors, size)`` (``(steps, tensors, len(sample_indices(size)))`` when sampled).
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
 
@@ -32,6 +33,17 @@ def init_params(tensors, size):
 def data(tensors, size, rank, step):
     rs = np.random.RandomState(7919 * step + 13 * rank + 1)
     return rs.randn(tensors, size).astype(np.float32)
+
+
+def sample_indices(size, chunk_size=524288):
+    """Elements recorded of each parameter in a sampled run: every 1009th, the last, and both
+    sides of every boundary of the store's chunks (`chunk_size`, its default), so that every
+    chunk of every parameter is seen. The gradient is elementwise, so the reference can replay
+    these elements alone."""
+    picked = set(range(0, size, 1009)) | {size - 1}
+    for boundary in range(chunk_size, size, chunk_size):
+        picked |= {boundary - 1, boundary}
+    return np.array(sorted(picked))
 
 
 def numpy_grad(weights, x):
@@ -68,13 +80,15 @@ def main():
     rank = trainer.rank
     history = []
     params = [net.params.get(n) for n in net.names]
+    picked = nd.array(sample_indices(size)) if config.get('sampled') else None
     for step in range(config['steps']):
         x = nd.array(data(tensors, size, rank, step))
         with autograd.record():
             loss = net(x)
         loss.backward()
         trainer.step(1)
-        history.append(nd.stack(*[p.data() for p in params]).asnumpy())   # one wait a step
+        stacked = [p.data() if picked is None else nd.take(p.data(), picked) for p in params]
+        history.append(nd.stack(*stacked).asnumpy())   # one wait a step
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), weights=np.array(history))
 
 
