@@ -765,7 +765,7 @@ class DistDelay(KVStoreBase):
         for tensor, j, array in plan:
             buf = nd.zeros(tensor.size, ctx=mx.cpu(), dtype=array.dtype)
             for chunk in tensor.chunks:
-                keys.append(layout.state_key(chunk.chunk_id, j, chunk.server))
+                keys.append(layout.state_key(chunk.local, j, chunk.server))
                 views.append(buf[chunk.start:chunk.stop])
             buffers.append(buf)
         new = [(k, v) for k, v in zip(keys, views) if k not in self._state_keys_made]

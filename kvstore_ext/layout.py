@@ -6,18 +6,23 @@ lands every key on the server it wants (:class:`KeyLayout`):
 
 - one *status* key per server (``status_key(s)``), a small array through which the server
   answers the hand-shake and the commands (:mod:`kvstore_ext.protocol`);
-- ``R`` *slot* keys per tensor chunk (``slot_key(chunk, slot, server)``), all on the
+- ``R`` *slot* keys per tensor chunk (``slot_key(local, slot, server)``), all on the
   chunk's server; round t of a chunk goes to slot ``t mod R`` (docs/design.md §2);
-- with float16 pushes, ``R`` float32 *pull* keys per chunk (``pull_key(chunk, slot,
+- with float16 pushes, ``R`` float32 *pull* keys per chunk (``pull_key(local, slot,
   server)``): the servers write round t's weights into pull key ``t mod R``, which pulls
   read (:mod:`kvstore_ext.wire`, docs/design.md §2.11);
-- ``J`` *state* keys per chunk (``state_key(chunk, j, server)``; J = 0 unless a trainer's
+- ``J`` *state* keys per chunk (``state_key(local, j, server)``; J = 0 unless a trainer's
   local rule fetches the servers' optimizer state, docs/design.md §2.9): a round of state
   key j carries the j-th array of the chunk's optimizer state back to the workers.
 
+A chunk's keys are numbered by its *local* index, its number among its own server's chunks,
+not by its job-wide chunk id: each server's keys are dense, so the job's chunks share the
+whole key range below :data:`MAX_KEY` instead of each server's keys using 1/S of it
+(docs/design.md §2.6).
+
 A tensor of more than ``chunk_size`` elements is split into chunks, each placed on the
-least-loaded server (:class:`Placement`); a worker's :class:`Tensor` holds its chunks, one
-send/receive buffer per slot and the rounds it pushed and pulled.
+least-loaded server that has key room (:class:`Placement`); a worker's :class:`Tensor` holds
+its chunks, one send/receive buffer per slot and the rounds it pushed and pulled.
 """
 import numpy as np
 from mxnet import nd
@@ -27,6 +32,8 @@ __all__ = ['KeyLayout', 'Chunk', 'Tensor', 'Placement', 'num_elements', 'MAX_KEY
 _MXNET_KEY_MULTIPLIER = 9973  # src/kvstore/kvstore_dist.h, EncodeDefaultKey
 #: The largest key MXNet places correctly: it computes ``key * 9973`` in a C int.
 MAX_KEY = (2 ** 31 - 1) // _MXNET_KEY_MULTIPLIER
+_FEWER_KEYS = ('use larger chunks (MXDELAY_CHUNK_SIZE, below MXNET_KVSTORE_BIGARRAY_BOUND), '
+               'fewer tensors or a smaller slack')
 
 
 class KeyLayout(object):
@@ -41,8 +48,8 @@ class KeyLayout(object):
     state_keys : int, default 0
         State keys per chunk (J). With J = 0 every key is what it was without state keys.
     pull_keys : int, default 0
-        Pull keys per chunk: R with float16 pushes, else 0 (then every key is what it was
-        without them).
+        Pull keys per chunk (P): R with float16 pushes, else 0 (then every key is what it
+        was without them).
     """
 
     def __init__(self, num_servers, slots, state_keys=0, pull_keys=0):
@@ -62,44 +69,54 @@ class KeyLayout(object):
         key = index * self.num_servers + self._residue[server]
         if key > MAX_KEY:
             raise ValueError('key %d exceeds %d, the largest key MXNet places correctly (it '
-                             'computes (key * 9973) %% num_servers in a C int): use fewer, '
-                             'larger chunks (MXDELAY_CHUNK_SIZE) or a smaller slack' % (key, MAX_KEY))
+                             'computes (key * 9973) %% num_servers in a C int): server %d holds '
+                             'at most %d chunks of %d keys; %s'
+                             % (key, MAX_KEY, server, self.max_chunks(server), self._stride,
+                                _FEWER_KEYS))
         return key
+
+    def max_chunks(self, server):
+        """The most chunks server `server` can hold: the last key of its last chunk, index
+        ``chunks * (R + P + J)``, must stay at or below :data:`MAX_KEY`."""
+        return (MAX_KEY - self._residue[server]) // self.num_servers // self._stride
 
     def status_key(self, server):
         """Key of server `server`'s status array."""
         return self._key(0, server)
 
-    def slot_key(self, chunk, slot, server):
-        """Key of slot `slot` of chunk `chunk`, placed on server `server`."""
-        return self._key(1 + chunk * self._stride + slot, server)
+    def slot_key(self, local, slot, server):
+        """Key of slot `slot` of the chunk with local index `local` on server `server`."""
+        return self._key(1 + local * self._stride + slot, server)
 
-    def pull_key(self, chunk, slot, server):
-        """Key of pull key `slot` of chunk `chunk` (float16 pushes), on server `server`."""
+    def pull_key(self, local, slot, server):
+        """Key of pull key `slot` (float16 pushes) of the chunk with local index `local` on
+        server `server`."""
         if not 0 <= slot < self.pull_keys:
             raise ValueError('pull key %d of chunk %d: this layout has %d pull keys per chunk'
-                             % (slot, chunk, self.pull_keys))
-        return self._key(1 + chunk * self._stride + self.slots + slot, server)
+                             % (slot, local, self.pull_keys))
+        return self._key(1 + local * self._stride + self.slots + slot, server)
 
-    def state_key(self, chunk, j, server):
-        """Key of state key `j` (0 .. J-1) of chunk `chunk`, placed on server `server`."""
+    def state_key(self, local, j, server):
+        """Key of state key `j` (0 .. J-1) of the chunk with local index `local` on server
+        `server`."""
         if not 0 <= j < self.state_keys:
             raise ValueError('state key %d of chunk %d: this layout has %d state keys per chunk'
-                             % (j, chunk, self.state_keys))
-        return self._key(1 + chunk * self._stride + self.slots + self.pull_keys + j, server)
+                             % (j, local, self.state_keys))
+        return self._key(1 + local * self._stride + self.slots + self.pull_keys + j, server)
 
     def decode(self, key):
-        """Return ``('status', None, None)``, ``('slot', chunk, slot)``,
-        ``('pull', chunk, slot)`` or ``('state', chunk, j)`` for `key`."""
+        """Return ``('status', None, None)``, ``('slot', local, slot)``,
+        ``('pull', local, slot)`` or ``('state', local, j)`` for `key` (`local`: the
+        chunk's index among its server's chunks)."""
         index = key // self.num_servers
         if index == 0:
             return 'status', None, None
-        chunk, slot = divmod(index - 1, self._stride)
+        local, slot = divmod(index - 1, self._stride)
         if slot >= self.slots + self.pull_keys:
-            return 'state', chunk, slot - self.slots - self.pull_keys
+            return 'state', local, slot - self.slots - self.pull_keys
         if slot >= self.slots:
-            return 'pull', chunk, slot - self.slots
-        return 'slot', chunk, slot
+            return 'pull', local, slot - self.slots
+        return 'slot', local, slot
 
     def server_of(self, key):
         """The server MXNet sends `key` to."""
@@ -112,11 +129,13 @@ def num_elements(shape):
 
 
 class Chunk(object):
-    """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor."""
-    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'keys', 'pull_keys')
+    """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor (rows of a
+    row_sparse one); `local` is its index among its server's chunks, which numbers its keys."""
+    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'local', 'keys', 'pull_keys')
 
-    def __init__(self, chunk_id, start, stop, server, keys, pull_keys=None):
+    def __init__(self, chunk_id, start, stop, server, local, keys, pull_keys=None):
         self.chunk_id, self.start, self.stop, self.server = chunk_id, start, stop, server
+        self.local = local
         self.keys = keys          # one native key per slot: the pushes
         self.pull_keys = pull_keys or keys   # the keys that pulls read
 
@@ -195,9 +214,11 @@ class Tensor(object):
 
 
 class Placement(object):
-    """Places tensors: chunk ids in placement order, each chunk on the least-loaded server.
+    """Places chunks: chunk ids in placement order, each chunk on the least-loaded server
+    that has key room (:meth:`KeyLayout.max_chunks`).
 
-    Every worker places the same keys in the same order, so chunk ids and servers agree.
+    Every worker places the same keys in the same order, so chunk ids, servers and local
+    indexes agree.
 
     Parameters
     ----------
@@ -211,7 +232,9 @@ class Placement(object):
         self.layout = layout
         self.chunk_size = chunk_size
         self.next_chunk_id = 0
-        self.server_load = [0] * layout.num_servers
+        self.server_load = [0] * layout.num_servers     # elements placed on each server
+        self.server_chunks = [0] * layout.num_servers   # chunks placed on each server
+        self.capacity = [layout.max_chunks(s) for s in range(layout.num_servers)]
 
     def place(self, key, shape, dtype, wire=None):
         """Return a new :class:`Tensor` for `key`, its chunks placed; with `wire` float16,
@@ -220,12 +243,45 @@ class Placement(object):
         chunks = []
         for start in range(0, max(size, 1), self.chunk_size):
             stop = min(start + self.chunk_size, size)
-            server = int(np.argmin(self.server_load))
-            self.server_load[server] += stop - start
-            chunk_id = self.next_chunk_id
-            self.next_chunk_id += 1
-            keys = [self.layout.slot_key(chunk_id, s, server) for s in range(self.layout.slots)]
-            pull_keys = [self.layout.pull_key(chunk_id, s, server)
-                         for s in range(self.layout.slots)] if wire else None
-            chunks.append(Chunk(chunk_id, start, stop, server, keys, pull_keys))
+            chunks.append(self.add_chunk(start, stop, stop - start, wire))
         return Tensor(key, shape, dtype, chunks, wire)
+
+    def add_chunk(self, start, stop, load, wire=None):
+        """Place the next chunk, ``[start, stop)`` of its tensor, holding `load` elements;
+        with `wire`, give it pull keys.
+
+        Raises
+        ------
+        ValueError
+            If every server holds as many chunks as its keys allow.
+        """
+        server = self._server_with_room()
+        local = self.server_chunks[server]
+        layout = self.layout
+        keys = [layout.slot_key(local, s, server) for s in range(layout.slots)]
+        pull_keys = [layout.pull_key(local, s, server) for s in range(layout.slots)] \
+            if wire else None
+        chunk = Chunk(self.next_chunk_id, start, stop, server, local, keys, pull_keys)
+        self.next_chunk_id += 1
+        self.server_load[server] += load
+        self.server_chunks[server] += 1
+        return chunk
+
+    def _server_with_room(self):
+        server = int(np.argmin(self.server_load))
+        if self.server_chunks[server] < self.capacity[server]:
+            return server
+        # A server whose keys are used up takes no more chunks; the others take them, so the
+        # job's cap is the sum of the servers' (docs/design.md §2.6).
+        room = [s for s, cap in enumerate(self.capacity) if self.server_chunks[s] < cap]
+        if not room:
+            layout = self.layout
+            raise ValueError(
+                'too many chunks for MXNet\'s keys: the %d server(s) hold %d chunks, the most '
+                'they can (at most %d per server, %d keys per chunk: %d slots (slack + 1), %d '
+                'pull keys, %d state keys; MXNet places a key with (key * 9973) %% num_servers '
+                'in a C int, so keys stay at or below %d); %s'
+                % (layout.num_servers, sum(self.server_chunks), max(self.capacity),
+                   layout.slots + layout.pull_keys + layout.state_keys, layout.slots,
+                   layout.pull_keys, layout.state_keys, MAX_KEY, _FEWER_KEYS))
+        return min(room, key=self.server_load.__getitem__)

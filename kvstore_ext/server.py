@@ -52,6 +52,7 @@ class DelayServer(KVStoreServer):
         self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
         self._rescale_grad = None      # the job's rescale_grad: rank 0's at the hand-shake
         self._chunks = {}              # chunk id -> registration dict
+        self._local_chunks = []        # local index -> chunk id: keys are numbered by it
         self._tensors = {}             # param index -> {'name', 'size', 'chunks'}, every server's
         self._stock_updater = None     # for stock MXNet workers that never say hello
         self._ballots = {}             # ballot -> {rank: error or None}
@@ -181,6 +182,14 @@ class DelayServer(KVStoreServer):
                 continue
             info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
                     'wd_mult': wd_mult, 'size': size}
+            if chunk not in self._chunks:
+                # A chunk's local index counts this server's chunks in chunk id order, as the
+                # workers' Placement does (docs/design.md §2.6).
+                if self._local_chunks and chunk < self._local_chunks[-1]:
+                    raise ValueError('worker %s registers chunk %d after chunk %d: every worker '
+                                     'must initialise the same keys in the same order'
+                                     % (body.get('rank'), chunk, self._local_chunks[-1]))
+                self._local_chunks.append(chunk)
             known = self._chunks.setdefault(chunk, info)
             if known != info:
                 raise ValueError('worker %s registers chunk %d as %r but another worker as %r: '
@@ -357,13 +366,17 @@ class DelayServer(KVStoreServer):
                 else:
                     self._stock_updater(key, merged, stored)
                 return
-            kind, chunk, slot = self._layout.decode(key)
+            kind, local, slot = self._layout.decode(key)
             if kind == 'status':
                 self._status = stored
                 ok, payload = self._hello_reply()
                 for rank in range(self._num_workers):
                     self._reply(rank, ok, payload)
                 return
+            if local >= len(self._local_chunks):
+                raise RuntimeError('key %d is chunk %d of server %d, which registered %d chunks'
+                                   % (key, local, self._server_rank, len(self._local_chunks)))
+            chunk = self._local_chunks[local]
             if kind == 'state':
                 self._rounds.copy_state(chunk, slot, stored)
                 return

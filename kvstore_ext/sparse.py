@@ -38,7 +38,7 @@ from mxnet import nd
 
 from . import protocol
 from .checks import ArgumentTypeError
-from .layout import Chunk, num_elements
+from .layout import num_elements
 
 __all__ = ['SparseTensor', 'is_row_sparse', 'place_rows', 'init_values', 'push', 'pull_dense',
            'row_sparse_pull', 'copy_all_rows']
@@ -123,13 +123,13 @@ def place_rows(placement, key, shape, dtype, stype):
     chunks = []
     for start in range(0, shape[0], rows_per_chunk):
         stop = min(start + rows_per_chunk, shape[0])
-        server = int(np.argmin(placement.server_load))
-        placement.server_load[server] += (stop - start) * row_size
-        chunk_id = placement.next_chunk_id
-        placement.next_chunk_id += 1
-        keys = [placement.layout.slot_key(chunk_id, s, server)
-                for s in range(placement.layout.slots)]
-        chunks.append(Chunk(chunk_id, start, stop, server, keys))
+        chunk = placement.add_chunk(start, stop, (stop - start) * row_size)
+        if max(chunk.keys) + chunk.stop - chunk.start > 2 ** 31:
+            # MXNet's server recovers a row as (master + row) - master in a C int.
+            raise ValueError('row_sparse key %r: a chunk of %d rows from key %d reaches 2**31 '
+                             'in MXNet\'s row keys (key + row); use a smaller MXDELAY_CHUNK_SIZE'
+                             % (key, chunk.stop - chunk.start, max(chunk.keys)))
+        chunks.append(chunk)
     return SparseTensor(key, tuple(shape), np.dtype(dtype), stype, chunks)
 
 

@@ -9,9 +9,11 @@ with the tolerance of the other trainer tests (``rtol=1e-5, atol=1e-6``; the gra
 ``x + p`` is elementwise, so only the momentum's float32 rounding differs). The big run
 records only a sample of each tensor's elements that includes both sides of every chunk
 boundary (``many_tensors_job.sample_indices``).
-- The key cap per server (exact: every server holds exactly ``max_chunks_per_server``
-  chunks, the next one is refused with the README's message), a billion parameters on 32,
-  64 and 1,000 servers, 1,000 workers' status keys, and ``server_stats()`` past its size.
+- The key cap per server (exact: every server holds exactly ``KeyLayout.max_chunks`` chunks,
+  with float16 pull keys and state keys too, even when one server is loaded first; the next
+  chunk is refused with the README's message), a billion parameters on 22 to 9,972 servers,
+  row keys of row_sparse chunks below 2**31, the server's local index -> chunk id map,
+  1,000 workers' status keys, and ``server_stats()`` past its size.
 """
 import json
 import os
@@ -22,7 +24,9 @@ import pytest
 
 import reference
 from conftest import ATOL, RTOL, SCRIPTS, assert_ok, run_job
-from kvstore_ext import protocol
+from mxnet import nd
+
+from kvstore_ext import protocol, sparse
 from kvstore_ext.layout import MAX_KEY, KeyLayout, Placement
 
 sys.path.insert(0, SCRIPTS)
@@ -76,21 +80,120 @@ def test_hundred_million_parameters_two_servers_match_reference(tmp_path):
 
 
 # -- the key cap (docs/design.md §2.6) ---------------------------------------------------------
-@pytest.mark.parametrize('num_servers,fits', [(16, True), (21, True), (22, False), (64, False)])
-def test_a_billion_parameters_and_the_key_cap(num_servers, fits):
-    # 1,000 tensors of 1e6 floats at the default chunk size (524288): 2,000 chunks, numbered
-    # job-wide: chunk c's keys have index 1 + c * (R + J) + slot on every server, and MXNet
-    # needs index * S + residue <= MAX_KEY. At k = 4 (R = 5, J = 0) that is up to 21 servers.
-    placement = Placement(KeyLayout(num_servers, 5, 0), chunk_size=524288)
-    if fits:
-        tensors = [placement.place(i, (1000, 1000), np.float32) for i in range(1000)]
-        assert sum(len(t.chunks) for t in tensors) == 2000
-        assert max(k for t in tensors for c in t.chunks for k in c.keys) <= MAX_KEY
-    else:
-        with pytest.raises(ValueError, match=r'key \d+ exceeds %d, the largest key MXNet places '
-                                             r'correctly' % MAX_KEY):
-            for i in range(1000):
-                placement.place(i, (1000, 1000), np.float32)
+# README's message when every server's keys are used up.
+TOO_MANY_CHUNKS = (r"too many chunks for MXNet's keys: the {servers} server\(s\) hold {chunks} "
+                   r"chunks, the most they can \(at most \d+ per server, {stride} keys per chunk: "
+                   r"{slots} slots \(slack \+ 1\), {pull} pull keys, {state} state keys; MXNet "
+                   r"places a key with \(key \* 9973\) % num_servers in a C int, so keys stay at "
+                   r"or below 215329\); use larger chunks \(MXDELAY_CHUNK_SIZE, below "
+                   r"MXNET_KVSTORE_BIGARRAY_BOUND\), fewer tensors or a smaller slack")
+
+
+def _every_key(layout, chunk):
+    return chunk.keys + [layout.pull_key(chunk.local, s, chunk.server)
+                         for s in range(layout.pull_keys)] + \
+        [layout.state_key(chunk.local, j, chunk.server) for j in range(layout.state_keys)]
+
+
+@pytest.mark.parametrize('num_servers,slots,pull_keys,state_keys,job_cap', [
+    (1, 5, 0, 0, 43065), (2, 5, 0, 0, 43064), (2, 5, 5, 0, 21532), (3, 9, 0, 2, 19575),
+    (8, 5, 5, 3, 16560), (32, 5, 0, 0, 43040), (64, 9, 0, 0, 23872)])
+def test_each_server_holds_its_share_of_the_key_range(num_servers, slots, pull_keys,
+                                                      state_keys, job_cap):
+    # Keys are numbered per server: server s holds max_chunks(s) = (215329 - r(s)) // S //
+    # (R + P + J) chunks, whatever the others hold; a full server takes no more chunks, so
+    # the job holds their sum (README's numbers), even when one server is loaded first.
+    layout = KeyLayout(num_servers, slots, state_keys, pull_keys)
+    caps = [layout.max_chunks(s) for s in range(num_servers)]
+    assert sum(caps) == job_cap
+    placement = Placement(layout, chunk_size=1)
+    first = placement.add_chunk(0, 1, load=10 ** 9, wire=bool(pull_keys))  # server 0, fullest
+    chunks = [first] + [placement.add_chunk(0, 1, load=1, wire=bool(pull_keys))
+                        for _ in range(job_cap - 1)]
+    assert placement.server_chunks == caps
+    for server in range(num_servers):
+        mine = [c for c in chunks if c.server == server]
+        assert [c.local for c in mine] == list(range(caps[server]))
+        keys = [k for c in mine[-2:] for k in _every_key(layout, c)]   # its largest keys
+        assert max(keys) <= MAX_KEY   # so C's int product is Python's: (key * 9973) % S
+        assert all((k * 9973) % num_servers == server for k in keys)
+        assert layout.decode(max(keys))[1] == caps[server] - 1
+    every = [k for c in chunks for k in _every_key(layout, c)]
+    every += [layout.status_key(s) for s in range(num_servers)]
+    assert len(set(every)) == len(every) == num_servers + job_cap * (slots + pull_keys + state_keys)
+    with pytest.raises(ValueError, match=TOO_MANY_CHUNKS.format(
+            servers=num_servers, chunks=job_cap, stride=slots + pull_keys + state_keys,
+            slots=slots, pull=pull_keys, state=state_keys)):
+        placement.place('one more', (1,), np.float32)
+
+
+@pytest.mark.parametrize('num_servers,slots,pull_keys,state_keys', [
+    (32, 5, 0, 0), (22, 5, 0, 0), (32, 5, 5, 3), (1000, 9, 0, 0), (9972, 5, 5, 0)])
+def test_a_billion_parameters_fit_the_key_space(num_servers, slots, pull_keys, state_keys):
+    # 1,000 tensors of 1e6 floats at the default chunk size (524288): 2,000 chunks, placed
+    # without allocating anything. Numbered job-wide (before), they were refused from 22
+    # servers at k = 4 (R = 5).
+    layout = KeyLayout(num_servers, slots, state_keys, pull_keys)
+    placement = Placement(layout, chunk_size=524288)
+    tensors = [placement.place(i, (1000, 1000), np.float32, 'float16' if pull_keys else None)
+               for i in range(1000)]
+    chunks = [c for t in tensors for c in t.chunks]
+    assert len(chunks) == 2000 and sum(c.stop - c.start for c in chunks) == 10 ** 9
+    assert max(placement.server_load) - min(placement.server_load) <= 524288
+    keys = [k for c in chunks for k in _every_key(layout, c)]
+    assert max(keys) <= MAX_KEY and len(set(keys)) == len(keys)
+    assert all((k * 9973) % num_servers == c.server for c in chunks for k in _every_key(layout, c))
+
+
+def test_past_the_job_cap_is_refused():
+    # A billion parameters in chunks of 20,000 elements: 50,000 chunks at k = 4, past the
+    # 43,040 keys of 32 servers; refused while placing, with README's message.
+    placement = Placement(KeyLayout(32, 5, 0), chunk_size=20000)
+    with pytest.raises(ValueError, match=TOO_MANY_CHUNKS.format(
+            servers=32, chunks=43040, stride=5, slots=5, pull=0, state=0)):
+        for i in range(1000):
+            placement.place(i, (1000, 1000), np.float32)
+
+
+def test_row_keys_of_row_sparse_chunks_stay_below_2_31():
+    # MXNet sends row r of a row_sparse key k as ps-lite key k + r and decodes it in a C int.
+    # The last server-side key of a full layout plus its chunk's rows stays far below 2**31;
+    # a chunk of rows that would reach it is refused (only with a bound raised past 2**31).
+    layout = KeyLayout(2, 5)
+    placement = Placement(layout, chunk_size=999999)
+    placement.server_chunks = [c - 1 for c in placement.capacity]   # one chunk left each
+    tensor = sparse.place_rows(placement, 'emb', (1999998, 1), np.float32, 'row_sparse')
+    assert [c.local for c in tensor.chunks] == [c - 1 for c in placement.capacity]
+    assert max(max(c.keys) + c.stop - c.start - 1 for c in tensor.chunks) < 2 ** 31
+    huge = Placement(KeyLayout(1, 5), chunk_size=2 ** 31)
+    with pytest.raises(ValueError, match=r"row_sparse key 'big': a chunk of 2147483648 rows "
+                                         r'from key 5 reaches 2\*\*31'):
+        sparse.place_rows(huge, 'big', (2 ** 31, 1), np.float32, 'row_sparse')
+
+
+def test_server_maps_local_indexes_to_chunk_ids():
+    # Server 1 holds chunks 0, 2 and 4 (local 0, 1, 2): it learns the local indexes from the
+    # registration order (chunk ids increase), routes each key's round to its chunk id, and
+    # refuses a chunk registered out of order.
+    import types  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.server import DelayServer  # pylint: disable=import-outside-toplevel
+    server = DelayServer(types.SimpleNamespace(handle=None))   # handlers only, no network
+    server._server_rank, server._num_workers = 1, 2
+    server._layout = layout = KeyLayout(2, 3)
+    body = {'rank': 0, 'chunks': [[c, [1, 0][c % 2], c, 'p%d' % c, 1.0, 1.0, 4] for c in range(5)]}
+    server._on_register(body)
+    server._on_register(dict(body, rank=1))                    # the second worker: the same
+    assert server._local_chunks == [0, 2, 4]
+    routed = []
+    server._rounds.on_round = lambda chunk, slot, merged, stored: routed.append((chunk, slot))
+    for local in (2, 0, 1):
+        server._on_round(layout.slot_key(local, 1, 1), nd.zeros(1), nd.zeros(1))
+    assert routed == [(4, 1), (0, 1), (2, 1)]
+    with pytest.raises(ValueError, match=r'worker 1 registers chunk 3 after chunk 4: every '
+                                         r'worker must initialise the same keys in the same '
+                                         r'order'):
+        server._on_register({'rank': 1, 'chunks': [[3, 1, 9, 'late', 1.0, 1.0, 4]]})
+
 
 def test_status_keys_of_1000_workers_fit_the_default_bound():
     assert protocol.reply_len(1000, 10 ** 6) == 999        # 2982 bytes of reply text each
