@@ -146,11 +146,13 @@ class RoundKeeper(object):
             raise ValueError('state key %d of chunk %d: the chunk\'s optimizer state has %d '
                              'arrays (after %d rounds)' % (j, chunk, len(arrays),
                                                            self.next_round.get(chunk, 0)))
-        if arrays[j].size != stored.size:
+        # A row_sparse chunk's state (lazy updates, §2.10) is row_sparse: sent dense.
+        array = arrays[j] if arrays[j].stype == 'default' else arrays[j].tostype('default')
+        if array.size != stored.size:
             raise ValueError('state array %d of chunk %d has %d elements, the chunk %d: the '
-                             'optimizer state is not elementwise' % (j, chunk, arrays[j].size,
+                             'optimizer state is not elementwise' % (j, chunk, array.size,
                                                                      stored.size))
-        arrays[j].reshape(stored.shape).copyto(stored)
+        array.reshape(stored.shape).copyto(stored)
 
     def in_flight(self):
         """Whether a round is held (completed before an earlier one)."""

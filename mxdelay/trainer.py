@@ -130,7 +130,8 @@ class DelayedTrainer(gluon.Trainer):
                              'the servers apply the optimizer once per round; leave it None')
         compressed = compression.parse(compression_params) if _is_dist_delay(kvstore) else None
         if _is_dist_delay(kvstore):
-            _refuse_sparse(params)  # before Gluon ties a row_sparse Parameter to this trainer
+            # Before Gluon ties a row_sparse Parameter to this trainer.
+            _refuse_sparse(params, compressed)
         self._registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
@@ -239,6 +240,15 @@ class DelayedTrainer(gluon.Trainer):
         # The kvstore adds its optimizer's description to the hand-shake.
         # amp: the servers skip rounds with a non-finite sum (docs/design.md §11).
         self._amp = self._loss_scaler() is not None
+        sparse = [p.name for p in self._params if p._grad_stype != 'default']
+        if self._amp and sparse:
+            # The store's row_sparse pushes carry no all-finite flag: an overflowed round
+            # would be applied on their rows.
+            raise ValueError(
+                "AMP's dynamic loss scaling cannot be combined with row_sparse gradients "
+                "(Parameter %s) on 'dist_delay' yet: an overflowed round would reach the "
+                'servers\' row_sparse keys unmarked; train without AMP, or with dense '
+                'gradients (e.g. nn.Embedding without sparse_grad)' % ', '.join(sparse))
         if self._amp and kvstore.compression is not None:
             # 2bit quantizes inf to +t (and nan to 0, with a nan residual from then on): an
             # overflowed round would reach the servers finite and be applied. fp16: a
@@ -448,12 +458,16 @@ class DelayedTrainer(gluon.Trainer):
         return [p for p in self._params if p.grad_req != 'null']
 
     def _reduced_grad(self, i, param):
-        """This worker's gradient of `param` summed over its devices, on the first device."""
+        """This worker's gradient of `param` summed over its devices, on the first device
+        (row_sparse gradients: the union of the devices' rows)."""
         grads = param.list_grad()
         if len(grads) == 1:
             return grads[0]
         if i not in self._grad_sum:
-            self._grad_sum[i] = nd.zeros_like(grads[0])
+            first = grads[0]
+            self._grad_sum[i] = (nd.zeros_like(first) if first.stype == 'default' else
+                                 nd.sparse.zeros(first.stype, first.shape, ctx=first.context,
+                                                 dtype=first.dtype))
         first = grads[0].context
         nd.add_n(*[g.as_in_context(first) for g in grads], out=self._grad_sum[i])
         return self._grad_sum[i]
@@ -493,7 +507,7 @@ class DelayedTrainer(gluon.Trainer):
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
                 state = self._rule.create_state_for(i, datas[0], datas[0] - before)
                 self._rule_state[i] = state
-                arrays = self._rule.server_state(datas[0], state)
+                arrays = self._rule.server_state(datas[0], state, i)
                 if arrays:
                     fetch[i] = arrays
         if fetch:
@@ -780,20 +794,28 @@ def _parameter_names(params):
     return []
 
 
-def _refuse_sparse(params):
-    """Refuse row_sparse weights and gradients on 'dist_delay' (docs/design.md §2.10): the
-    local rules and the delayed pulls handle dense tensors only. Non-Parameters are left
-    to gluon.Trainer's own check."""
+def _refuse_sparse(params, compressed):
+    """Refuse what DelayedTrainer does not train on 'dist_delay' (docs/design.md §2.10):
+    row_sparse weights, and row_sparse gradients with compression. A dense weight with
+    row_sparse gradients is trained (lazy local updates). Non-Parameters are left to
+    gluon.Trainer's own check."""
     for param in (params.values() if hasattr(params, 'values') else params):
         stype = getattr(param, '_stype', 'default')
         grad_stype = getattr(param, '_grad_stype', 'default')
-        if stype != 'default' or grad_stype != 'default':
+        if stype != 'default':
             raise ValueError(
-                "DelayedTrainer does not train sparse parameters on 'dist_delay' yet: "
-                'Parameter %s has stype=%r, grad_stype=%r. Use gluon.Trainer(..., '
-                "kvstore='dist_delay'), which trains it exactly like 'dist_sync', or dense "
-                'parameters (e.g. nn.Embedding without sparse_grad)'
-                % (param.name, stype, grad_stype))
+                "DelayedTrainer does not train row_sparse weights on 'dist_delay' yet: "
+                'Parameter %s has stype=%r. DelayedTrainer trains dense weights with '
+                "row_sparse gradients (grad_stype='row_sparse', e.g. nn.Embedding(..., "
+                "sparse_grad=True)); use such a weight, or gluon.Trainer(..., "
+                "kvstore='dist_delay'), which trains a row_sparse weight exactly like "
+                "'dist_sync'" % (param.name, stype))
+        if grad_stype != 'default' and compressed is not None:
+            raise ValueError(
+                'compression_params=%r cannot be combined with row_sparse gradients '
+                '(Parameter %s has grad_stype=%r): row_sparse pushes are not compressed; '
+                'use compression_params=None, or dense gradients'
+                % (compressed.describe(), param.name, grad_stype))
 
 
 def _is_dist_delay(kvstore):
