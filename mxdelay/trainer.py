@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 from mxnet.kvstore import KVStoreBase
 
 from kvstore_ext import checkpoint, compression, wire
@@ -148,6 +148,7 @@ class DelayedTrainer(gluon.Trainer):
         self._rule_state = {}     # param index -> rule state
         self._pulled = {}         # param index -> pull target on the first context
         self._grad_sum = {}       # param index -> gradient summed over devices (>1 device)
+        self._full = {}           # param index -> w' of a row_sparse weight: every row, dense
         self._sent = {}           # param index -> the compressed gradient this worker sent
         self._logged_phase = None
         self._delayed_mode = None  # decided when the kvstore is created
@@ -412,9 +413,11 @@ class DelayedTrainer(gluon.Trainer):
             if param.grad_req != 'null':
                 # After this worker's last pushed round t (the same on every worker after
                 # join): exactly W_{t+1}, whatever the arrival order (docs/design.md §2).
-                self._kvstore.pull(i, out=param.list_data(), priority=self._priority.get(i, 0))
-        for param in self._trained_params():
-            param.list_data()[0].wait_to_read()
+                self._kvstore.pull(i, out=self._weights(i, param),
+                                   priority=self._priority.get(i, 0))
+        for i, param in enumerate(self._params):
+            if param.grad_req != 'null':
+                self._weights(i, param)[0].wait_to_read()
 
     def allreduce_grads(self):
         """Not available with ``'dist_delay'``; raises ValueError saying what to do instead.
@@ -457,6 +460,55 @@ class DelayedTrainer(gluon.Trainer):
     def _trained_params(self):
         return [p for p in self._params if p.grad_req != 'null']
 
+    def _weights(self, i, param):
+        """The arrays that hold w' of Parameter `i`: its data on every device, or for a
+        row_sparse weight the trainer's dense copy of every row (docs/design.md §2.10)."""
+        if param._stype == 'default':
+            return param.list_data()
+        return [self._full[i]]
+
+    # -- row_sparse weights (docs/design.md §2.10) ------------------------------------------
+    def _init_params(self):
+        pending = list(self._params_to_init)
+        super(DelayedTrainer, self)._init_params()
+        if not self._delayed_mode:
+            return
+        for param in pending:
+            if param._stype != 'default' and param not in self._params_to_init:
+                # The worker's copy of every row starts at the servers' W_0 (rank 0's value:
+                # the workers' own initial values may differ).
+                i = self._param2idx[param.name]
+                self._full[i] = nd.zeros(param.shape, ctx=self._contexts[0], dtype=param.dtype)
+                self._kvstore.pull(i, out=self._full[i], priority=self._priority.get(i, 0))
+
+    def _row_sparse_pull(self, parameter, out, row_id, full_idx=False):
+        # Gluon's row_sparse_data(row_id): on 'dist_delay' the rows of this worker's copy
+        # w' (after a pull is applied: W of that round), with no communication.
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._delayed_mode:
+            return super(DelayedTrainer, self)._row_sparse_pull(parameter, out, row_id,
+                                                                 full_idx)
+        if self._params_to_init:
+            with autograd.pause():  # Gluon calls this in forward, inside autograd.record()
+                self._init_params()
+        full = self._full[self._param2idx[parameter.name]]
+        rows = np.unique(row_id.asnumpy()).astype(np.int64)  # as row_sparse_pull: once each
+        if rows.size and (rows[0] < 0 or rows[-1] >= full.shape[0]):
+            raise ValueError('row_sparse_data of Parameter %s: row ids must be in [0, %d), got '
+                             '%s' % (parameter.name, full.shape[0],
+                                     rows[(rows < 0) | (rows >= full.shape[0])]))
+        with autograd.pause():
+            if rows.size:
+                ids = nd.array(rows, ctx=full.context, dtype='int64')
+                value = nd.sparse.row_sparse_array((nd.take(full, ids), ids), shape=full.shape,
+                                                   ctx=full.context, dtype=full.dtype)
+            else:
+                value = nd.sparse.zeros('row_sparse', full.shape, ctx=full.context,
+                                        dtype=full.dtype)
+            for target in (out if isinstance(out, (list, tuple)) else [out]):
+                value.copyto(target)
+
     def _reduced_grad(self, i, param):
         """This worker's gradient of `param` summed over its devices, on the first device
         (row_sparse gradients: the union of the devices' rows)."""
@@ -498,7 +550,7 @@ class DelayedTrainer(gluon.Trainer):
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
-            datas = param.list_data()
+            datas = self._weights(i, param)
             before = datas[0].copy() if switch else None          # W_W
             self._kvstore.pull(i, out=datas, priority=self._priority[i])
             self._observer.pull_received(param.name, t, datas[0])  # straight into the weights
@@ -578,7 +630,7 @@ class DelayedTrainer(gluon.Trainer):
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
-            datas = param.list_data()
+            datas = self._weights(i, param)
             weight = datas[0]
             if applies:
                 self._pulled[i].copyto(weight)                   # 1. w' := W_t
@@ -687,7 +739,7 @@ class DelayedTrainer(gluon.Trainer):
         worker_state = {
             'rank': kv.rank,
             'schedule': self._schedule.state_dict(), 'rescale_grad': self._optimizer.rescale_grad,
-            'weights': {i: p.list_data()[0].asnumpy() for i, p in enumerate(self._params)},
+            'weights': {i: self._weights(i, p)[0].asnumpy() for i, p in enumerate(self._params)},
             'pre_weight': {i: w.asnumpy() for i, w in self._pre_weight.items()},
             'pulled': {i: w.asnumpy() for i, w in self._pulled.items()},
             'rule_state': {i: _to_numpy(s) for i, s in self._rule_state.items()},
@@ -744,7 +796,7 @@ class DelayedTrainer(gluon.Trainer):
         kv.apply_states(kv_state)
         for i, param in enumerate(self._params):
             # Not Parameter.set_data: it resets the trainer's kvstore (impossible when dist).
-            for data in param.list_data():
+            for data in self._weights(i, param):
                 data[:] = state['weights'][i]
         ctx0 = self._contexts[0]
         self._pre_weight = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
@@ -795,21 +847,10 @@ def _parameter_names(params):
 
 
 def _refuse_sparse(params, compressed):
-    """Refuse what DelayedTrainer does not train on 'dist_delay' (docs/design.md §2.10):
-    row_sparse weights, and row_sparse gradients with compression. A dense weight with
-    row_sparse gradients is trained (lazy local updates). Non-Parameters are left to
-    gluon.Trainer's own check."""
+    """Refuse row_sparse gradients with compression on 'dist_delay' (docs/design.md §2.10).
+    Non-Parameters are left to gluon.Trainer's own check."""
     for param in (params.values() if hasattr(params, 'values') else params):
-        stype = getattr(param, '_stype', 'default')
         grad_stype = getattr(param, '_grad_stype', 'default')
-        if stype != 'default':
-            raise ValueError(
-                "DelayedTrainer does not train row_sparse weights on 'dist_delay' yet: "
-                'Parameter %s has stype=%r. DelayedTrainer trains dense weights with '
-                "row_sparse gradients (grad_stype='row_sparse', e.g. nn.Embedding(..., "
-                "sparse_grad=True)); use such a weight, or gluon.Trainer(..., "
-                "kvstore='dist_delay'), which trains a row_sparse weight exactly like "
-                "'dist_sync'" % (param.name, stype))
         if grad_stype != 'default' and compressed is not None:
             raise ValueError(
                 'compression_params=%r cannot be combined with row_sparse gradients '

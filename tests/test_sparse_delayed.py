@@ -64,21 +64,27 @@ def assert_matches(histories, trajectory):
 JOB_CASES = [
     # (num_workers, num_servers, env, config)
     (2, 1, {}, dict(optimizer=SGD[0], optimizer_params=SGD[1], delay=3, warmup_steps=2,
-                    devices=2)),
+                    devices=2, sync_at_end=True)),
     # MXDELAY_CHUNK_SIZE 12: the embedding in 5 chunks of 4 rows on both servers (the
     # servers' lazy Adam state is fetched chunk by chunk at the switch).
     (3, 2, {'MXDELAY_CHUNK_SIZE': 12}, dict(optimizer=ADAM[0], optimizer_params=ADAM[1],
                                             delay=2, warmup_steps=1)),
     (3, 1, {}, dict(optimizer=SGD[0], optimizer_params=SGD[1], delay=2, warmup_steps=2,
                     local_rule='dc', dc_lambda=0.5)),
+    # A row_sparse weight: the worker's copy of every row, row_sparse_data served from it.
+    (3, 2, {'MXDELAY_CHUNK_SIZE': 12}, dict(optimizer=SGD[0], optimizer_params=SGD[1],
+                                            delay=3, warmup_steps=1, devices=2,
+                                            kind='weight', sync_at_end=True)),
 ]
 
 
 @pytest.mark.jobs
 @pytest.mark.parametrize('num_workers,num_servers,env,config', JOB_CASES,
-                         ids=['%s-%s-N%d-S%d-k%d' % (c[3]['optimizer'],
-                                                     c[3].get('local_rule', 'mirror'), c[0],
-                                                     c[1], c[3]['delay']) for c in JOB_CASES])
+                         ids=['%s-%s-%s-N%d-S%d-k%d' % (c[3].get('kind', 'grad'),
+                                                        c[3]['optimizer'],
+                                                        c[3].get('local_rule', 'mirror'), c[0],
+                                                        c[1], c[3]['delay'])
+                              for c in JOB_CASES])
 def test_jobs_match_reference_with_lazy_rows(tmp_path, num_workers, num_servers, env, config):
     config = dict(config, steps=12)
     out = tmp_path / 'out'
@@ -94,14 +100,21 @@ def test_jobs_match_reference_with_lazy_rows(tmp_path, num_workers, num_servers,
     # The workers' own weights differ between pulls (the delayed phase is exercised).
     last = config['steps'] - 1
     assert not np.allclose(histories[0]['emb'][last], histories[1]['emb'][last])
+    if config.get('sync_at_end'):   # then every worker holds W after the last round
+        for rank, history in histories.items():
+            for name in job.NAMES:
+                np.testing.assert_allclose(history['synced_' + name], trajectory.glob[-1][name],
+                                           rtol=RTOL, atol=ATOL, err_msg='worker %d, synced %s'
+                                           % (rank, name))
 
 
 # -- one worker, in process ------------------------------------------------------------------
-def train(trainer_kind, optimizer, steps, devices=1, delay=3, warmup_steps=2, **kwargs):
+def train(trainer_kind, optimizer, steps, devices=1, delay=3, warmup_steps=2, kind='grad',
+          **kwargs):
     """Yield (step, {name: w'}, {name: W} or None) of a one-worker training of the job's
-    model: DelayedTrainer on FakeDistDelay, or stock gluon.Trainer on 'local'."""
+    model of `kind`: DelayedTrainer on FakeDistDelay, or stock gluon.Trainer on 'local'."""
     ctxs = [mx.cpu(i) for i in range(devices)]
-    net, names = job.build(ctxs)
+    net, names = job.build(ctxs, kind)
     params = net.collect_params()
     if trainer_kind == 'delayed':
         kv = FakeDistDelay()
@@ -119,24 +132,27 @@ def train(trainer_kind, optimizer, steps, devices=1, delay=3, warmup_steps=2, **
                               .sum())
         autograd.backward(losses)
         trainer.step(job.BATCH * devices)
-        local = {names[full]: p.data(ctxs[0]).asnumpy() for full, p in params.items()}
+        local = {}
         for full, p in params.items():
-            for other in p.list_data()[1:]:
-                np.testing.assert_array_equal(other.asnumpy(), local[names[full]])
+            copies = job.weights_of(p)
+            local[names[full]] = copies[0]
+            for other in copies[1:]:
+                np.testing.assert_array_equal(other, copies[0])
         glob = None if kv is None else {
             names[full]: kv.store[trainer._param2idx[full]].asnumpy()  # pylint: disable=protected-access
             for full in params}
         yield step, local, glob
 
 
+@pytest.mark.parametrize('kind', ['grad', 'weight'])
 @pytest.mark.parametrize('devices', [1, 2])
 @pytest.mark.parametrize('delay', [1, 3])
 @pytest.mark.parametrize('optimizer', [SGD, ADAM], ids=['sgd', 'adam'])
-def test_one_worker_is_gluon_trainer(optimizer, delay, devices):
+def test_one_worker_is_gluon_trainer(optimizer, delay, devices, kind):
     steps = 2 + 3 * delay + 2
-    stock = list(train('gluon', optimizer, steps, devices))
+    stock = list(train('gluon', optimizer, steps, devices, kind=kind))
     for (step, local, glob), (_, want, _) in zip(train('delayed', optimizer, steps, devices,
-                                                       delay=delay), stock):
+                                                       delay=delay, kind=kind), stock):
         for name in job.NAMES:
             for other, what in ((glob, 'W'), (want, 'gluon.Trainer')):
                 if optimizer is ADAM:
@@ -156,15 +172,16 @@ RULE_CASES = {
 }
 
 
+@pytest.mark.parametrize('kind', ['grad', 'weight'])
 @pytest.mark.parametrize('case', sorted(RULE_CASES))
-def test_one_worker_rules_match_reference_and_leave_untouched_rows(case):
+def test_one_worker_rules_match_reference_and_leave_untouched_rows(case, kind):
     optimizer, kwargs = RULE_CASES[case]
     config = dict(optimizer=optimizer[0], optimizer_params=optimizer[1], steps=12, delay=3,
                   warmup_steps=2, devices=2, **kwargs)
     trajectory = simulate(config, 1)
     schedule = mxdelay.schedule.DelaySchedule(3, 2)
     previous = None
-    for step, local, _ in train('delayed', optimizer, 12, 2, 3, 2, **kwargs):
+    for step, local, _ in train('delayed', optimizer, 12, 2, 3, 2, kind, **kwargs):
         for name in job.NAMES:
             np.testing.assert_allclose(local[name], trajectory.local[step][0][name], rtol=RTOL,
                                        atol=ATOL, err_msg='step %d, %s' % (step, name))
@@ -204,20 +221,6 @@ def test_reference_with_every_row_is_the_dense_reference():
 def _params():
     net, _ = job.build([mx.cpu()])
     return net, net.collect_params()
-
-
-def test_row_sparse_weight_is_refused_naming_it_and_what_is_supported():
-    block = gluon.nn.Block()
-    with block.name_scope():
-        param = block.params.get('weight', shape=(5, 2), stype='row_sparse',
-                                 grad_stype='row_sparse')
-    block.initialize(ctx=mx.cpu())
-    with pytest.raises(ValueError, match="(?s)row_sparse weights.*%s.*grad_stype='row_sparse'"
-                                         ".*gluon.Trainer\\(..., kvstore='dist_delay'\\)"
-                       % param.name):
-        mxdelay.DelayedTrainer(block.collect_params(), 'sgd', kvstore='dist_delay')
-    # Off 'dist_delay' DelayedTrainer is gluon.Trainer, row_sparse weights included.
-    mxdelay.DelayedTrainer(block.collect_params(), 'sgd', kvstore=None)
 
 
 @pytest.mark.parametrize('compression', [{'type': '2bit', 'threshold': 0.5}, {'type': 'fp16'}])

@@ -1,17 +1,21 @@
 """A worker of the DelayedTrainer sparse tests: an embedding with row_sparse gradients.
 
 Usage: ``mxdelay-launch -n N -s S python sparse_delayed_job.py CONFIG_JSON OUT_DIR``. The
-model is ``y = Dense(emb(ids))``: ``emb`` an ``nn.Embedding(V, D, sparse_grad=True)`` (a dense
-weight with row_sparse gradients), then a dense layer (weight ``A``, bias ``c``); the loss is
-``sum((y - target)^2)``. Ids and targets are functions of (rank, step, device) only
+model is ``y = Dense(emb(ids))``, then a dense layer (weight ``A``, bias ``c``); the loss is
+``sum((y - target)^2)``. ``emb`` is, with CONFIG ``kind`` 'grad' (default), an
+``nn.Embedding(V, D, sparse_grad=True)`` (a dense weight with row_sparse gradients), with
+'weight' a row_sparse weight (``stype='row_sparse'``) read through ``row_sparse_data(ids)``
+(``y = onehot(ids) . W``, a sparse ``dot``). Ids and targets are functions of (rank, step, device) only
 (:func:`batch`), and :func:`numpy_grad` is the model's gradient for tests/reference.py. A
 batch of ``BATCH`` ids out of ``V`` rows leaves most rows untouched in a step.
 
 CONFIG keys: ``trainer`` ('delayed', default, or 'gluon': stock ``gluon.Trainer``),
 ``kvstore`` (default 'dist_delay'; None: no kvstore), steps, optimizer, optimizer_params,
-delay, warmup_steps, local_rule, dc_lambda, devices (``mx.cpu(0) .. mx.cpu(devices-1)``).
-Writes ``OUT_DIR/worker<rank>.npz``: every parameter after every step (keys ``emb``, ``A``,
-``c``, shape ``(steps,) + shape``); device copies are checked equal.
+delay, warmup_steps, local_rule, dc_lambda, devices (``mx.cpu(0) .. mx.cpu(devices-1)``),
+sync_at_end (``trainer.sync_weights()`` after the last step). Writes
+``OUT_DIR/worker<rank>.npz``: every parameter after every step (keys ``emb``, ``A``, ``c``,
+shape ``(steps,) + shape``) and, with sync_at_end, after the sync (``synced_<name>``);
+device copies are checked equal.
 """
 import mxdelay  # noqa: F401  before mxnet: the servers are mxdelay's
 
@@ -61,34 +65,56 @@ def numpy_grad(weights, rank, step, devices):
     return grads
 
 
-class Net(gluon.Block):
-    """``Dense(OUT)(Embedding(V, D, sparse_grad=True)(ids))``."""
+class RowSparseEmbedding(gluon.Block):
+    """``onehot(ids) . W`` with a row_sparse weight W, read through ``row_sparse_data``."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         with self.name_scope():
-            self.emb = gluon.nn.Embedding(V, D, sparse_grad=True)
+            self.weight = self.params.get('weight', shape=(V, D), stype='row_sparse',
+                                          grad_stype='row_sparse')
+
+    def forward(self, ids):  # pylint: disable=arguments-differ
+        return nd.sparse.dot(nd.one_hot(ids, V).tostype('csr'), self.weight.row_sparse_data(ids))
+
+
+class Net(gluon.Block):
+    """``Dense(OUT)(emb(ids))``, emb of `kind` 'grad' or 'weight' (see the module)."""
+
+    def __init__(self, kind='grad', **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.emb = (gluon.nn.Embedding(V, D, sparse_grad=True) if kind == 'grad'
+                        else RowSparseEmbedding())
             self.out = gluon.nn.Dense(OUT, in_units=D)
 
     def forward(self, ids):  # pylint: disable=arguments-differ
         return self.out(self.emb(ids))
 
 
-def build(ctxs):
+def build(ctxs, kind='grad'):
     """The model on `ctxs` with :func:`init_params`; returns (net, {Parameter name: name})."""
-    net = Net()
-    net.initialize(ctx=ctxs)
+    net = Net(kind)
     init = init_params()
-    names = {net.emb.weight.name: 'emb', net.out.weight.name: 'A', net.out.bias.name: 'c'}
-    for full, name in names.items():
-        net.collect_params()[full].set_data(nd.array(init[name]))
-    return net, names
+    params = {'emb': net.emb.weight, 'A': net.out.weight, 'c': net.out.bias}
+    for name, param in params.items():
+        param.initialize(mx.init.Constant(nd.array(init[name])), ctx=ctxs)
+    return net, {param.name: name for name, param in params.items()}
+
+
+def weights_of(param):
+    """Every row of `param` on every device (``row_sparse_data`` of all rows for a
+    row_sparse weight)."""
+    if param._stype == 'default':  # pylint: disable=protected-access
+        return [d.asnumpy() for d in param.list_data()]
+    rows = [nd.arange(V, ctx=ctx) for ctx in param.list_ctx()]
+    return [param.row_sparse_data(r).asnumpy() for r in rows]
 
 
 def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
-    net, names = build(ctxs)
+    net, names = build(ctxs, config.get('kind', 'grad'))
     kvstore = config.get('kvstore', 'dist_delay')
     if config.get('trainer', 'delayed') == 'delayed':
         trainer = mxdelay.DelayedTrainer(
@@ -111,10 +137,17 @@ def main():
         autograd.backward(losses)
         trainer.step(BATCH * len(ctxs))
         for full, param in net.collect_params().items():
-            copies = [d.asnumpy() for d in param.list_data()]
+            copies = weights_of(param)
             for other in copies[1:]:
                 assert np.array_equal(copies[0], other), 'device copies differ'
             history[names[full]].append(copies[0])
+    if config.get('sync_at_end'):
+        trainer.sync_weights()
+        for full, param in net.collect_params().items():
+            copies = weights_of(param)
+            for other in copies[1:]:
+                assert np.array_equal(copies[0], other), 'device copies differ'
+            history['synced_' + names[full]] = copies[0]
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank),
              **{name: np.array(values) for name, values in history.items()})
 
