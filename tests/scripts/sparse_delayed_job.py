@@ -12,7 +12,9 @@ batch of ``BATCH`` ids out of ``V`` rows leaves most rows untouched in a step.
 CONFIG keys: ``trainer`` ('delayed', default, or 'gluon': stock ``gluon.Trainer``),
 ``kvstore`` (default 'dist_delay'; None: no kvstore), steps, optimizer, optimizer_params,
 delay, warmup_steps, local_rule, dc_lambda, devices (``mx.cpu(0) .. mx.cpu(devices-1)``),
-sync_at_end (``trainer.sync_weights()`` after the last step). Writes
+sync_at_end (``trainer.sync_weights()`` after the last step), save_at (``save_states`` after
+that step, to ``OUT_DIR/ckpt``), stop_after (the last step), resume_from (``load_states``
+first; the history then starts at the loaded step, saved as ``first``). Writes
 ``OUT_DIR/worker<rank>.npz``: every parameter after every step (keys ``emb``, ``A``, ``c``,
 shape ``(steps,) + shape``) and, with sync_at_end, after the sync (``synced_<name>``);
 device copies are checked equal.
@@ -126,8 +128,12 @@ def main():
         trainer = gluon.Trainer(net.collect_params(), config['optimizer'],
                                 config['optimizer_params'], kvstore=kvstore)
         rank = 0
+    first = 0
+    if config.get('resume_from'):
+        trainer.load_states(config['resume_from'])
+        first = trainer.schedule.step
     history = {name: [] for name in NAMES}
-    for step in range(config['steps']):
+    for step in range(first, config['steps']):
         losses = []
         with autograd.record():
             for device, ctx in enumerate(ctxs):
@@ -141,6 +147,10 @@ def main():
             for other in copies[1:]:
                 assert np.array_equal(copies[0], other), 'device copies differ'
             history[names[full]].append(copies[0])
+        if config.get('save_at') == step:
+            trainer.save_states(os.path.join(out_dir, 'ckpt'))
+        if config.get('stop_after') == step:
+            break
     if config.get('sync_at_end'):
         trainer.sync_weights()
         for full, param in net.collect_params().items():
@@ -148,7 +158,7 @@ def main():
             for other in copies[1:]:
                 assert np.array_equal(copies[0], other), 'device copies differ'
             history['synced_' + names[full]] = copies[0]
-    np.savez(os.path.join(out_dir, 'worker%d.npz' % rank),
+    np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first,
              **{name: np.array(values) for name, values in history.items()})
 
 
