@@ -110,7 +110,11 @@ class LocalRule(object):
         """
 
     def update(self, weight, grad, grad_sync, state, ctx):
-        """Update `weight` in place from raw gradient `grad` (see :data:`RuleContext`)."""
+        """Update `weight` in place from raw gradient `grad` (see :data:`RuleContext`).
+
+        For a Parameter with row_sparse gradients `grad` is row_sparse and `weight` dense:
+        the update should be lazy, changing only the rows `grad` holds (docs/design.md
+        §1.4), as the built-in rules do."""
         raise NotImplementedError()
 
     def _compensated(self, grad, grad_sync, ctx, lam=None):

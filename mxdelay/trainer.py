@@ -46,6 +46,10 @@ class DelayedTrainer(gluon.Trainer):
        weights, ``pre_weight`` and rule state, and the servers' weights and optimizer state.
     4. With a non-distributed kvstore (``'local'``, ``'device'``, None) it is exactly
        ``gluon.Trainer`` and warns once (logging) that ``delay`` has no effect.
+    5. Sparse parameters (a dense weight with ``grad_stype='row_sparse'``, or a row_sparse
+       weight) get lazy local updates: only the rows of the worker's gradient change. Each
+       worker keeps a row_sparse weight's rows in a dense copy, which pulls replace and
+       ``row_sparse_data(ids)`` reads (docs/design.md §1.4, §2.10).
 
     Parameters
     ----------

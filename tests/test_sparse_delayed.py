@@ -39,14 +39,19 @@ ADAM = ('adam', {'learning_rate': 0.05, 'wd': 0.01})
 
 
 def simulate(config, num_workers):
-    """The reference trajectory of a job `config`."""
+    """The reference trajectory of a job `config`; a worker past its ``steps_of`` pushes
+    zero gradients (no rows) in the other workers' rounds, as ``join`` does."""
     devices = config.get('devices', 1)
     params = dict(config['optimizer_params'])
     lr = params.pop('learning_rate')
+
+    def grad_fn(weights, rank, step):
+        if step < config.get('steps_of', {}).get(str(rank), config['steps']):
+            return job.numpy_grad(weights, rank, step, devices)
+        zeros = {name: np.zeros_like(w) for name, w in weights.items()}
+        return dict(zeros, emb=reference.RowSparseGrad(np.zeros(0, np.int64), zeros['emb']))
     return reference.simulate(
-        job.init_params(), lambda weights, rank, step: job.numpy_grad(weights, rank, step,
-                                                                      devices),
-        num_workers, config['steps'], config['delay'], config['warmup_steps'], lr,
+        job.init_params(), grad_fn, num_workers, config['steps'], config['delay'], config['warmup_steps'], lr,
         rescale_grad=1.0 / (job.BATCH * devices), rule=config.get('local_rule', 'mirror'),
         dc_lambda=config.get('dc_lambda'), optimizer=config['optimizer'], **params)
 
@@ -131,6 +136,23 @@ def test_save_and_resume_continue_the_reference(tmp_path, kind, optimizer):
     assert [int(h['first']) for h in resumed.values()] == [8, 8]
     assert_matches(first, trajectory)
     assert_matches(resumed, trajectory)
+
+
+@pytest.mark.jobs
+def test_join_with_uneven_data_follows_the_reference(tmp_path):
+    # Worker 1 has 8 batches, worker 0 has 12: worker 1's join fills rounds 8..11 with
+    # zero gradients (no rows: its embedding rows stay, its dense layer still steps).
+    config = dict(optimizer=SGD[0], optimizer_params=SGD[1], delay=3, warmup_steps=2,
+                  steps=12, steps_of={'1': 8})
+    histories = run_sparse_job(tmp_path / 'out', 2, 1, config)
+    trajectory = simulate(config, 2)
+    assert [len(h['emb']) for h in histories.values()] == [12, 8]
+    assert_matches(histories, trajectory)
+    for rank, history in histories.items():
+        for name in job.NAMES:
+            np.testing.assert_allclose(history['joined_' + name], trajectory.local[-1][rank][name],
+                                       rtol=RTOL, atol=ATOL, err_msg='worker %d, joined %s'
+                                       % (rank, name))
 
 
 # -- one worker, in process ------------------------------------------------------------------

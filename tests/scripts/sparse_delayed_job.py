@@ -14,7 +14,9 @@ CONFIG keys: ``trainer`` ('delayed', default, or 'gluon': stock ``gluon.Trainer`
 delay, warmup_steps, local_rule, dc_lambda, devices (``mx.cpu(0) .. mx.cpu(devices-1)``),
 sync_at_end (``trainer.sync_weights()`` after the last step), save_at (``save_states`` after
 that step, to ``OUT_DIR/ckpt``), stop_after (the last step), resume_from (``load_states``
-first; the history then starts at the loaded step, saved as ``first``). Writes
+first; the history then starts at the loaded step, saved as ``first``), steps_of ({rank:
+steps}: worker r makes that many steps, then ``trainer.join()``; its weights after the join
+are saved as ``joined_<name>``). Writes
 ``OUT_DIR/worker<rank>.npz``: every parameter after every step (keys ``emb``, ``A``, ``c``,
 shape ``(steps,) + shape``) and, with sync_at_end, after the sync (``synced_<name>``);
 device copies are checked equal.
@@ -133,7 +135,7 @@ def main():
         trainer.load_states(config['resume_from'])
         first = trainer.schedule.step
     history = {name: [] for name in NAMES}
-    for step in range(first, config['steps']):
+    for step in range(first, config.get('steps_of', {}).get(str(rank), config['steps'])):
         losses = []
         with autograd.record():
             for device, ctx in enumerate(ctxs):
@@ -151,6 +153,10 @@ def main():
             trainer.save_states(os.path.join(out_dir, 'ckpt'))
         if config.get('stop_after') == step:
             break
+    if config.get('steps_of'):
+        trainer.join()
+        for full, param in net.collect_params().items():
+            history['joined_' + names[full]] = weights_of(param)[0]
     if config.get('sync_at_end'):
         trainer.sync_weights()
         for full, param in net.collect_params().items():
