@@ -173,9 +173,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
     ``weights``; a :class:`RowSparseGrad` for a parameter with row_sparse gradients (lazy
-    updates, see the module's docstring). ``lr_fn(u)`` is the server's lr of its update u + 1 (default ``lr``; u = t
-    without overflows); the local lr is ``local_lr`` (default ``lr``) times
-    ``lr_fn(u) / lr``. ``overflow`` ({(rank, step)}) and ``scale_window`` (the loss scale's
+    updates, see the module's docstring). ``lr_fn(u)`` is the server's lr of its update
+    u + 1 (default ``lr``; u = t without overflows); the local lr is ``local_lr`` (default
+    ``lr``) times ``lr_fn(u) / lr``. ``overflow`` ({(rank, step)}) and ``scale_window`` (the loss scale's
     window) model AMP (see the module's docstring). ``dc_lambda=None`` takes the
     rule's default from ``DEFAULT_LAMBDA``.
 

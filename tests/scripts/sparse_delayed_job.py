@@ -5,18 +5,18 @@ model is ``y = Dense(emb(ids))``, then a dense layer (weight ``A``, bias ``c``);
 ``sum((y - target)^2)``. ``emb`` is, with CONFIG ``kind`` 'grad' (default), an
 ``nn.Embedding(V, D, sparse_grad=True)`` (a dense weight with row_sparse gradients), with
 'weight' a row_sparse weight (``stype='row_sparse'``) read through ``row_sparse_data(ids)``
-(``y = onehot(ids) . W``, a sparse ``dot``). Ids and targets are functions of (rank, step, device) only
-(:func:`batch`), and :func:`numpy_grad` is the model's gradient for tests/reference.py. A
-batch of ``BATCH`` ids out of ``V`` rows leaves most rows untouched in a step.
+(``y = onehot(ids) . W``, a sparse ``dot``). Ids and targets are functions of (rank, step,
+device) only (:func:`batch`), and :func:`numpy_grad` is the model's gradient for
+tests/reference.py. A batch of ``BATCH`` ids out of ``V`` rows leaves most rows untouched
+in a step.
 
-CONFIG keys: ``trainer`` ('delayed', default, or 'gluon': stock ``gluon.Trainer``),
-``kvstore`` (default 'dist_delay'; None: no kvstore), steps, optimizer, optimizer_params,
-delay, warmup_steps, local_rule, dc_lambda, devices (``mx.cpu(0) .. mx.cpu(devices-1)``),
-sync_at_end (``trainer.sync_weights()`` after the last step), save_at (``save_states`` after
-that step, to ``OUT_DIR/ckpt``), stop_after (the last step), resume_from (``load_states``
-first; the history then starts at the loaded step, saved as ``first``), steps_of ({rank:
-steps}: worker r makes that many steps, then ``trainer.join()``; its weights after the join
-are saved as ``joined_<name>``). Writes
+The trainer is ``DelayedTrainer`` on 'dist_delay'. CONFIG keys: steps, optimizer,
+optimizer_params, delay, warmup_steps, local_rule, dc_lambda, devices (``mx.cpu(0) ..
+mx.cpu(devices-1)``), sync_at_end (``trainer.sync_weights()`` after the last step), save_at
+(``save_states`` after that step, to ``OUT_DIR/ckpt``), stop_after (the last step),
+resume_from (``load_states`` first; the history then starts at the loaded step, saved as
+``first``), steps_of ({rank: steps}: worker r makes that many steps, then
+``trainer.join()``; its weights after the join are saved as ``joined_<name>``). Writes
 ``OUT_DIR/worker<rank>.npz``: every parameter after every step (keys ``emb``, ``A``, ``c``,
 shape ``(steps,) + shape``) and, with sync_at_end, after the sync (``synced_<name>``);
 device copies are checked equal.
@@ -119,17 +119,11 @@ def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
     net, names = build(ctxs, config.get('kind', 'grad'))
-    kvstore = config.get('kvstore', 'dist_delay')
-    if config.get('trainer', 'delayed') == 'delayed':
-        trainer = mxdelay.DelayedTrainer(
-            net.collect_params(), config['optimizer'], config['optimizer_params'],
-            kvstore=kvstore, delay=config['delay'], warmup_steps=config['warmup_steps'],
-            local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'))
-        rank = trainer.rank
-    else:
-        trainer = gluon.Trainer(net.collect_params(), config['optimizer'],
-                                config['optimizer_params'], kvstore=kvstore)
-        rank = 0
+    trainer = mxdelay.DelayedTrainer(
+        net.collect_params(), config['optimizer'], config['optimizer_params'],
+        kvstore='dist_delay', delay=config['delay'], warmup_steps=config['warmup_steps'],
+        local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'))
+    rank = trainer.rank
     first = 0
     if config.get('resume_from'):
         trainer.load_states(config['resume_from'])
