@@ -764,9 +764,11 @@ class DistDelay(KVStoreBase):
         layout = self._placement.layout
         for tensor, j, array in plan:
             buf = nd.zeros(tensor.size, ctx=mx.cpu(), dtype=array.dtype)
+            # A row_sparse tensor's chunks are ranges of rows (§2.10).
+            unit = tensor.row_size if isinstance(tensor, sparse.SparseTensor) else 1
             for chunk in tensor.chunks:
                 keys.append(layout.state_key(chunk.local, j, chunk.server))
-                views.append(buf[chunk.start:chunk.stop])
+                views.append(buf[chunk.start * unit:chunk.stop * unit])
             buffers.append(buf)
         new = [(k, v) for k, v in zip(keys, views) if k not in self._state_keys_made]
         if new:   # collective: a barrier of all workers (every worker fetches alike)
@@ -843,8 +845,11 @@ class DistDelay(KVStoreBase):
 
     def send_buffer(self, key):
         """The buffer that this worker's last push of `key` sends from (held by the push until
-        its round is acknowledged; for :mod:`mxdelay.timeline`)."""
+        its round is acknowledged; for :mod:`mxdelay.timeline`). For a row_sparse key: the
+        gradient handed to the native store, held until the store has copied it."""
         tensor = self._tensor(key)
+        if isinstance(tensor, sparse.SparseTensor):
+            return tensor.sent
         return tensor.buffers[(tensor.next_round - 1) % (self._slack + 1)]
 
     def sent_gradient(self, key, out):

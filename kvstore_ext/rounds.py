@@ -146,11 +146,13 @@ class RoundKeeper(object):
             raise ValueError('state key %d of chunk %d: the chunk\'s optimizer state has %d '
                              'arrays (after %d rounds)' % (j, chunk, len(arrays),
                                                            self.next_round.get(chunk, 0)))
-        if arrays[j].size != stored.size:
+        # A row_sparse chunk's state (lazy updates, §2.10) is row_sparse: sent dense.
+        array = arrays[j] if arrays[j].stype == 'default' else arrays[j].tostype('default')
+        if array.size != stored.size:
             raise ValueError('state array %d of chunk %d has %d elements, the chunk %d: the '
-                             'optimizer state is not elementwise' % (j, chunk, arrays[j].size,
+                             'optimizer state is not elementwise' % (j, chunk, array.size,
                                                                      stored.size))
-        arrays[j].reshape(stored.shape).copyto(stored)
+        array.reshape(stored.shape).copyto(stored)
 
     def in_flight(self):
         """Whether a round is held (completed before an earlier one)."""
@@ -158,18 +160,26 @@ class RoundKeeper(object):
 
     def chunk_state(self, chunk):
         """What a checkpoint saves of `chunk`: its weights (numpy, None before its first
-        round) and its next round."""
+        round) and their storage type, and its next round."""
         weight = self.weights.get(chunk)
         return {'weight': None if weight is None else weight.asnumpy(),
+                'stype': 'default' if weight is None else weight.stype,
                 'next_round': self.next_round.get(chunk, 0),
                 'skipped': self.skipped.get(chunk, 0)}
 
-    def restore_chunk(self, chunk, weight, next_round, skipped=0):
-        """Take `chunk`'s saved weights (numpy or None), next round and skipped rounds;
-        drop held rounds."""
+    def restore_chunk(self, chunk, weight, next_round, skipped=0, stype='default'):
+        """Take `chunk`'s saved weights (numpy or None) of storage type `stype`, next round
+        and skipped rounds; drop held rounds."""
         self.skipped[chunk] = skipped
         if weight is not None:
-            self.weights[chunk] = mx.nd.array(weight, dtype=weight.dtype)
+            restored = mx.nd.array(weight, dtype=weight.dtype)
+            if stype == 'row_sparse':
+                # Full-row, as at init (§2.10): MXNet's lazy update of a row_sparse weight
+                # with row_sparse state; a dense W would fall back to the standard update.
+                restored = mx.nd.sparse.row_sparse_array(
+                    (restored, mx.nd.arange(weight.shape[0], dtype='int64')),
+                    shape=weight.shape, dtype=weight.dtype)
+            self.weights[chunk] = restored
         self.next_round[chunk] = next_round
         self.held.pop(chunk, None)
         for slot in range(self.slots):

@@ -349,7 +349,7 @@ class DelayServer(KVStoreServer):
             self._rescale_grad = rounds.optimizer.rescale_grad
         for chunk, saved in state['chunks'].items():
             rounds.restore_chunk(chunk, saved['weight'], saved['next_round'],
-                                 saved.get('skipped', 0))
+                                 saved.get('skipped', 0), saved.get('stype', 'default'))
         return {'path': path, 'chunks': len(state['chunks'])}
 
     # -- updater: called by the native server when a key's round is complete ---------------

@@ -58,7 +58,7 @@ class SparseTensor(object):
     shape that pulls of whole chunks land in.
     """
     __slots__ = ('key', 'shape', 'dtype', 'stype', 'row_size', 'chunks', 'next_round',
-                 'last_pulled', 'all_rows', 'pulled', 'scratch', 'empty_ids', 'zero')
+                 'last_pulled', 'all_rows', 'pulled', 'scratch', 'empty_ids', 'zero', 'sent')
 
     def __init__(self, key, shape, dtype, stype, chunks):
         self.key, self.shape, self.dtype, self.stype, self.chunks = key, shape, dtype, stype, chunks
@@ -72,6 +72,7 @@ class SparseTensor(object):
                         for c in chunks]
         self.empty_ids = nd.array(np.zeros(0), dtype='int64')
         self.zero = None
+        self.sent = None   # the first array the last push handed to the native store
 
     @property
     def size(self):
@@ -166,6 +167,7 @@ def push(store, tensor, grads, priority, factor=None):
         per_device = [_split_rows(tensor, grad) for grad in grads]
         values = [list(parts) for parts in zip(*per_device)]
     store._native.push([c.keys[slot] for c in tensor.chunks], values, priority=priority)
+    tensor.sent = values[0][0]
     tensor.next_round += 1
 
 

@@ -18,6 +18,10 @@ Every built-in rule uses the delay-compensated gradient of DC-ASGD,
   ``w' := w' - lr*(g_dc + wd*w')`` with lam 0 and 0.04.
 - ``'dc_adaptive'``: ``'dc'`` with lam scaled by ``1/sqrt(MS)``,
   ``MS := m*MS + (1-m)*g*g + 1e-7``.
+
+A row_sparse g (a Parameter with ``grad_stype='row_sparse'``) is a lazy update, as MXNet's
+optimizers make it (docs/design.md §1.4): the built-in rules change only the rows g holds,
+the weights and the rule's state alike; ``grad_sync`` is read on those rows only.
 """
 import collections
 import pickle
@@ -92,9 +96,10 @@ class LocalRule(object):
         :meth:`create_state`)."""
         return self.create_state(weight, last_global_step)
 
-    def server_state(self, weight, state):
-        """The arrays of `state` to fill with the servers' optimizer state after round W
-        (fetched once, collectively, at the switch), or None (the base rule)."""
+    def server_state(self, weight, state, index=None):
+        """The arrays of `state` (of Parameter `index`) to fill with the servers' optimizer
+        state after round W (fetched once, collectively, at the switch), or None (the base
+        rule)."""
         return None
 
     def check_optimizer(self, optimizer):
@@ -105,7 +110,11 @@ class LocalRule(object):
         """
 
     def update(self, weight, grad, grad_sync, state, ctx):
-        """Update `weight` in place from raw gradient `grad` (see :data:`RuleContext`)."""
+        """Update `weight` in place from raw gradient `grad` (see :data:`RuleContext`).
+
+        For a Parameter with row_sparse gradients `grad` is row_sparse and `weight` dense:
+        the update should be lazy, changing only the rows `grad` holds (docs/design.md
+        §1.4), as the built-in rules do."""
         raise NotImplementedError()
 
     def _compensated(self, grad, grad_sync, ctx, lam=None):
@@ -114,6 +123,15 @@ class LocalRule(object):
         if grad_sync is None:
             return grad, ctx.rescale_grad
         lam = self.dc_lambda if lam is None else lam
+        if grad.stype == 'row_sparse':
+            # The term on g's rows only: g_dc keeps g's rows (a lazy update stays lazy).
+            rows = grad.indices
+            if rows.shape[0] == 0:
+                return grad, ctx.rescale_grad
+            g = grad.data * ctx.rescale_grad
+            g = g + lam * g * g * nd.take(grad_sync, rows)
+            return nd.sparse.row_sparse_array((g, rows), shape=grad.shape,
+                                              ctx=grad.context, dtype=grad.dtype), 1.0
         g = grad * ctx.rescale_grad
         return g + lam * g * g * grad_sync, 1.0
 
@@ -145,6 +163,23 @@ class LocalSGDRule(LocalRule):
         return nd.zeros_like(weight) if self.adaptive else None
 
     def update(self, weight, grad, grad_sync, state, ctx):
+        if grad.stype != 'row_sparse':
+            self._update_dense(weight, grad, grad_sync, state, ctx)
+            return
+        # A lazy update: the rule on the rows g holds, gathered, then written back (weights
+        # and MS); the other rows keep their values.
+        rows = grad.indices
+        if rows.shape[0] == 0:
+            return
+        block = nd.take(weight, rows)
+        sync = None if grad_sync is None else nd.take(grad_sync, rows)
+        ms = None if state is None else nd.take(state, rows)
+        self._update_dense(block, grad.data, sync, ms, ctx)
+        nd.contrib.index_copy(weight, rows, block, out=weight)
+        if ms is not None:
+            nd.contrib.index_copy(state, rows, ms, out=state)
+
+    def _update_dense(self, weight, grad, grad_sync, state, ctx):
         lam = None
         if self.adaptive:
             g = grad * ctx.rescale_grad
@@ -166,6 +201,11 @@ class LocalSGDRule(LocalRule):
 #: elements of the whole tensor's state, and a local instance continues it exactly.
 MIRRORED = ('SGD', 'NAG', 'Adam', 'RMSProp', 'AdaGrad', 'AdaDelta', 'Ftrl', 'Signum', 'Adamax',
             'FTML')
+
+#: Optimizers the mirror runs with row_sparse gradients (and their subclasses): those with
+#: MXNet's lazy update, whose kernels on the servers' full-row weights and on the worker's
+#: dense weights are the same.
+SPARSE_MIRRORED = ('SGD', 'Adam')
 
 #: Optimizers refused by name, with why and what to use instead.
 _NOT_MIRRORED = {
@@ -225,6 +265,7 @@ class MirrorRule(LocalRule):
         super(MirrorRule, self).__init__(dc_lambda)
         self._local = None         # the local optimizer (start)
         self._plain_sgd = False    # the single-kernel path applies (unless float16 + mp)
+        self._sparse = frozenset()  # indices of Parameters with row_sparse gradients (start)
 
     def check_optimizer(self, optimizer):
         name = type(optimizer).__name__
@@ -253,6 +294,17 @@ class MirrorRule(LocalRule):
                 '(arrays shaped like the weight), so the servers\' per-chunk state is not the '
                 "tensor's. Use local_rule='sgd' or gluon.Trainer on kvstore='dist_delay'"
                 % name)
+        sparse = [p.name for p in _sparse_grad_params(optimizer).values()]
+        lazy = next((n for n in mro if n in SPARSE_MIRRORED), None)
+        if sparse and (lazy is None or not getattr(optimizer, 'lazy_update', False)):
+            raise ValueError(
+                "local_rule='mirror' with row_sparse gradients (Parameter %s) follows MXNet's "
+                'lazy update, which the servers make on the rows of each round and the worker '
+                'on the rows of its own gradient; %s %s. Use optimizer %s with lazy_update=True '
+                "(their default), local_rule='sgd', or gluon.Trainer on kvstore='dist_delay'"
+                % (', '.join(sparse), name,
+                   'has no lazy update' if lazy is None else 'was given lazy_update=False',
+                   ' or '.join(repr(n.lower()) for n in SPARSE_MIRRORED)))
 
     def start(self, optimizer):
         # A copy: the trainer's optimizer stays as gluon.Trainer's (saved, compared).
@@ -261,34 +313,44 @@ class MirrorRule(LocalRule):
         local.param_dict = _UnitMultipliers()
         self._local = local
         self._plain_sgd = type(optimizer) is mx.optimizer.SGD  # noqa: E721
+        self._sparse = frozenset(_sparse_grad_params(optimizer))
 
-    def _single_kernel(self, weight):
+    def _single_kernel(self, weight, index=None):
         if self._local is None:
             return True    # not started by a trainer: the rule of SGD with momentum
+        if index in self._sparse:
+            # A lazy update leaves the momentum of rows outside round W as it was, which
+            # W_{W+1} - W_W does not show: the servers' state is fetched (§1.4).
+            return False
         return self._plain_sgd and not (self._local.multi_precision and
                                         weight.dtype == np.float16)
 
     def server_state_count(self, optimizer, dtypes):
         self.start(optimizer)
-        counts = [len(flatten_state(optimizer.create_state_multi_precision(
-            0, mx.nd.zeros((1,), dtype=dtype)))) for dtype in set(dtypes)
-                  if not self._single_kernel(mx.nd.zeros((1,), dtype=dtype))]
+        probes = [mx.nd.zeros((1,), dtype=dtype) for dtype in set(dtypes)]
+        probes = [p for p in probes if not self._single_kernel(p)]
+        probes += [mx.nd.zeros((1,), dtype=p.dtype)
+                   for p in _sparse_grad_params(optimizer).values()]
+        counts = [len(flatten_state(optimizer.create_state_multi_precision(0, p)))
+                  for p in probes]
         return max(counts + [0])
 
     def create_state(self, weight, last_global_step):
         return last_global_step.copy()   # the single-kernel path's momentum buffer
 
     def create_state_for(self, index, weight, last_global_step):
-        if self._single_kernel(weight):
+        if self._single_kernel(weight, index):
             return last_global_step.copy()
         return self._local.create_state_multi_precision(index, weight.copy())
 
-    def server_state(self, weight, state):
-        return None if self._single_kernel(weight) else flatten_state(state)
+    def server_state(self, weight, state, index=None):
+        return None if self._single_kernel(weight, index) else flatten_state(state)
 
     def update(self, weight, grad, grad_sync, state, ctx):
+        # A row_sparse g stays row_sparse: the local optimizer makes MXNet's lazy update
+        # (the kernel the servers run on a round's rows), on this worker's rows.
         g, rescale = self._compensated(grad, grad_sync, ctx)
-        if self._single_kernel(weight):
+        if self._single_kernel(weight, ctx.index):
             nd.sgd_mom_update(weight, g, state, out=weight, lr=ctx.lr, wd=ctx.wd,
                               momentum=ctx.momentum, rescale_grad=rescale * ctx.num_workers,
                               clip_gradient=ctx.clip_gradient)
@@ -301,6 +363,12 @@ class MirrorRule(LocalRule):
         local._index_update_count[ctx.index] = count  # pylint: disable=protected-access
         local.num_update = count
         local.update_multi_precision(ctx.index, weight, g, state)
+
+
+def _sparse_grad_params(optimizer):
+    """{index: Parameter} of the optimizer's Parameters with row_sparse gradients."""
+    return {i: p for i, p in (getattr(optimizer, 'param_dict', None) or {}).items()
+            if getattr(p, '_grad_stype', 'default') == 'row_sparse'}
 
 
 #: name -> (factory taking dc_lambda or None, default lam)

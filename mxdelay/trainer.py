@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 from mxnet.kvstore import KVStoreBase
 
 from kvstore_ext import checkpoint, compression, wire
@@ -46,6 +46,10 @@ class DelayedTrainer(gluon.Trainer):
        weights, ``pre_weight`` and rule state, and the servers' weights and optimizer state.
     4. With a non-distributed kvstore (``'local'``, ``'device'``, None) it is exactly
        ``gluon.Trainer`` and warns once (logging) that ``delay`` has no effect.
+    5. Sparse parameters (a dense weight with ``grad_stype='row_sparse'``, or a row_sparse
+       weight) get lazy local updates: only the rows of the worker's gradient change. Each
+       worker keeps a row_sparse weight's rows in a dense copy, which pulls replace and
+       ``row_sparse_data(ids)`` reads (docs/design.md §1.4, §2.10).
 
     Parameters
     ----------
@@ -130,7 +134,8 @@ class DelayedTrainer(gluon.Trainer):
                              'the servers apply the optimizer once per round; leave it None')
         compressed = compression.parse(compression_params) if _is_dist_delay(kvstore) else None
         if _is_dist_delay(kvstore):
-            _refuse_sparse(params)  # before Gluon ties a row_sparse Parameter to this trainer
+            # Before Gluon ties a row_sparse Parameter to this trainer.
+            _refuse_sparse(params, compressed)
         self._registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
@@ -147,6 +152,7 @@ class DelayedTrainer(gluon.Trainer):
         self._rule_state = {}     # param index -> rule state
         self._pulled = {}         # param index -> pull target on the first context
         self._grad_sum = {}       # param index -> gradient summed over devices (>1 device)
+        self._full = {}           # param index -> w' of a row_sparse weight: every row, dense
         self._sent = {}           # param index -> the compressed gradient this worker sent
         self._logged_phase = None
         self._delayed_mode = None  # decided when the kvstore is created
@@ -239,6 +245,15 @@ class DelayedTrainer(gluon.Trainer):
         # The kvstore adds its optimizer's description to the hand-shake.
         # amp: the servers skip rounds with a non-finite sum (docs/design.md §11).
         self._amp = self._loss_scaler() is not None
+        sparse = [p.name for p in self._params if p._grad_stype != 'default']
+        if self._amp and sparse:
+            # The store's row_sparse pushes carry no all-finite flag: an overflowed round
+            # would be applied on their rows.
+            raise ValueError(
+                "AMP's dynamic loss scaling cannot be combined with row_sparse gradients "
+                "(Parameter %s) on 'dist_delay' yet: an overflowed round would reach the "
+                'servers\' row_sparse keys unmarked; train without AMP, or with dense '
+                'gradients (e.g. nn.Embedding without sparse_grad)' % ', '.join(sparse))
         if self._amp and kvstore.compression is not None:
             # 2bit quantizes inf to +t (and nan to 0, with a nan residual from then on): an
             # overflowed round would reach the servers finite and be applied. fp16: a
@@ -402,9 +417,11 @@ class DelayedTrainer(gluon.Trainer):
             if param.grad_req != 'null':
                 # After this worker's last pushed round t (the same on every worker after
                 # join): exactly W_{t+1}, whatever the arrival order (docs/design.md §2).
-                self._kvstore.pull(i, out=param.list_data(), priority=self._priority.get(i, 0))
-        for param in self._trained_params():
-            param.list_data()[0].wait_to_read()
+                self._kvstore.pull(i, out=self._weights(i, param),
+                                   priority=self._priority.get(i, 0))
+        for i, param in enumerate(self._params):
+            if param.grad_req != 'null':
+                self._weights(i, param)[0].wait_to_read()
 
     def allreduce_grads(self):
         """Not available with ``'dist_delay'``; raises ValueError saying what to do instead.
@@ -447,13 +464,66 @@ class DelayedTrainer(gluon.Trainer):
     def _trained_params(self):
         return [p for p in self._params if p.grad_req != 'null']
 
+    def _weights(self, i, param):
+        """The arrays that hold w' of Parameter `i`: its data on every device, or for a
+        row_sparse weight the trainer's dense copy of every row (docs/design.md §2.10)."""
+        if param._stype == 'default':
+            return param.list_data()
+        return [self._full[i]]
+
+    # -- row_sparse weights (docs/design.md §2.10) ------------------------------------------
+    def _init_params(self):
+        pending = list(self._params_to_init)
+        super(DelayedTrainer, self)._init_params()
+        if not self._delayed_mode:
+            return
+        for param in pending:
+            if param._stype != 'default' and param not in self._params_to_init:
+                # The worker's copy of every row starts at the servers' W_0 (rank 0's value:
+                # the workers' own initial values may differ).
+                i = self._param2idx[param.name]
+                self._full[i] = nd.zeros(param.shape, ctx=self._contexts[0], dtype=param.dtype)
+                self._kvstore.pull(i, out=self._full[i], priority=self._priority.get(i, 0))
+
+    def _row_sparse_pull(self, parameter, out, row_id, full_idx=False):
+        # Gluon's row_sparse_data(row_id): on 'dist_delay' the rows of this worker's copy
+        # w' (after a pull is applied: W of that round), with no communication.
+        if not self._kv_initialized:
+            self._init_kvstore()
+        if not self._delayed_mode:
+            return super(DelayedTrainer, self)._row_sparse_pull(parameter, out, row_id,
+                                                                 full_idx)
+        if self._params_to_init:
+            with autograd.pause():  # Gluon calls this in forward, inside autograd.record()
+                self._init_params()
+        full = self._full[self._param2idx[parameter.name]]
+        rows = np.unique(row_id.asnumpy()).astype(np.int64)  # as row_sparse_pull: once each
+        if rows.size and (rows[0] < 0 or rows[-1] >= full.shape[0]):
+            raise ValueError('row_sparse_data of Parameter %s: row ids must be in [0, %d), got '
+                             '%s' % (parameter.name, full.shape[0],
+                                     rows[(rows < 0) | (rows >= full.shape[0])]))
+        with autograd.pause():
+            if rows.size:
+                ids = nd.array(rows, ctx=full.context, dtype='int64')
+                value = nd.sparse.row_sparse_array((nd.take(full, ids), ids), shape=full.shape,
+                                                   ctx=full.context, dtype=full.dtype)
+            else:
+                value = nd.sparse.zeros('row_sparse', full.shape, ctx=full.context,
+                                        dtype=full.dtype)
+            for target in (out if isinstance(out, (list, tuple)) else [out]):
+                value.copyto(target)
+
     def _reduced_grad(self, i, param):
-        """This worker's gradient of `param` summed over its devices, on the first device."""
+        """This worker's gradient of `param` summed over its devices, on the first device
+        (row_sparse gradients: the union of the devices' rows)."""
         grads = param.list_grad()
         if len(grads) == 1:
             return grads[0]
         if i not in self._grad_sum:
-            self._grad_sum[i] = nd.zeros_like(grads[0])
+            first = grads[0]
+            self._grad_sum[i] = (nd.zeros_like(first) if first.stype == 'default' else
+                                 nd.sparse.zeros(first.stype, first.shape, ctx=first.context,
+                                                 dtype=first.dtype))
         first = grads[0].context
         nd.add_n(*[g.as_in_context(first) for g in grads], out=self._grad_sum[i])
         return self._grad_sum[i]
@@ -484,7 +554,7 @@ class DelayedTrainer(gluon.Trainer):
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
-            datas = param.list_data()
+            datas = self._weights(i, param)
             before = datas[0].copy() if switch else None          # W_W
             self._kvstore.pull(i, out=datas, priority=self._priority[i])
             self._observer.pull_received(param.name, t, datas[0])  # straight into the weights
@@ -493,7 +563,7 @@ class DelayedTrainer(gluon.Trainer):
                 self._pre_weight[i] = datas[0].copy()             # pre_weight := W_{W+1}
                 state = self._rule.create_state_for(i, datas[0], datas[0] - before)
                 self._rule_state[i] = state
-                arrays = self._rule.server_state(datas[0], state)
+                arrays = self._rule.server_state(datas[0], state, i)
                 if arrays:
                     fetch[i] = arrays
         if fetch:
@@ -564,7 +634,7 @@ class DelayedTrainer(gluon.Trainer):
         for i, param in enumerate(self._params):
             if param.grad_req == 'null':
                 continue
-            datas = param.list_data()
+            datas = self._weights(i, param)
             weight = datas[0]
             if applies:
                 self._pulled[i].copyto(weight)                   # 1. w' := W_t
@@ -673,7 +743,7 @@ class DelayedTrainer(gluon.Trainer):
         worker_state = {
             'rank': kv.rank,
             'schedule': self._schedule.state_dict(), 'rescale_grad': self._optimizer.rescale_grad,
-            'weights': {i: p.list_data()[0].asnumpy() for i, p in enumerate(self._params)},
+            'weights': {i: self._weights(i, p)[0].asnumpy() for i, p in enumerate(self._params)},
             'pre_weight': {i: w.asnumpy() for i, w in self._pre_weight.items()},
             'pulled': {i: w.asnumpy() for i, w in self._pulled.items()},
             'rule_state': {i: _to_numpy(s) for i, s in self._rule_state.items()},
@@ -730,7 +800,7 @@ class DelayedTrainer(gluon.Trainer):
         kv.apply_states(kv_state)
         for i, param in enumerate(self._params):
             # Not Parameter.set_data: it resets the trainer's kvstore (impossible when dist).
-            for data in param.list_data():
+            for data in self._weights(i, param):
                 data[:] = state['weights'][i]
         ctx0 = self._contexts[0]
         self._pre_weight = {i: nd.array(w, ctx=ctx0, dtype=w.dtype)
@@ -780,20 +850,17 @@ def _parameter_names(params):
     return []
 
 
-def _refuse_sparse(params):
-    """Refuse row_sparse weights and gradients on 'dist_delay' (docs/design.md §2.10): the
-    local rules and the delayed pulls handle dense tensors only. Non-Parameters are left
-    to gluon.Trainer's own check."""
+def _refuse_sparse(params, compressed):
+    """Refuse row_sparse gradients with compression on 'dist_delay' (docs/design.md §2.10).
+    Non-Parameters are left to gluon.Trainer's own check."""
     for param in (params.values() if hasattr(params, 'values') else params):
-        stype = getattr(param, '_stype', 'default')
         grad_stype = getattr(param, '_grad_stype', 'default')
-        if stype != 'default' or grad_stype != 'default':
+        if grad_stype != 'default' and compressed is not None:
             raise ValueError(
-                "DelayedTrainer does not train sparse parameters on 'dist_delay' yet: "
-                'Parameter %s has stype=%r, grad_stype=%r. Use gluon.Trainer(..., '
-                "kvstore='dist_delay'), which trains it exactly like 'dist_sync', or dense "
-                'parameters (e.g. nn.Embedding without sparse_grad)'
-                % (param.name, stype, grad_stype))
+                'compression_params=%r cannot be combined with row_sparse gradients '
+                '(Parameter %s has grad_stype=%r): row_sparse pushes are not compressed; '
+                'use compression_params=None, or dense gradients'
+                % (compressed.describe(), param.name, grad_stype))
 
 
 def _is_dist_delay(kvstore):

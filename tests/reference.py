@@ -21,6 +21,15 @@ and ``nag_mom_update`` (:func:`adam_step`, :func:`nag_step`, also pinned there),
 residual per worker per tensor (:func:`quantize_2bit`): the server sums what the workers send,
 and the local rules step with what their worker sent (docs/design.md §1.4, §2.8).
 
+Row_sparse gradients (docs/design.md §1.4, §2.10): ``grad_fn`` returns a
+:class:`RowSparseGrad` (the rows the gradient holds and its dense values, zero elsewhere) for
+a parameter with ``grad_stype='row_sparse'``. Every update is then MXNet's lazy update: the
+server's round t changes only the rows of the union of the workers' rows of round t (weights
+and optimizer state; the others keep theirs), a worker's local step only the rows of its own
+gradient (weights and rule state), and rule 'mirror' starts from the server's optimizer state
+after round W for every optimizer (its momentum buffer included: rows outside round W keep a
+momentum that ``W_{W+1} - W_W`` does not show). Pulls bring every row.
+
 AMP (docs/design.md §11), with ``overflow`` the set of (rank, step) whose gradient was not
 finite: a round in which any worker overflowed is skipped by the server (weights, state and
 update count unchanged); a worker skips its own local step (4.) only when its own gradient
@@ -32,12 +41,13 @@ skipped rounds its loss scale has seen. Loss scales are powers of two, so the sc
 gradient times its ``rescale_grad`` is the unscaled one bit for bit: the reference works
 with unscaled gradients.
 """
+import collections
 import math
 
 import numpy as np
 
 __all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step', 'adam_step',
-           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'LossScale']
+           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'LossScale', 'RowSparseGrad']
 
 F32 = np.float32
 DEFAULT_LAMBDA = {'sgd': 0.0, 'dc': 0.04, 'dc_adaptive': 0.04, 'mirror': 0.0}
@@ -100,6 +110,21 @@ def quantize_2bit(residual, raw, t):
     return sent, r - sent
 
 
+#: A row_sparse gradient: the (unique) row ids it holds and its dense values (zero elsewhere).
+RowSparseGrad = collections.namedtuple('RowSparseGrad', ['rows', 'values'])
+
+
+def _row_mask(rows, shape):
+    mask = np.zeros(shape[0], dtype=bool)
+    mask[np.asarray(rows, dtype=np.int64)] = True
+    return mask.reshape((-1,) + (1,) * (len(shape) - 1))
+
+
+def _lazy(mask, new, old):
+    """`new` on the rows of `mask`, `old` elsewhere (a lazy update's result)."""
+    return new if mask is None or new is None else np.where(mask, new, old)
+
+
 #: The servers' optimizers the reference knows.
 OPTIMIZERS = ('sgd', 'adam', 'nag')
 
@@ -147,9 +172,10 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     """Simulate SPEC section 1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
-    ``weights``. ``lr_fn(u)`` is the server's lr of its update u + 1 (default ``lr``; u = t
-    without overflows); the local lr is ``local_lr`` (default ``lr``) times
-    ``lr_fn(u) / lr``. ``overflow`` ({(rank, step)}) and ``scale_window`` (the loss scale's
+    ``weights``; a :class:`RowSparseGrad` for a parameter with row_sparse gradients (lazy
+    updates, see the module's docstring). ``lr_fn(u)`` is the server's lr of its update
+    u + 1 (default ``lr``; u = t without overflows); the local lr is ``local_lr`` (default
+    ``lr``) times ``lr_fn(u) / lr``. ``overflow`` ({(rank, step)}) and ``scale_window`` (the loss scale's
     window) model AMP (see the module's docstring). ``dc_lambda=None`` takes the
     rule's default from ``DEFAULT_LAMBDA``.
 
@@ -227,9 +253,15 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
         lr_l = local_lr * (lr_k / lr)                      # local lr, same schedule factor
         lr_l64 = {n: lr_l * lr_mult[n] for n in names}   # float64, as the optimizer has it
         lr_l = {n: F32(lr_l64[n]) for n in names}
-        raws = []
+        raws, masks = [], []                               # masks: rows of sparse gradients
         for i, wk in enumerate(workers):                   # forward/backward at w'
             gr = grad_fn(_copy(wk['w']), i, t)
+            masks.append({n: _row_mask(gr[n].rows, W[n].shape) for n in names
+                          if isinstance(gr[n], RowSparseGrad)})
+            if masks[-1] and (fp16 or compression_threshold is not None or overflow):
+                raise ValueError('the reference has row_sparse gradients without fp16, '
+                                 'compression and overflows only')
+            gr = {n: gr[n].values if n in masks[-1] else gr[n] for n in names}
             raws.append({n: np.asarray(gr[n], dtype=F32).copy() for n in names})
             if fp16:
                 raws[-1] = {n: g.astype(np.float16).astype(F32) for n, g in raws[-1].items()}
@@ -249,6 +281,10 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             G = raws[0][n]
             for r in raws[1:]:
                 G = G + r[n]                               # rank order
+            rows = None                                    # lazy: the round's rows
+            if n in masks[0]:
+                rows = np.logical_or.reduce([mk[n] for mk in masks])
+            kept = (mom[n], var[n])
             if optimizer == 'adam':                        # update number u
                 W[n], mom[n], var[n] = adam_step(
                     W_t[n], G, mom[n], var[n], adam_lr(lr_t * lr_mult[n], u, beta1, beta2),
@@ -261,6 +297,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 W[n], mom[n] = sgd_mom_step(W_t[n], G, mom[n], lr_s[n], wd_n[n], rg, mu)
             else:
                 W[n] = sgd_step(W_t[n], G, lr_s[n], wd_n[n], rg)
+            W[n] = _lazy(rows, W[n], W_t[n])
+            mom[n], var[n] = _lazy(rows, mom[n], kept[0]), _lazy(rows, var[n], kept[1])
 
         if t <= warm:
             see(t)                                         # synchronous: round t at once
@@ -272,7 +310,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                     wk['pre'] = _copy(W)
                     # 'mirror': v := W_{W+1} - W_W, the server's last step (SGD), or a
                     # copy of the server's optimizer state after round W (Adam, NAG).
-                    wk['v'] = {n: W[n] - W_t[n] for n in names}
+                    wk['v'] = {n: mom[n].copy() if n in masks[i] else W[n] - W_t[n]
+                               for n in names}
                     if optimizer != 'sgd':
                         wk['v'] = {n: mom[n].copy() for n in names}
                         wk['var'] = {n: var[n].copy() for n in names}
@@ -287,12 +326,18 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                     wk['pre'][n] = w[n].copy()             # 3. pre_weight := w'
                 if (i, t) in overflow:                     # 4. skipped: own overflow
                     continue
+                rows = masks[i].get(n)                     # lazy: this worker's rows
+                kept = {key: wk[key][n] for key in ('v', 'var', 'ms') if wk.get(key)}
+                w_kept = w[n]
                 if rule == 'mirror' and optimizer != 'sgd':
                     w[n] = _mirror(opt, w[n], raws[i][n], wk, n, lr_l[n], lr_l64[n], wd_n[n],
                                    known)
-                    continue
-                w[n] = _rule(rule, w[n], raws[i][n], gs, wk, n, lam, lr_l[n], wd_n[n], rg, mu,
-                             m, N)
+                else:
+                    w[n] = _rule(rule, w[n], raws[i][n], gs, wk, n, lam, lr_l[n], wd_n[n], rg,
+                                 mu, m, N)
+                w[n] = _lazy(rows, w[n], w_kept)
+                for key, old in kept.items():
+                    wk[key][n] = _lazy(rows, wk[key][n], old)
             wk['w'] = w
             # Claim 2: issue a pull at the last iteration of each period, applied at t+1.
             wk['pending'] = (t - t0) % k == k - 1

@@ -113,16 +113,3 @@ def test_loading_parameters_into_a_server_trainer_is_refused_as_on_dist_sync():
     trainer._params_to_init = []  # pylint: disable=protected-access  (as after its init)
     with pytest.raises(RuntimeError, match='Cannot reset distributed KVStore'):
         param.set_data(mx.nd.ones((5, 2)))
-
-
-@pytest.mark.parametrize('stype,grad_stype', [('row_sparse', 'row_sparse'),
-                                              ('default', 'row_sparse')])
-def test_delayed_trainer_refuses_sparse_parameters(stype, grad_stype):
-    import mxdelay  # pylint: disable=import-outside-toplevel
-    block, param = _sparse_block(stype, grad_stype)
-    with pytest.raises(ValueError, match="(?s)does not train sparse parameters.*%s.*"
-                                         "gluon.Trainer\\(..., kvstore='dist_delay'\\)"
-                       % param.name):
-        mxdelay.DelayedTrainer(block.collect_params(), 'sgd', kvstore='dist_delay')
-    # Off 'dist_delay' DelayedTrainer is gluon.Trainer, sparse parameters included.
-    mxdelay.DelayedTrainer(block.collect_params(), 'sgd', kvstore=None)
