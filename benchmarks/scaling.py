@@ -347,6 +347,12 @@ def _median(rows, key):
     return statistics.median(values) if values else None
 
 
+def _busy(row):
+    """Cores the whole machine used in the row's window (the job's roles and the rest)."""
+    return sum(row[k] for k in ('cpu_workers', 'cpu_server', 'cpu_scheduler', 'cpu_launcher',
+                                'cpu_other'))
+
+
 def summarize(rows):
     """{(model, N, S, method): medians over the successful rounds, and ratios}."""
     groups = {}
@@ -363,6 +369,7 @@ def summarize(rows):
                      'server_rx_mb', 'server_cpu_s_per_round', 'cpu_other', 'cpu_server',
                      'cpu_workers', 'ms_per_step', 'load_before'):
             item[name] = _median(runs, name)
+        item['busy_cores'] = statistics.median(_busy(r) for r in runs)
         summary[key] = item
     for (model, workers, servers, method), item in summary.items():
         sync = summary.get((model, workers, servers, 'sync'))
@@ -409,8 +416,8 @@ def _meta_lines(meta):
     code = meta['code_start']
     end = meta.get('code_end') or {}
     changed = '' if end.get('commit') == code['commit'] and end.get('dirty_files') == code[
-        'dirty_files'] else ' (at the end: %s %s)' % (end.get('commit', '?'),
-                                                      end.get('dirty_files'))
+        'dirty_files'] else ' (at the end: %s, modified: %s)' % (
+            end.get('commit', '?'), ', '.join(end.get('dirty_files') or ['none']))
     machine = meta['machine']
     return ['- Command: `%s`' % meta['command'],
             '- Commit %s%s%s; library imported from `%s`' % (
@@ -460,14 +467,16 @@ def results_markdown(meta, rows):
     return '\n'.join(lines) + '\n'
 
 
-def summary_markdown(meta, rows, summary, methods):
+def summary_markdown(meta, rows, summary, methods, report_only=False):
     """scaling.md: the tables and the verdicts."""
+    code = tta.code_version()
     models = [m for m in MODELS if any(k[0] == m for k in summary)]
     workers = sorted({k[1] for k in summary})
     servers = sorted({k[2] for k in summary})
     runs = len(rows)
     failed = [r for r in rows if 'error' in r]
     noisy = [r for r in rows if r.get('noisy')]
+    busy = [_busy(r) for r in rows if 'error' not in r]
     lines = ['# How throughput scales with workers and servers (issue 13, item 1)', '',
              'Stock `dist_sync` against `DelayedTrainer` k=4 and k=4 with float16 pushes, '
              'N workers x S servers, every node in its own network namespace with its own '
@@ -478,9 +487,16 @@ def summary_markdown(meta, rows, summary, methods):
              ] + _meta_lines(meta) + [
              '- Settings: %s' % ', '.join('%s %s' % item for item in sorted(
                  meta['settings'].items())),
+             '- Report written by `python benchmarks/scaling.py%s` at commit %s%s' % (
+                 ' --report-only' if report_only else '', code['commit'],
+                 ' (modified: %s)' % ', '.join(code['dirty_files']) if code['dirty'] else ''),
              '- %d runs, %d failed, %d noisy (other processes used more than %.2f cores; '
              'on the shaped links the bridge\'s packet work counts as other too).' % (
                  runs, len(failed), len(noisy), report.NOISE_CORES),
+             '- The whole machine was busy during the timed windows: %s cores of %d used '
+             '(median over the runs; min %s), of which other processes and the bridge %s.' % (
+                 _fmt(statistics.median(busy) if busy else None), meta['machine']['cores'],
+                 _fmt(min(busy, default=None)), _fmt(_median(rows, 'cpu_other'))),
              '', '**On 2 shared cores the absolute numbers mean little; the ratios measured '
              'side by side in one run are the result.** With 8 workers, 4 servers and a '
              'scheduler on 2 cores the runs are partly CPU-bound, not only link-bound.', '']
@@ -554,6 +570,24 @@ def summary_markdown(meta, rows, summary, methods):
                     body.append([model, str(n), str(s)] + [
                         _fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
     lines += _table(header, body)
+    lines += ['', '## Where the CPU went', '',
+              'Cores used on average in the timed window (median over rounds): the job\'s '
+              'workers, its servers, and everything else (other sessions, and the kernel\'s '
+              'packet work on the bridge, which is charged to no process); *busy*: the whole '
+              'machine (%d cores), scheduler and launcher included. A busy machine means a '
+              'run bound by the CPU, not only by its links.' % meta['machine']['cores'], '']
+    header = ['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy']
+    body = []
+    for model in models:
+        for n in workers:
+            for s in servers:
+                for m in methods:
+                    it = summary.get((model, n, s, m))
+                    if it:
+                        body.append([model, str(n), str(s), METHODS[m][0]] + [
+                            _fmt(it[k]) for k in ('cpu_workers', 'cpu_server', 'cpu_other',
+                                                  'busy_cores')])
+    lines += _table(header, body)
     if failed:
         lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
             r['model'], r['workers'], r['servers'], r['method'], r['round'], r['error'])
@@ -599,7 +633,7 @@ def write_reports(args, meta, rows):
     with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
         dst.write(results_markdown(meta, rows))
     with open(args.summary, 'w', encoding='utf-8') as dst:
-        dst.write(summary_markdown(meta, rows, summary, methods))
+        dst.write(summary_markdown(meta, rows, summary, methods, args.report_only))
     if summary:
         plot(os.path.join(args.out, 'throughput.png'), summary, methods)
     _LOG.info('wrote %s, %s', os.path.join(args.out, 'results.md'), args.summary)

@@ -11,7 +11,8 @@ import scaling  # noqa: E402  pylint: disable=wrong-import-position
 
 def _row(model, workers, servers, method, rate, round_index=1):
     return dict(model=model, workers=workers, servers=servers, method=method,
-                round=round_index, samples_per_s=rate)
+                round=round_index, samples_per_s=rate, cpu_workers=1.0, cpu_server=0.25,
+                cpu_scheduler=0.0, cpu_launcher=0.125, cpu_other=0.5)
 
 
 def test_ratio_efficiency_and_verdicts():
@@ -25,6 +26,7 @@ def test_ratio_efficiency_and_verdicts():
     summary = scaling.summarize(rows)
     assert summary[('mlp', 2, 1, 'sync')]['samples_per_s'] == 100.0
     assert summary[('mlp', 2, 1, 'sync')]['runs'] == 2
+    assert summary[('mlp', 2, 1, 'sync')]['busy_cores'] == 1.875
     assert summary[('resnet18', 2, 2, 'k4')]['x_sync'] == pytest.approx(1.5, abs=1e-12)
     assert summary[('resnet18', 2, 2, 'sync')]['efficiency'] == pytest.approx(1.0, abs=1e-12)
     # throughput(8) / (8/2 * throughput(2))
