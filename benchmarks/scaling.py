@@ -63,6 +63,8 @@ Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
         --out /path/to/repo/docs/benchmarks/scaling \\
         --summary /path/to/repo/docs/benchmarks/scaling.md
     python benchmarks/scaling.py --report-only       # tables and plot again from runs.csv
+    python benchmarks/scaling.py --report-only --compare docs/benchmarks/scaling-run2
+                                                     # ... beside a second invocation's
     python benchmarks/scaling.py --smoke             # 12 short runs into bench_out/
 """
 import argparse
@@ -170,13 +172,15 @@ def parse_args(argv):
     parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
     parser.add_argument('--report-only', action='store_true',
                         help='only write the reports again from --out/runs.csv')
+    parser.add_argument('--compare', metavar='DIR',
+                        help='--report-only: the results folder of a second invocation of the '
+                             'same grid, shown beside --out in the summary and the plot')
     parser.add_argument('--smoke', action='store_true',
                         help='a quick check (12 short runs: 6 minutes at load 20 on 2 cores, '
                              'less on a quiet machine): %s' % ' '.join(SMOKE))
     args = parser.parse_args(argv)
     if args.smoke:
         args = parser.parse_args(SMOKE + [a for a in argv if a != '--smoke'])
-        args.smoke = True
     if args.rounds < 1 or args.warmup < 1:
         parser.error('--rounds and --warmup must be at least 1, got %d and %d'
                      % (args.rounds, args.warmup))
@@ -407,7 +411,7 @@ def verdicts(summary):
                 continue
             out.append(('%s S=%d: scaling efficiency N=2 -> 8 of k=4 >= dist_sync\'s'
                         % (model, servers),
-                        '%.2f vs %.2f' % (k4['efficiency'], sync['efficiency']),
+                        '%.3f vs %.3f' % (k4['efficiency'], sync['efficiency']),
                         'met' if k4['efficiency'] >= sync['efficiency'] else 'missed'))
     return out
 
@@ -431,13 +435,14 @@ def _meta_lines(meta):
                 machine['cores'], machine['cpu'], machine['kernel'], machine['python'])]
 
 
-def results_markdown(meta, rows):
-    """results.md: every run."""
+def results_markdown(meta, rows, summary_link):
+    """results.md: every run; `summary_link`: the summary's path relative to it."""
     lines = ['# Scaling benchmark: every run', ''] + _meta_lines(meta) + [
         '', 'Procedure: the docstring of `benchmarks/scaling.py`; summary and verdicts: '
-        '[../scaling.md](../scaling.md). MB: 10^6 bytes per step per link (window). '
+        '[%s](%s). MB: 10^6 bytes per step per link (window). '
         'cpu_other: cores used by processes outside the job (and kernel work charged to no '
-        'process, such as the bridge\'s); noisy: more than %.2f.' % report.NOISE_CORES, '']
+        'process, such as the bridge\'s); noisy: more than %.2f.' % (
+            summary_link, summary_link, report.NOISE_CORES), '']
     body = []
     for r in rows:
         if 'error' in r:
@@ -467,9 +472,14 @@ def results_markdown(meta, rows):
     return '\n'.join(lines) + '\n'
 
 
-def summary_markdown(meta, rows, summary, methods, report_only=False):
-    """scaling.md: the tables and the verdicts."""
-    code = tta.code_version()
+def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=False,
+                     second=None):
+    """scaling.md: the tables and the verdicts.
+
+    `out_link`: the results folder relative to the summary; `code`: the commit writing the
+    report (``tta.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
+    invocation of the same grid, shown beside the first.
+    """
     models = [m for m in MODELS if any(k[0] == m for k in summary)]
     workers = sorted({k[1] for k in summary})
     servers = sorted({k[2] for k in summary})
@@ -482,11 +492,12 @@ def summary_markdown(meta, rows, summary, methods, report_only=False):
              'N workers x S servers, every node in its own network namespace with its own '
              '%s link (tbf) to a bridge. Procedure: the docstring of '
              '`benchmarks/scaling.py`, fixed before the run; every run: '
-             '[scaling/results.md](scaling/results.md), [scaling/runs.csv](scaling/runs.csv); '
-             'meta: [scaling/meta.json](scaling/meta.json).' % meta['settings']['rate'], ''
-             ] + _meta_lines(meta) + [
+             '[{0}/results.md]({0}/results.md), [{0}/runs.csv]({0}/runs.csv); '
+             'meta: [{0}/meta.json]({0}/meta.json).'.format(out_link) % meta['settings']['rate'],
+             ''] + _meta_lines(meta) + [
              '- Settings: %s' % ', '.join('%s %s' % item for item in sorted(
                  meta['settings'].items())),
+             '- Models: %s' % '; '.join('`%s`: %s' % (m, MODELS[m]['label']) for m in models),
              '- Report written by `python benchmarks/scaling.py%s` at commit %s%s' % (
                  ' --report-only' if report_only else '', code['commit'],
                  ' (modified: %s)' % ', '.join(code['dirty_files']) if code['dirty'] else ''),
@@ -500,9 +511,24 @@ def summary_markdown(meta, rows, summary, methods, report_only=False):
              '', '**On 2 shared cores the absolute numbers mean little; the ratios measured '
              'side by side in one run are the result.** With 8 workers, 4 servers and a '
              'scheduler on 2 cores the runs are partly CPU-bound, not only link-bound.', '']
+    if second:
+        meta2, rows2, _, link2 = second
+        lines += ['Second invocation of the same command (every run: [%s/results.md](%s/'
+                  'results.md)):' % (link2, link2), ''] + _meta_lines(meta2) + [
+                  '- %d runs, %d failed, %d noisy.' % (
+                      len(rows2), sum('error' in r for r in rows2),
+                      sum(bool(r.get('noisy')) for r in rows2)), '']
     lines += ['## Verdicts on the issue\'s targets', '']
-    lines += _table(['target', 'measured', 'verdict'],
-                    [list(v) for v in verdicts(summary)])
+    if second:
+        again = {target: (measured, verdict) for target, measured, verdict
+                 in verdicts(second[2])}
+        lines += _table(['target', 'measured (1st)', 'verdict (1st)', 'measured (2nd)',
+                         'verdict (2nd)'],
+                        [[t, m, v] + list(again.get(t, ('', 'not run')))
+                         for t, m, v in verdicts(summary)])
+    else:
+        lines += _table(['target', 'measured', 'verdict'],
+                        [list(v) for v in verdicts(summary)])
     lines += ['', '## Throughput (samples/s) and ratio to dist_sync', '',
               'Job samples/s over the timed window (median over rounds; the range in brackets '
               'when there are several), and each method\'s ratio to `dist_sync` of the same '
@@ -523,7 +549,26 @@ def summary_markdown(meta, rows, summary, methods, report_only=False):
                     for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
                                         for m, it in zip(methods, items) if m != 'sync'])
     lines += _table(header, body)
-    lines += ['', '![samples/s against N](scaling/throughput.png)', '',
+    if second:
+        lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
+                  'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
+        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m][0] for m in methods
+                                        if m != 'sync'] + [
+            '%s efficiency' % METHODS[m][0] for m in methods]
+        body = []
+        for model in models:
+            for s in servers:
+                for n in workers:
+                    pairs = [(summary.get((model, n, s, m)) or {},
+                              second[2].get((model, n, s, m)) or {}) for m in methods]
+                    body.append([model, str(s), str(n)] + [
+                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'), _fmt(b.get('x_sync'),
+                                                                           '%.2fx'))
+                        for m, (a, b) in zip(methods, pairs) if m != 'sync'] + [
+                        '%s / %s' % (_fmt(a.get('efficiency')), _fmt(b.get('efficiency')))
+                        if n == max(workers) else '' for a, b in pairs])
+        lines += _table(header, body)
+    lines += ['', '![samples/s against N](%s/throughput.png)' % out_link, '',
               '## Scaling efficiency relative to N=2', '',
               'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
               'linear).', '']
@@ -540,10 +585,11 @@ def summary_markdown(meta, rows, summary, methods, report_only=False):
               'MB (10^6 bytes) per timed step, from the bridge ports\' counters interpolated '
               'at the window\'s start and end (headers included): the mean over the worker '
               'links and over the server links; tx: what the node sends, rx: what it '
-              'receives. Each node\'s eth0 counters agree with its port\'s over every job '
-              'within %s (largest relative difference, results.md).' % _fmt(max(
-                  (r['eth0_check'] for r in rows if 'eth0_check' in r), default=None),
-                  '%.3f'), '']
+              'receives. k=4 pulls the weights once per period of 4 steps; in a short window '
+              'a pull at the window\'s edge weighs more. Each node\'s eth0 counters agree '
+              'with its port\'s over every job within %s (largest relative difference, '
+              'results.md).' % _fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
+                                        default=None), '%.3f'), '']
     header = ['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
               'server rx']
     body = []
@@ -595,8 +641,9 @@ def summary_markdown(meta, rows, summary, methods, report_only=False):
     return '\n'.join(lines) + '\n'
 
 
-def plot(path, summary, methods):
-    """samples/s against N per method, one panel per model and S."""
+def plot(path, summary, methods, second=None):
+    """samples/s against N per method, one panel per model and S; `second`: the summary
+    of a second invocation, dashed."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -607,12 +654,14 @@ def plot(path, summary, methods):
     for row, model in enumerate(models):
         for col, s in enumerate(servers):
             axis = axes[row][col]
-            for method in methods:
-                points = sorted((k[1], v['samples_per_s']) for k, v in summary.items()
-                                if k[0] == model and k[2] == s and k[3] == method)
-                if points:
-                    axis.plot(*zip(*points), marker='o', label=METHODS[method][0],
-                              color='0.5' if method == 'sync' else None)
+            for color, method in enumerate(methods):
+                for style, which in (('-', summary), ('--', second or {})):
+                    points = sorted((k[1], v['samples_per_s']) for k, v in which.items()
+                                    if k[0] == model and k[2] == s and k[3] == method)
+                    if points:
+                        axis.plot(*zip(*points), style, marker='o', label='%s%s' % (
+                            METHODS[method][0], ' (2nd)' if style == '--' else ''),
+                                  color='0.5' if method == 'sync' else 'C%d' % (color - 1))
             axis.set_xticks(sorted({k[1] for k in summary}))
             axis.set_title('%s, S=%d' % (model, s), fontsize=9)
             axis.set_xlabel('workers N')
@@ -620,8 +669,8 @@ def plot(path, summary, methods):
             axis.set_ylim(bottom=0)
             axis.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle('Throughput against workers, each node on its own link (grey: stock)',
-                 fontsize=10)
+    fig.suptitle('Throughput against workers, each node on its own link (grey: stock%s)'
+                 % ('; dashed: second invocation' if second else ''), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -630,12 +679,22 @@ def plot(path, summary, methods):
 def write_reports(args, meta, rows):
     methods = [m for m in METHODS if any(r['method'] == m for r in rows)]
     summary = summarize(rows)
+    code = tta.code_version()  # before this report's own files change
+    here = os.path.dirname(os.path.abspath(args.summary))
+    second = None
+    if args.compare:
+        with open(os.path.join(args.compare, 'meta.json'), encoding='utf-8') as src:
+            meta2 = json.load(src)
+        rows2 = report.read_csv(os.path.join(args.compare, 'runs.csv'))
+        second = (meta2, rows2, summarize(rows2), os.path.relpath(args.compare, here))
     with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
-        dst.write(results_markdown(meta, rows))
+        dst.write(results_markdown(meta, rows, os.path.relpath(args.summary, args.out)))
     with open(args.summary, 'w', encoding='utf-8') as dst:
-        dst.write(summary_markdown(meta, rows, summary, methods, args.report_only))
+        dst.write(summary_markdown(meta, rows, summary, methods, os.path.relpath(args.out, here),
+                                   code, args.report_only, second))
     if summary:
-        plot(os.path.join(args.out, 'throughput.png'), summary, methods)
+        plot(os.path.join(args.out, 'throughput.png'), summary, methods,
+             second and second[2])
     _LOG.info('wrote %s, %s', os.path.join(args.out, 'results.md'), args.summary)
 
 

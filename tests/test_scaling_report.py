@@ -37,7 +37,7 @@ def test_ratio_efficiency_and_verdicts():
     assert scaling.verdicts(summary) == [
         ('resnet18 N=4 S=2: k=4 >= 1.6x dist_sync', '2.00x', 'met'),
         ('resnet18 N=4 S=2: k=4 + fp16 >= 2.5x dist_sync', '2.50x', 'met'),
-        ("resnet18 S=2: scaling efficiency N=2 -> 8 of k=4 >= dist_sync's", '0.83 vs 0.75',
+        ("resnet18 S=2: scaling efficiency N=2 -> 8 of k=4 >= dist_sync's", '0.833 vs 0.750',
          'met')]
 
 
