@@ -336,7 +336,7 @@ def run_window(row, folder, worker, network, hostfile, timeout, compute=False,
                ms_per_step=1000 * (end - start) / steps, window_s=end - start)
     usage = cpu.usage(start, end)
     row.update(cpu_workers=sum(v for k, v in usage.items() if k.startswith('worker')),
-               cpu_server=sum(v for k, v in usage.items() if k.startswith('server')),
+               cpu_server=sum((v for k, v in usage.items() if k.startswith('server')), 0.0),
                cpu_scheduler=usage.get('scheduler', 0.0),
                cpu_launcher=usage.get('launcher', 0.0) + usage.get('driver', 0.0),
                cpu_other=usage['other'])

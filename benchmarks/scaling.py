@@ -369,9 +369,8 @@ def summarize(rows):
         rates = [r['samples_per_s'] for r in runs]
         item = dict(runs=len(runs), samples_per_s=statistics.median(rates), min=min(rates),
                     max=max(rates), noisy=sum(bool(r.get('noisy')) for r in runs))
-        for name in ('steady_samples_per_s', 'worker_tx_mb', 'worker_rx_mb', 'server_tx_mb',
-                     'server_rx_mb', 'server_cpu_s_per_round', 'cpu_other', 'cpu_server',
-                     'cpu_workers', 'ms_per_step', 'load_before'):
+        for name in ('worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb',
+                     'server_cpu_s_per_round', 'cpu_workers', 'cpu_server', 'cpu_other'):
             item[name] = _median(runs, name)
         item['busy_cores'] = statistics.median(_busy(r) for r in runs)
         summary[key] = item
