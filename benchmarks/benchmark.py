@@ -259,12 +259,12 @@ def _wait_all(popens, timeout):
     return codes
 
 
-def _launcher(network, hostfile, timeout):
+def _launcher(network, hostfile, timeout, num_workers=NUM_WORKERS, num_servers=1):
     # The launcher as a plain file: `-m mxdelay.launcher` would import the mxdelay package,
     # which sets mxdelay's MXNet defaults in the launcher's environment, which local roles
     # inherit (a baseline job must see MXNet's defaults).
     argv = [sys.executable, os.path.join(REPO, 'mxdelay', 'launcher.py'), '-n',
-            str(NUM_WORKERS), '-s', '1', '--timeout', str(int(timeout))]
+            str(num_workers), '-s', str(num_servers), '--timeout', str(int(timeout))]
     if network['rate']:
         argv += ['--launcher', 'netns', '-H', hostfile]
     return argv + ['--']
@@ -278,46 +278,66 @@ def run_throughput(args, net_name, network, method, round_index, hostfile, attem
     steps_of = NETWORKS['loopback'] if method == 'compute' else network
     warmup = args.warmup or steps_of['warmup']
     steps = args.steps or steps_of['steps']
-    name = report.run_name(net_name, method, round_index, attempt)
-    folder = os.path.join(args.out, 'runs', name)
+    folder = os.path.join(args.out, 'runs', report.run_name(net_name, method, round_index,
+                                                           attempt))
+    worker = [sys.executable, WORKER] + METHODS[method][1] + [
+        '--warmup-steps', str(warmup), '--steps', str(steps),
+        '--data-dir', args.data_dir, '--jitter', args.jitter if network['jitter'] else '0,0']
+    row = dict(network=net_name, method=method, round=round_index, attempt=attempt,
+               warmup=warmup, steps=steps)
+    row, _ = run_window(row, folder, worker, network, hostfile,
+                        timeout=120 + (warmup + 1 + steps) * network['step_bound'],
+                        compute=method == 'compute')
+    return row
+
+
+def run_window(row, folder, worker, network, hostfile, timeout, compute=False,
+               num_workers=NUM_WORKERS, num_servers=1, batch=BATCH, monitor=None):
+    """Run one window job of bench_worker.py (`worker`: its argv without ``--out``).
+
+    `row` (with ``steps``) gains the load, the wall time, the job's samples/s over the
+    window (from the first worker's window start to the last one's end), the cores each
+    role and the rest of the machine used in the window, and worker 0's step times; or
+    ``error``. `compute`: the workers run without launcher (``--mode compute``).
+    `monitor`: another context manager entered for the job's duration (e.g. counters).
+    Returns ``(row, the workers' results)`` (no results after an error).
+    """
+    steps = row['steps']
     os.makedirs(folder, exist_ok=True)
     for stale in os.listdir(folder):
         os.remove(os.path.join(folder, stale))
     out = os.path.join(folder, 'worker-{rank}.json')
-    worker = [sys.executable, WORKER] + METHODS[method][1] + [
-        '--warmup-steps', str(warmup), '--steps', str(steps), '--out', out,
-        '--data-dir', args.data_dir, '--jitter', args.jitter if network['jitter'] else '0,0']
-    timeout = 120 + (warmup + 1 + steps) * network['step_bound']
-    row = dict(network=net_name, method=method, round=round_index, attempt=attempt,
-               warmup=warmup, steps=steps, load_before=os.getloadavg()[0])
+    worker = worker + ['--out', out]
+    row['load_before'] = os.getloadavg()[0]
     log_path = os.path.join(folder, 'log.txt')
-    if method == 'compute':
-        argvs = [worker + ['--rank', str(rank), '--num-workers', str(NUM_WORKERS)]
-                 for rank in range(NUM_WORKERS)]
+    if compute:
+        argvs = [worker + ['--rank', str(rank), '--num-workers', str(num_workers)]
+                 for rank in range(num_workers)]
     else:
-        argvs = [_launcher(network, hostfile, timeout) + worker]
+        argvs = [_launcher(network, hostfile, timeout, num_workers, num_servers) + worker]
     started = time.time()
-    with _started(argvs, log_path) as popens:
+    with _started(argvs, log_path) as popens, (monitor or contextlib.nullcontext()):
         roots = {os.getpid(): 'driver'}
-        if method == 'compute':
+        if compute:
             roots.update({popen.pid: 'worker %d' % rank for rank, popen in enumerate(popens)})
-        with CpuMonitor(roots) as monitor:
+        with CpuMonitor(roots) as cpu:
             codes = _wait_all(popens, timeout + 30)
     row['wall_s'] = time.time() - started
     if any(code != 0 for code in codes):
         row['error'] = 'exit %s; see %s' % (codes, log_path)
-        return row
+        return row, []
     results = []
-    for rank in range(NUM_WORKERS):
+    for rank in range(num_workers):
         with open(out.format(rank=rank), encoding='utf-8') as src:
             results.append(json.load(src))
     start = min(result['start'] for result in results)
     end = max(result['end'] for result in results)
-    row.update(samples_per_s=NUM_WORKERS * steps * BATCH / (end - start),
+    row.update(samples_per_s=num_workers * steps * batch / (end - start),
                ms_per_step=1000 * (end - start) / steps, window_s=end - start)
-    usage = monitor.usage(start, end)
+    usage = cpu.usage(start, end)
     row.update(cpu_workers=sum(v for k, v in usage.items() if k.startswith('worker')),
-               cpu_server=usage.get('server 0', 0.0), cpu_scheduler=usage.get('scheduler', 0.0),
+               cpu_server=sum((v for k, v in usage.items() if k.startswith('server')), 0.0),
+               cpu_scheduler=usage.get('scheduler', 0.0),
                cpu_launcher=usage.get('launcher', 0.0) + usage.get('driver', 0.0),
                cpu_other=usage['other'])
     # Step times of worker 0 by position in the pull period (delayed: the pull is issued at
@@ -326,7 +346,7 @@ def run_throughput(args, net_name, network, method, round_index, hostfile, attem
     row['step_ms'] = ' '.join('%.1f' % (1000 * (b - a)) for a, b in zip(ends, ends[1:]))
     with open(os.path.join(folder, 'row.json'), 'w', encoding='utf-8') as dst:
         json.dump(row, dst)
-    return row
+    return row, results
 
 
 def _network(net_name, network):

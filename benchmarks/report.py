@@ -55,7 +55,7 @@ def run_name(network, method, round_index, attempt=0):
     return '%s-%s-r%d%s' % (network, method, round_index, '-%d' % attempt if attempt else '')
 
 
-def steady_ms_per_step(folder, period):
+def steady_ms_per_step(folder, period, num_workers=2):
     """Steady-state ms/step of a run, from its workers' step ends; None if too short.
 
     The job-level measure (from the first window start to the last worker's end, after
@@ -66,7 +66,7 @@ def steady_ms_per_step(folder, period):
     leaving out the first period; the slower worker's rate is the job's.
     """
     worst = None
-    for rank in (0, 1):
+    for rank in range(num_workers):
         path = os.path.join(folder, 'worker-%d.json' % rank)
         if not os.path.exists(path):
             return None

@@ -186,12 +186,18 @@ def run_job(folder, worker_args, timeout, hostfile=None):
         for rank in range(NUM_WORKERS):
             with open(out.format(rank=rank), encoding='utf-8') as src:
                 results.append(json.load(src))
+    return code, results, monitor, read_roles(folder)
+
+
+def read_roles(folder):
+    """``{'<role>-<rank>': [records]}``: the provenance records bench_worker.py left in
+    `folder`, one file per process."""
     roles = {}
     for name in sorted(os.listdir(folder)):
         if name.startswith('role-'):
             with open(os.path.join(folder, name), encoding='utf-8') as src:
                 roles[name[5:-5]] = json.load(src)
-    return code, results, monitor, roles
+    return roles
 
 
 def is_stock(method):
@@ -199,14 +205,19 @@ def is_stock(method):
     return METHODS[method][1][:2] == ['--mode', 'sync']
 
 
-def stock_check(method, roles):
-    """'ok' if the job's processes imported mxdelay exactly when they should; else why not."""
+def stock_check(method, roles, num_roles=2 + NUM_WORKERS, stock=None):
+    """'ok' if the job's processes imported mxdelay exactly when they should; else why not.
+
+    `num_roles`: the job's processes (scheduler, servers, workers); `stock`: whether the
+    method is a stock baseline (default: :func:`is_stock` of this file's methods).
+    """
+    stock = is_stock(method) if stock is None else stock
     problems = []
-    if len(roles) != 2 + NUM_WORKERS:
+    if len(roles) != num_roles:
         problems.append('%d role records' % len(roles))
     for name, records in roles.items():
         imported = any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records)
-        if is_stock(method) and imported:
+        if stock and imported:
             problems.append('%s imported mxdelay' % name)
     return 'ok' if not problems else '; '.join(problems)
 

@@ -1,0 +1,748 @@
+"""How throughput scales with workers and servers: stock dist_sync, k=4, k=4 + fp16 (issue 13).
+
+Procedure (fixed before the run; the defaults below are the full run's):
+
+- **Methods**, side by side in one invocation (``benchmarks/bench_worker.py``):
+  ``sync``: stock ``gluon.Trainer`` on MXNet's native ``'dist_sync'``, no mxdelay in any
+  process (every process checks and records it; ``stock_check`` column);
+  ``k4``: ``mxdelay.DelayedTrainer`` on ``'dist_delay'``, k=4, rule ``'mirror'``;
+  ``k4-fp16``: the same with ``compression_params={'type': 'fp16'}`` (float16 pushes).
+- **Models**: ``mlp``, the example's ``build_net('mlp')`` (784-1024-1024-10, 1.86M
+  parameters), Fashion-MNIST shards, batch 128 per worker, SGD lr 0.05 momentum 0.9;
+  ``resnet18``, Gluon's model zoo ``resnet18_v1(classes=10)`` (11.18M trained parameters)
+  on *synthetic* data (8 fixed batches per worker of standard normal 3x32x32 images and
+  uniform labels, seeded by seed and rank), batch 32 per worker, SGD lr 0.01 momentum 0.9
+  (lr 0.05 makes the loss on random labels grow fast; throughput does not depend on it).
+  Seed 1, ``OMP_NUM_THREADS=1`` in every process.
+- **Grid**: workers N in ``--workers`` (2,4,8) x servers S in ``--servers`` (1,2,4), for
+  each model. Every node (scheduler, each server, each worker) runs in a network namespace
+  of its own with its own link to a bridge, shaped with ``tc tbf`` to ``--rate`` (1gbit) in
+  each direction (``benchmarks/netns.py``, ``mxdelay/launcher.py --launcher netns``); a
+  fresh network of 1 + S + N nodes per configuration (model, N, S).
+- **Runs**: each run skips ``--warmup`` (3) synchronous steps and the switch step (the
+  same for every method) and times the next ``--steps`` steps (mlp 40, resnet18 8: whole
+  k=4 periods). Within a configuration the methods run in ``--rounds`` (1) rounds; round r
+  of the c-th configuration (0-based, in the order model, N, S) takes the methods in the
+  order sync, k4, k4-fp16 rotated left by c, reversed when r is even, so that slow drifts
+  of the shared machine hit all alike and no method is always first. No run is repeated
+  or dropped; a run during which processes outside the job used more than 0.25 cores
+  (``cpu_other``) is flagged *noisy* (on shaped links the bridge's packet work is charged to
+  no process, so it counts as other too).
+- **Measures**, per run:
+  samples/s = N x steps x batch over the window from the first worker's window start to
+  the last worker's end (after ``nd.waitall()``: pushes still queued at the end count);
+  *steady* samples/s (where the window holds at least 3 periods of 4 steps after the
+  first): the slowest worker's rate between the ends of the same step of the period,
+  leaving out the first period and the final drain (``report.steady_ms_per_step``);
+  ratio to ``sync`` of the same configuration and round;
+  scaling efficiency = samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method;
+  bytes per step per link: each node's bridge port counters (the peer of its ``eth0``:
+  port receives = node sends), sampled every 0.25 s during the job and interpolated at the
+  window's start and end, divided by the steps; the worker links' mean and the server
+  links' mean, sends and receives separately (headers included). Each node's own ``eth0``
+  counters (``ip -j -s link``, as ``fp16_bytes.py``) are read before and after the whole
+  job and compared with its port's (``eth0_check``: the largest relative difference);
+  server CPU seconds per round = the servers' CPU time in the window (all servers
+  together; ``benchmarks/cpu_monitor.py``) over the steps;
+  the load average before and after, and ``cpu_other`` (cores used by other processes).
+- **Reports**: medians over rounds (with the range). ``--out``: ``runs.csv`` (every run),
+  ``results.md`` (every run), ``meta.json`` (commit at start and end, command, machine,
+  load), ``throughput.png`` (samples/s against N per method, a panel per model and S);
+  ``--summary`` (``docs/benchmarks/scaling.md``): the tables and the verdicts on the
+  issue's targets (ResNet N=4 S=2: k4 >= 1.6x sync, k4-fp16 >= 2.5x sync; scaling
+  efficiency N=2 -> 8 of k4 >= sync's, per model and S). Raw per-run files go to
+  ``--scratch``.
+
+Every namespace and process is cleaned up, also on failure, SIGINT, SIGTERM or SIGHUP
+(``benchmarks/benchmark.py``'s handlers). Needs root.
+
+Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
+
+    git worktree add --detach /tmp/pin-scaling HEAD
+    cd /tmp/pin-scaling && PYTHONPATH=/tmp/pin-scaling python benchmarks/scaling.py \\
+        --out /path/to/repo/docs/benchmarks/scaling \\
+        --summary /path/to/repo/docs/benchmarks/scaling.md
+    python benchmarks/scaling.py --report-only       # tables and plot again from runs.csv
+    python benchmarks/scaling.py --report-only --compare docs/benchmarks/scaling-run2
+                                                     # ... beside a second invocation's
+    python benchmarks/scaling.py --smoke             # 12 short runs into bench_out/
+"""
+import argparse
+import contextlib
+import datetime
+import json
+import logging
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import benchmark  # noqa: E402  pylint: disable=wrong-import-position
+import fp16_bytes  # noqa: E402  pylint: disable=wrong-import-position
+import netns  # noqa: E402  pylint: disable=wrong-import-position
+import report  # noqa: E402  pylint: disable=wrong-import-position
+import tta  # noqa: E402  pylint: disable=wrong-import-position
+
+__all__ = ['METHODS', 'MODELS', 'main']
+
+_LOG = logging.getLogger('scaling')
+
+_DELAYED = ['--mode', 'delayed', '--delay', '4', '--local-rule', 'mirror']
+#: name -> (label, bench_worker arguments)
+METHODS = {
+    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
+    'k4': ('k=4', _DELAYED),
+    'k4-fp16': ('k=4 + fp16', _DELAYED + ['--compression', 'fp16']),
+}
+PERIOD = 4  # k of the delayed methods: the windows hold whole periods
+#: name -> label, bench_worker arguments, batch per worker, float32 MB of the gradient,
+#: timed steps of the full run
+MODELS = {
+    'mlp': dict(label='MLP 784-1024-1024-10 (1.86M parameters), Fashion-MNIST, batch 128',
+                args=['--model', 'mlp', '--batch-size', '128', '--lr', '0.05'],
+                batch=128, megabytes=7.46, steps=40),
+    'resnet18': dict(label='resnet18_v1(classes=10) (11.18M parameters), synthetic 3x32x32, '
+                           'batch 32', args=['--model', 'resnet18', '--batch-size', '32',
+                                             '--lr', '0.01'],
+                     batch=32, megabytes=44.7, steps=8),
+}
+TARGETS = (('resnet18', 4, 2, 'k4', 1.6), ('resnet18', 4, 2, 'k4-fp16', 2.5))
+SMOKE = ['--workers', '2,4', '--servers', '2', '--warmup', '2', '--steps', 'mlp=8,resnet18=4',
+         '--out', os.path.join(REPO, 'bench_out', 'scaling-smoke'),
+         '--summary', os.path.join(REPO, 'bench_out', 'scaling-smoke', 'scaling.md'),
+         '--scratch', os.path.join(REPO, 'bench_out', 'scaling-smoke', 'runs')]
+
+
+def _ints(text):
+    return [int(v) for v in text.split(',') if v]
+
+
+def _names(text, known):
+    names = [v for v in text.split(',') if v]
+    unknown = [v for v in names if v not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError('unknown %s; choose from %s' % (
+            ', '.join(unknown), ', '.join(known)))
+    return names
+
+
+def _steps(text):
+    steps = {name: spec['steps'] for name, spec in MODELS.items()}
+    for item in (v for v in text.split(',') if v):
+        name, _, value = item.partition('=')
+        if name not in MODELS or not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(
+                'expected MODEL=STEPS items (models: %s), got %r' % (', '.join(MODELS), item))
+        steps[name] = int(value)
+    return steps
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'scaling'),
+                        help='results folder (default: %(default)s)')
+    parser.add_argument('--summary', default=os.path.join(REPO, 'docs', 'benchmarks',
+                                                          'scaling.md'),
+                        help='the tables and verdicts (default: %(default)s)')
+    parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'scaling'),
+                        help='raw per-run files and logs (default: %(default)s)')
+    parser.add_argument('--models', default=','.join(MODELS),
+                        type=lambda v: _names(v, MODELS), help='(default: %(default)s)')
+    parser.add_argument('--methods', default=','.join(METHODS),
+                        type=lambda v: _names(v, METHODS), help='(default: %(default)s)')
+    parser.add_argument('--workers', default='2,4,8', type=_ints, help='(default: %(default)s)')
+    parser.add_argument('--servers', default='1,2,4', type=_ints, help='(default: %(default)s)')
+    parser.add_argument('--rate', default='1gbit', help='each link (default: %(default)s)')
+    parser.add_argument('--rounds', type=int, default=1, help='(default: %(default)s)')
+    parser.add_argument('--warmup', type=int, default=3,
+                        help='synchronous steps before the switch step (default: %(default)s)')
+    parser.add_argument('--steps', default='', type=_steps, metavar='MODEL=STEPS,...',
+                        help='timed steps per model (default: %s)' % ', '.join(
+                            '%s=%d' % (n, s['steps']) for n, s in MODELS.items()))
+    parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
+    parser.add_argument('--report-only', action='store_true',
+                        help='only write the reports again from --out/runs.csv')
+    parser.add_argument('--compare', metavar='DIR',
+                        help='--report-only: the results folder of a second invocation of the '
+                             'same grid, shown beside --out in the summary and the plot')
+    parser.add_argument('--smoke', action='store_true',
+                        help='a quick check (12 short runs: 6 minutes at load 20 on 2 cores, '
+                             'less on a quiet machine): %s' % ' '.join(SMOKE))
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args = parser.parse_args(SMOKE + [a for a in argv if a != '--smoke'])
+    if args.rounds < 1 or args.warmup < 1:
+        parser.error('--rounds and --warmup must be at least 1, got %d and %d'
+                     % (args.rounds, args.warmup))
+    if 'sync' not in args.methods:
+        parser.error('--methods must include sync (the ratios are to it), got %s'
+                     % ','.join(args.methods))
+    return args
+
+
+# -- link counters -------------------------------------------------------------------------
+class PortCounters:
+    """Sample the byte counters of every bridge port of `net` in a background thread.
+
+    Port ``p<i>`` is the peer of node i's ``eth0``: what the port receives, the node sent.
+    One ``ip -j -s link`` of the switch namespace reads them all (one process per sample).
+    """
+
+    def __init__(self, net, interval=0.25):
+        self.net, self.interval = net, interval
+        self.samples = []  # (time, {node index: (sent, received)})
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self):
+        """Take one sample now (its time: the middle of the read)."""
+        before = time.time()
+        links = json.loads(subprocess.run(
+            ['ip', '-n', self.net.switch, '-j', '-s', 'link', 'show'], capture_output=True,
+            text=True, check=True).stdout)
+        now = (before + time.time()) / 2
+        counts = {int(link['ifname'][1:]): (link['stats64']['rx']['bytes'],
+                                            link['stats64']['tx']['bytes'])
+                  for link in links if link['ifname'].startswith('p')}
+        self.samples.append((now, counts))
+
+    def at(self, when):
+        """{node index: (sent, received)} interpolated at time `when`."""
+        before = max((s for s in self.samples if s[0] <= when), key=lambda s: s[0],
+                     default=self.samples[0])
+        after = min((s for s in self.samples if s[0] >= when), key=lambda s: s[0],
+                    default=self.samples[-1])
+        span = after[0] - before[0]
+        weight = (when - before[0]) / span if span > 0 else 0.0
+        return {node: tuple(b + weight * (a - b) for a, b in zip(after[1][node], counts))
+                for node, counts in before[1].items()}
+
+    def between(self, start, end):
+        """{node index: (sent, received)} bytes in [start, end]."""
+        first, last = self.at(start), self.at(end)
+        return {node: (last[node][0] - first[node][0], last[node][1] - first[node][1])
+                for node in first}
+
+
+def _eth0_check(net, eth0_before, ports):
+    """Largest relative difference between each node's eth0 and its port over the job."""
+    after = fp16_bytes.counters(net)
+    job = ports.between(ports.samples[0][0], ports.samples[-1][0])
+    worst = 0.0
+    for index, (name, _) in enumerate(net.nodes):
+        eth0 = (after[name][0] - eth0_before[name][0], after[name][1] - eth0_before[name][1])
+        for mine, theirs in zip(eth0, job[index]):
+            if max(mine, theirs) > 10000:  # the scheduler's link carries almost nothing
+                worst = max(worst, abs(mine - theirs) / max(mine, theirs))
+    return worst
+
+
+# -- one run -------------------------------------------------------------------------------
+def run_one(args, net, hostfile, model, workers, servers, method, round_index):
+    """Run one job of `method`; return its row for runs.csv."""
+    spec = MODELS[model]
+    steps = args.steps[model]
+    name = '%s-n%d-s%d-%s-r%d' % (model, workers, servers, method, round_index)
+    folder = os.path.join(args.scratch, name)
+    worker = [sys.executable, benchmark.WORKER] + METHODS[method][1] + spec['args'] + [
+        '--warmup-steps', str(args.warmup), '--steps', str(steps), '--seed', '1',
+        '--data-dir', args.data_dir]
+    # A generous bound: 4x the synchronous step's bytes through the busiest link.
+    busiest = 2 * spec['megabytes'] * max(1, workers / servers)
+    step_bound = 2.0 + 4 * busiest * 8 / 1000
+    timeout = 180 + (args.warmup + 1 + steps) * step_bound
+    row = dict(model=model, workers=workers, servers=servers, method=method,
+               round=round_index, warmup=args.warmup, steps=steps, batch=spec['batch'])
+    eth0_before = fp16_bytes.counters(net)
+    ports = PortCounters(net)
+    row, results = benchmark.run_window(
+        row, folder, worker, {'rate': args.rate}, hostfile, timeout, num_workers=workers,
+        num_servers=servers, batch=spec['batch'], monitor=ports)
+    row['load_after'] = os.getloadavg()[0]
+    roles = tta.read_roles(folder)
+    row['stock_check'] = tta.stock_check(method, roles, 1 + servers + workers,
+                                         stock=method == 'sync')
+    row['worker_env'] = tta.worker_env(roles)
+    if not results:
+        return row
+    row['noisy'] = int(report.is_noisy(row))
+    steady = report.steady_ms_per_step(folder, PERIOD, workers)
+    if steady:
+        row['steady_samples_per_s'] = workers * spec['batch'] * 1000 / steady
+    start = min(r['start'] for r in results)
+    end = max(r['end'] for r in results)
+    window = ports.between(start, end)
+    server_nodes = range(1, 1 + servers)
+    worker_nodes = range(1 + servers, 1 + servers + workers)
+    for prefix, nodes in (('worker', worker_nodes), ('server', server_nodes)):
+        row[prefix + '_tx_mb'] = statistics.mean(window[i][0] for i in nodes) / steps / 1e6
+        row[prefix + '_rx_mb'] = statistics.mean(window[i][1] for i in nodes) / steps / 1e6
+    row['eth0_check'] = _eth0_check(net, eth0_before, ports)
+    row['server_cpu_s_per_round'] = row['cpu_server'] * row['window_s'] / steps
+    row['trained_parameters'] = results[0]['trained_parameters']
+    row['final_loss'] = results[0]['losses'][-1]
+    return row
+
+
+def _order(methods, config_index, round_index):
+    order = methods[config_index % len(methods):] + methods[:config_index % len(methods)]
+    return order if round_index % 2 else order[::-1]
+
+
+def run_all(args, rows, rows_path):
+    """Run the grid, appending each row to `rows` and to runs.csv as it comes."""
+    configs = [(m, n, s) for m in args.models for n in args.workers for s in args.servers]
+    total = len(configs) * len(args.methods) * args.rounds
+    for index, (model, workers, servers) in enumerate(configs):
+        with netns.ShapedNetwork(1 + servers + workers, args.rate) as net, \
+                tempfile.TemporaryDirectory(prefix='mxscaling-') as tmp:
+            hostfile = os.path.join(tmp, 'hosts')
+            net.write_hostfile(hostfile)
+            for round_index in range(1, args.rounds + 1):
+                for method in _order(args.methods, index, round_index):
+                    row = run_one(args, net, hostfile, model, workers, servers, method,
+                                  round_index)
+                    rows.append(row)
+                    report.write_csv(rows_path, rows)
+                    _log(row, '[%d/%d]' % (len(rows), total))
+
+
+def _log(row, counter):
+    what = '%s %s N=%d S=%d %s r%d' % (counter, row['model'], row['workers'], row['servers'],
+                                       row['method'], row['round'])
+    if 'error' in row:
+        _LOG.error('%s FAILED: %s', what, row['error'])
+        return
+    _LOG.info('%s: %.1f samples/s (%.0f ms/step); MB/step worker tx %.1f rx %.1f, server tx '
+              '%.1f rx %.1f; server CPU %.2f s/round; other %.2f cores; load %.1f; %s', what,
+              row['samples_per_s'], row['ms_per_step'], row['worker_tx_mb'],
+              row['worker_rx_mb'], row['server_tx_mb'], row['server_rx_mb'],
+              row['server_cpu_s_per_round'], row['cpu_other'], row['load_before'],
+              row['stock_check'])
+
+
+# -- report --------------------------------------------------------------------------------
+def _median(rows, key):
+    values = [r[key] for r in rows if r.get(key) not in (None, '')]
+    return statistics.median(values) if values else None
+
+
+def _busy(row):
+    """Cores the whole machine used in the row's window (the job's roles and the rest)."""
+    return sum(row[k] for k in ('cpu_workers', 'cpu_server', 'cpu_scheduler', 'cpu_launcher',
+                                'cpu_other'))
+
+
+def summarize(rows):
+    """{(model, N, S, method): medians over the successful rounds, and ratios}."""
+    groups = {}
+    for row in rows:
+        if 'error' not in row:
+            groups.setdefault((row['model'], row['workers'], row['servers'], row['method']),
+                              []).append(row)
+    summary = {}
+    for key, runs in groups.items():
+        rates = [r['samples_per_s'] for r in runs]
+        item = dict(runs=len(runs), samples_per_s=statistics.median(rates), min=min(rates),
+                    max=max(rates), noisy=sum(bool(r.get('noisy')) for r in runs))
+        for name in ('worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb',
+                     'server_cpu_s_per_round', 'cpu_workers', 'cpu_server', 'cpu_other'):
+            item[name] = _median(runs, name)
+        item['busy_cores'] = statistics.median(_busy(r) for r in runs)
+        summary[key] = item
+    for (model, workers, servers, method), item in summary.items():
+        sync = summary.get((model, workers, servers, 'sync'))
+        item['x_sync'] = item['samples_per_s'] / sync['samples_per_s'] if sync else None
+        base = summary.get((model, 2, servers, method))
+        item['efficiency'] = (item['samples_per_s'] / (workers / 2 * base['samples_per_s'])
+                              if base else None)
+    return summary
+
+
+def _fmt(value, pattern='%.2f'):
+    return '' if value is None else pattern % value
+
+
+def _table(header, lines):
+    return ['| %s |' % ' | '.join(header), '|%s|' % '|'.join(['---'] + ['---:'] * (
+        len(header) - 1))] + ['| %s |' % ' | '.join(line) for line in lines]
+
+
+def verdicts(summary):
+    """[(target text, measured text, 'met'/'missed'/'not run')] of the issue's targets."""
+    out = []
+    for model, workers, servers, method, required in TARGETS:
+        item = summary.get((model, workers, servers, method))
+        ratio = item['x_sync'] if item else None
+        out.append(('%s N=%d S=%d: %s >= %.1fx dist_sync' % (model, workers, servers,
+                                                             METHODS[method][0], required),
+                    _fmt(ratio, '%.2fx'),
+                    'not run' if ratio is None else 'met' if ratio >= required else 'missed'))
+    for model in MODELS:
+        for servers in sorted({k[2] for k in summary if k[0] == model}):
+            k4 = summary.get((model, 8, servers, 'k4'))
+            sync = summary.get((model, 8, servers, 'sync'))
+            if not (k4 and sync and k4['efficiency'] and sync['efficiency']):
+                continue
+            out.append(('%s S=%d: scaling efficiency N=2 -> 8 of k=4 >= dist_sync\'s'
+                        % (model, servers),
+                        '%.3f vs %.3f' % (k4['efficiency'], sync['efficiency']),
+                        'met' if k4['efficiency'] >= sync['efficiency'] else 'missed'))
+    return out
+
+
+def _meta_lines(meta):
+    code = meta['code_start']
+    end = meta.get('code_end') or {}
+    changed = '' if end.get('commit') == code['commit'] and end.get('dirty_files') == code[
+        'dirty_files'] else ' (at the end: %s, modified: %s)' % (
+            end.get('commit', '?'), ', '.join(end.get('dirty_files') or ['none']))
+    machine = meta['machine']
+    return ['- Command: `%s`' % meta['command'],
+            '- Commit %s%s%s; library imported from `%s`' % (
+                code['commit'], ' with modified %s' % ', '.join(code['dirty_files'])
+                if code['dirty'] else '', changed, meta['pythonpath'] or meta['repo']),
+            '- %s to %s (UTC); load average (1, 5, 15 min) %s at the start, %s at the end' % (
+                meta['started'], meta.get('finished', '?'),
+                ', '.join('%.2f' % v for v in meta['load_before']),
+                ', '.join('%.2f' % v for v in meta.get('load_after', ()))),
+            '- Machine: %d cores (%s), Linux %s, Python %s; shared with other sessions' % (
+                machine['cores'], machine['cpu'], machine['kernel'], machine['python'])]
+
+
+def results_markdown(meta, rows, summary_link):
+    """results.md: every run; `summary_link`: the summary's path relative to it."""
+    lines = ['# Scaling benchmark: every run', ''] + _meta_lines(meta) + [
+        '', 'Procedure: the docstring of `benchmarks/scaling.py`; summary and verdicts: '
+        '[%s](%s). MB: 10^6 bytes per step per link (window). '
+        'cpu_other: cores used by processes outside the job (and kernel work charged to no '
+        'process, such as the bridge\'s); noisy: more than %.2f.' % (
+            summary_link, summary_link, report.NOISE_CORES), '']
+    body = []
+    for r in rows:
+        if 'error' in r:
+            body.append([r['model'], str(r['workers']), str(r['servers']), r['method'],
+                         str(r['round'])] + ['FAILED: %s' % r['error']] + [''] * 11
+                        + [_fmt(r.get('load_before')), '', r.get('stock_check', '')])
+            continue
+        body.append([r['model'], str(r['workers']), str(r['servers']), r['method'],
+                     str(r['round']), _fmt(r['samples_per_s'], '%.1f'),
+                     _fmt(r.get('steady_samples_per_s'), '%.1f'),
+                     _fmt(r['ms_per_step'], '%.0f'), _fmt(r['worker_tx_mb'], '%.1f'),
+                     _fmt(r['worker_rx_mb'], '%.1f'), _fmt(r['server_tx_mb'], '%.1f'),
+                     _fmt(r['server_rx_mb'], '%.1f'), _fmt(r['eth0_check'], '%.3f'),
+                     _fmt(r['server_cpu_s_per_round'], '%.3f'), _fmt(r['cpu_workers']),
+                     _fmt(r['cpu_other']) + (' noisy' if r.get('noisy') else ''),
+                     '%.3g' % r['final_loss'], '%.1f / %.1f' % (r['load_before'],
+                                                                 r['load_after']),
+                     _fmt(r['wall_s'], '%.0f'), r['stock_check']])
+    lines += _table(['model', 'N', 'S', 'method', 'round', 'samples/s', 'steady samples/s',
+                     'ms/step', 'worker tx MB', 'worker rx MB', 'server tx MB',
+                     'server rx MB', 'eth0 check', 'server CPU s/round', 'worker cores',
+                     'cpu_other', 'last loss', 'load before / after', 'job s',
+                     'stock check'], body)
+    envs = sorted({(r['method'], r.get('worker_env', '')) for r in rows})
+    lines += ['', 'MXNET_* variables the workers saw at exit, per method: ' + '; '.join(
+        '%s: %s' % env for env in envs) + '.']
+    return '\n'.join(lines) + '\n'
+
+
+def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=False,
+                     second=None):
+    """scaling.md: the tables and the verdicts.
+
+    `out_link`: the results folder relative to the summary; `code`: the commit writing the
+    report (``tta.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
+    invocation of the same grid, shown beside the first.
+    """
+    models = [m for m in MODELS if any(k[0] == m for k in summary)]
+    workers = sorted({k[1] for k in summary})
+    servers = sorted({k[2] for k in summary})
+    runs = len(rows)
+    failed = [r for r in rows if 'error' in r]
+    noisy = [r for r in rows if r.get('noisy')]
+    busy = [_busy(r) for r in rows if 'error' not in r]
+    lines = ['# How throughput scales with workers and servers (issue 13, item 1)', '',
+             'Stock `dist_sync` against `DelayedTrainer` k=4 and k=4 with float16 pushes, '
+             'N workers x S servers, every node in its own network namespace with its own '
+             '%s link (tbf) to a bridge. Procedure: the docstring of '
+             '`benchmarks/scaling.py`, fixed before the run; every run: '
+             '[{0}/results.md]({0}/results.md), [{0}/runs.csv]({0}/runs.csv); '
+             'meta: [{0}/meta.json]({0}/meta.json).'.format(out_link) % meta['settings']['rate'],
+             ''] + _meta_lines(meta) + [
+             '- Settings: %s' % ', '.join('%s %s' % item for item in sorted(
+                 meta['settings'].items())),
+             '- Models: %s' % '; '.join('`%s`: %s' % (m, MODELS[m]['label']) for m in models),
+             '- Report written by `python benchmarks/scaling.py%s` at commit %s%s' % (
+                 ' --report-only' if report_only else '', code['commit'],
+                 ' (modified: %s)' % ', '.join(code['dirty_files']) if code['dirty'] else ''),
+             '- %d runs, %d failed, %d noisy (other processes used more than %.2f cores; '
+             'on the shaped links the bridge\'s packet work counts as other too).' % (
+                 runs, len(failed), len(noisy), report.NOISE_CORES),
+             '- The whole machine was busy during the timed windows: %s cores of %d used '
+             '(median over the runs; min %s), of which other processes and the bridge %s.' % (
+                 _fmt(statistics.median(busy) if busy else None), meta['machine']['cores'],
+                 _fmt(min(busy, default=None)), _fmt(_median(rows, 'cpu_other'))),
+             '', '**On 2 shared cores the absolute numbers mean little; the ratios measured '
+             'side by side in one run are the result.** With 8 workers, 4 servers and a '
+             'scheduler on 2 cores the runs are partly CPU-bound, not only link-bound.', '']
+    if second:
+        meta2, rows2, _, link2 = second
+        lines += ['Second invocation of the same command (every run: [%s/results.md](%s/'
+                  'results.md)):' % (link2, link2), ''] + _meta_lines(meta2) + [
+                  '- %d runs, %d failed, %d noisy.' % (
+                      len(rows2), sum('error' in r for r in rows2),
+                      sum(bool(r.get('noisy')) for r in rows2)), '']
+    lines += ['## Verdicts on the issue\'s targets', '']
+    if second:
+        again = {target: (measured, verdict) for target, measured, verdict
+                 in verdicts(second[2])}
+        lines += _table(['target', 'measured (1st)', 'verdict (1st)', 'measured (2nd)',
+                         'verdict (2nd)'],
+                        [[t, m, v] + list(again.get(t, ('', 'not run')))
+                         for t, m, v in verdicts(summary)])
+    else:
+        lines += _table(['target', 'measured', 'verdict'],
+                        [list(v) for v in verdicts(summary)])
+    lines += ['', '## Throughput (samples/s) and ratio to dist_sync', '',
+              'Job samples/s over the timed window (median over rounds; the range in brackets '
+              'when there are several), and each method\'s ratio to `dist_sync` of the same '
+              'model, N and S.', '']
+    header = ['model', 'S', 'N'] + ['%s samples/s' % METHODS[m][0] for m in methods] + [
+        '%s / sync' % METHODS[m][0] for m in methods if m != 'sync']
+    body = []
+    for model in models:
+        for s in servers:
+            for n in workers:
+                items = [summary.get((model, n, s, m)) for m in methods]
+                if not any(items):
+                    continue
+                body.append([model, str(s), str(n)] + [
+                    '' if not it else '%.1f%s%s' % (
+                        it['samples_per_s'], ' [%.1f-%.1f]' % (it['min'], it['max'])
+                        if it['runs'] > 1 else '', ' (noisy)' if it['noisy'] else '')
+                    for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
+                                        for m, it in zip(methods, items) if m != 'sync'])
+    lines += _table(header, body)
+    if second:
+        lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
+                  'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
+        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m][0] for m in methods
+                                        if m != 'sync'] + [
+            '%s efficiency' % METHODS[m][0] for m in methods]
+        body = []
+        for model in models:
+            for s in servers:
+                for n in workers:
+                    pairs = [(summary.get((model, n, s, m)) or {},
+                              second[2].get((model, n, s, m)) or {}) for m in methods]
+                    body.append([model, str(s), str(n)] + [
+                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'), _fmt(b.get('x_sync'),
+                                                                           '%.2fx'))
+                        for m, (a, b) in zip(methods, pairs) if m != 'sync'] + [
+                        '%s / %s' % (_fmt(a.get('efficiency')), _fmt(b.get('efficiency')))
+                        if n == max(workers) else '' for a, b in pairs])
+        lines += _table(header, body)
+    lines += ['', '![samples/s against N](%s/throughput.png)' % out_link, '',
+              '## Scaling efficiency relative to N=2', '',
+              'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
+              'linear).', '']
+    header = ['model', 'S'] + ['%s N=%d' % (METHODS[m][0], n) for m in methods
+                               for n in workers if n != 2]
+    body = []
+    for model in models:
+        for s in servers:
+            body.append([model, str(s)] + [
+                _fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
+                for m in methods for n in workers if n != 2])
+    lines += _table(header, body)
+    lines += ['', '## Bytes per step per link', '',
+              'MB (10^6 bytes) per timed step, from the bridge ports\' counters interpolated '
+              'at the window\'s start and end (headers included): the mean over the worker '
+              'links and over the server links; tx: what the node sends, rx: what it '
+              'receives. k=4 pulls the weights once per period of 4 steps; in a short window '
+              'a pull at the window\'s edge weighs more. Each node\'s eth0 counters agree '
+              'with its port\'s over every job within %s (largest relative difference, '
+              'results.md).' % _fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
+                                        default=None), '%.3f'), '']
+    header = ['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
+              'server rx']
+    body = []
+    for model in models:
+        for n in workers:
+            for s in servers:
+                for m in methods:
+                    it = summary.get((model, n, s, m))
+                    if it:
+                        body.append([model, str(n), str(s), METHODS[m][0]] + [
+                            _fmt(it[k], '%.2f') for k in ('worker_tx_mb', 'worker_rx_mb',
+                                                          'server_tx_mb', 'server_rx_mb')])
+    lines += _table(header, body)
+    lines += ['', '## Server CPU seconds per round', '',
+              'CPU time of all servers together in the timed window, divided by the timed '
+              'steps (one round of every key per step).', '']
+    header = ['model', 'N', 'S'] + [METHODS[m][0] for m in methods]
+    body = []
+    for model in models:
+        for n in workers:
+            for s in servers:
+                items = [summary.get((model, n, s, m)) for m in methods]
+                if any(items):
+                    body.append([model, str(n), str(s)] + [
+                        _fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
+    lines += _table(header, body)
+    lines += ['', '## Where the CPU went', '',
+              'Cores used on average in the timed window (median over rounds): the job\'s '
+              'workers, its servers, and everything else (other sessions, and the kernel\'s '
+              'packet work on the bridge, which is charged to no process); *busy*: the whole '
+              'machine (%d cores), scheduler and launcher included. A busy machine means a '
+              'run bound by the CPU, not only by its links.' % meta['machine']['cores'], '']
+    header = ['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy']
+    body = []
+    for model in models:
+        for n in workers:
+            for s in servers:
+                for m in methods:
+                    it = summary.get((model, n, s, m))
+                    if it:
+                        body.append([model, str(n), str(s), METHODS[m][0]] + [
+                            _fmt(it[k]) for k in ('cpu_workers', 'cpu_server', 'cpu_other',
+                                                  'busy_cores')])
+    lines += _table(header, body)
+    if failed:
+        lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
+            r['model'], r['workers'], r['servers'], r['method'], r['round'], r['error'])
+            for r in failed]
+    return '\n'.join(lines) + '\n'
+
+
+def plot(path, summary, methods, second=None):
+    """samples/s against N per method, one panel per model and S; `second`: the summary
+    of a second invocation, dashed."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    models = [m for m in MODELS if any(k[0] == m for k in summary)]
+    servers = sorted({k[2] for k in summary})
+    fig, axes = plt.subplots(len(models), len(servers), squeeze=False,
+                             figsize=(max(7, 4 * len(servers)), 3.4 * len(models)))
+    for row, model in enumerate(models):
+        for col, s in enumerate(servers):
+            axis = axes[row][col]
+            for color, method in enumerate(methods):
+                for style, which in (('-', summary), ('--', second or {})):
+                    points = sorted((k[1], v['samples_per_s']) for k, v in which.items()
+                                    if k[0] == model and k[2] == s and k[3] == method)
+                    if points:
+                        axis.plot(*zip(*points), style, marker='o', label='%s%s' % (
+                            METHODS[method][0], ' (2nd)' if style == '--' else ''),
+                                  color='0.5' if method == 'sync' else 'C%d' % (color - 1))
+            axis.set_xticks(sorted({k[1] for k in summary}))
+            axis.set_title('%s, S=%d' % (model, s), fontsize=9)
+            axis.set_xlabel('workers N')
+            axis.set_ylabel('samples/s')
+            axis.set_ylim(bottom=0)
+            axis.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle('Throughput against workers, each node on its own link (grey: stock%s)'
+                 % ('; dashed: second invocation' if second else ''), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_reports(args, meta, rows):
+    methods = [m for m in METHODS if any(r['method'] == m for r in rows)]
+    summary = summarize(rows)
+    code = tta.code_version()  # before this report's own files change
+    here = os.path.dirname(os.path.abspath(args.summary))
+    second = None
+    if args.compare:
+        with open(os.path.join(args.compare, 'meta.json'), encoding='utf-8') as src:
+            meta2 = json.load(src)
+        rows2 = report.read_csv(os.path.join(args.compare, 'runs.csv'))
+        second = (meta2, rows2, summarize(rows2), os.path.relpath(args.compare, here))
+    with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
+        dst.write(results_markdown(meta, rows, os.path.relpath(args.summary, args.out)))
+    with open(args.summary, 'w', encoding='utf-8') as dst:
+        dst.write(summary_markdown(meta, rows, summary, methods, os.path.relpath(args.out, here),
+                                   code, args.report_only, second))
+    if summary:
+        plot(os.path.join(args.out, 'throughput.png'), summary, methods,
+             second and second[2])
+    _LOG.info('wrote %s, %s', os.path.join(args.out, 'results.md'), args.summary)
+
+
+# -- main ----------------------------------------------------------------------------------
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+
+
+def main(argv=None):
+    logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    meta_path = os.path.join(args.out, 'meta.json')
+    rows_path = os.path.join(args.out, 'runs.csv')
+    if args.report_only:
+        with open(meta_path, encoding='utf-8') as src:
+            meta = json.load(src)
+        write_reports(args, meta, report.read_csv(rows_path))
+        return 0
+    reason = netns.netns_available()
+    if reason:
+        sys.exit('scaling.py needs network namespaces: %s' % reason)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, benchmark._on_signal)  # pylint: disable=protected-access
+    stale = netns.remove_stale()
+    if stale:
+        _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
+    meta = dict(command='python benchmarks/scaling.py ' + shlex.join(argv), started=_now(),
+                load_before=os.getloadavg(), code_start=tta.code_version(),
+                machine=tta.machine(), repo=REPO, pythonpath=os.environ.get('PYTHONPATH', ''),
+                settings=dict(models=args.models, methods=args.methods, workers=args.workers,
+                              servers=args.servers, rate=args.rate, rounds=args.rounds,
+                              warmup=args.warmup, steps=args.steps))
+    _LOG.info('%s; output in %s', meta['command'], args.out)
+    rows, code = [], 0
+    try:
+        run_all(args, rows, rows_path)
+    except benchmark.Interrupted as stop:
+        _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
+        code = 128 + stop.signum
+    finally:
+        meta.update(finished=_now(), load_after=os.getloadavg(), code_end=tta.code_version())
+        with open(meta_path, 'w', encoding='utf-8') as dst:
+            json.dump(meta, dst, indent=1)
+    if rows:
+        write_reports(args, meta, rows)
+    return code or (1 if any('error' in r for r in rows) else 0)
+
+
+if __name__ == '__main__':
+    sys.exit(main())
