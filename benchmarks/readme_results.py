@@ -9,6 +9,8 @@ README.md (nothing else) with a short table made from:
 - ``docs/benchmarks/memory.json`` (``python benchmarks/memory.py``).
 - ``docs/benchmarks/compress/tta.json`` and ``sparse-bytes.json``
   (``python benchmarks/compress.py``): compression against stock MXNet, sparse bytes.
+- ``docs/benchmarks/scaling/runs.csv`` and ``scaling-run2/runs.csv``
+  (``python benchmarks/scaling.py``, twice): the issue's scaling targets.
 
 Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if README.md
 differs from what would be written, and write nothing).
@@ -63,6 +65,26 @@ def _tta_cells(tta, network):
         mean = _mean(p[key] for p in values)
         cells.append('k=%s %s (**%.2fx**)' % (method[1:], _s(mean), base / mean))
     return '; '.join(cells)
+
+
+def scaling_rows():
+    """The scaling targets (ResNet-18, N=4, S=2) of both invocations of scaling.py."""
+    sys.path.insert(0, HERE)
+    import report  # noqa: E402  pylint: disable=import-outside-toplevel
+    import scaling  # noqa: E402  pylint: disable=import-outside-toplevel
+    runs = []
+    for folder in ('scaling', 'scaling-run2'):
+        summary = scaling.summarize(report.read_csv(os.path.join(
+            REPO, 'docs', 'benchmarks', folder, 'runs.csv')))
+        runs.append([summary[('resnet18', 4, 2, m)] for m in ('sync', 'k4', 'k4-fp16')])
+    cells = '; '.join('%s invocation: `dist_sync` %.1f, k=4 %.1f (%.2fx), k=4 + fp16 %.1f (%.2fx)'
+                      % (nth, sync['samples_per_s'], k4['samples_per_s'], k4['x_sync'],
+                         fp16['samples_per_s'], fp16['x_sync'])
+                      for nth, (sync, k4, fp16) in zip(('1st', '2nd'), runs))
+    return ['| samples/s, ResNet-18 (11.2M parameters, batch 32), 4 workers, 2 servers, each '
+            'node on its own 1 Gbit/s link | %s | targets 1.6x and 2.5x: missed; 8 timed steps, '
+            '1 round per invocation, nearly every run noisy (the 2 cores were busy); N 2-8 x S 1-4 '
+            'and the MLP in the file | [scaling.md](docs/benchmarks/scaling.md) |' % cells]
 
 
 def _label(method):
@@ -238,6 +260,7 @@ def section():
                 '[memory.md](docs/benchmarks/memory.md) |'
                 % ('; '.join(cells), memory['meta']['code']['commit'][:7]))
     rows += compression_rows()
+    rows += scaling_rows()
     # The CNN accuracy rows are made by benchmarks/accuracy_cnn.py from its results files
     # (seed 1: cnn/; Adam's dist_sync and k=8 again with seed 2: cnn-seeds/).
     for folder in ('cnn', 'cnn-seeds'):
