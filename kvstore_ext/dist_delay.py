@@ -863,7 +863,7 @@ class DistDelay(KVStoreBase):
         result is the buffer itself, reshaped: read it before the key's next push into the
         same slot (R rounds later), never write it. Otherwise it is an array of this store's
         own, rewritten by the next call for `key`: the send buffer cast back to float32, not
-        a second cast of `grad` (a float32-to-float16 cast costs 4 copies, docs/design.md
+        a second cast of `grad` (a float32-to-float16 cast costs several copies, docs/design.md
         §2.11)."""
         source = self.send_buffer(key).reshape(grad.shape)
         factor = self._last_factor.get(key)
