@@ -18,7 +18,6 @@ This module holds the worker-side pieces (``compression_params`` are parsed by
 :mod:`kvstore_ext.compression`, :class:`~kvstore_ext.compression.Float16`): the float16 copy
 and the engine ordering between a slot's float16 send buffer and its float32 receive buffer.
 """
-import numpy as np
 from mxnet import nd
 
 from .checks import ArgumentTypeError
