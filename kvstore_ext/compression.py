@@ -68,8 +68,10 @@ class Compression(object):
         """This worker's state for a tensor of `size` elements (None if stateless)."""
         return None
 
-    def quantize(self, buf, residual):
-        """Replace `buf` (a flat float32 send buffer) by what the wire carries, in place."""
+    def quantize(self, buf, residual, source=None):
+        """Replace `buf` (a flat float32 send buffer) by what the wire carries, in place; with
+        `source` (a flat float32 array on `buf`'s device), quantize `source` instead of
+        `buf`'s present contents (the same values without first copying them into `buf`)."""
         raise NotImplementedError
 
     def check_dtype(self, name, dtype):
@@ -107,17 +109,21 @@ class TwoBit(Compression):
         # MXNet's worker quantizes in its CPU send buffer too.
         return nd.zeros(size, ctx=mx.cpu(), dtype=np.float32)
 
-    def quantize(self, buf, residual):
+    def quantize(self, buf, residual, source=None):
         """MXNet's ``quantize_2bit`` kernel (``gradient_compression-inl.h``) in NDArray ops:
         ``r += g``; ``q = +t where r >= t, -t where r <= -t, else 0``; ``r -= q``. The same
         float32 operations in the same order: ``r + g``, compare with ``t`` and ``-t``, and
         ``r - t`` or ``r - (-t)`` (``r - 0`` is r), so residual and q are MXNet's bits.
-        ``(r >= t) - (r <= -t)`` is 1, 0 or -1 (not both: t > 0); times t it is exact."""
+        ``(r >= t) - (r <= -t)`` is 1, 0 or -1 (not both: t > 0); times t it is exact.
+
+        g is `source` if given, else `buf`. The comparisons write into `buf` (one temporary
+        array, not three): on a 2-core machine each fresh array of a 1.9M-element tensor
+        cost page faults, and the copy of g into `buf` one more pass (docs/design.md §2.8)."""
         t = float(self.threshold)
-        nd.elemwise_add(residual, buf, out=residual)
-        sign = nd._internal._greater_equal_scalar(residual, scalar=t) - \
-            nd._internal._lesser_equal_scalar(residual, scalar=-t)
-        nd._internal._mul_scalar(sign, scalar=t, out=buf)
+        nd.elemwise_add(residual, buf if source is None else source, out=residual)
+        nd._internal._greater_equal_scalar(residual, scalar=t, out=buf)
+        nd.elemwise_sub(buf, nd._internal._lesser_equal_scalar(residual, scalar=-t), out=buf)
+        nd._internal._mul_scalar(buf, scalar=t, out=buf)
         nd.elemwise_sub(residual, buf, out=residual)
 
     def check_dtype(self, name, dtype):
@@ -142,7 +148,7 @@ class Float16(Compression):
     def native_params(self):
         return None   # the native store pushes float16 keys as they are
 
-    def quantize(self, buf, residual):
+    def quantize(self, buf, residual, source=None):
         pass          # the cast happens in the copy into the float16 send buffer
 
     def check_dtype(self, name, dtype):

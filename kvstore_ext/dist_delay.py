@@ -108,6 +108,7 @@ class DistDelay(KVStoreBase):
         self._compression = None
         self._residuals = {}
         self._last_factor = {}
+        self._sent = {}            # key -> sent_gradient's array where it cannot be the buffer
         self._finite = {}          # {round: its all-finite flag} (set_finite_flag)
 
     # -- configuration and hand-shake ------------------------------------------------------
@@ -571,20 +572,25 @@ class DistDelay(KVStoreBase):
             # Sum on the first device (a GPU stays a GPU), then one copy to the buffer.
             first = grads[0].context
             source = nd.add_n(*[tensor.views_of(g)[2].as_in_context(first) for g in grads])
-        if tensor.wire:
-            wire.fill_send_buffer(source, buf, factor)
-        elif factor is None:
-            source.copyto(buf)
-        elif source.context == buf.context:
-            nd._internal._mul_scalar(source, scalar=factor, out=buf)  # in the copy's one pass
-        else:
-            (source * factor).copyto(buf)  # scaled on the device, then one copy
         residual = self._residuals.get(tensor.key)
-        if residual is not None:
-            # One residual per tensor, quantized in the buffer (as MXNet's worker does in its
-            # CPU send buffer); the native store's own quantization of these values is then
-            # lossless and its per-slot residuals stay 0 (docs/design.md §2.8).
-            self._compression.quantize(buf, residual)
+        if residual is not None and factor is None and source.context == buf.context:
+            # The gradient is quantized straight into the buffer: no copy first (§2.8).
+            self._compression.quantize(buf, residual, source)
+        else:
+            if tensor.wire:
+                wire.fill_send_buffer(source, buf, factor)
+            elif factor is None:
+                source.copyto(buf)
+            elif source.context == buf.context:
+                nd._internal._mul_scalar(source, scalar=factor, out=buf)  # in the copy's pass
+            else:
+                (source * factor).copyto(buf)  # scaled on the device, then one copy
+            if residual is not None:
+                # One residual per tensor, quantized in the buffer (as MXNet's worker does in
+                # its CPU send buffer); the native store's own quantization of these values is
+                # then lossless and its per-slot residuals stay 0 (docs/design.md §2.8).
+                self._compression.quantize(buf, residual)
+        if self._compression is not None:
             self._last_factor[tensor.key] = factor
         if finite is not None:
             _divide_by_flag(buf, finite)
@@ -852,16 +858,33 @@ class DistDelay(KVStoreBase):
             return tensor.sent
         return tensor.buffers[(tensor.next_round - 1) % (self._slack + 1)]
 
-    def sent_gradient(self, key, out):
-        """Write into `out` what this worker's last push of `key` sent, in the units of its
-        gradient: the quantized values (divided by the push's batch-size factor, if any).
-        With compression this is the ``g`` of the local rule (docs/design.md §1.4)."""
-        source = self.send_buffer(key).reshape(out.shape)
+    def sent_gradient(self, key, grad):
+        """What this worker's last push of `key` sent, in the units of its gradient `grad`
+        (the array it pushed), shaped and placed like it: the quantized values divided by the
+        push's batch-size factor, if any; with float16 pushes ``float32(float16(grad))``. With
+        compression this is the ``g`` of the local rule (docs/design.md §1.4).
+
+        Where the send buffer holds exactly that (2bit, no factor, on `grad`'s device) the
+        result is the buffer itself, reshaped: read it before the key's next push into the
+        same slot (R rounds later), never write it. Otherwise it is an array of this store's
+        own, rewritten by the next call for `key`: the send buffer cast back to float32, not
+        a second cast of `grad` (a float32-to-float16 cast costs several copies, docs/design.md
+        §2.11)."""
+        source = self.send_buffer(key).reshape(grad.shape)
         factor = self._last_factor.get(key)
-        if factor is None:
-            source.copyto(out)
-        else:
-            (source.as_in_context(out.context) / factor).copyto(out)
+        if factor is None and source.dtype == grad.dtype and source.context == grad.context:
+            return source
+        if self.wire_dtype and (factor is not None or source.context != grad.context):
+            # float16(factor * g) was sent, and the rule reads g rounded on its own (§1.4);
+            # or `grad` is on a GPU (MXNet copies across devices only within one dtype).
+            return grad.astype(self.wire_dtype).astype(grad.dtype)
+        out = self._sent.get(key)
+        if out is None:
+            out = self._sent[key] = nd.zeros(grad.shape, ctx=grad.context, dtype=grad.dtype)
+        source.copyto(out)   # to the gradient's device; float16 to float32 is exact
+        if factor is not None:
+            nd._internal._div_scalar(out, scalar=factor, out=out)
+        return out
 
     def residuals(self):
         """This worker's compression residuals: {key: numpy array} (empty without)."""

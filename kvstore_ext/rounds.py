@@ -4,17 +4,19 @@ The native server (sync mode) calls the updater once a slot key holds one push f
 worker: one round of one chunk (docs/design.md §3). :class:`RoundKeeper` turns slot
 completions back into one global update per chunk per round:
 
-- it keeps the authoritative weights ``W`` and the optimizer state of every chunk;
+- it keeps the authoritative weights ``W`` and the optimizer state of every chunk; ``W`` is
+  the stored value of the slot of the chunk's last applied round (no array of its own);
 - when round t of chunk c completes (in slot ``t mod R``) it applies the optimizer once to
-  ``W`` with the round's summed gradient and writes ``W_{t+1}`` into that slot's stored
-  value, which the native server returns to every pull of the slot;
+  ``W_t`` with the round's summed gradient, writing ``W_{t+1}`` straight into that slot's
+  stored value, which the native server returns to every pull of the slot (with float16
+  pushes: into the slot's pull key);
 - rounds are applied in order: a round that completes before an earlier one (a worker's
   engine may send two pushes of different slots out of order) is held until the earlier
   rounds are applied.
 
-Memory per chunk of n floats: the native server's R stored values and R merge buffers, the
-authoritative weights, the optimizer state (n per momentum buffer), plus a copy of a round's
-gradient while it waits for an earlier round: (2R + 1 + state) * n floats.
+Memory per chunk of n floats: the native server's R stored values (the newest is ``W``) and R
+merge buffers, the optimizer state (n per momentum buffer), plus a copy of a round's
+gradient while it waits for an earlier round: (2R + state) * n floats.
 """
 import logging
 import math
@@ -53,7 +55,7 @@ class RoundKeeper(object):
         self.counters = set()          # chunk ids that store a round's sum (finish counter)
         self.skip_nonfinite = False    # AMP: a round whose sum is not finite is skipped
         self.skipped = {}              # chunk id -> rounds skipped for a non-finite sum
-        self.weights = {}              # chunk id -> authoritative weights W
+        self.weights = {}              # chunk id -> W: the stored value of its last round
         self.next_round = {}           # chunk id -> round whose completion is applied next
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
         self.held = {}                 # chunk id -> {round: (gradient copy, stored)}
@@ -90,8 +92,8 @@ class RoundKeeper(object):
         stored = self.pull_stores.get((chunk, slot), stored)
         next_round = self.next_round.setdefault(chunk, 0)
         if chunk not in self.weights:
-            # Every slot was initialised with the same initial value.
-            self.weights[chunk] = stored.copy()
+            # Every slot (pull key) was initialised with the same initial value, W_0.
+            self.weights[chunk] = stored
         rnd = self._slot_round.get((chunk, slot))
         if rnd is None:
             rnd = next_round + (slot - next_round) % self.slots
@@ -112,27 +114,33 @@ class RoundKeeper(object):
             later_stored.wait_to_read()
 
     def _apply(self, chunk, grad, stored):
+        # W_t is the stored value of the previous round's slot, which the workers may still
+        # pull: it is only read. W_{t+1} goes into this round's `stored`, which becomes W:
+        # no copy of W per round with plain SGD or without an optimizer (one before), and n
+        # floats less per chunk (docs/design.md §3.5). copyto, not `a[:] = b`: the same copy
+        # without Python's indexing machinery (a third of the updater time, py-spy).
         weight = self.weights[chunk]
-        # copyto, not `a[:] = b`: the same copy without Python's indexing machinery, which
-        # cost a third of the server's updater time (profiled with py-spy).
+        dense = stored.stype == 'default'
         if chunk in self.counters:
-            store_counter(grad, weight)
+            store_counter(grad, weight, stored)
         elif self.skip_nonfinite and not _first_is_finite(grad):
             # An overflowed round (docs/design.md §11): a worker whose gradients were not all
             # finite pushed them divided by 0, so every element of every chunk's sum is
             # inf or nan; one element decides. Weights, optimizer state and update count
             # stay, as gluon.Trainer skips the step; the round still counts as a round.
             self.skipped[chunk] = self.skipped.get(chunk, 0) + 1
+            _copy(weight, stored)
         elif self.updater is None:
-            if weight.stype == 'default':
-                grad.copyto(weight)  # the round's sum: MXNet's server without optimizer
+            if dense:
+                grad.copyto(stored)  # the round's sum: MXNet's server without optimizer
             else:
-                sparse.copy_all_rows(grad, weight)  # a pull may ask for any row (§2.10)
-        elif is_plain_sgd(self.optimizer) and weight.stype == 'default':  # else: lazy (§2.10)
-            sgd_step(self.optimizer, self.updater, chunk, grad, weight)
+                sparse.copy_all_rows(grad, stored)  # a pull may ask for any row (§2.10)
+        elif is_plain_sgd(self.optimizer) and dense:  # else: lazy (§2.10)
+            sgd_step(self.optimizer, self.updater, chunk, grad, weight, out=stored)
         else:
-            self.updater(chunk, grad, weight)
-        weight.copyto(stored)
+            _copy(weight, stored)
+            self.updater(chunk, grad, stored)
+        self.weights[chunk] = stored
         self.next_round[chunk] += 1
 
     def copy_state(self, chunk, j, stored):
@@ -186,12 +194,18 @@ class RoundKeeper(object):
             self._slot_round.pop((chunk, slot), None)
 
 
+def _copy(source, target):
+    if source is not target:
+        source.copyto(target)
+
+
 def _first_is_finite(array):
     return math.isfinite(array.reshape((-1,))[0:1].asnumpy()[0])
 
 
-def store_counter(total, counter):
-    """Store round sum `total` of the finish counter into its value `counter` (numpy-sized).
+def store_counter(total, counter, out=None):
+    """Store round sum `total` of the finish counter, whose value was `counter` (numpy-sized),
+    into `out` (default: `counter`).
 
     Elements 0 and 1 take the round's sums (the finish votes, docs/design.md §5). The rest
     is a ring of the last R rounds' overflow marks (docs/design.md §11): in round t every
@@ -203,11 +217,12 @@ def store_counter(total, counter):
     marked = values != 0
     marked[:2] = True
     ring[marked] = values[marked]
-    mx.nd.array(ring, dtype=ring.dtype).copyto(counter)
+    mx.nd.array(ring, dtype=ring.dtype).copyto(counter if out is None else out)
 
 
-def sgd_step(optimizer, updater, index, grad, weight):
-    """Apply plain SGD (with or without momentum) to one tensor, as ``optimizer.SGD`` does.
+def sgd_step(optimizer, updater, index, grad, weight, out=None):
+    """Apply plain SGD (with or without momentum) to one tensor, as ``optimizer.SGD`` does,
+    writing the new weights into `out` (default: `weight`, in place).
 
     ``optimizer.SGD`` goes through Python code made for lists of tensors; this calls the
     kernels it ends in directly, with the same arithmetic, so that a round gives the same
@@ -225,9 +240,10 @@ def sgd_step(optimizer, updater, index, grad, weight):
     if optimizer.clip_gradient:
         kwargs['clip_gradient'] = optimizer.clip_gradient
     momentum = updater.states[index]
+    out = weight if out is None else out
     if momentum is not None:
-        mx.nd.sgd_mom_update(weight, grad, momentum, out=weight, momentum=optimizer.momentum,
+        mx.nd.sgd_mom_update(weight, grad, momentum, out=out, momentum=optimizer.momentum,
                              **kwargs)
     else:
-        mx.nd.multi_sgd_update(weight, grad, out=weight, num_weights=1,
+        mx.nd.multi_sgd_update(weight, grad, out=out, num_weights=1,
                                lrs=(kwargs.pop('lr'),), wds=(kwargs.pop('wd'),), **kwargs)

@@ -18,12 +18,11 @@ This module holds the worker-side pieces (``compression_params`` are parsed by
 :mod:`kvstore_ext.compression`, :class:`~kvstore_ext.compression.Float16`): the float16 copy
 and the engine ordering between a slot's float16 send buffer and its float32 receive buffer.
 """
-import numpy as np
 from mxnet import nd
 
 from .checks import ArgumentTypeError
 
-__all__ = ['enable_float32_sums', 'round_trip', 'fill_send_buffer', 'order_pull', 'order_push', 'push_handle_round']
+__all__ = ['enable_float32_sums', 'fill_send_buffer', 'order_pull', 'order_push', 'push_handle_round']
 
 #: MXNet's command id of ``kSetMultiPrecision`` (``kvstore_dist_server.h``, ``CommandType``);
 #: handled by the native server in C++, never by mxdelay's controller.
@@ -35,14 +34,6 @@ def enable_float32_sums(native):
     float32 (an exact cast of each push, then float32 additions). Sent once, by rank 0,
     before any key is initialised (MXNet refuses it while pushes are under way)."""
     native._send_command_to_servers(_SET_MULTI_PRECISION, '')  # pylint: disable=protected-access
-
-
-def round_trip(array):
-    """``float32(float16(array))``: the gradient as a float16 push carries it (a new array).
-
-    The local rules use it, so that a worker's own step reads what it sends (with one
-    worker, ``w' = W`` then holds with float16 pushes too, docs/design.md §1.4)."""
-    return array.astype(np.float16).astype(array.dtype)
 
 
 def fill_send_buffer(source, buf, factor):

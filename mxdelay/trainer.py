@@ -11,7 +11,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 from mxnet.kvstore import KVStoreBase
 
-from kvstore_ext import checkpoint, compression, wire
+from kvstore_ext import checkpoint, compression
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_path, check_real
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.typenames import STORE_TYPE
@@ -153,7 +153,6 @@ class DelayedTrainer(gluon.Trainer):
         self._pulled = {}         # param index -> pull target on the first context
         self._grad_sum = {}       # param index -> gradient summed over devices (>1 device)
         self._full = {}           # param index -> w' of a row_sparse weight: every row, dense
-        self._sent = {}           # param index -> the compressed gradient this worker sent
         self._logged_phase = None
         self._delayed_mode = None  # decided when the kvstore is created
         self._first_use = []       # param indices in the order the first forward used them
@@ -666,12 +665,7 @@ class DelayedTrainer(gluon.Trainer):
         grad = self._reduced_grad(i, param)
         if self._kvstore.compression is None:
             return grad
-        if self._kvstore.wire_dtype:
-            return wire.round_trip(grad)  # float16 pushes: the gradient as pushed
-        if i not in self._sent:
-            self._sent[i] = nd.zeros_like(grad)
-        self._kvstore.sent_gradient(i, self._sent[i])
-        return self._sent[i]
+        return self._kvstore.sent_gradient(i, grad)
 
     def _clip_gradient(self):
         clip = self._optimizer.clip_gradient

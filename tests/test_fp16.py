@@ -183,16 +183,27 @@ def test_a_held_round_stays_exact(fp16):
 
 
 # -- one process --------------------------------------------------------------------------------
+def round_trip(array):
+    """``float32(float16(array))``: the gradient as a float16 push carries it."""
+    return array.astype(np.float16).astype(array.dtype)
+
+
 class Fp16Store(FakeStore):
     """FakeStore with float16 pushes: its in-process server receives the gradient rounded
-    to float16 (with one worker the float32 sum of a round is that gradient)."""
+    to float16 (with one worker the float32 sum of a round is that gradient), and that is
+    what the local rule reads (``sent_gradient``)."""
 
     def __init__(self):
         super(Fp16Store, self).__init__()
         self.set_gradient_compression(FP16)
+        self.sent = {}
 
     def push(self, key, value, priority=0):
-        super(Fp16Store, self).push(key, wire.round_trip(value), priority)
+        self.sent[key] = round_trip(value)
+        super(Fp16Store, self).push(key, self.sent[key], priority)
+
+    def sent_gradient(self, key, grad):
+        return self.sent[key]
 
 
 @pytest.mark.parametrize('delay', [1, 2, 4])
@@ -320,4 +331,3 @@ def test_fp16_push_rounds_to_nearest_and_scales_in_float32():
     wire.fill_send_buffer(source, buf, 0.5)
     np.testing.assert_array_equal(buf.asnumpy(),
                                   (source.asnumpy() * np.float32(0.5)).astype(np.float16))
-    assert wire.round_trip(source).dtype == np.float32
