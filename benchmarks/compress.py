@@ -50,7 +50,6 @@ import argparse
 import datetime
 import json
 import os
-import shlex
 import sys
 import time
 

@@ -68,7 +68,6 @@ Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
     python benchmarks/scaling.py --smoke             # 12 short runs into bench_out/
 """
 import argparse
-import contextlib
 import datetime
 import json
 import logging

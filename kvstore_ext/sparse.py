@@ -33,7 +33,6 @@ pushing, and its :func:`row_sparse_pull` waits for the pulled rows; a one-chunk 
 neither.
 """
 import numpy as np
-import mxnet as mx
 from mxnet import nd
 
 from . import protocol

@@ -20,7 +20,6 @@ and the engine ordering between a slot's float16 send buffer and its float32 rec
 """
 from mxnet import nd
 
-from .checks import ArgumentTypeError
 
 __all__ = ['enable_float32_sums', 'fill_send_buffer', 'order_pull', 'order_push', 'push_handle_round']
 
