@@ -9,6 +9,7 @@ README.md (nothing else) with a short table made from:
 - ``docs/benchmarks/memory.json`` (``python benchmarks/memory.py``).
 - ``docs/benchmarks/compress/tta.json`` and ``sparse-bytes.json``
   (``python benchmarks/compress.py``): compression against stock MXNet, sparse bytes.
+- ``docs/benchmarks/compress-after-cpu/phases-runs.csv`` (``compress.py --part phases``).
 - ``docs/benchmarks/scaling/runs.csv`` and ``scaling-run2/runs.csv``
   (``python benchmarks/scaling.py``, twice): the issue's scaling targets.
 
@@ -143,6 +144,26 @@ def compression_rows():
                             '%s %.4f%s' % (label(m), last[m]['mean'], '' if m == 'sync' else
                                            ' (%+.2f)' % (100 * (last[m]['mean'] - base)))
                             for m in methods), len(data['seeds']), link))
+    after = os.path.join('docs', 'benchmarks', 'compress-after-cpu')
+    if os.path.exists(os.path.join(REPO, after, 'phases-runs.csv')):
+        sys.path.insert(0, HERE)
+        import report  # pylint: disable=import-outside-toplevel
+        runs = [r for r in report.read_csv(os.path.join(REPO, after, 'phases-runs.csv'))
+                if r['network'] == '1gbit' and r['exit'] == 0]
+        medians = {m: statistics.median(r['window_samples_per_s'] for r in runs
+                                        if r['method'] == m)
+                   for m in compress.METHODS if any(r['method'] == m for r in runs)}
+        rows.append('| steady-state samples/s with compression (2bit threshold %g), 1 Gbit/s, '
+                    'after the CPU work | %s | delayed phase only; median of 3 interleaved '
+                    'rounds on a quiet machine (%d of %d runs noisy), not the machine of the '
+                    'rows above (AMD EPYC at load 15 there, Intel Xeon here) | '
+                    '[compress-after-cpu/steady.md](%s/steady.md) |' % (
+                        compress.THRESHOLD, '; '.join(
+                            '%s %.0f%s' % (compress.METHODS[m][0].replace(
+                                'dist_sync', '`dist_sync`'), v, '' if m == 'sync' else
+                                ' (%.2fx)' % (v / medians['sync']))
+                            for m, v in medians.items()),
+                        sum(r.get('noisy') in (True, 'True') for r in runs), len(runs), after))
     if os.path.exists(os.path.join(REPO, COMPRESS, 'sparse-bytes.json')):
         sparse = _load(COMPRESS, 'sparse-bytes.json')
         by = {r['variant']: r for r in sparse['rows']}

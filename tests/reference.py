@@ -1,4 +1,4 @@
-"""Exact numpy reference of SPEC section 1 (k-step delayed update), float32.
+"""Exact numpy reference of the k-step delayed update (docs/design.md §1), float32.
 
 N workers and one logical server run in lock step; that loses nothing, because the only
 coupling between workers is the server, whose rounds are exact (round t holds each
@@ -8,7 +8,7 @@ worker's step-t gradient, whatever the arrival order). Worker i at step t:
   giving ``raw`` (Gluon's ``param.grad``); its ``g`` is ``rescale_grad * raw``;
 - push: the server applies round t to the SUM of the N raw gradients, ``W_t -> W_{t+1}``;
 - t < W (S1): ``w' := W_{t+1}``; t == W (S2): the same, then ``pre_weight := w'``;
-- t >= t0 = W+1 (S2/S3): the local update, steps 1-4 of SPEC section 1.
+- t >= t0 = W+1 (S2/S3): the local update, steps 1-4 of docs/design.md §1.3.
 
 Float32 throughout. The server's arithmetic is MXNet 1.9.1's ``optimizer.SGD`` bit for bit
 (``multi_sgd_update`` / ``multi_sgd_mom_update``, which its updater calls for dense
@@ -169,7 +169,7 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
              epsilon=1e-8, fp16=False, compression_threshold=None, overflow=(),
              scale_window=2000):
-    """Simulate SPEC section 1 for ``steps`` steps; returns a :class:`Trajectory`.
+    """Simulate docs/design.md §1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
     ``weights``; a :class:`RowSparseGrad` for a parameter with row_sparse gradients (lazy

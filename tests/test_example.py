@@ -104,12 +104,9 @@ def _accuracy(tmp_path, name, *extra):
 def test_delayed_update_keeps_dist_sync_accuracy(tmp_path):
     # Real data, 300 steps, 2 workers, SGD lr 0.05 momentum 0.9, warm-up 100: the default
     # rule ('mirror') at k = 4 must stay within 2 points of stock gluon.Trainer on
-    # dist_sync (SPEC measured 0.8862 vs 0.8815 after 10 epochs). The patent's literal
-    # 'sgd' rule is allowed to be worse with server momentum (SPEC: it collapses at k = 4);
-    # it only has to run.
+    # dist_sync (after 10 epochs over 3 seeds k = 4 ends at 0.8899 against 0.8873,
+    # docs/benchmarks/tta/results.md).
     sync = _accuracy(tmp_path, 'sync', '--trainer', 'sync')
     mirror = _accuracy(tmp_path, 'mirror', '--delay', '4', '--local-rule', 'mirror')
-    literal = _accuracy(tmp_path, 'sgd', '--delay', '4', '--local-rule', 'sgd')
     assert sync > 0.75, sync
     assert mirror > sync - ACCURACY_MARGIN, (mirror, sync)
-    assert math.isfinite(literal)

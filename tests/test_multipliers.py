@@ -5,14 +5,14 @@ DelayedTrainer: honoured by mxdelay's servers (warm-up and every round) and by t
 1. Real jobs (scripts/mlp_job.py, 2 workers, delay 2, warm-up 3, 14 steps, SGD with
    momentum 0.9 and weight decay 0.01): ``w1`` has ``lr_mult=0.5`` and ``w2`` has
    ``wd_mult=0``. Every worker's weights after every step are checked against the numpy
-   reference of SPEC section 1 with the same multipliers (tests/reference.py, pinned in
+   reference of docs/design.md §1 with the same multipliers (tests/reference.py, pinned in
    test_reference.py) at ``rtol=1e-5, atol=1e-6``, with rule ``'mirror'`` on 1 server and
    rule ``'sgd'`` (its own local lr) on 2 servers with 50-element chunks (``w1``'s 128
    elements are 3 chunks spread over both servers, each of which must apply ``w1``'s
    multiplier). The same job without multipliers is more than 100x the tolerance away, so
    a server or a rule that dropped one would fail.
 2. In one process (N = 1, conftest's ``FakeDistDelayWithMultipliers``, whose "server"
-   takes the multipliers from the worker's REGISTER data as mxdelay's server does): SPEC's
+   takes the multipliers from the worker's REGISTER data as mxdelay's server does): the
    N = 1 invariant, DelayedTrainer with rule ``'mirror'`` (and ``'sgd'`` without momentum)
    trains like a stock ``gluon.Trainer`` with the same multipliers, at every step of every
    phase, up to float32 rounding (``rtol=atol=1e-6``).
@@ -120,7 +120,7 @@ def delayed(mults, local_rule='mirror', momentum=0.9):
 
 @pytest.mark.parametrize('local_rule,momentum', [('mirror', 0.9), ('sgd', 0.0)])
 def test_one_worker_equals_gluon_trainer_with_multipliers(local_rule, momentum):
-    # SPEC section 1, N = 1, lam = 0, local_lr = lr: rule 'mirror' with momentum and rule
+    # docs/design.md §1.6, N = 1, lam = 0, local_lr = lr: rule 'mirror' with momentum and rule
     # 'sgd' without give w' = W at every step, so DelayedTrainer trains as gluon.Trainer
     # does, multipliers included, in the warm-up (the server's update) and in the delayed
     # phase (the rule's). Up to float32 rounding: the mirror buffer starts as W_{W+1} - W_W,

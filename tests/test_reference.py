@@ -1,8 +1,8 @@
-"""Pin tests/reference.py to SPEC section 1's closed forms (fast, numpy only).
+"""Pin tests/reference.py to the closed forms of docs/design.md §1 (fast, numpy only).
 
 Tolerances: ``exact`` means bit-equal float32 (assert_array_equal); ``TIGHT`` is
 rtol 1e-6 with atol 1e-7 (weights and gradients here are O(1), float32 eps is 1.2e-7).
-Expected values are written from SPEC's formulas, in SPEC's form, not with the reference's
+Expected values are written from the design's formulas, in their form, not with the reference's
 helpers (except where bit-equality with MXNet's arithmetic order is the point).
 """
 import types
@@ -108,7 +108,7 @@ def _step_lr(t):
 @pytest.mark.parametrize('k', [1, 2, 3, 5])
 @pytest.mark.parametrize('rule, momentum', [('sgd', 0.0), ('mirror', 0.9)])
 def test_single_worker_local_equals_global(rule, momentum, k, warmup, lr_fn):
-    # SPEC: N = 1, lam = 0, local_lr = lr: 'sgd' with plain server SGD and 'mirror' with
+    # docs/design.md §1.6: N = 1, lam = 0, local_lr = lr: 'sgd' with plain server SGD and 'mirror' with
     # SGD + momentum give w' = W at every step, for every k. 'sgd' is bit-exact here (same
     # kernel on the same inputs); 'mirror' within TIGHT (v starts as W_{W+1} - W_W, which
     # differs from the server's buffer by the rounding of W + mom).
@@ -125,7 +125,7 @@ def test_single_worker_local_equals_global(rule, momentum, k, warmup, lr_fn):
 @pytest.mark.parametrize('momentum', [0.0, 0.9])
 @pytest.mark.parametrize('warmup', [0, 2])
 def test_k1_sgd_is_one_step_delay(warmup, momentum):
-    # SPEC: "with k = 1 and rule 'sgd' this is one-step-delay SGD (w'_{t+1} = W_t - lr_l*g_t)".
+    # docs/design.md §1.6: with k = 1 and rule 'sgd' this is one-step-delay SGD (w'_{t+1} = W_t - lr_l*g_t).
     # Indices, from the step definition: w'_{t+1} is w' after step t (traj.local[t], the
     # forward weights of step t+1) and W_t = traj.glob[t-1]. With k = 1 the pull issued at
     # t-1 is applied at step 1 of step t (for t = t0 the switch already set w' = W_{t0}), so

@@ -1,11 +1,11 @@
-"""The local update rules (``mxdelay.rules``) against SPEC section 1's closed forms.
+"""The local update rules (``mxdelay.rules``) against the closed forms of docs/design.md §1.4.
 
 What is tested: every built-in rule (``'mirror'``, ``'sgd'``, ``'dc'``, ``'dc_adaptive'``)
 with its default and an explicit ``dc_lambda``, with and without weight decay and
 momentum, for 1 and 3 workers and ``rescale_grad`` 1 and 1/4, applied through
 ``create_rule(...).update`` on ``mx.nd`` arrays for three consecutive steps (so that the
 persistent state, the mirror rule's ``v`` and the adaptive rule's ``MS``, is checked
-too), against the formulas of SPEC section 1 evaluated in float64 numpy:
+too), against the formulas of docs/design.md §1.4 evaluated in float64 numpy:
 
 - ``g = rescale_grad * raw``, ``g_dc = g + lam * g * g * grad_sync``;
 - ``'sgd'``/``'dc'``: ``w := w - lr * (g_dc + wd * w)``;
@@ -51,7 +51,7 @@ def make_inputs(seed):
 
 def closed_form(rule, w, raws, syncs, last_step, lam, wd, mu, rescale, num_workers,
                 with_dc=True):
-    """SPEC section 1's rule, float64; returns the weights after each step."""
+    """The design's rule (§1.4), float64; returns the weights after each step."""
     w = w.astype(np.float64)
     v = last_step.astype(np.float64)           # 'mirror': starts at the server's last step
     ms = np.zeros_like(w)                      # 'dc_adaptive': MS starts at 0

@@ -1,8 +1,8 @@
-"""The phase schedule (``mxdelay.schedule.DelaySchedule``) against SPEC section 1's timing.
+"""The phase schedule (``mxdelay.schedule.DelaySchedule``) against the timing of docs/design.md §1.2.
 
 What is tested: ``phase``, ``is_synchronous``, ``issues_pull``, ``applies_pull`` and
 ``first_delayed_step`` for every step t of many (delay k, warm-up W) pairs, compared with
-an independent statement of SPEC section 1 (warm-up ``t < W``, switch ``t == W``, delayed
+an independent statement of docs/design.md §1.2 (warm-up ``t < W``, switch ``t == W``, delayed
 ``t >= t0 = W + 1``; pulls issued at ``t0 + k - 1, t0 + 2k - 1, ...`` and applied one step
 later); the same pull steps as the numpy reference (tests/reference.py); and the
 ``state_dict`` round trip used by checkpoints.
@@ -53,7 +53,7 @@ def test_predicates_follow_spec_timing(delay, warmup_steps):
 @pytest.mark.parametrize('delay', DELAYS)
 @pytest.mark.parametrize('warmup_steps', WARMUPS)
 def test_pull_structure(delay, warmup_steps):
-    # Consequences stated in SPEC section 1, checked without re-deriving the formula.
+    # Consequences stated in docs/design.md §1.2, checked without re-deriving the formula.
     sched = DelaySchedule(delay, warmup_steps)
     t0 = sched.first_delayed_step
     end = horizon(delay, warmup_steps)

@@ -15,7 +15,7 @@ What is tested:
    ``DistDelay`` whose "server" is an MXNet updater in this process and whose worker is
    the only one (N = 1; exact rounds are trivial then, and real multi-worker jobs are
    tests/test_trainer_distributed.py's business): the trajectory against the numpy
-   reference of SPEC section 1 (tests/reference.py) on one and two devices, SPEC's N = 1
+   reference of docs/design.md §1 (tests/reference.py) on one and two devices, the N = 1
    consequences (``w'`` equals the server's ``W`` at every step for ``'mirror'`` with
    momentum and for ``'sgd'`` without), the pushes and pulls the kvstore sees at each
    step, the phase log, a learning-rate change, and the collective ``save_states`` /
@@ -25,7 +25,7 @@ What is tested:
 Tolerance: the parity tests and the resume are exact (``assert_array_equal``). Against the
 numpy reference we allow ``rtol=1e-5, atol=1e-6`` (weights O(0.1-1); the gradients are
 injected exactly, so only the update kernels' float32 rounding differs; the largest
-difference measured is 1.8e-7), and for SPEC's N = 1 consequence ``w' = W``
+difference measured is 1.8e-7), and for the N = 1 invariant (docs/design.md §1.6) ``w' = W``
 ``rtol=atol=1e-6`` (largest difference measured 2.4e-7, see that test).
 """
 import filecmp
@@ -365,7 +365,7 @@ def local_and_global(delay, warmup_steps, local_rule, momentum):
 @pytest.mark.parametrize('local_rule,momentum', [('mirror', 0.9), ('sgd', 0.0)])
 def test_one_worker_local_weights_are_the_global_weights(delay, warmup_steps, local_rule,
                                                          momentum):
-    # SPEC section 1: with N = 1, lam = 0 and local_lr = lr, rule 'sgd' with plain SGD on the
+    # docs/design.md §1.6: with N = 1, lam = 0 and local_lr = lr, rule 'sgd' with plain SGD on the
     # server and rule 'mirror' with SGD + momentum give w' = W at every step, for every k.
     # Up to float32 rounding: the mirror rule's v starts at W_{W+1} - W_W, which rounds
     # differently from the server's momentum buffer (largest difference measured: 2.4e-7).

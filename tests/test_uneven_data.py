@@ -1,8 +1,8 @@
 """Uneven data: workers with different numbers of batches finish cleanly, and exactly.
 
 Real jobs (scheduler, servers, workers over sockets) of tests/scripts/mlp_model.py, whose data
-is a function of (rank, round), checked step by step against the numpy reference of SPEC
-section 1 in which a worker without data in a round contributes a zero gradient (and, in its
+is a function of (rank, round), checked step by step against the numpy reference of
+docs/design.md §1 in which a worker without data in a round contributes a zero gradient (and, in its
 delayed phase, makes its local update with it): that is what ``trainer.join()`` and the
 padding at a script's end promise. Stock MXNet ``dist_sync`` hangs in every one of these
 configurations (the longer worker waits forever for a round the shorter one never pushes).
