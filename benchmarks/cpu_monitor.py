@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-__all__ = ['CpuMonitor']
+__all__ = ['CpuMonitor', 'Sampler']
 
 _TICK = os.sysconf('SC_CLK_TCK')
 
@@ -52,24 +52,13 @@ def _machine_busy():
     return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK
 
 
-class CpuMonitor:
-    """Sample the CPU time of the process trees rooted at `roots` in a background thread.
+class Sampler:
+    """Call :meth:`sample` on entry, every `interval` seconds in a background thread, and on
+    exit; subclasses define :meth:`sample` and append to :attr:`samples`."""
 
-    Parameters
-    ----------
-    roots : dict
-        ``{pid: label or None}``: the processes to watch, with their descendants (whose
-        labels are read from their environment). A label of None means: read it too.
-    interval : float
-        Seconds between samples.
-    """
-
-    def __init__(self, roots, interval=0.5):
-        self.roots = dict(roots)
+    def __init__(self, interval):
         self.interval = interval
-        self.samples = []  # (time, {label: cpu seconds}, machine busy seconds)
-        self._labels = {}
-        self._last = {}  # pid -> last cpu seconds seen (a process that exits keeps its total)
+        self.samples = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -86,6 +75,29 @@ class CpuMonitor:
     def _run(self):
         while not self._stop.wait(self.interval):
             self.sample()
+
+    def sample(self):
+        """Take one sample now."""
+        raise NotImplementedError()
+
+
+class CpuMonitor(Sampler):
+    """Sample the CPU time of the process trees rooted at `roots` in a background thread.
+
+    Parameters
+    ----------
+    roots : dict
+        ``{pid: label or None}``: the processes to watch, with their descendants (whose
+        labels are read from their environment). A label of None means: read it too.
+    interval : float
+        Seconds between samples.
+    """
+
+    def __init__(self, roots, interval=0.5):
+        super().__init__(interval)   # samples: (time, {label: cpu seconds}, machine busy s)
+        self.roots = dict(roots)
+        self._labels = {}
+        self._last = {}  # pid -> last cpu seconds seen (a process that exits keeps its total)
 
     def _descendants(self):
         children = {}

@@ -78,7 +78,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,6 +85,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import benchmark  # noqa: E402  pylint: disable=wrong-import-position
+from cpu_monitor import Sampler  # noqa: E402  pylint: disable=wrong-import-position
 import fp16_bytes  # noqa: E402  pylint: disable=wrong-import-position
 import netns  # noqa: E402  pylint: disable=wrong-import-position
 import report  # noqa: E402  pylint: disable=wrong-import-position
@@ -190,7 +190,7 @@ def parse_args(argv):
 
 
 # -- link counters -------------------------------------------------------------------------
-class PortCounters:
+class PortCounters(Sampler):
     """Sample the byte counters of every bridge port of `net` in a background thread.
 
     Port ``p<i>`` is the peer of node i's ``eth0``: what the port receives, the node sent.
@@ -198,24 +198,8 @@ class PortCounters:
     """
 
     def __init__(self, net, interval=0.25):
-        self.net, self.interval = net, interval
-        self.samples = []  # (time, {node index: (sent, received)})
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
-    def _run(self):
-        while not self._stop.wait(self.interval):
-            self.sample()
+        super().__init__(interval)   # samples: (time, {node index: (sent, received)})
+        self.net = net
 
     def sample(self):
         """Take one sample now (its time: the middle of the read)."""
@@ -590,17 +574,8 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                                         default=None), '%.3f'), '']
     header = ['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
               'server rx']
-    body = []
-    for model in models:
-        for n in workers:
-            for s in servers:
-                for m in methods:
-                    it = summary.get((model, n, s, m))
-                    if it:
-                        body.append([model, str(n), str(s), METHODS[m][0]] + [
-                            _fmt(it[k], '%.2f') for k in ('worker_tx_mb', 'worker_rx_mb',
-                                                          'server_tx_mb', 'server_rx_mb')])
-    lines += _table(header, body)
+    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+        'worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb')))
     lines += ['', '## Server CPU seconds per round', '',
               'CPU time of all servers together in the timed window, divided by the timed '
               'steps (one round of every key per step).', '']
@@ -621,6 +596,17 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'machine (%d cores), scheduler and launcher included. A busy machine means a '
               'run bound by the CPU, not only by its links.' % meta['machine']['cores'], '']
     header = ['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy']
+    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+        'cpu_workers', 'cpu_server', 'cpu_other', 'busy_cores')))
+    if failed:
+        lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
+            r['model'], r['workers'], r['servers'], r['method'], r['round'], r['error'])
+            for r in failed]
+    return '\n'.join(lines) + '\n'
+
+
+def _method_rows(summary, models, workers, servers, methods, keys):
+    """Table rows (model, N, S, method, then `keys` of its summary) of every run configuration."""
     body = []
     for model in models:
         for n in workers:
@@ -628,15 +614,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                 for m in methods:
                     it = summary.get((model, n, s, m))
                     if it:
-                        body.append([model, str(n), str(s), METHODS[m][0]] + [
-                            _fmt(it[k]) for k in ('cpu_workers', 'cpu_server', 'cpu_other',
-                                                  'busy_cores')])
-    lines += _table(header, body)
-    if failed:
-        lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
-            r['model'], r['workers'], r['servers'], r['method'], r['round'], r['error'])
-            for r in failed]
-    return '\n'.join(lines) + '\n'
+                        body.append([model, str(n), str(s), METHODS[m][0]]
+                                    + [_fmt(it[k]) for k in keys])
+    return body
 
 
 def plot(path, summary, methods, second=None):
