@@ -135,7 +135,7 @@ class DelayedTrainer(gluon.Trainer):
         compressed = compression.parse(compression_params) if _is_dist_delay(kvstore) else None
         if _is_dist_delay(kvstore):
             # Before Gluon ties a row_sparse Parameter to this trainer.
-            _refuse_sparse(params, compressed)
+            _refuse_compressed_sparse_grads(params, compressed)
         self._registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
@@ -412,15 +412,14 @@ class DelayedTrainer(gluon.Trainer):
         if self._params_to_init:
             self._init_params()
         self.join()
-        for i, param in enumerate(self._params):
-            if param.grad_req != 'null':
-                # After this worker's last pushed round t (the same on every worker after
-                # join): exactly W_{t+1}, whatever the arrival order (docs/design.md §2).
-                self._kvstore.pull(i, out=self._weights(i, param),
-                                   priority=self._priority.get(i, 0))
-        for i, param in enumerate(self._params):
-            if param.grad_req != 'null':
-                self._weights(i, param)[0].wait_to_read()
+        targets = {i: self._weights(i, param) for i, param in enumerate(self._params)
+                   if param.grad_req != 'null'}
+        for i, weights in targets.items():
+            # After this worker's last pushed round t (the same on every worker after join):
+            # exactly W_{t+1}, whatever the arrival order (docs/design.md §2).
+            self._kvstore.pull(i, out=weights, priority=self._priority.get(i, 0))
+        for weights in targets.values():
+            weights[0].wait_to_read()
 
     def allreduce_grads(self):
         """Not available with ``'dist_delay'``; raises ValueError saying what to do instead.
@@ -844,7 +843,7 @@ def _parameter_names(params):
     return []
 
 
-def _refuse_sparse(params, compressed):
+def _refuse_compressed_sparse_grads(params, compressed):
     """Refuse row_sparse gradients with compression on 'dist_delay' (docs/design.md §2.10).
     Non-Parameters are left to gluon.Trainer's own check."""
     for param in (params.values() if hasattr(params, 'values') else params):
