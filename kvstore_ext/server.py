@@ -14,11 +14,12 @@ own server would.
 import logging
 import os
 import pickle
+import types
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import checkpoint, env, protocol
+from . import appliers, checkpoint, env, protocol
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
                          optimizer_differences, type_difference, whole_tensor_refusal)
@@ -71,13 +72,7 @@ class DelayServer(KVStoreServer):
     # -- controller ------------------------------------------------------------------------
     def _controller(self):
         def server_controller(cmd_id, cmd_body, _):
-            if self._server_rank is None:
-                self._server_rank = self.kvstore.rank
-                self._num_workers = self.kvstore.num_workers
-            if self._updater_not_installed():
-                # The native server needs the updater before any round completes, and it can
-                # only be installed once the server runs, i.e. from here (docs/design.md §9).
-                self.kvstore._set_updater(self._on_round)
+            self._start()
             rank, seq = protocol.command_rank(cmd_body)
             try:
                 if cmd_id != 0:
@@ -86,8 +81,7 @@ class DelayServer(KVStoreServer):
                 if not cmd_body.startswith(protocol.COMMAND_PREFIX.encode('ascii')):
                     self._on_stock_optimizer(cmd_body)
                     return
-                command, body = protocol.decode_command(cmd_body)
-                reply = self._handlers[command](body)
+                reply = self.command(*protocol.decode_command(cmd_body))
                 if reply is not None:
                     self._reply(rank, True, reply, seq)
             except Exception as err:  # pylint: disable=broad-except
@@ -96,6 +90,111 @@ class DelayServer(KVStoreServer):
                 if rank is not None and self._status is not None:
                     self._reply(rank, False, str(err), seq)
         return server_controller
+
+    def _start(self):
+        if self._server_rank is None:
+            self._server_rank = self.kvstore.rank
+            self._num_workers = self.kvstore.num_workers
+        if self.kvstore._updater is None:  # pylint: disable=protected-access
+            # The native server needs the updater before any round completes, and it can
+            # only be installed once the server runs, i.e. from here (docs/design.md §9).
+            self.kvstore._set_updater(self._on_round)  # pylint: disable=protected-access
+
+    # -- the extension and test surface -----------------------------------------------------
+    @classmethod
+    def offline(cls, rank=0, num_workers=1):
+        """A server without network, as server `rank` of a job of `num_workers` workers: its
+        commands run through :meth:`command`, its rounds through :meth:`complete_round`."""
+        return cls(types.SimpleNamespace(handle=None, rank=rank, num_workers=num_workers,
+                                         _updater=None, _set_updater=lambda updater: None))
+
+    def command(self, command, body):
+        """Run one command as the controller does, and return its reply (None: answered
+        later, as ``hello`` is by the hand-shake round). (Not ``handle``: that is the
+        ``KVStoreServer``'s native handle.)
+
+        Parameters
+        ----------
+        command : protocol.Command or str
+        body : dict
+            The command's JSON body (docs/design.md §4.1).
+
+        Raises
+        ------
+        ValueError, TypeError
+            The command's refusal, which the controller sends to the worker as an error reply.
+        """
+        self._start()
+        return self._handlers[protocol.Command(command)](body)
+
+    def handshake_reply(self):
+        """``(ok, payload)``: what the hand-shake round answers every worker now (§4.3)."""
+        return self._hello_reply()
+
+    def complete_round(self, key, merged, stored):
+        """What the native server's updater call does when `key`'s round completes with sum
+        `merged` into `stored`, raising what fails (the updater ends the process instead)."""
+        # The native server frees the last push's memory once the updater returns and waits
+        # only on `stored`; the sum into `merged` may still be reading that memory (a held
+        # round, or the status key, never writes `stored`): finish it first.
+        merged.wait_to_read()
+        if self._layout is None:
+            # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
+            if self._stock_updater is None:
+                merged.copyto(stored)  # MXNet's CopyFromTo, row_sparse too
+            else:
+                self._stock_updater(key, merged, stored)
+            return
+        kind, local, slot = self._layout.decode(key)
+        if kind == 'status':
+            self._status = stored
+            ok, payload = self._hello_reply()
+            for rank in range(self._num_workers):
+                self._reply(rank, ok, payload)
+            return
+        if local >= len(self._local_chunks):
+            raise RuntimeError('key %d is chunk %d of server %d, which registered %d chunks'
+                               % (key, local, self._server_rank, len(self._local_chunks)))
+        chunk = self._local_chunks[local]
+        if kind == 'state':
+            self._rounds.copy_state(chunk, slot, stored)
+            return
+        if kind == 'pull':
+            # The workers' round of zeros at init (kvstore_ext.wire.push_handle_round):
+            # keep the stored array, leave its value (W_0), write W into it from now on.
+            self._rounds.set_pull_store(chunk, slot, stored)
+            return
+        if self._layout.pull_keys and not self._is_counter(chunk) \
+                and not self._rounds.has_pull_store(chunk, slot):
+            raise RuntimeError('chunk %d slot %d completed a round before its pull key '
+                               'was set up' % (chunk, slot))
+        self._rounds.on_round(chunk, slot, merged, stored)
+
+    def stats(self):
+        """The ``stats`` reply: rounds applied, held (and skipped, under AMP) per chunk."""
+        return self.command(Command.STATS, {})
+
+    @property
+    def optimizer(self):
+        """The optimizer this server applies (None before one is installed)."""
+        return self._rounds.optimizer
+
+    @property
+    def updater(self):
+        """The ``mx.optimizer.Updater`` holding the optimizer state by chunk id (or None)."""
+        return self._rounds.updater
+
+    def applied_rounds(self, chunk):
+        """The number of `chunk`'s rounds applied (the next round's number)."""
+        return self._rounds.applied_rounds(chunk)
+
+    def weight(self, chunk):
+        """`chunk`'s authoritative weights W (an NDArray to read; None before its first
+        round)."""
+        return self._rounds.weight(chunk)
+
+    def _is_counter(self, chunk):
+        return self._chunks[chunk]['param_index'] == protocol.FINISH_KEY
 
     def _on_stock_optimizer(self, cmd_body):
         # A stock MXNet worker ('dist_sync' without mxdelay) sends a pickled optimizer; serve
@@ -108,9 +207,6 @@ class DelayServer(KVStoreServer):
         self._stock_updater = mx.optimizer.get_updater(optimizer)
         _LOG.info('server %d: stock MXNet client; optimizer %s installed', self._server_rank,
                   type(optimizer).__name__)
-
-    def _updater_not_installed(self):
-        return self.kvstore._updater is None
 
     def _reply(self, rank, ok, payload, seq=0):
         length = protocol.reply_len(self._num_workers)
@@ -131,7 +227,7 @@ class DelayServer(KVStoreServer):
             # float16 pushes: R pull keys per chunk, which hold W (docs/design.md §2.11)
             self._layout = KeyLayout(num_servers, slots, int(body.get('state_keys', 0)),
                                      pull_keys=slots if body.get('wire') else 0)
-            self._rounds.slots = self._layout.slots
+            self._rounds.set_slots(self._layout.slots)
         self._hellos[int(body['rank'])] = body
         return None  # answered when the hand-shake round completes
 
@@ -161,27 +257,28 @@ class DelayServer(KVStoreServer):
         self._rescale_grad = optimizer.get('rescale_grad') if optimizer else None
         # DelayedTrainer with AMP divides an overflowed round's pushes by 0: skip such
         # rounds (docs/design.md §11). Off otherwise: stock dist_sync applies them.
-        self._rounds.skip_nonfinite = bool(reference['config'].get('amp'))
+        self._rounds.set_skip_nonfinite(reference['config'].get('amp'))
         return True, {'server': self._server_rank, 'protocol': protocol.PROTOCOL_VERSION,
                       'num_workers': self._num_workers, 'rescale_grad': self._rescale_grad}
 
     def _on_register(self, body):
+        entries = [_chunk_entry(entry) for entry in body['chunks']]
         # Every server hears every chunk, so each knows whole tensors: refuse an optimizer
         # that needs whole-tensor norms for a tensor split into chunks, before anything of
         # this registration is kept (docs/design.md §3.4).
         tensors = {}
-        for _, _, param_index, name, _, _, size in body['chunks']:
+        for _, _, param_index, name, _, _, size, _ in entries:
             if param_index != protocol.FINISH_KEY:
                 tensor = tensors.setdefault(param_index, {'name': name, 'size': 0, 'chunks': 0})
                 tensor['size'] += size
                 tensor['chunks'] += 1
         self._check_whole_tensor(self._rounds.optimizer, {**self._tensors, **tensors})
         self._tensors.update(tensors)
-        for chunk, server, param_index, name, lr_mult, wd_mult, size in body['chunks']:
+        for chunk, server, param_index, name, lr_mult, wd_mult, size, codec in entries:
             if server != self._server_rank:
                 continue
             info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
-                    'wd_mult': wd_mult, 'size': size}
+                    'wd_mult': wd_mult, 'size': size, 'codec': codec}
             if chunk not in self._chunks:
                 # A chunk's local index counts this server's chunks in chunk id order, as the
                 # workers' Placement does (docs/design.md §2.6).
@@ -195,9 +292,8 @@ class DelayServer(KVStoreServer):
                 raise ValueError('worker %s registers chunk %d as %r but another worker as %r: '
                                  'every worker must build the same model'
                                  % (body.get('rank'), chunk, info, known))
-            if param_index == protocol.FINISH_KEY:
-                self._rounds.counters.add(chunk)
-            self._rounds.set_multipliers(chunk, lr_mult, wd_mult)
+            self._rounds.register(chunk, lr_mult, wd_mult,
+                                  counter=param_index == protocol.FINISH_KEY, codec=codec)
         return {'chunks': len(self._chunks)}
 
     def _on_optimizer(self, body):
@@ -300,14 +396,15 @@ class DelayServer(KVStoreServer):
 
     def _on_stats(self, _):
         rounds = self._rounds
+        counters = sorted(c for c, info in self._chunks.items()
+                          if info['param_index'] == protocol.FINISH_KEY)
         return {'server': self._server_rank,
-                'chunks': {str(c): dict({'rounds': rounds.next_round.get(c, 0),
-                                         'held': len(rounds.held.get(c, {}))},
-                                        **({'skipped': rounds.skipped.get(c, 0)}
-                                           if rounds.skip_nonfinite else {}))
-                           for c in sorted(self._chunks) if c not in rounds.counters},
-                'finish_rounds': {str(c): rounds.next_round.get(c, 0)
-                                  for c in sorted(rounds.counters)}}
+                'chunks': {str(c): dict({'rounds': rounds.applied_rounds(c),
+                                         'held': rounds.held_rounds(c)},
+                                        **({'skipped': rounds.skipped_rounds(c)}
+                                           if rounds.skips_nonfinite else {}))
+                           for c in sorted(self._chunks) if c not in counters},
+                'finish_rounds': {str(c): rounds.applied_rounds(c) for c in counters}}
 
     def _on_save(self, body):
         path = body['paths'][self._server_rank]
@@ -334,7 +431,9 @@ class DelayServer(KVStoreServer):
                              'the one that was saved' % (path, sorted(state['chunks']),
                                                          sorted(self._chunks)))
         for chunk, saved in state['chunks'].items():
-            info = {k: saved[k] for k in ('param_index', 'name', 'lr_mult', 'wd_mult', 'size')}
+            # A checkpoint of before codec settings has none: it was saved without any.
+            info = dict({k: saved[k] for k in ('param_index', 'name', 'lr_mult', 'wd_mult',
+                                               'size')}, codec=saved.get('codec', {}))
             if info != self._chunks[chunk]:
                 raise ValueError('%s: chunk %d was %r when saved, is %r now'
                                  % (path, chunk, info, self._chunks[chunk]))
@@ -354,46 +453,25 @@ class DelayServer(KVStoreServer):
 
     # -- updater: called by the native server when a key's round is complete ---------------
     def _on_round(self, key, merged, stored):
-        # The native server frees the last push's memory once this returns and waits only on
-        # `stored`; the sum into `merged` may still be reading that memory (a held round, or
-        # the status key, never writes `stored`): finish it first.
-        merged.wait_to_read()
         try:
-            if self._layout is None:
-                # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
-                if self._stock_updater is None:
-                    merged.copyto(stored)  # MXNet's CopyFromTo, row_sparse too
-                else:
-                    self._stock_updater(key, merged, stored)
-                return
-            kind, local, slot = self._layout.decode(key)
-            if kind == 'status':
-                self._status = stored
-                ok, payload = self._hello_reply()
-                for rank in range(self._num_workers):
-                    self._reply(rank, ok, payload)
-                return
-            if local >= len(self._local_chunks):
-                raise RuntimeError('key %d is chunk %d of server %d, which registered %d chunks'
-                                   % (key, local, self._server_rank, len(self._local_chunks)))
-            chunk = self._local_chunks[local]
-            if kind == 'state':
-                self._rounds.copy_state(chunk, slot, stored)
-                return
-            if kind == 'pull':
-                # The workers' round of zeros at init (kvstore_ext.wire.push_handle_round):
-                # keep the stored array, leave its value (W_0), write W into it from now on.
-                self._rounds.pull_stores[(chunk, slot)] = stored
-                return
-            if self._layout.pull_keys and chunk not in self._rounds.counters \
-                    and (chunk, slot) not in self._rounds.pull_stores:
-                raise RuntimeError('chunk %d slot %d completed a round before its pull key '
-                                   'was set up' % (chunk, slot))
-            self._rounds.on_round(chunk, slot, merged, stored)
+            self.complete_round(key, merged, stored)
         except Exception:  # pylint: disable=broad-except
             # Raising into ctypes would only print; a wrong server must stop the job.
             _LOG.exception('server %d: updater failed on key %d; stopping', self._server_rank, key)
             os._exit(3)
+
+
+def _chunk_entry(entry):
+    """A ``REGISTER`` entry as ``[chunk_id, server, param_index, name, lr_mult, wd_mult, size,
+    codec]``, its codec settings checked; an entry of 7 has none (``{}``)."""
+    if not isinstance(entry, list) or len(entry) not in (7, 8):
+        raise ValueError('a registered chunk is [chunk_id, server, param_index, name, lr_mult, '
+                         'wd_mult, size, codec], got %.200r' % (entry,))
+    codec = appliers.check_codec(entry[0], entry[7] if len(entry) == 8 else {})
+    if codec and entry[2] == protocol.FINISH_KEY:
+        raise ValueError('chunk %s is the finish counter, which takes no codec settings, got %r'
+                         % (entry[0], codec))
+    return entry[:7] + [codec]
 
 
 def _optimizer_mismatch(differences, first_name, second_name):
