@@ -31,7 +31,6 @@ import os
 import pickle
 import re
 import sys
-import types
 
 import numpy as np
 import pytest
