@@ -35,10 +35,21 @@ _MAX_ERROR = 600   # characters of one worker's error message in a tally
 class DelayServer(KVStoreServer):
     """A ``KVStoreServer`` whose controller and updater implement mxdelay's server flow.
 
+    MXNet runs it through the face of every ``KVStoreServer``: ``_controller()`` returns the
+    function ``(cmd_id, cmd_body, _)`` MXNet calls for each command, which on its first call
+    installs the updater with ``kvstore._set_updater`` (docs/design.md §3.1).
+
+    The extension and test surface, which runs the same code without network:
+    :meth:`offline` (a server on a stand-in store), :meth:`command` (one command, as the
+    controller runs it), :meth:`handshake_reply`, :meth:`complete_round` (one key's round, as
+    the updater runs it), and the read-only :meth:`stats`, :attr:`optimizer`,
+    :attr:`updater`, :meth:`applied_rounds` and :meth:`weight`.
+
     Parameters
     ----------
     kvstore : mxnet.kvstore.KVStore
-        The native distributed store of this server process (``mx.kv.create('dist')``).
+        The native distributed store of this server process (``mx.kv.create('dist')``), or a
+        stand-in with ``handle``, ``rank``, ``num_workers``, ``_updater`` and ``_set_updater``.
     """
 
     def __init__(self, kvstore):
