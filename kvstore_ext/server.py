@@ -19,17 +19,16 @@ import types
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import appliers, checkpoint, env, protocol
+from . import agreement, appliers, checkpoint, env, protocol
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
-                         optimizer_differences, type_difference, whole_tensor_refusal)
+                         optimizer_differences, whole_tensor_refusal)
 from .protocol import Command
 from .rounds import RoundKeeper
 
 __all__ = ['DelayServer', 'serve']
 
 _LOG = logging.getLogger(__name__)
-_MAX_ERROR = 600   # characters of one worker's error message in a tally
 
 
 class DelayServer(KVStoreServer):
@@ -67,7 +66,7 @@ class DelayServer(KVStoreServer):
         self._local_chunks = []        # local index -> chunk id: keys are numbered by it
         self._tensors = {}             # param index -> {'name', 'size', 'chunks'}, every server's
         self._stock_updater = None     # for stock MXNet workers that never say hello
-        self._ballots = {}             # ballot -> {rank: error or None}
+        self._ballots = agreement.Ballots()
         self._handlers = {
             Command.HELLO: self._on_hello,
             Command.REGISTER: self._on_register,
@@ -243,24 +242,10 @@ class DelayServer(KVStoreServer):
         return None  # answered when the hand-shake round completes
 
     def _hello_reply(self):
-        reference = self._hellos.get(0)
-        if len(self._hellos) != self._num_workers or reference is None:
-            return False, ('server %d heard hellos from workers %s, expected ranks 0..%d'
-                           % (self._server_rank, sorted(self._hellos), self._num_workers - 1))
-        for rank, hello in sorted(self._hellos.items()):
-            for name in sorted(set(reference['config']) | set(hello['config'])):
-                mine, theirs = reference['config'].get(name), hello['config'].get(name)
-                if name == 'optimizer':
-                    differences = optimizer_differences(mine, theirs, PER_STEP_FIELDS)
-                    if differences:
-                        return False, _optimizer_mismatch(
-                            differences, 'worker 0%s' % _launcher_rank(reference),
-                            'worker %d%s' % (rank, _launcher_rank(hello)))
-                elif mine != theirs:
-                    return False, ('workers disagree on %s: worker 0%s has %r, worker %d%s has '
-                                   '%r; start every worker with the same settings'
-                                   % (name, _launcher_rank(reference), mine, rank,
-                                      _launcher_rank(hello), theirs))
+        refusal = agreement.hello_refusal(self._hellos, self._num_workers, self._server_rank)
+        if refusal is not None:
+            return False, refusal
+        reference = self._hellos[0]
         # One rescale_grad for the whole job, rank 0's (1/its first batch size): every worker
         # scales its own gradient relative to it (DistDelay.scale_gradients), so that workers
         # with other or changing batch sizes need no command and cannot rescale each other.
@@ -320,7 +305,7 @@ class DelayServer(KVStoreServer):
         for other, theirs in sorted(self._sent_optimizers.items()):
             differences = optimizer_differences(theirs, described, PER_STEP_FIELDS)
             if other != rank and differences:
-                raise ValueError(_optimizer_mismatch(differences, 'worker %d' % other,
+                raise ValueError(agreement.optimizer_mismatch(differences, 'worker %d' % other,
                                                      'worker %d' % rank))
         self._sent_optimizers[rank] = described
         # Every worker sends it (Gluon's set_optimizer): the first one installs it; later ones
@@ -346,28 +331,9 @@ class DelayServer(KVStoreServer):
             raise ValueError(refusal)
 
     def _check_saved_optimizer(self, path, state, expected, warn):
-        """Refuse a state whose optimizer is of another type than the workers' `expected`
-        (a describe_optimizer dict, None: not checked); with `warn`, log the hyper-parameters
-        that the load will change (the saved ones take effect, as in gluon.Trainer)."""
-        if expected is None or state['updater'] is None:
-            return
-        try:
-            saved = pickle.loads(state['updater'])
-        except Exception as err:  # pylint: disable=broad-except
-            raise ValueError('%s: the saved optimizer state cannot be read (%s: %s); it may be '
-                             'truncated' % (path, type(err).__name__, err)) from None
-        saved = saved[1] if isinstance(saved, tuple) and len(saved) == 2 else None
-        if not isinstance(saved, mx.optimizer.Optimizer):
-            return  # saved without the optimizer: the current one stays
-        described = describe_optimizer(saved)
-        if type_difference(expected, described):
-            raise ValueError(
-                '%s was saved with optimizer %s, but the trainer loading it uses %s: its state '
-                '(e.g. momentum buffers) cannot drive %s. Create the trainer with the '
-                'checkpoint\'s optimizer (%r) to resume from it, or start without loading it'
-                % (path, described['type'], expected.get('type'), expected.get('type'),
-                   described['type'].lower()))
-        differences = optimizer_differences(expected, described)
+        """Refuse a state whose optimizer is of another type than the workers' `expected`;
+        with `warn`, log the hyper-parameters that the load will change."""
+        differences = agreement.saved_optimizer_differences(path, state['updater'], expected)
         if warn and differences:
             _LOG.warning('server %d: loading %s sets the optimizer\'s %s', self._server_rank,
                          path, format_differences(differences, 'the trainer', 'the checkpoint'))
@@ -382,28 +348,10 @@ class DelayServer(KVStoreServer):
         return {'lr': rounds.optimizer.learning_rate}
 
     def _on_vote(self, body):
-        ballot = int(body['ballot'])
-        self._ballots.setdefault(ballot, {})[int(body['rank'])] = body.get('error')
-        for old in [b for b in self._ballots if b < ballot - 1]:
-            del self._ballots[old]   # every worker has tallied those
-        return {'ballot': ballot}
+        return self._ballots.vote(body)
 
     def _on_tally(self, body):
-        votes = self._ballots.get(int(body['ballot']), {})
-        if len(votes) != self._num_workers:
-            raise ValueError('ballot %s has votes from workers %s only'
-                             % (body['ballot'], sorted(votes)))
-        # Every failure's message, as long as the reply has room (many workers failing alike
-        # would not fit): the rest are counted. Every worker reads the same reply.
-        room = protocol.reply_capacity(protocol.reply_len(self._num_workers)) // 2
-        errors, more = {}, 0
-        for rank, error in sorted(votes.items()):
-            if error and room > 0:
-                errors[str(rank)] = error[:_MAX_ERROR]
-                room -= len(errors[str(rank)].encode('utf-8')) + 32
-            elif error:
-                more += 1
-        return {'errors': errors, 'more': more}
+        return self._ballots.tally(body, self._num_workers)
 
     def _on_stats(self, _):
         rounds = self._rounds
@@ -483,18 +431,6 @@ def _chunk_entry(entry):
         raise ValueError('chunk %s is the finish counter, which takes no codec settings, got %r'
                          % (entry[0], codec))
     return entry[:7] + [codec]
-
-
-def _optimizer_mismatch(differences, first_name, second_name):
-    return ('workers disagree on the optimizer: %s. Every worker must create the same '
-            'optimizer (type and hyper-parameters): the servers apply one optimizer to the '
-            'sum of all workers\' gradients' % format_differences(
-                differences, first_name, second_name))
-
-
-def _launcher_rank(hello):
-    rank = hello.get('launcher_rank')
-    return '' if rank is None else " (mxdelay-launch's worker %s)" % rank
 
 
 def serve():
