@@ -19,7 +19,7 @@ import types
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import agreement, appliers, checkpoint, env, protocol
+from . import agreement, checkpoint, env, protocol, registry
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
                          optimizer_differences, whole_tensor_refusal)
@@ -62,9 +62,7 @@ class DelayServer(KVStoreServer):
         self._status = None            # this server's status key (NDArray), from the hand-shake
         self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
         self._rescale_grad = None      # the job's rescale_grad: rank 0's at the hand-shake
-        self._chunks = {}              # chunk id -> registration dict
-        self._local_chunks = []        # local index -> chunk id: keys are numbered by it
-        self._tensors = {}             # param index -> {'name', 'size', 'chunks'}, every server's
+        self._chunks = registry.ChunkRegistry()
         self._stock_updater = None     # for stock MXNet workers that never say hello
         self._ballots = agreement.Ballots()
         self._handlers = {
@@ -162,10 +160,10 @@ class DelayServer(KVStoreServer):
             for rank in range(self._num_workers):
                 self._reply(rank, ok, payload)
             return
-        if local >= len(self._local_chunks):
+        if local >= self._chunks.local_count():
             raise RuntimeError('key %d is chunk %d of server %d, which registered %d chunks'
-                               % (key, local, self._server_rank, len(self._local_chunks)))
-        chunk = self._local_chunks[local]
+                               % (key, local, self._server_rank, self._chunks.local_count()))
+        chunk = self._chunks.chunk_at(local)
         if kind == 'state':
             self._rounds.copy_state(chunk, slot, stored)
             return
@@ -174,7 +172,7 @@ class DelayServer(KVStoreServer):
             # keep the stored array, leave its value (W_0), write W into it from now on.
             self._rounds.set_pull_store(chunk, slot, stored)
             return
-        if self._layout.pull_keys and not self._is_counter(chunk) \
+        if self._layout.pull_keys and not self._chunks.is_counter(chunk) \
                 and not self._rounds.has_pull_store(chunk, slot):
             raise RuntimeError('chunk %d slot %d completed a round before its pull key '
                                'was set up' % (chunk, slot))
@@ -202,9 +200,6 @@ class DelayServer(KVStoreServer):
         """`chunk`'s authoritative weights W (an NDArray to read; None before its first
         round)."""
         return self._rounds.weight(chunk)
-
-    def _is_counter(self, chunk):
-        return self._chunks[chunk]['param_index'] == protocol.FINISH_KEY
 
     def _on_stock_optimizer(self, cmd_body):
         # A stock MXNet worker ('dist_sync' without mxdelay) sends a pickled optimizer; serve
@@ -258,38 +253,15 @@ class DelayServer(KVStoreServer):
                       'num_workers': self._num_workers, 'rescale_grad': self._rescale_grad}
 
     def _on_register(self, body):
-        entries = [_chunk_entry(entry) for entry in body['chunks']]
         # Every server hears every chunk, so each knows whole tensors: refuse an optimizer
         # that needs whole-tensor norms for a tensor split into chunks, before anything of
         # this registration is kept (docs/design.md §3.4).
-        tensors = {}
-        for _, _, param_index, name, _, _, size, _ in entries:
-            if param_index != protocol.FINISH_KEY:
-                tensor = tensors.setdefault(param_index, {'name': name, 'size': 0, 'chunks': 0})
-                tensor['size'] += size
-                tensor['chunks'] += 1
-        self._check_whole_tensor(self._rounds.optimizer, {**self._tensors, **tensors})
-        self._tensors.update(tensors)
-        for chunk, server, param_index, name, lr_mult, wd_mult, size, codec in entries:
-            if server != self._server_rank:
-                continue
-            info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
-                    'wd_mult': wd_mult, 'size': size, 'codec': codec}
-            if chunk not in self._chunks:
-                # A chunk's local index counts this server's chunks in chunk id order, as the
-                # workers' Placement does (docs/design.md §2.6).
-                if self._local_chunks and chunk < self._local_chunks[-1]:
-                    raise ValueError('worker %s registers chunk %d after chunk %d: every worker '
-                                     'must initialise the same keys in the same order'
-                                     % (body.get('rank'), chunk, self._local_chunks[-1]))
-                self._local_chunks.append(chunk)
-            known = self._chunks.setdefault(chunk, info)
-            if known != info:
-                raise ValueError('worker %s registers chunk %d as %r but another worker as %r: '
-                                 'every worker must build the same model'
-                                 % (body.get('rank'), chunk, info, known))
-            self._rounds.register(chunk, lr_mult, wd_mult,
-                                  counter=param_index == protocol.FINISH_KEY, codec=codec)
+        self._chunks.add(
+            registry.parse_entries(body['chunks']), self._server_rank, body.get('rank'),
+            lambda tensors: self._check_whole_tensor(self._rounds.optimizer, tensors),
+            lambda chunk, info: self._rounds.register(
+                chunk, info['lr_mult'], info['wd_mult'],
+                counter=info['param_index'] == protocol.FINISH_KEY, codec=info['codec']))
         return {'chunks': len(self._chunks)}
 
     def _on_optimizer(self, body):
@@ -300,7 +272,7 @@ class DelayServer(KVStoreServer):
         # One optimizer per job: a worker whose optimizer differs from another's is refused
         # (the hand-shake catches this already when the optimizer is set before it; this
         # catches an optimizer set later, e.g. on a bare kvstore).
-        self._check_whole_tensor(optimizer, self._tensors)
+        self._check_whole_tensor(optimizer, self._chunks.tensors())
         rank, described = int(body['rank']), describe_optimizer(optimizer)
         for other, theirs in sorted(self._sent_optimizers.items()):
             differences = optimizer_differences(theirs, described, PER_STEP_FIELDS)
@@ -355,14 +327,13 @@ class DelayServer(KVStoreServer):
 
     def _on_stats(self, _):
         rounds = self._rounds
-        counters = sorted(c for c, info in self._chunks.items()
-                          if info['param_index'] == protocol.FINISH_KEY)
+        counters = [c for c in self._chunks.ids() if self._chunks.is_counter(c)]
         return {'server': self._server_rank,
                 'chunks': {str(c): dict({'rounds': rounds.applied_rounds(c),
                                          'held': rounds.held_rounds(c)},
                                         **({'skipped': rounds.skipped_rounds(c)}
                                            if rounds.skips_nonfinite else {}))
-                           for c in sorted(self._chunks) if c not in counters},
+                           for c in self._chunks.ids() if c not in counters},
                 'finish_rounds': {str(c): rounds.applied_rounds(c) for c in counters}}
 
     def _on_save(self, body):
@@ -373,7 +344,7 @@ class DelayServer(KVStoreServer):
                              'barrier' % self._server_rank)
         checkpoint.write_pickle(path, checkpoint.SERVER, {
             'server': self._server_rank, 'num_workers': self._num_workers,
-            'chunks': {c: dict(info, **rounds.chunk_state(c)) for c, info in self._chunks.items()},
+            'chunks': self._chunks.saved(rounds.chunk_state),
             'updater': rounds.updater.get_states(dump_optimizer=True) if rounds.updater else None,
         })
         return {'path': path, 'chunks': len(self._chunks)}
@@ -385,17 +356,7 @@ class DelayServer(KVStoreServer):
         if state['server'] != self._server_rank:
             raise ValueError('%s holds the state of server %d, not of server %d'
                              % (path, state['server'], self._server_rank))
-        if set(state['chunks']) != set(self._chunks):
-            raise ValueError('%s holds chunks %s, this server has %s: the model differs from '
-                             'the one that was saved' % (path, sorted(state['chunks']),
-                                                         sorted(self._chunks)))
-        for chunk, saved in state['chunks'].items():
-            # A checkpoint of before codec settings has none: it was saved without any.
-            info = dict({k: saved[k] for k in ('param_index', 'name', 'lr_mult', 'wd_mult',
-                                               'size')}, codec=saved.get('codec', {}))
-            if info != self._chunks[chunk]:
-                raise ValueError('%s: chunk %d was %r when saved, is %r now'
-                                 % (path, chunk, info, self._chunks[chunk]))
+        self._chunks.check_saved(path, state['chunks'])
         self._check_saved_optimizer(path, state, body.get('optimizer'),
                                     warn=not body.get('check_only'))
         if body.get('check_only'):
@@ -418,19 +379,6 @@ class DelayServer(KVStoreServer):
             # Raising into ctypes would only print; a wrong server must stop the job.
             _LOG.exception('server %d: updater failed on key %d; stopping', self._server_rank, key)
             os._exit(3)
-
-
-def _chunk_entry(entry):
-    """A ``REGISTER`` entry as ``[chunk_id, server, param_index, name, lr_mult, wd_mult, size,
-    codec]``, its codec settings checked; an entry of 7 has none (``{}``)."""
-    if not isinstance(entry, list) or len(entry) not in (7, 8):
-        raise ValueError('a registered chunk is [chunk_id, server, param_index, name, lr_mult, '
-                         'wd_mult, size, codec], got %.200r' % (entry,))
-    codec = appliers.check_codec(entry[0], entry[7] if len(entry) == 8 else {})
-    if codec and entry[2] == protocol.FINISH_KEY:
-        raise ValueError('chunk %s is the finish counter, which takes no codec settings, got %r'
-                         % (entry[0], codec))
-    return entry[:7] + [codec]
 
 
 def serve():
