@@ -135,10 +135,6 @@ class DelayServer(KVStoreServer):
         self._start()
         return self._handlers[protocol.Command(command)](body)
 
-    def handshake_reply(self):
-        """``(ok, payload)``: what the hand-shake round answers every worker now (§4.3)."""
-        return self._hello_reply()
-
     def complete_round(self, key, merged, stored):
         """What the native server's updater call does when `key`'s round completes with sum
         `merged` into `stored`, raising what fails (the updater ends the process instead)."""
@@ -156,7 +152,7 @@ class DelayServer(KVStoreServer):
         kind, local, slot = self._layout.decode(key)
         if kind == 'status':
             self._status = stored
-            ok, payload = self._hello_reply()
+            ok, payload = self.handshake_reply()
             for rank in range(self._num_workers):
                 self._reply(rank, ok, payload)
             return
@@ -236,7 +232,9 @@ class DelayServer(KVStoreServer):
         self._hellos[int(body['rank'])] = body
         return None  # answered when the hand-shake round completes
 
-    def _hello_reply(self):
+    def handshake_reply(self):
+        """``(ok, payload)``: what the hand-shake round answers every worker now (§4.3); on
+        success it fixes the job's rescale_grad and AMP's skipping of overflowed rounds."""
         refusal = agreement.hello_refusal(self._hellos, self._num_workers, self._server_rank)
         if refusal is not None:
             return False, refusal
