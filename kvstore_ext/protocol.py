@@ -46,7 +46,10 @@ FINISH_KEY = 'mxdelay:finish'
 class Command(str, enum.Enum):
     """Controller commands, each with a JSON body (a dict)."""
     HELLO = 'hello'            # {rank, num_workers, slots, protocol, config}: first command
-    REGISTER = 'register'      # {chunks: [[chunk_id, server, param_index, name, lr_mult, wd_mult, size]]}
+    REGISTER = 'register'      # {rank, chunks: [[chunk_id, server, param_index, name,
+    #                            lr_mult, wd_mult, size, codec]]}: codec is a dict of codec
+    #                            settings, {} or {'sum_scale': s} (kvstore_ext.appliers);
+    #                            an entry of 7 (no codec) means {}
     OPTIMIZER = 'optimizer'    # {rank, optimizer: pack_object(Optimizer)}: reply describes
     #                            the installed optimizer (describe_optimizer)
     SET_HYPER = 'set_hyper'    # {rank, lr}: change the servers' learning rate

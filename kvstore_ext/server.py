@@ -14,30 +14,41 @@ own server would.
 import logging
 import os
 import pickle
+import types
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import checkpoint, env, protocol
+from . import agreement, checkpoint, env, protocol, registry
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
-                         optimizer_differences, type_difference, whole_tensor_refusal)
+                         optimizer_differences, whole_tensor_refusal)
 from .protocol import Command
 from .rounds import RoundKeeper
 
 __all__ = ['DelayServer', 'serve']
 
 _LOG = logging.getLogger(__name__)
-_MAX_ERROR = 600   # characters of one worker's error message in a tally
 
 
 class DelayServer(KVStoreServer):
     """A ``KVStoreServer`` whose controller and updater implement mxdelay's server flow.
 
+    MXNet runs it through the face of every ``KVStoreServer``: ``_controller()`` returns the
+    function ``(cmd_id, cmd_body, _)`` MXNet calls for each command, which on its first call
+    installs the updater with ``kvstore._set_updater`` (docs/design.md §3.1).
+
+    The extension and test surface, which runs the same code without network:
+    :meth:`offline` (a server on a stand-in store), :meth:`command` (one command, as the
+    controller runs it), :meth:`handshake_reply`, :meth:`complete_round` (one key's round, as
+    the updater runs it), and the read-only :meth:`stats`, :attr:`optimizer`,
+    :attr:`updater`, :meth:`applied_rounds` and :meth:`weight`.
+
     Parameters
     ----------
     kvstore : mxnet.kvstore.KVStore
-        The native distributed store of this server process (``mx.kv.create('dist')``).
+        The native distributed store of this server process (``mx.kv.create('dist')``), or a
+        stand-in with ``handle``, ``rank``, ``num_workers``, ``_updater`` and ``_set_updater``.
     """
 
     def __init__(self, kvstore):
@@ -51,11 +62,9 @@ class DelayServer(KVStoreServer):
         self._status = None            # this server's status key (NDArray), from the hand-shake
         self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
         self._rescale_grad = None      # the job's rescale_grad: rank 0's at the hand-shake
-        self._chunks = {}              # chunk id -> registration dict
-        self._local_chunks = []        # local index -> chunk id: keys are numbered by it
-        self._tensors = {}             # param index -> {'name', 'size', 'chunks'}, every server's
+        self._chunks = registry.ChunkRegistry()
         self._stock_updater = None     # for stock MXNet workers that never say hello
-        self._ballots = {}             # ballot -> {rank: error or None}
+        self._ballots = agreement.Ballots()
         self._handlers = {
             Command.HELLO: self._on_hello,
             Command.REGISTER: self._on_register,
@@ -71,13 +80,7 @@ class DelayServer(KVStoreServer):
     # -- controller ------------------------------------------------------------------------
     def _controller(self):
         def server_controller(cmd_id, cmd_body, _):
-            if self._server_rank is None:
-                self._server_rank = self.kvstore.rank
-                self._num_workers = self.kvstore.num_workers
-            if self._updater_not_installed():
-                # The native server needs the updater before any round completes, and it can
-                # only be installed once the server runs, i.e. from here (docs/design.md §9).
-                self.kvstore._set_updater(self._on_round)
+            self._start()
             rank, seq = protocol.command_rank(cmd_body)
             try:
                 if cmd_id != 0:
@@ -86,8 +89,7 @@ class DelayServer(KVStoreServer):
                 if not cmd_body.startswith(protocol.COMMAND_PREFIX.encode('ascii')):
                     self._on_stock_optimizer(cmd_body)
                     return
-                command, body = protocol.decode_command(cmd_body)
-                reply = self._handlers[command](body)
+                reply = self.command(*protocol.decode_command(cmd_body))
                 if reply is not None:
                     self._reply(rank, True, reply, seq)
             except Exception as err:  # pylint: disable=broad-except
@@ -96,6 +98,104 @@ class DelayServer(KVStoreServer):
                 if rank is not None and self._status is not None:
                     self._reply(rank, False, str(err), seq)
         return server_controller
+
+    def _start(self):
+        if self._server_rank is None:
+            self._server_rank = self.kvstore.rank
+            self._num_workers = self.kvstore.num_workers
+        if self.kvstore._updater is None:  # pylint: disable=protected-access
+            # The native server needs the updater before any round completes, and it can
+            # only be installed once the server runs, i.e. from here (docs/design.md §9).
+            self.kvstore._set_updater(self._on_round)  # pylint: disable=protected-access
+
+    # -- the extension and test surface -----------------------------------------------------
+    @classmethod
+    def offline(cls, rank=0, num_workers=1):
+        """A server without network, as server `rank` of a job of `num_workers` workers: its
+        commands run through :meth:`command`, its rounds through :meth:`complete_round`."""
+        return cls(types.SimpleNamespace(handle=None, rank=rank, num_workers=num_workers,
+                                         _updater=None, _set_updater=lambda updater: None))
+
+    def command(self, command, body):
+        """Run one command as the controller does, and return its reply (None: answered
+        later, as ``hello`` is by the hand-shake round). (Not ``handle``: that is the
+        ``KVStoreServer``'s native handle.)
+
+        Parameters
+        ----------
+        command : protocol.Command or str
+        body : dict
+            The command's JSON body (docs/design.md §4.1).
+
+        Raises
+        ------
+        ValueError, TypeError
+            The command's refusal, which the controller sends to the worker as an error reply.
+        """
+        self._start()
+        return self._handlers[protocol.Command(command)](body)
+
+    def complete_round(self, key, merged, stored):
+        """What the native server's updater call does when `key`'s round completes with sum
+        `merged` into `stored`, raising what fails (the updater ends the process instead)."""
+        # The native server frees the last push's memory once the updater returns and waits
+        # only on `stored`; the sum into `merged` may still be reading that memory (a held
+        # round, or the status key, never writes `stored`): finish it first.
+        merged.wait_to_read()
+        if self._layout is None:
+            # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
+            if self._stock_updater is None:
+                merged.copyto(stored)  # MXNet's CopyFromTo, row_sparse too
+            else:
+                self._stock_updater(key, merged, stored)
+            return
+        kind, local, slot = self._layout.decode(key)
+        if kind == 'status':
+            self._status = stored
+            ok, payload = self.handshake_reply()
+            for rank in range(self._num_workers):
+                self._reply(rank, ok, payload)
+            return
+        if local >= self._chunks.local_count():
+            raise RuntimeError('key %d is chunk %d of server %d, which registered %d chunks'
+                               % (key, local, self._server_rank, self._chunks.local_count()))
+        chunk = self._chunks.chunk_at(local)
+        if kind == 'state':
+            self._rounds.copy_state(chunk, slot, stored)
+            return
+        if kind == 'pull':
+            # The workers' round of zeros at init (kvstore_ext.wire.push_handle_round):
+            # keep the stored array, leave its value (W_0), write W into it from now on.
+            self._rounds.set_pull_store(chunk, slot, stored)
+            return
+        if self._layout.pull_keys and not self._chunks.is_counter(chunk) \
+                and not self._rounds.has_pull_store(chunk, slot):
+            raise RuntimeError('chunk %d slot %d completed a round before its pull key '
+                               'was set up' % (chunk, slot))
+        self._rounds.on_round(chunk, slot, merged, stored)
+
+    def stats(self):
+        """The ``stats`` reply: rounds applied, held (and skipped, under AMP) per chunk."""
+        return self.command(Command.STATS, {})
+
+    @property
+    def optimizer(self):
+        """The optimizer this server applies (None before one is installed)."""
+        return self._rounds.optimizer
+
+    @property
+    def updater(self):
+        """The ``mx.optimizer.Updater`` holding the optimizer state by chunk id (or None)."""
+        return self._rounds.updater
+
+    def applied_rounds(self, chunk):
+        """The number of `chunk`'s rounds applied (the next round's number)."""
+        return self._rounds.applied_rounds(chunk)
+
+    def weight(self, chunk):
+        """`chunk`'s authoritative weights W (an NDArray to read; None before its first
+        round)."""
+        return self._rounds.weight(chunk)
 
     def _on_stock_optimizer(self, cmd_body):
         # A stock MXNet worker ('dist_sync' without mxdelay) sends a pickled optimizer; serve
@@ -108,9 +208,6 @@ class DelayServer(KVStoreServer):
         self._stock_updater = mx.optimizer.get_updater(optimizer)
         _LOG.info('server %d: stock MXNet client; optimizer %s installed', self._server_rank,
                   type(optimizer).__name__)
-
-    def _updater_not_installed(self):
-        return self.kvstore._updater is None
 
     def _reply(self, rank, ok, payload, seq=0):
         length = protocol.reply_len(self._num_workers)
@@ -131,29 +228,17 @@ class DelayServer(KVStoreServer):
             # float16 pushes: R pull keys per chunk, which hold W (docs/design.md §2.11)
             self._layout = KeyLayout(num_servers, slots, int(body.get('state_keys', 0)),
                                      pull_keys=slots if body.get('wire') else 0)
-            self._rounds.slots = self._layout.slots
+            self._rounds.set_slots(self._layout.slots)
         self._hellos[int(body['rank'])] = body
         return None  # answered when the hand-shake round completes
 
-    def _hello_reply(self):
-        reference = self._hellos.get(0)
-        if len(self._hellos) != self._num_workers or reference is None:
-            return False, ('server %d heard hellos from workers %s, expected ranks 0..%d'
-                           % (self._server_rank, sorted(self._hellos), self._num_workers - 1))
-        for rank, hello in sorted(self._hellos.items()):
-            for name in sorted(set(reference['config']) | set(hello['config'])):
-                mine, theirs = reference['config'].get(name), hello['config'].get(name)
-                if name == 'optimizer':
-                    differences = optimizer_differences(mine, theirs, PER_STEP_FIELDS)
-                    if differences:
-                        return False, _optimizer_mismatch(
-                            differences, 'worker 0%s' % _launcher_rank(reference),
-                            'worker %d%s' % (rank, _launcher_rank(hello)))
-                elif mine != theirs:
-                    return False, ('workers disagree on %s: worker 0%s has %r, worker %d%s has '
-                                   '%r; start every worker with the same settings'
-                                   % (name, _launcher_rank(reference), mine, rank,
-                                      _launcher_rank(hello), theirs))
+    def handshake_reply(self):
+        """``(ok, payload)``: what the hand-shake round answers every worker now (§4.3); on
+        success it fixes the job's rescale_grad and AMP's skipping of overflowed rounds."""
+        refusal = agreement.hello_refusal(self._hellos, self._num_workers, self._server_rank)
+        if refusal is not None:
+            return False, refusal
+        reference = self._hellos[0]
         # One rescale_grad for the whole job, rank 0's (1/its first batch size): every worker
         # scales its own gradient relative to it (DistDelay.scale_gradients), so that workers
         # with other or changing batch sizes need no command and cannot rescale each other.
@@ -161,7 +246,7 @@ class DelayServer(KVStoreServer):
         self._rescale_grad = optimizer.get('rescale_grad') if optimizer else None
         # DelayedTrainer with AMP divides an overflowed round's pushes by 0: skip such
         # rounds (docs/design.md §11). Off otherwise: stock dist_sync applies them.
-        self._rounds.skip_nonfinite = bool(reference['config'].get('amp'))
+        self._rounds.set_skip_nonfinite(reference['config'].get('amp'))
         return True, {'server': self._server_rank, 'protocol': protocol.PROTOCOL_VERSION,
                       'num_workers': self._num_workers, 'rescale_grad': self._rescale_grad}
 
@@ -169,35 +254,12 @@ class DelayServer(KVStoreServer):
         # Every server hears every chunk, so each knows whole tensors: refuse an optimizer
         # that needs whole-tensor norms for a tensor split into chunks, before anything of
         # this registration is kept (docs/design.md §3.4).
-        tensors = {}
-        for _, _, param_index, name, _, _, size in body['chunks']:
-            if param_index != protocol.FINISH_KEY:
-                tensor = tensors.setdefault(param_index, {'name': name, 'size': 0, 'chunks': 0})
-                tensor['size'] += size
-                tensor['chunks'] += 1
-        self._check_whole_tensor(self._rounds.optimizer, {**self._tensors, **tensors})
-        self._tensors.update(tensors)
-        for chunk, server, param_index, name, lr_mult, wd_mult, size in body['chunks']:
-            if server != self._server_rank:
-                continue
-            info = {'param_index': param_index, 'name': name, 'lr_mult': lr_mult,
-                    'wd_mult': wd_mult, 'size': size}
-            if chunk not in self._chunks:
-                # A chunk's local index counts this server's chunks in chunk id order, as the
-                # workers' Placement does (docs/design.md §2.6).
-                if self._local_chunks and chunk < self._local_chunks[-1]:
-                    raise ValueError('worker %s registers chunk %d after chunk %d: every worker '
-                                     'must initialise the same keys in the same order'
-                                     % (body.get('rank'), chunk, self._local_chunks[-1]))
-                self._local_chunks.append(chunk)
-            known = self._chunks.setdefault(chunk, info)
-            if known != info:
-                raise ValueError('worker %s registers chunk %d as %r but another worker as %r: '
-                                 'every worker must build the same model'
-                                 % (body.get('rank'), chunk, info, known))
-            if param_index == protocol.FINISH_KEY:
-                self._rounds.counters.add(chunk)
-            self._rounds.set_multipliers(chunk, lr_mult, wd_mult)
+        self._chunks.add(
+            registry.parse_entries(body['chunks']), self._server_rank, body.get('rank'),
+            lambda tensors: self._check_whole_tensor(self._rounds.optimizer, tensors),
+            lambda chunk, info: self._rounds.register(
+                chunk, info['lr_mult'], info['wd_mult'],
+                counter=info['param_index'] == protocol.FINISH_KEY, codec=info['codec']))
         return {'chunks': len(self._chunks)}
 
     def _on_optimizer(self, body):
@@ -208,12 +270,12 @@ class DelayServer(KVStoreServer):
         # One optimizer per job: a worker whose optimizer differs from another's is refused
         # (the hand-shake catches this already when the optimizer is set before it; this
         # catches an optimizer set later, e.g. on a bare kvstore).
-        self._check_whole_tensor(optimizer, self._tensors)
+        self._check_whole_tensor(optimizer, self._chunks.tensors())
         rank, described = int(body['rank']), describe_optimizer(optimizer)
         for other, theirs in sorted(self._sent_optimizers.items()):
             differences = optimizer_differences(theirs, described, PER_STEP_FIELDS)
             if other != rank and differences:
-                raise ValueError(_optimizer_mismatch(differences, 'worker %d' % other,
+                raise ValueError(agreement.optimizer_mismatch(differences, 'worker %d' % other,
                                                      'worker %d' % rank))
         self._sent_optimizers[rank] = described
         # Every worker sends it (Gluon's set_optimizer): the first one installs it; later ones
@@ -239,28 +301,9 @@ class DelayServer(KVStoreServer):
             raise ValueError(refusal)
 
     def _check_saved_optimizer(self, path, state, expected, warn):
-        """Refuse a state whose optimizer is of another type than the workers' `expected`
-        (a describe_optimizer dict, None: not checked); with `warn`, log the hyper-parameters
-        that the load will change (the saved ones take effect, as in gluon.Trainer)."""
-        if expected is None or state['updater'] is None:
-            return
-        try:
-            saved = pickle.loads(state['updater'])
-        except Exception as err:  # pylint: disable=broad-except
-            raise ValueError('%s: the saved optimizer state cannot be read (%s: %s); it may be '
-                             'truncated' % (path, type(err).__name__, err)) from None
-        saved = saved[1] if isinstance(saved, tuple) and len(saved) == 2 else None
-        if not isinstance(saved, mx.optimizer.Optimizer):
-            return  # saved without the optimizer: the current one stays
-        described = describe_optimizer(saved)
-        if type_difference(expected, described):
-            raise ValueError(
-                '%s was saved with optimizer %s, but the trainer loading it uses %s: its state '
-                '(e.g. momentum buffers) cannot drive %s. Create the trainer with the '
-                'checkpoint\'s optimizer (%r) to resume from it, or start without loading it'
-                % (path, described['type'], expected.get('type'), expected.get('type'),
-                   described['type'].lower()))
-        differences = optimizer_differences(expected, described)
+        """Refuse a state whose optimizer is of another type than the workers' `expected`;
+        with `warn`, log the hyper-parameters that the load will change."""
+        differences = agreement.saved_optimizer_differences(path, state['updater'], expected)
         if warn and differences:
             _LOG.warning('server %d: loading %s sets the optimizer\'s %s', self._server_rank,
                          path, format_differences(differences, 'the trainer', 'the checkpoint'))
@@ -275,39 +318,21 @@ class DelayServer(KVStoreServer):
         return {'lr': rounds.optimizer.learning_rate}
 
     def _on_vote(self, body):
-        ballot = int(body['ballot'])
-        self._ballots.setdefault(ballot, {})[int(body['rank'])] = body.get('error')
-        for old in [b for b in self._ballots if b < ballot - 1]:
-            del self._ballots[old]   # every worker has tallied those
-        return {'ballot': ballot}
+        return self._ballots.vote(body)
 
     def _on_tally(self, body):
-        votes = self._ballots.get(int(body['ballot']), {})
-        if len(votes) != self._num_workers:
-            raise ValueError('ballot %s has votes from workers %s only'
-                             % (body['ballot'], sorted(votes)))
-        # Every failure's message, as long as the reply has room (many workers failing alike
-        # would not fit): the rest are counted. Every worker reads the same reply.
-        room = protocol.reply_capacity(protocol.reply_len(self._num_workers)) // 2
-        errors, more = {}, 0
-        for rank, error in sorted(votes.items()):
-            if error and room > 0:
-                errors[str(rank)] = error[:_MAX_ERROR]
-                room -= len(errors[str(rank)].encode('utf-8')) + 32
-            elif error:
-                more += 1
-        return {'errors': errors, 'more': more}
+        return self._ballots.tally(body, self._num_workers)
 
     def _on_stats(self, _):
         rounds = self._rounds
+        counters = [c for c in self._chunks.ids() if self._chunks.is_counter(c)]
         return {'server': self._server_rank,
-                'chunks': {str(c): dict({'rounds': rounds.next_round.get(c, 0),
-                                         'held': len(rounds.held.get(c, {}))},
-                                        **({'skipped': rounds.skipped.get(c, 0)}
-                                           if rounds.skip_nonfinite else {}))
-                           for c in sorted(self._chunks) if c not in rounds.counters},
-                'finish_rounds': {str(c): rounds.next_round.get(c, 0)
-                                  for c in sorted(rounds.counters)}}
+                'chunks': {str(c): dict({'rounds': rounds.applied_rounds(c),
+                                         'held': rounds.held_rounds(c)},
+                                        **({'skipped': rounds.skipped_rounds(c)}
+                                           if rounds.skips_nonfinite else {}))
+                           for c in self._chunks.ids() if c not in counters},
+                'finish_rounds': {str(c): rounds.applied_rounds(c) for c in counters}}
 
     def _on_save(self, body):
         path = body['paths'][self._server_rank]
@@ -317,7 +342,7 @@ class DelayServer(KVStoreServer):
                              'barrier' % self._server_rank)
         checkpoint.write_pickle(path, checkpoint.SERVER, {
             'server': self._server_rank, 'num_workers': self._num_workers,
-            'chunks': {c: dict(info, **rounds.chunk_state(c)) for c, info in self._chunks.items()},
+            'chunks': self._chunks.saved(rounds.chunk_state),
             'updater': rounds.updater.get_states(dump_optimizer=True) if rounds.updater else None,
         })
         return {'path': path, 'chunks': len(self._chunks)}
@@ -329,15 +354,7 @@ class DelayServer(KVStoreServer):
         if state['server'] != self._server_rank:
             raise ValueError('%s holds the state of server %d, not of server %d'
                              % (path, state['server'], self._server_rank))
-        if set(state['chunks']) != set(self._chunks):
-            raise ValueError('%s holds chunks %s, this server has %s: the model differs from '
-                             'the one that was saved' % (path, sorted(state['chunks']),
-                                                         sorted(self._chunks)))
-        for chunk, saved in state['chunks'].items():
-            info = {k: saved[k] for k in ('param_index', 'name', 'lr_mult', 'wd_mult', 'size')}
-            if info != self._chunks[chunk]:
-                raise ValueError('%s: chunk %d was %r when saved, is %r now'
-                                 % (path, chunk, info, self._chunks[chunk]))
+        self._chunks.check_saved(path, state['chunks'])
         self._check_saved_optimizer(path, state, body.get('optimizer'),
                                     warn=not body.get('check_only'))
         if body.get('check_only'):
@@ -354,58 +371,12 @@ class DelayServer(KVStoreServer):
 
     # -- updater: called by the native server when a key's round is complete ---------------
     def _on_round(self, key, merged, stored):
-        # The native server frees the last push's memory once this returns and waits only on
-        # `stored`; the sum into `merged` may still be reading that memory (a held round, or
-        # the status key, never writes `stored`): finish it first.
-        merged.wait_to_read()
         try:
-            if self._layout is None:
-                # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
-                if self._stock_updater is None:
-                    merged.copyto(stored)  # MXNet's CopyFromTo, row_sparse too
-                else:
-                    self._stock_updater(key, merged, stored)
-                return
-            kind, local, slot = self._layout.decode(key)
-            if kind == 'status':
-                self._status = stored
-                ok, payload = self._hello_reply()
-                for rank in range(self._num_workers):
-                    self._reply(rank, ok, payload)
-                return
-            if local >= len(self._local_chunks):
-                raise RuntimeError('key %d is chunk %d of server %d, which registered %d chunks'
-                                   % (key, local, self._server_rank, len(self._local_chunks)))
-            chunk = self._local_chunks[local]
-            if kind == 'state':
-                self._rounds.copy_state(chunk, slot, stored)
-                return
-            if kind == 'pull':
-                # The workers' round of zeros at init (kvstore_ext.wire.push_handle_round):
-                # keep the stored array, leave its value (W_0), write W into it from now on.
-                self._rounds.pull_stores[(chunk, slot)] = stored
-                return
-            if self._layout.pull_keys and chunk not in self._rounds.counters \
-                    and (chunk, slot) not in self._rounds.pull_stores:
-                raise RuntimeError('chunk %d slot %d completed a round before its pull key '
-                                   'was set up' % (chunk, slot))
-            self._rounds.on_round(chunk, slot, merged, stored)
+            self.complete_round(key, merged, stored)
         except Exception:  # pylint: disable=broad-except
             # Raising into ctypes would only print; a wrong server must stop the job.
             _LOG.exception('server %d: updater failed on key %d; stopping', self._server_rank, key)
             os._exit(3)
-
-
-def _optimizer_mismatch(differences, first_name, second_name):
-    return ('workers disagree on the optimizer: %s. Every worker must create the same '
-            'optimizer (type and hyper-parameters): the servers apply one optimizer to the '
-            'sum of all workers\' gradients' % format_differences(
-                differences, first_name, second_name))
-
-
-def _launcher_rank(hello):
-    rank = hello.get('launcher_rank')
-    return '' if rank is None else " (mxdelay-launch's worker %s)" % rank
 
 
 def serve():

@@ -312,10 +312,11 @@ def test_held_round_writes_the_pull_key_not_the_slot():
     rounds = RoundKeeper(slots=2)
     rounds.install(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
     pulls = [nd.ones(3), nd.ones(3)]
-    rounds.pull_stores = {(4, 0): pulls[0], (4, 1): pulls[1]}
+    rounds.set_pull_store(4, 0, pulls[0])
+    rounds.set_pull_store(4, 1, pulls[1])
     slot_stored = [nd.full(3, 7.0), nd.full(3, 7.0)]
     rounds.on_round(4, 1, nd.full(3, 2.0), slot_stored[1])
-    assert rounds.held[4] and pulls[1].asnumpy().tolist() == [1.0] * 3
+    assert rounds.held_rounds(4) and pulls[1].asnumpy().tolist() == [1.0] * 3
     rounds.on_round(4, 0, nd.full(3, 1.0), slot_stored[0])
     assert pulls[0].asnumpy().tolist() == [0.5] * 3            # W_1 = 1 - 0.5 * 1
     assert pulls[1].asnumpy().tolist() == [-0.5] * 3           # W_2 = W_1 - 0.5 * 2

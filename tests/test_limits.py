@@ -26,8 +26,10 @@ import reference
 from conftest import ATOL, RTOL, SCRIPTS, assert_ok, run_job
 from mxnet import nd
 
-from kvstore_ext import protocol, sparse
+from kvstore_ext import checkpoint, protocol, sparse
 from kvstore_ext.layout import MAX_KEY, KeyLayout, Placement
+from kvstore_ext.protocol import Command
+from kvstore_ext.server import DelayServer
 
 sys.path.insert(0, SCRIPTS)
 import many_tensors_job as job  # noqa: E402  pylint: disable=wrong-import-position
@@ -171,28 +173,37 @@ def test_row_keys_of_row_sparse_chunks_stay_below_2_31():
         sparse.place_rows(huge, 'big', (2 ** 31, 1), np.float32, 'row_sparse')
 
 
-def test_server_maps_local_indexes_to_chunk_ids():
+def _hello(server, slots=2):
+    server.command(Command.HELLO, {'rank': 0, 'protocol': protocol.PROTOCOL_VERSION,
+                                   'slots': slots, 'config': {}})
+
+
+def test_server_maps_local_indexes_to_chunk_ids(monkeypatch):
     # Server 1 holds chunks 0, 2 and 4 (local 0, 1, 2): it learns the local indexes from the
     # registration order (chunk ids increase), routes each key's round to its chunk id, and
     # refuses a chunk registered out of order.
-    import types  # pylint: disable=import-outside-toplevel
-    from kvstore_ext.server import DelayServer  # pylint: disable=import-outside-toplevel
-    server = DelayServer(types.SimpleNamespace(handle=None))   # handlers only, no network
-    server._server_rank, server._num_workers = 1, 2
-    server._layout = layout = KeyLayout(2, 3)
+    monkeypatch.setenv('DMLC_NUM_SERVER', '2')
+    server = DelayServer.offline(rank=1, num_workers=2)      # commands only, no network
+    _hello(server, slots=3)
+    layout = KeyLayout(2, 3)
     body = {'rank': 0, 'chunks': [[c, [1, 0][c % 2], c, 'p%d' % c, 1.0, 1.0, 4] for c in range(5)]}
-    server._on_register(body)
-    server._on_register(dict(body, rank=1))                    # the second worker: the same
-    assert server._local_chunks == [0, 2, 4]
+    server.command(Command.REGISTER, body)
+    server.command(Command.REGISTER, dict(body, rank=1))    # the second worker: the same
+    assert sorted(server.stats()['chunks']) == ['0', '2', '4']
+
+    def held():
+        return {int(c) for c, chunk in server.stats()['chunks'].items() if chunk['held']}
     routed = []
-    server._rounds.on_round = lambda chunk, slot, merged, stored: routed.append((chunk, slot))
     for local in (2, 0, 1):
-        server._on_round(layout.slot_key(local, 1, 1), nd.zeros(1), nd.zeros(1))
+        # Slot 1 completes before slot 0: the round is held by the chunk the key routes to.
+        before = held()
+        server.complete_round(layout.slot_key(local, 1, 1), nd.zeros(1), nd.zeros(1))
+        routed.extend((chunk, 1) for chunk in held() - before)
     assert routed == [(4, 1), (0, 1), (2, 1)]
     with pytest.raises(ValueError, match=r'worker 1 registers chunk 3 after chunk 4: every '
                                          r'worker must initialise the same keys in the same '
                                          r'order'):
-        server._on_register({'rank': 1, 'chunks': [[3, 1, 9, 'late', 1.0, 1.0, 4]]})
+        server.command(Command.REGISTER, {'rank': 1, 'chunks': [[3, 1, 9, 'late', 1.0, 1.0, 4]]})
 
 
 def test_status_keys_of_1000_workers_fit_the_default_bound():
@@ -201,18 +212,24 @@ def test_status_keys_of_1000_workers_fit_the_default_bound():
 
 
 @pytest.mark.parametrize('num_workers,fits', [(2, 1300), (1000, 78)])
-def test_stats_of_too_many_chunks_is_an_error_reply(num_workers, fits):
+def test_stats_of_too_many_chunks_is_an_error_reply(tmp_path, num_workers, fits):
     # server_stats() lists every chunk (about 37 bytes each): README's limit. Past it the
     # worker gets "reply too long", never a wrong or partial answer.
-    import types  # pylint: disable=import-outside-toplevel
-    from kvstore_ext.server import DelayServer  # pylint: disable=import-outside-toplevel
-    server = DelayServer(types.SimpleNamespace(handle=None))   # handlers only, no network
-    server._server_rank, server._num_workers = 0, num_workers
     length = protocol.reply_len(num_workers)
     for chunks, ok in ((fits, True), (fits * 11 // 10, False)):
-        server._chunks = {c: {} for c in range(1000, 1000 + chunks)}
-        server._rounds.next_round = {c: 5000 for c in server._chunks}
-        got = protocol.decode_reply(protocol.encode_reply(True, server._on_stats({}), 1, length))
+        server = DelayServer.offline(rank=0, num_workers=num_workers)   # no network
+        _hello(server)
+        ids = range(1000, 1000 + chunks)
+        server.command(Command.REGISTER, {'rank': 0, 'chunks': [[c, 0, c, 'p', 1.0, 1.0, 1]
+                                                                for c in ids]})
+        # 5000 rounds applied on every chunk, as a checkpoint restores them.
+        path = str(tmp_path / ('%d.server0' % chunks))
+        checkpoint.write_pickle(path, checkpoint.SERVER, {
+            'server': 0, 'num_workers': num_workers, 'updater': None,
+            'chunks': {c: {'param_index': c, 'name': 'p', 'lr_mult': 1.0, 'wd_mult': 1.0,
+                           'size': 1, 'weight': None, 'next_round': 5000} for c in ids}})
+        server.command(Command.LOAD, {'rank': 0, 'paths': [path]})
+        got = protocol.decode_reply(protocol.encode_reply(True, server.stats(), 1, length))
         assert got[0] is ok, (chunks, got[1] if not ok else len(got[1]['chunks']))
         if not ok:
             assert 'is too long for the status key' in got[1]

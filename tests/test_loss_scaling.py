@@ -16,7 +16,7 @@ SHAPE = (5,)
 def _keeper(skip):
     keeper = RoundKeeper(slots=2)
     keeper.install(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.01))
-    keeper.skip_nonfinite = skip
+    keeper.set_skip_nonfinite(skip)
     return keeper
 
 
@@ -34,15 +34,15 @@ def test_round_keeper_skips_a_non_finite_round_entirely():
     keeper = _keeper(skip=True)
     stored = [nd.array(init), nd.array(init)]
     _round(keeper, 0, grads[0], stored)
-    after0 = keeper.weights[0].asnumpy()
+    after0 = keeper.weight(0).asnumpy()
     momentum0 = keeper.updater.states[0].asnumpy()
     _round(keeper, 1, bad, stored)
     # Weights, momentum and update count unchanged; the round counts; pulls of its slot
     # return the unchanged weights.
-    np.testing.assert_array_equal(keeper.weights[0].asnumpy(), after0)
+    np.testing.assert_array_equal(keeper.weight(0).asnumpy(), after0)
     np.testing.assert_array_equal(keeper.updater.states[0].asnumpy(), momentum0)
     assert keeper.optimizer._index_update_count[0] == 1
-    assert keeper.next_round[0] == 2 and keeper.skipped == {0: 1}
+    assert keeper.applied_rounds(0) == 2 and keeper.skipped_rounds(0) == 1
     np.testing.assert_array_equal(stored[1].asnumpy(), after0)
     _round(keeper, 2, grads[2], stored)
     # = an updater that never saw round 1, bit for bit.
@@ -50,15 +50,15 @@ def test_round_keeper_skips_a_non_finite_round_entirely():
     plain_stored = [nd.array(init), nd.array(init)]
     _round(plain, 0, grads[0], plain_stored)
     _round(plain, 1, grads[2], plain_stored)
-    np.testing.assert_array_equal(keeper.weights[0].asnumpy(), plain.weights[0].asnumpy())
+    np.testing.assert_array_equal(keeper.weight(0).asnumpy(), plain.weight(0).asnumpy())
 
 
 def test_round_keeper_without_amp_applies_a_non_finite_round_as_stock():
     keeper = _keeper(skip=False)
     stored = [nd.zeros(SHAPE), nd.zeros(SHAPE)]
     _round(keeper, 0, np.full(SHAPE, np.inf, np.float32), stored)
-    assert not np.isfinite(keeper.weights[0].asnumpy()).any()
-    assert keeper.skipped == {}
+    assert not np.isfinite(keeper.weight(0).asnumpy()).any()
+    assert keeper.skipped_rounds(0) == 0
 
 
 def test_counter_keeps_vote_sums_and_a_ring_of_marks():

@@ -8,8 +8,8 @@ What is tested:
    parameters, an optimizer's own hyper-parameters) and nothing else (update counters); the
    same dict after pickling (what the server sees) and after JSON (what the reply carries);
    ``optimizer_differences`` names each differing field once.
-2. mxdelay's server in this process (``DelayServer`` on a stand-in kvstore; its command
-   handlers need no network): an OPTIMIZER from a worker whose optimizer differs from
+2. mxdelay's server in this process (``DelayServer.offline``: its commands through
+   ``command``, its rounds through ``complete_round``, no network): an OPTIMIZER from a worker whose optimizer differs from
    another worker's is refused naming both values; the same one is accepted and the reply
    describes the installed optimizer; the hand-shake refuses workers whose optimizers
    differ; a LOAD whose saved optimizer has another type than the trainer's is refused in
@@ -31,7 +31,6 @@ import os
 import pickle
 import re
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -43,6 +42,7 @@ from conftest import PidFile, assert_ok, run_job, started_store
 from kvstore_ext import protocol
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.optimizers import describe_optimizer, optimizer_differences
+from kvstore_ext.protocol import Command
 from kvstore_ext.server import DelayServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -119,9 +119,12 @@ def test_another_type_is_one_difference():
 # -- 2. the server ----------------------------------------------------------------------------
 
 def make_server(num_workers=2):
-    server = DelayServer(types.SimpleNamespace(handle=None))   # no network: handlers only
-    server._server_rank, server._num_workers = 0, num_workers
-    return server
+    return DelayServer.offline(rank=0, num_workers=num_workers)
+
+
+def hello(server, rank, config, **fields):
+    server.command(Command.HELLO, dict({'rank': rank, 'protocol': protocol.PROTOCOL_VERSION,
+                                       'slots': 2, 'config': config}, **fields))
 
 
 def optimizer_command(rank, optimizer):
@@ -130,16 +133,16 @@ def optimizer_command(rank, optimizer):
 
 def test_server_refuses_a_second_workers_different_optimizer():
     server = make_server()
-    reply = server._on_optimizer(optimizer_command(0, sgd()))
+    reply = server.command(Command.OPTIMIZER, optimizer_command(0, sgd()))
     assert reply == {'optimizer': describe_optimizer(sgd())}
     with pytest.raises(ValueError, match=r"workers disagree on the optimizer: momentum: "
                                          r"worker 0 has 0\.9, worker 1 has 0\.5\. Every worker "
                                          r"must create the same optimizer"):
-        server._on_optimizer(optimizer_command(1, sgd(momentum=0.5)))
-    assert server._rounds.optimizer.momentum == 0.9          # the refused one was not installed
+        server.command(Command.OPTIMIZER, optimizer_command(1, sgd(momentum=0.5)))
+    assert server.optimizer.momentum == 0.9          # the refused one was not installed
     with pytest.raises(ValueError, match=r"type: worker 0 has 'SGD', worker 1 has 'NAG'"):
-        server._on_optimizer(optimizer_command(1, mx.optimizer.create('nag', **SGD)))
-    assert server._on_optimizer(optimizer_command(1, sgd())) == reply
+        server.command(Command.OPTIMIZER, optimizer_command(1, mx.optimizer.create('nag', **SGD)))
+    assert server.command(Command.OPTIMIZER, optimizer_command(1, sgd())) == reply
 
 
 def test_every_installed_optimizer_applies_the_jobs_rescale_grad():
@@ -148,61 +151,60 @@ def test_every_installed_optimizer_applies_the_jobs_rescale_grad():
     # accepted, and installing it keeps 1/6: the arrival order must not decide the update.
     server = make_server()
     for rank, optimizer in enumerate([sgd(rescale_grad=1 / 6.), sgd()]):
-        server._hellos[rank] = {'rank': rank,
-                                'config': {'optimizer': describe_optimizer(optimizer)}}
-    ok, payload = server._hello_reply()
+        hello(server, rank, {'optimizer': describe_optimizer(optimizer)})
+    ok, payload = server.handshake_reply()
     assert ok and payload['rescale_grad'] == 1 / 6.
-    server._on_optimizer(optimizer_command(0, sgd(rescale_grad=1 / 6.)))
-    reply = server._on_optimizer(optimizer_command(1, sgd()))
-    assert server._rounds.optimizer.rescale_grad == 1 / 6.
+    server.command(Command.OPTIMIZER, optimizer_command(0, sgd(rescale_grad=1 / 6.)))
+    reply = server.command(Command.OPTIMIZER, optimizer_command(1, sgd()))
+    assert server.optimizer.rescale_grad == 1 / 6.
     assert reply['optimizer'] == describe_optimizer(sgd(rescale_grad=1 / 6.))
     with pytest.raises(ValueError, match=r"momentum: worker 0 has 0\.9, worker 1 has 0\.5\."):
-        server._on_optimizer(optimizer_command(1, sgd(momentum=0.5, rescale_grad=1 / 6.)))
+        server.command(Command.OPTIMIZER, optimizer_command(1, sgd(momentum=0.5, rescale_grad=1 / 6.)))
 
 
 def test_server_lets_a_worker_replace_its_own_optimizer_before_training():
     server = make_server(num_workers=1)
-    server._on_optimizer(optimizer_command(0, sgd()))
-    reply = server._on_optimizer(optimizer_command(0, sgd(learning_rate=0.5)))
+    server.command(Command.OPTIMIZER, optimizer_command(0, sgd()))
+    reply = server.command(Command.OPTIMIZER, optimizer_command(0, sgd(learning_rate=0.5)))
     assert reply['optimizer']['learning_rate'] == 0.5
 
 
 def test_hand_shake_refuses_workers_with_different_optimizers():
     server = make_server()
     for rank, optimizer in enumerate([sgd(), sgd(momentum=0.5)]):
-        server._hellos[rank] = {'rank': rank, 'launcher_rank': str(1 - rank),
-                                'config': {'delay': 2, 'optimizer': describe_optimizer(optimizer)}}
-    ok, message = server._hello_reply()
+        hello(server, rank, {'delay': 2, 'optimizer': describe_optimizer(optimizer)},
+              launcher_rank=str(1 - rank))
+    ok, message = server.handshake_reply()
     assert not ok
     assert re.search(r"workers disagree on the optimizer: momentum: worker 0 \(mxdelay-launch's "
                      r"worker 1\) has 0\.9, worker 1 \(mxdelay-launch's worker 0\) has 0\.5",
                      message), message
-    server._hellos[1]['config']['optimizer'] = describe_optimizer(sgd())
-    assert server._hello_reply()[0]
+    hello(server, 1, {'delay': 2, 'optimizer': describe_optimizer(sgd())}, launcher_rank='0')
+    assert server.handshake_reply()[0]
     # A worker that has not stepped yet (trainer.join() first) still has rescale_grad 1.0.
-    server._hellos[1]['config']['optimizer'] = describe_optimizer(sgd(rescale_grad=1 / 6.))
-    assert server._hello_reply()[0]
+    hello(server, 1, {'delay': 2, 'optimizer': describe_optimizer(sgd(rescale_grad=1 / 6.))},
+          launcher_rank='0')
+    assert server.handshake_reply()[0]
 
 
 def saved_server_state(tmp_path, optimizer):
     """A server (one chunk, one round applied with `optimizer`) and the state file it saved."""
     server = make_server(num_workers=1)
-    server._layout = KeyLayout(1, 2)
-    server._rounds.slots = 2
-    server._on_register({'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 3]]})
-    server._on_optimizer(optimizer_command(0, optimizer))
-    server._rounds.weights[0] = mx.nd.array([1.0, 2.0, 3.0])
-    server._rounds.next_round[0] = 0
-    server._rounds._apply(0, mx.nd.array([0.5, 0.5, 0.5]), mx.nd.zeros(3))
+    hello(server, 0, {})                                       # 1 server, 2 slots
+    server.command(Command.REGISTER, {'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 3]]})
+    server.command(Command.OPTIMIZER, optimizer_command(0, optimizer))
+    server.complete_round(KeyLayout(1, 2).slot_key(0, 0, 0), mx.nd.array([0.5, 0.5, 0.5]),
+                          mx.nd.array([1.0, 2.0, 3.0]))    # round 0 from W_0 = [1, 2, 3]
     path = str(tmp_path / 'state.server0')
-    server._on_save({'paths': [path]})
+    server.command(Command.SAVE, {'paths': [path]})
     return server, path
 
 
 def server_snapshot(server):
-    return (server._rounds.optimizer, server._rounds.updater, dict(server._rounds.next_round),
-            {c: w.asnumpy().copy() for c, w in server._rounds.weights.items()},
-            {c: s.asnumpy().copy() for c, s in server._rounds.updater.states.items()})
+    chunks = [int(c) for c in server.stats()['chunks']]
+    return (server.optimizer, server.updater, {c: server.applied_rounds(c) for c in chunks},
+            {c: server.weight(c).asnumpy().copy() for c in chunks},
+            {c: s.asnumpy().copy() for c, s in server.updater.states.items()})
 
 
 def test_load_check_refuses_a_checkpoint_of_another_optimizer_type_and_changes_nothing(tmp_path):
@@ -211,11 +213,11 @@ def test_load_check_refuses_a_checkpoint_of_another_optimizer_type_and_changes_n
     server, _ = saved_server_state(tmp_path / 'other', mx.optimizer.create('nag', **SGD))
     before = server_snapshot(server)
     body = {'rank': 0, 'paths': [path], 'check_only': True,
-            'optimizer': describe_optimizer(server._rounds.optimizer)}
+            'optimizer': describe_optimizer(server.optimizer)}
     with pytest.raises(ValueError, match=r"%s was saved with optimizer SGD, but the trainer "
                                          r"loading it uses NAG.*Create the trainer with the "
                                          r"checkpoint's optimizer \('sgd'\)" % re.escape(path)):
-        server._on_load(body)
+        server.command(Command.LOAD, body)
     after = server_snapshot(server)
     assert after[0] is before[0] and after[1] is before[1] and after[2] == before[2]
     for a, b in zip(after[3:], before[3:]):
@@ -229,9 +231,9 @@ def test_load_check_accepts_the_same_optimizer_type(tmp_path):
     (tmp_path / 'other').mkdir()
     server, _ = saved_server_state(tmp_path / 'other', sgd(learning_rate=0.5))
     body = {'rank': 0, 'paths': [path], 'check_only': True,
-            'optimizer': describe_optimizer(server._rounds.optimizer)}
-    assert server._on_load(body) == {'path': path, 'valid': True}
-    assert server._rounds.optimizer.lr == 0.5                 # check only: nothing replaced yet
+            'optimizer': describe_optimizer(server.optimizer)}
+    assert server.command(Command.LOAD, body) == {'path': path, 'valid': True}
+    assert server.optimizer.lr == 0.5                 # check only: nothing replaced yet
 
 
 # -- 3. the worker ----------------------------------------------------------------------------

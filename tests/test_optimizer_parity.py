@@ -21,7 +21,7 @@ sums are the same (2 workers: a sum of two is the same in either order), and so 
 LARS are over the same contiguous elements as long as a tensor is one chunk (the servers
 refuse a split tensor for them: test_whole_tensor_optimizer_split_into_chunks_is_refused).
 The exception is plain SGD, which mxdelay's server runs through its own single-kernel path
-(kvstore_ext.rounds.sgd_step), pinned bit-equal too.
+(kvstore_ext.appliers.PlainSGD), pinned bit-equal too.
 
 Nadam: its ``m_schedule`` is one number for the whole optimizer, multiplied once per update
 call, i.e. once per key per round on a server, in the order keys complete. A local
@@ -35,7 +35,6 @@ gets the k-th factor varies from run to run. Two stock ``dist_sync`` jobs alread
 import json
 import os
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -44,6 +43,7 @@ import mxnet as mx
 from conftest import SCRIPTS, run_job, run_mlp_job, run_stock_job, stock_env
 from kvstore_ext import protocol
 from kvstore_ext.optimizers import whole_tensor_name
+from kvstore_ext.protocol import Command
 from kvstore_ext.server import DelayServer
 from scripts import mlp_model
 
@@ -145,11 +145,15 @@ def test_whole_tensor_optimizers_are_recognised_by_class(optimizer, expected):
     assert whole_tensor_name(optimizer) == expected
 
 
-def _server(chunk_size):
-    server = DelayServer(types.SimpleNamespace(handle=None))   # no network: handlers only
-    server._server_rank, server._num_workers = 0, 2
-    server._hellos[0] = {'rank': 0, 'config': {'chunk_size': chunk_size}}
+def _server(chunk_size, rank=0):
+    server = DelayServer.offline(rank=rank, num_workers=2)   # no network: commands only
+    server.command(Command.HELLO, {'rank': 0, 'protocol': protocol.PROTOCOL_VERSION, 'slots': 2,
+                                   'config': {'chunk_size': chunk_size}})
     return server
+
+
+def _optimizer(optimizer):
+    return {'rank': 0, 'optimizer': protocol.pack_object(optimizer)}
 
 
 def _chunks():
@@ -173,26 +177,27 @@ REFUSAL = (r"MyLamb \(a LAMB\): its trust ratio is computed from the norms of th
 def test_server_refuses_registering_a_split_tensor_for_lamb(server_rank):
     # Gluon's order: the optimizer arrives at the hand-shake, then the parameters. Server 1,
     # which holds only one chunk of 'w', refuses too: every server hears every chunk.
-    server = _server(64)
-    server._server_rank = server_rank
-    server._on_optimizer({'rank': 0, 'optimizer': protocol.pack_object(MyLamb())})
+    server = _server(64, server_rank)
+    server.command(Command.OPTIMIZER, _optimizer(MyLamb()))
     with pytest.raises(ValueError, match=REFUSAL):
-        server._on_register(_chunks())
-    assert server._chunks == {} and server._tensors == {}   # nothing of it was kept
+        server.command(Command.REGISTER, _chunks())
+    # Nothing of it was kept: no chunk, and no tensor (LAMB would now be refused for 'w').
+    assert server.stats()['chunks'] == {} and server.stats()['finish_rounds'] == {}
+    assert server.command(Command.OPTIMIZER, _optimizer(MyLamb()))['optimizer']['type'] == 'MyLamb'
 
 
 def test_server_refuses_lamb_set_after_a_split_tensor_was_registered():
     # A bare store: init first, set_optimizer later.
     server = _server(64)
-    assert server._on_register(_chunks()) == {'chunks': 3}   # server 0's
+    assert server.command(Command.REGISTER, _chunks()) == {'chunks': 3}   # server 0's
     with pytest.raises(ValueError, match=REFUSAL):
-        server._on_optimizer({'rank': 0, 'optimizer': protocol.pack_object(MyLamb())})
-    assert server._rounds.optimizer is None
+        server.command(Command.OPTIMIZER, _optimizer(MyLamb()))
+    assert server.optimizer is None
     # Elementwise optimizers, and LAMB on unsplit tensors, are accepted.
-    server._on_optimizer({'rank': 0, 'optimizer': protocol.pack_object(mx.optimizer.Adam())})
+    server.command(Command.OPTIMIZER, _optimizer(mx.optimizer.Adam()))
     unsplit = _server(128)
-    unsplit._on_optimizer({'rank': 0, 'optimizer': protocol.pack_object(MyLamb())})
-    assert unsplit._on_register({'rank': 0, 'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 100]]})
+    unsplit.command(Command.OPTIMIZER, _optimizer(MyLamb()))
+    assert unsplit.command(Command.REGISTER, {'rank': 0, 'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 100]]})
 
 
 @pytest.mark.jobs

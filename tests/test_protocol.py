@@ -14,7 +14,6 @@ Tolerance: none; everything is exact (replies carry bytes as float32 values 0..2
 """
 import json
 import pickle
-import types
 
 import numpy as np
 import pytest
@@ -333,11 +332,11 @@ def test_too_many_workers_for_the_bound_names_the_fix():
 def test_a_tally_of_many_long_errors_fits_its_reply():
     # 500 workers fail alike with long messages: the tally lists as many as fit and counts
     # the rest; the reply decodes (an over-long one would turn into an error reply).
-    server = DelayServer(types.SimpleNamespace(handle=None))   # handlers only, no network
-    server._server_rank, server._num_workers = 0, 500
+    server = DelayServer.offline(rank=0, num_workers=500)     # commands only, no network
     for rank in range(500):
-        server._on_vote({'rank': rank, 'ballot': 1, 'error': 'broken file %d ' % rank + 'x' * 900})
-    tally = server._on_tally({'rank': 0, 'ballot': 1})
+        server.command(Command.VOTE, {'rank': rank, 'ballot': 1,
+                                      'error': 'broken file %d ' % rank + 'x' * 900})
+    tally = server.command(Command.TALLY, {'rank': 0, 'ballot': 1})
     length = protocol.reply_len(500)
     ok, payload, _ = decode_reply(encode_reply(True, tally, 3, length))
     assert ok and payload == tally

@@ -1,0 +1,248 @@
+"""What a server does with one chunk's completed round: one applier object per chunk.
+
+An applier writes ``W_{t+1}`` into the round's stored value from ``W_t`` and the round's
+summed gradient (docs/design.md §3.2). :func:`choose` picks a chunk's applier once, when
+what decides it arrives: the chunk's kind (the finish counter at ``REGISTER``; dense or
+row_sparse with its first round or at ``LOAD``), the optimizer (installed, replaced or
+loaded), AMP (the hand-shake) and the chunk's codec settings (``REGISTER``). The round
+keeper calls ``applier.apply(chunk, grad, weight, stored)`` and never asks again.
+
+============================  ===========================================================
+applier                       used for
+============================  ===========================================================
+:class:`StoreCounter`         the finish counter (docs/design.md §5)
+:class:`CopySum`              a dense chunk without optimizer: the round's sum
+:class:`CopyAllRows`          a row_sparse chunk without optimizer (§2.10)
+:class:`PlainSGD`             a dense chunk under plain SGD: the single-tensor kernels (§3.4)
+:class:`OptimizerStep`        every other chunk: MXNet's updater (lazy for row_sparse, §2.10)
+:class:`ScaleSum`             decorator: the sum times the codec's ``sum_scale``
+:class:`SkipNonFinite`        decorator under AMP: an overflowed round is skipped (§11)
+============================  ===========================================================
+"""
+import math
+
+import mxnet as mx
+
+from . import sparse
+
+__all__ = ['Applier', 'StoreCounter', 'CopySum', 'CopyAllRows', 'PlainSGD', 'OptimizerStep',
+           'ScaleSum', 'SkipNonFinite', 'COUNTER', 'CODEC_SETTINGS', 'check_codec', 'choose',
+           'is_plain_sgd', 'sgd_step', 'store_counter']
+
+#: The kind of the finish counter's chunks; the others are their storage type.
+COUNTER = 'counter'
+
+
+class Applier(object):
+    """Writes one chunk's next weights from its round.
+
+    ``weight`` (``W_t``) is the stored value of the previous round's slot, which the workers
+    may still pull: an applier only reads it. ``W_{t+1}`` goes into ``stored``, which then
+    becomes ``W`` (no copy of ``W`` per round where the kernels take ``out=``, §3.5).
+    """
+
+    def apply(self, chunk, grad, weight, stored):
+        """Write the weights after the round with summed gradient `grad` into `stored`."""
+        raise NotImplementedError
+
+
+class StoreCounter(Applier):
+    """The finish counter: keeps the round's sums and its ring of overflow marks."""
+
+    def apply(self, chunk, grad, weight, stored):
+        store_counter(grad, weight, stored)
+
+
+class CopySum(Applier):
+    """No optimizer, dense: the round's sum, as MXNet's server without optimizer."""
+
+    def apply(self, chunk, grad, weight, stored):
+        grad.copyto(stored)
+
+
+class CopyAllRows(Applier):
+    """No optimizer, row_sparse: the sum in every row, since a pull may ask for any row."""
+
+    def apply(self, chunk, grad, weight, stored):
+        sparse.copy_all_rows(grad, stored)
+
+
+class PlainSGD(Applier):
+    """Plain SGD on a dense chunk through the kernels ``optimizer.SGD`` ends in
+    (:func:`sgd_step`), writing straight into `stored`."""
+
+    def __init__(self, updater):
+        self._updater = updater
+
+    def apply(self, chunk, grad, weight, stored):
+        sgd_step(self._updater.optimizer, self._updater, chunk, grad, weight, out=stored)
+
+
+class OptimizerStep(Applier):
+    """MXNet's updater, which updates in place: ``W_t`` is copied into `stored` first.
+
+    It gets the arrays MXNet's own server gives it: the round's sum and the stored value of
+    the key's type, so a row_sparse chunk gets a full-row ``RowSparseNDArray`` weight (and
+    MXNet's lazy update) with a row_sparse sum.
+    """
+
+    def __init__(self, updater):
+        self._updater = updater
+
+    def apply(self, chunk, grad, weight, stored):
+        _copy(weight, stored)
+        self._updater(chunk, grad, stored)
+
+
+class ScaleSum(Applier):
+    """Decorator: `inner` gets the round's sum times `scale` (in the sum's dtype)."""
+
+    def __init__(self, inner, scale):
+        self._inner, self._scale = inner, scale
+
+    def apply(self, chunk, grad, weight, stored):
+        self._inner.apply(chunk, mx.nd._internal._mul_scalar(grad, scalar=self._scale),  # pylint: disable=protected-access
+                          weight, stored)
+
+
+class SkipNonFinite(Applier):
+    """Decorator under AMP: a round whose sum is not finite is skipped (docs/design.md §11).
+
+    A worker whose gradients were not all finite pushed them divided by 0, so every element of
+    every chunk's sum is inf or nan, and one element decides. Weights, optimizer state and
+    update count stay, as ``gluon.Trainer`` skips the step; the round still counts as a
+    round, and `count(chunk)` is called.
+    """
+
+    def __init__(self, inner, count):
+        self._inner, self._count = inner, count
+
+    def apply(self, chunk, grad, weight, stored):
+        if math.isfinite(grad.reshape((-1,))[0:1].asnumpy()[0]):
+            self._inner.apply(chunk, grad, weight, stored)
+        else:
+            self._count(chunk)
+            _copy(weight, stored)
+
+
+def _positive_finite(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
+
+
+#: The codec settings a chunk's ``REGISTER`` entry may carry: name -> (whether a value is
+#: valid, what a valid value is, the decorator that applies it).
+CODEC_SETTINGS = {
+    'sum_scale': (_positive_finite, 'a finite number above 0', ScaleSum),
+}
+
+
+def check_codec(chunk, codec):
+    """Return `chunk`'s codec settings `codec` (a dict, see :data:`CODEC_SETTINGS`).
+
+    Raises
+    ------
+    ValueError
+        For anything but a dict of known settings with valid values; the message names the
+        chunk, the setting and its value.
+    """
+    if not isinstance(codec, dict):
+        raise ValueError('chunk %s: codec settings must be a dict, got %r' % (chunk, codec))
+    for name, value in sorted(codec.items()):
+        if name not in CODEC_SETTINGS:
+            raise ValueError('chunk %s: unknown codec setting %r=%r; known: %s: install the '
+                             'same mxdelay version on workers and servers'
+                             % (chunk, name, value, ', '.join(sorted(CODEC_SETTINGS))))
+        valid, what, _ = CODEC_SETTINGS[name]
+        if not valid(value):
+            raise ValueError('chunk %s: codec setting %s=%r is not %s' % (chunk, name, value,
+                                                                          what))
+    return codec
+
+
+def choose(kind, updater, codec, skip_nonfinite, count_skip):
+    """Return the applier of a chunk.
+
+    Parameters
+    ----------
+    kind : str
+        :data:`COUNTER`, ``'default'`` or ``'row_sparse'``.
+    updater : mx.optimizer.Updater or None
+        The installed optimizer's updater; None: no optimizer.
+    codec : dict
+        The chunk's codec settings (:func:`check_codec`); the finish counter takes none.
+    skip_nonfinite : bool
+        AMP: skip overflowed rounds (not the finish counter's, which mark them).
+    count_skip : callable
+        ``count_skip(chunk)`` for each skipped round.
+    """
+    if kind == COUNTER:
+        return StoreCounter()
+    if updater is None:
+        applier = CopySum() if kind == 'default' else CopyAllRows()
+    elif kind == 'default' and is_plain_sgd(updater.optimizer):
+        applier = PlainSGD(updater)
+    else:
+        applier = OptimizerStep(updater)
+    for name, value in sorted(codec.items()):
+        applier = CODEC_SETTINGS[name][2](applier, value)
+    return SkipNonFinite(applier, count_skip) if skip_nonfinite else applier
+
+
+def _copy(source, target):
+    # copyto, not `a[:] = b`: the same copy without Python's indexing machinery (a third of
+    # the updater time, py-spy).
+    if source is not target:
+        source.copyto(target)
+
+
+def is_plain_sgd(optimizer):
+    """Whether `optimizer` is exactly ``mx.optimizer.SGD`` without multi-precision (the
+    server then applies it with the single-tensor kernels)."""
+    return type(optimizer) is mx.optimizer.SGD and not optimizer.multi_precision  # noqa: E721
+
+
+def store_counter(total, counter, out=None):
+    """Store round sum `total` of the finish counter, whose value was `counter` (numpy-sized),
+    into `out` (default: `counter`).
+
+    Elements 0 and 1 take the round's sums (the finish votes, docs/design.md §5). The rest
+    is a ring of the last R rounds' overflow marks (docs/design.md §11): in round t every
+    worker pushes 1, plus 1 if its gradients overflowed, at element ``2 + t mod R`` and 0
+    elsewhere, so the element that is not 0 is round t's and the others keep older rounds.
+    """
+    values = total.asnumpy()
+    ring = counter.asnumpy()
+    marked = values != 0
+    marked[:2] = True
+    ring[marked] = values[marked]
+    mx.nd.array(ring, dtype=ring.dtype).copyto(counter if out is None else out)
+
+
+def sgd_step(optimizer, updater, index, grad, weight, out=None):
+    """Apply plain SGD (with or without momentum) to one tensor, as ``optimizer.SGD`` does,
+    writing the new weights into `out` (default: `weight`, in place).
+
+    ``optimizer.SGD`` goes through Python code made for lists of tensors; this calls the
+    kernels it ends in directly, with the same arithmetic, so that a round gives the same
+    bits as MXNet's server (tested against a stock job): ``sgd_mom_update`` with momentum
+    (identical to ``multi_sgd_mom_update`` for one tensor), and ``multi_sgd_update`` without
+    (``sgd_update`` rounds ``(1 - lr*wd)*w - lr*g`` differently from its ``w - (lr*wd*w +
+    lr*g)``). The state lives in `updater`, so that saving and loading it is unchanged.
+    """
+    if index not in updater.states:
+        updater.states[index] = optimizer.create_state(index, weight)
+        updater.states_synced[index] = True
+    optimizer._update_count(index)  # pylint: disable=protected-access
+    kwargs = {'lr': optimizer._get_lr(index), 'wd': optimizer._get_wd(index),  # pylint: disable=protected-access
+              'rescale_grad': optimizer.rescale_grad}
+    if optimizer.clip_gradient:
+        kwargs['clip_gradient'] = optimizer.clip_gradient
+    momentum = updater.states[index]
+    out = weight if out is None else out
+    if momentum is not None:
+        mx.nd.sgd_mom_update(weight, grad, momentum, out=out, momentum=optimizer.momentum,
+                             **kwargs)
+    else:
+        mx.nd.multi_sgd_update(weight, grad, out=out, num_weights=1,
+                               lrs=(kwargs.pop('lr'),), wds=(kwargs.pop('wd'),), **kwargs)
