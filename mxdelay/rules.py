@@ -202,11 +202,14 @@ class LocalSGDRule(LocalRule):
         return 'LocalSGDRule(dc_lambda=%g, adaptive=%s)' % (self.dc_lambda, self.adaptive)
 
 
-#: Optimizers the mirror runs locally (and their subclasses): their step is elementwise,
-#: with state shaped like the weight, so that a chunk's state on a server is the same
-#: elements of the whole tensor's state, and a local instance continues it exactly.
+#: Optimizers the mirror runs locally (and their subclasses): their state is elementwise,
+#: shaped like the weight, so that a chunk's state on a server is the same elements of the
+#: whole tensor's state, and a local instance continues it exactly. LAMB and LARS also
+#: read norms of the whole tensor: the servers keep such tensors whole (one chunk;
+#: a tensor that would span several is refused when it is registered, docs/design.md §3.4),
+#: so the local copy, which holds the whole tensor, computes the same norms.
 MIRRORED = ('SGD', 'NAG', 'Adam', 'RMSProp', 'AdaGrad', 'AdaDelta', 'Ftrl', 'Signum', 'Adamax',
-            'FTML')
+            'FTML', 'LAMB', 'LARS')
 
 #: Optimizers the mirror runs with row_sparse gradients (and their subclasses): those with
 #: MXNet's lazy update, whose kernels on the servers' full-row weights and on the worker's
@@ -215,11 +218,9 @@ SPARSE_MIRRORED = ('SGD', 'Adam')
 
 #: Optimizers refused by name, with why and what to use instead.
 _NOT_MIRRORED = {
-    'LAMB': 'its trust ratio depends on the norm of the whole tensor, but the servers '
-            'compute it per chunk of MXDELAY_CHUNK_SIZE elements',
-    'LARS': 'its trust ratio depends on the norm of the whole tensor, but the servers '
-            'compute it per chunk of MXDELAY_CHUNK_SIZE elements',
-    'LBSGD': 'its step depends on norms of the whole tensor and on its own warm-up schedule',
+    'LBSGD': 'its learning rate is read before its update is counted (one round behind the '
+             'schedule of every other optimizer) and its warm-up keeps its own counters per '
+             'tensor',
     'Nadam': "its m_schedule is one value for the whole optimizer, which a server advances "
              "once per chunk per round (stock MXNet's servers differ from gluon.Trainer too); "
              "use optimizer='adam' or 'nag'",
@@ -262,9 +263,10 @@ class MirrorRule(LocalRule):
     step (no state is fetched): ``v := mu*v - lr*(N*g_dc + wd*w')``, ``w' := w' + v``.
 
     Accepted: SGD, NAG, Adam, RMSProp (centered too), AdaGrad, AdaDelta, Ftrl, Signum,
-    Adamax, FTML and their subclasses, as long as their state is elementwise (arrays shaped
-    like the weight). Refused by :meth:`check_optimizer`: LAMB, LARS, LBSGD, Nadam, DCASGD,
-    SGLD and anything else (see docs/design.md §1.4).
+    Adamax, FTML, LAMB, LARS (``momentum_correction=False``) and their subclasses, as long as
+    their state is elementwise (arrays shaped like the weight). Refused by
+    :meth:`check_optimizer`: LBSGD, Nadam, DCASGD, SGLD and anything else (see
+    docs/design.md §1.4).
     """
 
     def __init__(self, dc_lambda=0.0):
@@ -289,6 +291,14 @@ class MirrorRule(LocalRule):
                 "'sgd' (the literal local SGD step, which reads only the optimizer's learning "
                 "rate and wd), or gluon.Trainer on kvstore='dist_delay' (synchronous, any "
                 'optimizer)' % (name, why, ', '.join(MIRRORED)))
+        if 'LARS' in mro and optimizer.momentum_correction and optimizer.momentum:
+            raise ValueError(
+                "local_rule='mirror' cannot mirror %s with momentum_correction=True: the "
+                'correction scales the momentum by the ratio of the learning rates of two '
+                'successive calls, which the servers make per chunk and the local copy per '
+                "Parameter (with lr_mult and wd_mult folded in), so the two drift apart. Pass "
+                "momentum_correction=False, or use local_rule='sgd' (the literal local SGD "
+                "step), or gluon.Trainer on kvstore='dist_delay'" % name)
         probe = mx.nd.zeros((2, 3))
         try:
             arrays = flatten_state(optimizer.create_state(0, probe))
@@ -368,7 +378,13 @@ class MirrorRule(LocalRule):
         count = local.begin_num_update + ctx.step
         local._index_update_count[ctx.index] = count  # pylint: disable=protected-access
         local.num_update = count
-        local.update_multi_precision(ctx.index, weight, g, state)
+        if local.aggregate_num > 0:
+            # As the servers' mx.optimizer.Updater calls an aggregating optimizer: with lists,
+            # which take its multi-tensor kernels (LAMB's multi_lamb_update rounds its norms
+            # differently from lamb_update_phase1/2).
+            local.update_multi_precision([ctx.index], [weight], [g], [state])
+        else:
+            local.update_multi_precision(ctx.index, weight, g, state)
 
 
 class DriftCorrected(LocalRule):
