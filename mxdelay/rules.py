@@ -18,6 +18,9 @@ Every built-in rule uses the delay-compensated gradient of DC-ASGD,
   ``w' := w' - lr*(g_dc + wd*w')`` with lam 0 and 0.04.
 - ``'dc_adaptive'``: ``'dc'`` with lam scaled by ``1/sqrt(MS)``,
   ``MS := m*MS + (1-m)*g*g + 1e-7``.
+- ``'drift'`` (:class:`DriftCorrected` around ``'mirror'``): the mirror plus a per-step
+  correction learnt at each pull, the difference between the global change and the rule's
+  own change over the last period, divided by k (no bytes on the wire).
 
 A row_sparse g (a Parameter with ``grad_stype='row_sparse'``) is a lazy update, as MXNet's
 optimizers make it (docs/design.md §1.4): the built-in rules change only the rows g holds,
@@ -33,16 +36,19 @@ from mxnet import nd
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
 from kvstore_ext.optimizers import flatten_state
 
-__all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'RuleContext', 'create_rule',
-           'BUILTIN_RULES']
+__all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'DriftCorrected', 'RuleContext',
+           'create_rule', 'BUILTIN_RULES']
 
 #: Hyper-parameters of one call: local lr and wd (with the Parameter's multipliers), the
 #: optimizer's momentum and clip_gradient, rescale_grad (1/batch size), N workers, the
 #: trainer's index of the Parameter and the step (= round) t, less the rounds the servers
 #: skipped for an AMP overflow as far as this worker knows (docs/design.md §11).
+#: ``pulled``: step 1 applied a pull at this step (the weights are ``W_t``); ``issues_pull``:
+#: this step issues a pull; ``delay``: k, the local steps between two applied pulls.
 RuleContext = collections.namedtuple(
     'RuleContext', ['lr', 'wd', 'momentum', 'clip_gradient', 'rescale_grad', 'num_workers',
-                    'index', 'step'], defaults=(None, None))
+                    'index', 'step', 'pulled', 'issues_pull', 'delay'],
+    defaults=(None, None, False, False, None))
 
 
 class LocalRule(object):
@@ -196,11 +202,14 @@ class LocalSGDRule(LocalRule):
         return 'LocalSGDRule(dc_lambda=%g, adaptive=%s)' % (self.dc_lambda, self.adaptive)
 
 
-#: Optimizers the mirror runs locally (and their subclasses): their step is elementwise,
-#: with state shaped like the weight, so that a chunk's state on a server is the same
-#: elements of the whole tensor's state, and a local instance continues it exactly.
+#: Optimizers the mirror runs locally (and their subclasses): their state is elementwise,
+#: shaped like the weight, so that a chunk's state on a server is the same elements of the
+#: whole tensor's state, and a local instance continues it exactly. LAMB and LARS also
+#: read norms of the whole tensor: the servers keep such tensors whole (one chunk;
+#: a tensor that would span several is refused when it is registered, docs/design.md §3.4),
+#: so the local copy, which holds the whole tensor, computes the same norms.
 MIRRORED = ('SGD', 'NAG', 'Adam', 'RMSProp', 'AdaGrad', 'AdaDelta', 'Ftrl', 'Signum', 'Adamax',
-            'FTML')
+            'FTML', 'LAMB', 'LARS')
 
 #: Optimizers the mirror runs with row_sparse gradients (and their subclasses): those with
 #: MXNet's lazy update, whose kernels on the servers' full-row weights and on the worker's
@@ -209,11 +218,9 @@ SPARSE_MIRRORED = ('SGD', 'Adam')
 
 #: Optimizers refused by name, with why and what to use instead.
 _NOT_MIRRORED = {
-    'LAMB': 'its trust ratio depends on the norm of the whole tensor, but the servers '
-            'compute it per chunk of MXDELAY_CHUNK_SIZE elements',
-    'LARS': 'its trust ratio depends on the norm of the whole tensor, but the servers '
-            'compute it per chunk of MXDELAY_CHUNK_SIZE elements',
-    'LBSGD': 'its step depends on norms of the whole tensor and on its own warm-up schedule',
+    'LBSGD': 'its learning rate is read before its update is counted (one round behind the '
+             'schedule of every other optimizer) and its warm-up keeps its own counters per '
+             'tensor',
     'Nadam': "its m_schedule is one value for the whole optimizer, which a server advances "
              "once per chunk per round (stock MXNet's servers differ from gluon.Trainer too); "
              "use optimizer='adam' or 'nag'",
@@ -256,9 +263,10 @@ class MirrorRule(LocalRule):
     step (no state is fetched): ``v := mu*v - lr*(N*g_dc + wd*w')``, ``w' := w' + v``.
 
     Accepted: SGD, NAG, Adam, RMSProp (centered too), AdaGrad, AdaDelta, Ftrl, Signum,
-    Adamax, FTML and their subclasses, as long as their state is elementwise (arrays shaped
-    like the weight). Refused by :meth:`check_optimizer`: LAMB, LARS, LBSGD, Nadam, DCASGD,
-    SGLD and anything else (see docs/design.md §1.4).
+    Adamax, FTML, LAMB, LARS (``momentum_correction=False``) and their subclasses, as long as
+    their state is elementwise (arrays shaped like the weight). Refused by
+    :meth:`check_optimizer`: LBSGD, Nadam, DCASGD, SGLD and anything else (see
+    docs/design.md §1.4).
     """
 
     def __init__(self, dc_lambda=0.0):
@@ -283,6 +291,14 @@ class MirrorRule(LocalRule):
                 "'sgd' (the literal local SGD step, which reads only the optimizer's learning "
                 "rate and wd), or gluon.Trainer on kvstore='dist_delay' (synchronous, any "
                 'optimizer)' % (name, why, ', '.join(MIRRORED)))
+        if 'LARS' in mro and optimizer.momentum_correction and optimizer.momentum:
+            raise ValueError(
+                "local_rule='mirror' cannot mirror %s with momentum_correction=True: the "
+                'correction scales the momentum by the ratio of the learning rates of two '
+                'successive calls, which the servers make per chunk and the local copy per '
+                "Parameter (with lr_mult and wd_mult folded in), so the two drift apart. Pass "
+                "momentum_correction=False, or use local_rule='sgd' (the literal local SGD "
+                "step), or gluon.Trainer on kvstore='dist_delay'" % name)
         probe = mx.nd.zeros((2, 3))
         try:
             arrays = flatten_state(optimizer.create_state(0, probe))
@@ -362,7 +378,88 @@ class MirrorRule(LocalRule):
         count = local.begin_num_update + ctx.step
         local._index_update_count[ctx.index] = count  # pylint: disable=protected-access
         local.num_update = count
-        local.update_multi_precision(ctx.index, weight, g, state)
+        if local.aggregate_num > 0:
+            # As the servers' mx.optimizer.Updater calls an aggregating optimizer: with lists,
+            # which take its multi-tensor kernels (LAMB's multi_lamb_update rounds its norms
+            # differently from lamb_update_phase1/2).
+            local.update_multi_precision([ctx.index], [weight], [g], [state])
+        else:
+            local.update_multi_precision(ctx.index, weight, g, state)
+
+
+class DriftCorrected(LocalRule):
+    """A rule plus a drift correction learnt from the pulls (docs/design.md §1.4).
+
+    Between two applied pulls a worker's weights move by its own `rule` steps, the global
+    weights by the servers' rounds on every worker's gradients. The difference, known at the
+    pull, is this worker's drift from the global trajectory over the last period. Every
+    local step adds it back, one k-th per step::
+
+        at a step that applies a pull:  d := d + (W_t - w'_before) / k
+        every local step:               w' := rule(w', g, grad_sync) + d
+
+    where ``w'_before`` is the worker's weights just before the pull replaced them (the
+    rule keeps a copy, made after every local step) and d starts at 0 at the switch. d is
+    the per-step difference between the global change and the rule's own change over the
+    last period, ``(sum of global steps - sum of the rule's steps) / k``: a control variate
+    in the spirit of SCAFFOLD, in weight space. It adds no bytes on the wire; it costs two
+    arrays per parameter on the worker (d and the copy) and one copy per step. With one
+    worker the rule's steps are the servers' (``'mirror'``), so d stays exactly 0 and the
+    trajectory is the wrapped rule's.
+
+    Parameters
+    ----------
+    rule : LocalRule
+        The rule to correct (``local_rule='drift'`` is ``DriftCorrected(MirrorRule())``).
+
+    Raises
+    ------
+    TypeError
+        If `rule` is not a :class:`LocalRule` instance.
+    """
+
+    def __init__(self, rule):
+        if not isinstance(rule, LocalRule) or isinstance(rule, DriftCorrected):
+            raise ArgumentTypeError('rule must be a LocalRule instance (not DriftCorrected), '
+                                    'e.g. DriftCorrected(MirrorRule()), got %r' % (rule,))
+        super(DriftCorrected, self).__init__(rule.dc_lambda)
+        self.rule = rule
+        self.needs_grad_sync = rule.needs_grad_sync
+
+    def check_optimizer(self, optimizer):
+        self.rule.check_optimizer(optimizer)
+        sparse = [p.name for p in _sparse_grad_params(optimizer).values()]
+        if sparse:
+            raise ValueError(
+                'local_rule=%r adds a dense correction to every row at every step, which '
+                'would undo the lazy updates of Parameter %s (row_sparse gradients); use '
+                "local_rule='mirror' for models with sparse gradients" % (self, ', '.join(sparse)))
+
+    def start(self, optimizer):
+        self.rule.start(optimizer)
+
+    def server_state_count(self, optimizer, dtypes):
+        return self.rule.server_state_count(optimizer, dtypes)
+
+    def create_state_for(self, index, weight, last_global_step):
+        inner = self.rule.create_state_for(index, weight, last_global_step)
+        return (inner, nd.zeros_like(weight), weight.copy())
+
+    def server_state(self, weight, state, index=None):
+        return self.rule.server_state(weight, state[0], index)
+
+    def update(self, weight, grad, grad_sync, state, ctx):
+        inner, drift, before = state
+        if ctx.pulled:
+            # `weight` is W_t, `before` the weights the pull replaced (after the last local
+            # step this worker made: a step skipped for an overflow leaves both as they were).
+            nd.elemwise_add(drift, (weight - before) / ctx.delay, out=drift)
+        self.rule.update(weight, grad, grad_sync, inner, ctx)
+        nd.elemwise_add(weight, drift, out=weight)
+        weight.copyto(before)
+
+    def __repr__(self):
+        return 'DriftCorrected(%r)' % (self.rule,)
 
 
 def _sparse_grad_params(optimizer):
@@ -377,6 +474,7 @@ BUILTIN_RULES = {
     'sgd': lambda lam: LocalSGDRule(0.0 if lam is None else lam),
     'dc': lambda lam: LocalSGDRule(0.04 if lam is None else lam),
     'dc_adaptive': lambda lam: LocalSGDRule(0.04 if lam is None else lam, adaptive=True),
+    'drift': lambda lam: DriftCorrected(MirrorRule(0.0 if lam is None else lam)),
 }
 
 

@@ -644,7 +644,8 @@ class DelayedTrainer(gluon.Trainer):
                               momentum=getattr(self._optimizer, 'momentum', 0.0) or 0.0,
                               clip_gradient=self._clip_gradient(),
                               rescale_grad=self._optimizer.rescale_grad,
-                              num_workers=self._kvstore.num_workers, index=i, step=update)
+                              num_workers=self._kvstore.num_workers, index=i, step=update,
+                              pulled=applies, issues_pull=issues, delay=self._schedule.delay)
             if not overflowed:
                 self._rule.update(weight, self._local_gradient(i, param), grad_sync,  # 2., 4.
                                   self._rule_state[i], ctx)

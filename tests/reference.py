@@ -50,7 +50,7 @@ __all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step
            'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'LossScale', 'RowSparseGrad']
 
 F32 = np.float32
-DEFAULT_LAMBDA = {'sgd': 0.0, 'dc': 0.04, 'dc_adaptive': 0.04, 'mirror': 0.0}
+DEFAULT_LAMBDA = {'sgd': 0.0, 'dc': 0.04, 'dc_adaptive': 0.04, 'mirror': 0.0, 'drift': 0.0}
 
 
 def sgd_step(w, grad, lr, wd, rescale, dc=F32(0)):
@@ -195,12 +195,17 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     on each worker with rescale ``float32(N * rescale_grad)`` and the server's update count
     (round t is update t + 1), its state a copy of the server's after round W; lam must be 0.
 
+    ``rule='drift'`` is 'mirror' plus the drift correction of docs/design.md §1.4: at a
+    step that applies a pull ``d := d + (W_t - w'_before) / k`` (``w'_before``: the worker's
+    weights after its last local step), then every local step adds d after the mirror's
+    step; d starts at 0 at the switch.
+
     `compression_threshold` t: each worker's raw gradient goes through
     :func:`quantize_2bit` with its own residual per tensor; ``grads`` then holds what was sent.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError('optimizer must be one of %s, got %r' % (OPTIMIZERS, optimizer))
-    if optimizer != 'sgd' and rule == 'mirror' and dc_lambda:
+    if optimizer != 'sgd' and rule in ('mirror', 'drift') and dc_lambda:
         raise ValueError('the reference mirrors %s with dc_lambda 0 only' % optimizer)
     if rule not in DEFAULT_LAMBDA:
         raise ValueError('rule must be one of %s, got %r' % (sorted(DEFAULT_LAMBDA), rule))
@@ -315,6 +320,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                     if optimizer != 'sgd':
                         wk['v'] = {n: mom[n].copy() for n in names}
                         wk['var'] = {n: var[n].copy() for n in names}
+                    # 'drift': the correction d and the weights after the last local step.
+                    wk['d'] = {n: np.zeros_like(W[n]) for n in names}
+                    wk['before'] = _copy(W)
                 continue
             # S2 (t = t0) / S3: the push happened above; now the local update.
             pulled, w = wk['pending'], wk['w']
@@ -329,12 +337,17 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 rows = masks[i].get(n)                     # lazy: this worker's rows
                 kept = {key: wk[key][n] for key in ('v', 'var', 'ms') if wk.get(key)}
                 w_kept = w[n]
-                if rule == 'mirror' and optimizer != 'sgd':
+                if rule == 'drift' and pulled:             # d += (W_t - w'_before) / k
+                    wk['d'][n] = wk['d'][n] + (w[n] - wk['before'][n]) / F32(k)
+                if rule in ('mirror', 'drift') and optimizer != 'sgd':
                     w[n] = _mirror(opt, w[n], raws[i][n], wk, n, lr_l[n], lr_l64[n], wd_n[n],
                                    known)
                 else:
-                    w[n] = _rule(rule, w[n], raws[i][n], gs, wk, n, lam, lr_l[n], wd_n[n], rg,
-                                 mu, m, N)
+                    w[n] = _rule('mirror' if rule == 'drift' else rule, w[n], raws[i][n], gs,
+                                 wk, n, lam, lr_l[n], wd_n[n], rg, mu, m, N)
+                if rule == 'drift':                        # + d; keep w' for the next pull
+                    w[n] = w[n] + wk['d'][n]
+                    wk['before'][n] = w[n].copy()
                 w[n] = _lazy(rows, w[n], w_kept)
                 for key, old in kept.items():
                     wk[key][n] = _lazy(rows, wk[key][n], old)

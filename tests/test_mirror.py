@@ -50,6 +50,9 @@ OPTIMIZERS = {
     'adamax': ('adamax', {'learning_rate': 0.01}),
     'ftml': ('ftml', {'learning_rate': 0.01}),
     'ccsgd': ('ccsgd', {'learning_rate': 0.1, 'momentum': 0.9}),
+    # Whole-tensor norms: the servers keep each tensor in one chunk (docs/design.md §1.4).
+    'lamb': ('lamb', {'learning_rate': 0.01}),
+    'lars': ('lars', {'learning_rate': 0.1, 'momentum': 0.9, 'momentum_correction': False}),
 }
 #: Largest |w' - W| per (optimizer name, k), filled by the invariant test (reported with -s).
 MAX_DIFFERENCE = {}
@@ -104,7 +107,8 @@ def test_one_worker_local_weights_are_the_global_weights(name, delay):
     print('\nmirror invariant: %-17s k=%d  max |w\' - W| = %.3g' % (name, delay, worst))
 
 
-@pytest.mark.parametrize('name', ['adam', 'nag', 'rmsprop-centered', 'ftml', 'sgd'])
+@pytest.mark.parametrize('name', ['adam', 'nag', 'rmsprop-centered', 'ftml', 'sgd', 'lamb',
+                                  'lars'])
 def test_invariant_with_schedule_clipping_multipliers_and_two_devices(name):
     optimizer, optimizer_params = OPTIMIZERS[name]
     params = dict(optimizer_params, wd=1e-3, clip_gradient=0.05,
@@ -147,9 +151,7 @@ def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
 
 # -- refusals --------------------------------------------------------------------------------
 REFUSED = [
-    ('lamb', 'LAMB', r'trust ratio .* per chunk'),
-    ('lars', 'LARS', r'trust ratio .* per chunk'),
-    ('lbsgd', 'LBSGD', r'whole tensor'),
+    ('lbsgd', 'LBSGD', r'before its update is counted'),
     ('nadam', 'Nadam', r"m_schedule .* optimizer='adam' or 'nag'"),
     ('dcasgd', 'DCASGD', r"local_rule='dc'"),
     ('sgld', 'SGLD', r'random noise'),
@@ -168,8 +170,15 @@ def test_refused_at_construction_naming_it_and_what_to_use(optimizer, name, why)
     assert "local_rule='sgd'" in message and "gluon.Trainer on kvstore='dist_delay'" in message
 
 
+def test_lars_with_momentum_correction_is_refused():
+    with pytest.raises(ValueError, match=r'cannot mirror LARS with momentum_correction=True: '
+                                         r'.* Pass momentum_correction=False'):
+        mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'lars', {'momentum': 0.9},
+                               kvstore=FakeStore())
+
+
 def test_refused_optimizer_is_accepted_by_the_literal_rule():
-    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'lamb', {}, kvstore=FakeStore(),
+    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'nadam', {}, kvstore=FakeStore(),
                            local_rule='sgd')
 
 

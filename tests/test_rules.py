@@ -226,8 +226,9 @@ def test_create_state():
 
 
 def test_builtin_names_and_defaults():
-    assert set(BUILTIN_RULES) == {'mirror', 'sgd', 'dc', 'dc_adaptive'}
+    assert set(BUILTIN_RULES) == {'mirror', 'sgd', 'dc', 'dc_adaptive', 'drift'}
     assert isinstance(create_rule('mirror'), MirrorRule)
+    assert create_rule('drift').dc_lambda == reference.DEFAULT_LAMBDA['drift']
     for name in ('sgd', 'dc', 'dc_adaptive'):
         rule_obj = create_rule(name)
         assert isinstance(rule_obj, LocalSGDRule)
