@@ -68,7 +68,6 @@ Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
     python benchmarks/scaling.py --smoke             # 12 short runs into bench_out/
 """
 import argparse
-import datetime
 import json
 import logging
 import os
@@ -80,28 +79,19 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import benchmark  # noqa: E402  pylint: disable=wrong-import-position
-from cpu_monitor import Sampler  # noqa: E402  pylint: disable=wrong-import-position
-import fp16_bytes  # noqa: E402  pylint: disable=wrong-import-position
-import netns  # noqa: E402  pylint: disable=wrong-import-position
-import report  # noqa: E402  pylint: disable=wrong-import-position
-import tta  # noqa: E402  pylint: disable=wrong-import-position
+import benchmark
+from cpu_monitor import Sampler
+import fp16_bytes
+import harness
+import netns
+import report
 
 __all__ = ['METHODS', 'MODELS', 'main']
 
 _LOG = logging.getLogger('scaling')
+REPO = harness.REPO
 
-_DELAYED = ['--mode', 'delayed', '--delay', '4', '--local-rule', 'mirror']
-#: name -> (label, bench_worker arguments)
-METHODS = {
-    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
-    'k4': ('k=4', _DELAYED),
-    'k4-fp16': ('k=4 + fp16', _DELAYED + ['--compression', 'fp16']),
-}
+METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16')
 PERIOD = 4  # k of the delayed methods: the windows hold whole periods
 #: name -> label, bench_worker arguments, batch per worker, float32 MB of the gradient,
 #: timed steps of the full run
@@ -251,7 +241,7 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
     steps = args.steps[model]
     name = '%s-n%d-s%d-%s-r%d' % (model, workers, servers, method, round_index)
     folder = os.path.join(args.scratch, name)
-    worker = [sys.executable, benchmark.WORKER] + METHODS[method][1] + spec['args'] + [
+    worker = [sys.executable, harness.WORKER] + METHODS[method][1] + spec['args'] + [
         '--warmup-steps', str(args.warmup), '--steps', str(steps), '--seed', '1',
         '--data-dir', args.data_dir]
     # A generous bound: 4x the synchronous step's bytes through the busiest link.
@@ -266,10 +256,9 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
         row, folder, worker, {'rate': args.rate}, hostfile, timeout, num_workers=workers,
         num_servers=servers, batch=spec['batch'], monitor=ports)
     row['load_after'] = os.getloadavg()[0]
-    roles = tta.read_roles(folder)
-    row['stock_check'] = tta.stock_check(method, roles, 1 + servers + workers,
-                                         stock=method == 'sync')
-    row['worker_env'] = tta.worker_env(roles)
+    roles = harness.read_roles(folder)
+    row['stock_check'] = harness.stock_check(METHODS[method].stock, roles, 1 + servers + workers)
+    row['worker_env'] = harness.worker_env(roles)
     if not results:
         return row
     row['noisy'] = int(report.is_noisy(row))
@@ -459,7 +448,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     """scaling.md: the tables and the verdicts.
 
     `out_link`: the results folder relative to the summary; `code`: the commit writing the
-    report (``tta.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
+    report (``harness.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
     invocation of the same grid, shown beside the first.
     """
     models = [m for m in MODELS if any(k[0] == m for k in summary)]
@@ -657,7 +646,7 @@ def plot(path, summary, methods, second=None):
 def write_reports(args, meta, rows):
     methods = [m for m in METHODS if any(r['method'] == m for r in rows)]
     summary = summarize(rows)
-    code = tta.code_version()  # before this report's own files change
+    code = harness.code_version()  # before this report's own files change
     here = os.path.dirname(os.path.abspath(args.summary))
     second = None
     if args.compare:
@@ -677,10 +666,6 @@ def write_reports(args, meta, rows):
 
 
 # -- main ----------------------------------------------------------------------------------
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
-
-
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -701,9 +686,9 @@ def main(argv=None):
     stale = netns.remove_stale()
     if stale:
         _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
-    meta = dict(command='python benchmarks/scaling.py ' + shlex.join(argv), started=_now(),
-                load_before=os.getloadavg(), code_start=tta.code_version(),
-                machine=tta.machine(), repo=REPO, pythonpath=os.environ.get('PYTHONPATH', ''),
+    meta = dict(command='python benchmarks/scaling.py ' + shlex.join(argv), started=harness.now(),
+                load_before=os.getloadavg(), code_start=harness.code_version(),
+                machine=harness.machine(), repo=REPO, pythonpath=os.environ.get('PYTHONPATH', ''),
                 settings=dict(models=args.models, methods=args.methods, workers=args.workers,
                               servers=args.servers, rate=args.rate, rounds=args.rounds,
                               warmup=args.warmup, steps=args.steps))
@@ -715,7 +700,7 @@ def main(argv=None):
         _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
         code = 128 + stop.signum
     finally:
-        meta.update(finished=_now(), load_after=os.getloadavg(), code_end=tta.code_version())
+        meta.update(finished=harness.now(), load_after=os.getloadavg(), code_end=harness.code_version())
         with open(meta_path, 'w', encoding='utf-8') as dst:
             json.dump(meta, dst, indent=1)
     if rows:

@@ -1,0 +1,296 @@
+"""The benchmarks' harness: one launcher job, its clean environment, the methods and networks.
+
+Every benchmark script starts its jobs through :class:`Job`: ``mxdelay/launcher.py`` run as a
+plain file (``-m mxdelay.launcher`` would import the mxdelay package, which sets mxdelay's
+MXNet defaults in the launcher's environment, which local roles inherit; a baseline job must
+see MXNet's defaults), with the explicit environment of :func:`job_env` (the driver's minus
+every ``DMLC_*``, ``MXNET_*`` and ``MXDELAY_*`` variable, plus ``OMP_NUM_THREADS=1``:
+docs/benchmarks/README.md, rule 3). :data:`METHODS` declares every method once (trainer kind,
+delay, compression, extra worker arguments; a stock baseline is ``--mode sync``), and
+:data:`NETWORKS` every link. The provenance of a run (commit, machine, dates) and the role
+records of its processes (``provenance.py``) are read here too.
+
+The scripts are run as files (``python benchmarks/NAME.py``), so this folder is first on
+``sys.path`` and ``import harness`` finds this module; :data:`REPO` is the repository.
+"""
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from typing import NamedTuple, Optional, Tuple
+
+from cpu_monitor import CpuMonitor
+from provenance import read_records
+
+__all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS', 'TWO_BIT_THRESHOLD',
+           'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'job_env', 'now', 'git', 'code_version',
+           'machine', 'meta_line', 'read_roles', 'stock_check', 'worker_env']
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
+WORKER = os.path.join(HERE, 'bench_worker.py')
+NUM_WORKERS, BATCH = 2, 128
+_STRIPPED = ('DMLC_', 'MXNET_', 'MXDELAY_')
+
+
+# -- methods and networks --------------------------------------------------------------------
+class Method(NamedTuple):
+    """One method of ``bench_worker.py``: a label and the worker arguments it implies.
+
+    ``method[0]`` is the label and ``method[1]`` the arguments, as in the scripts' tables.
+    """
+    label: str
+    trainer: str = 'delayed'          # bench_worker's --mode: compute, sync or delayed
+    delay: Optional[int] = None
+    extra: Tuple[str, ...] = ()       # further worker arguments (e.g. the local rule)
+    compression: Optional[str] = None
+
+    @property
+    def args(self):
+        """The worker arguments: mode, delay, `extra`, compression, in that order."""
+        return (['--mode', self.trainer] + (['--delay', str(self.delay)] if self.delay else [])
+                + list(self.extra)
+                + (['--compression', self.compression] if self.compression else []))
+
+    @property
+    def stock(self):
+        """Whether this is a stock baseline: no process of its job may import mxdelay."""
+        return self.trainer == 'sync'
+
+    def __getitem__(self, index):
+        return (self.label, self.args)[index]
+
+    def relabel(self, label):
+        """This method under another label (the scripts' tables name some differently)."""
+        return self._replace(label=label)
+
+
+TWO_BIT_THRESHOLD = 0.5
+_TWO_BIT = '2bit:%g' % TWO_BIT_THRESHOLD
+_MIRROR = ('--local-rule', 'mirror')
+#: name -> Method: every method of every benchmark, declared once.
+METHODS = {
+    'compute': Method('compute-only', trainer='compute'),
+    'sync': Method('dist_sync (stock)', trainer='sync'),
+    'sync-2bit': Method('dist_sync + 2bit (stock)', trainer='sync', compression=_TWO_BIT),
+    'k1': Method('k=1', delay=1),
+    'k2': Method('k=2', delay=2),
+    'k4': Method('k=4', delay=4),
+    'k8': Method('k=8', delay=8),
+    'k16': Method('k=16', delay=16),
+    'k4-fp16': Method('k=4 + fp16', delay=4, compression='fp16'),
+    'k4-2bit': Method('k=4 + 2bit', delay=4, compression=_TWO_BIT),
+    'mirror-k4': Method('k=4', delay=4, extra=_MIRROR),
+    'mirror-k4-fp16': Method('k=4 + fp16', delay=4, extra=_MIRROR, compression='fp16'),
+    'sgd-k4': Method("literal 'sgd' rule, k=4", delay=4, extra=('--local-rule', 'sgd')),
+}
+
+
+def methods(*names):
+    """``{name: Method}`` of `names`, in order; ``'name=registry-name'`` takes a registry
+    method under another name, e.g. ``methods('sync', 'k4=mirror-k4')``."""
+    chosen = {}
+    for name in names:
+        name, _, source = name.partition('=')
+        chosen[name] = METHODS[source or name]
+    return chosen
+
+
+class Network(NamedTuple):
+    """One network of the benchmarks: label, ``tc`` rate (None: loopback), jitter."""
+    label: str
+    rate: Optional[str] = None
+    jitter: bool = False
+
+
+#: name -> Network: every link the benchmarks shape (benchmarks/netns.py).
+NETWORKS = {
+    'loopback': Network('loopback'),
+    'jitter': Network('loopback + jitter', jitter=True),
+    '1gbit': Network('1 Gbit/s links', '1gbit'),
+    '100mbit': Network('100 Mbit/s links', '100mbit'),
+    'jitter-1gbit': Network('1 Gbit/s links + jitter', '1gbit', jitter=True),
+}
+
+
+# -- one job ---------------------------------------------------------------------------------
+def job_env(**extra):
+    """The explicit environment of a job: no DMLC_, MXNET_ or MXDELAY_ variable of this
+    process (a delayed job's ``import mxdelay`` sets its own defaults, a baseline keeps
+    MXNet's), ``OMP_NUM_THREADS=1``, unbuffered output, and `extra`."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(_STRIPPED)}
+    env.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', **extra)
+    return env
+
+
+class Job:
+    """One job of `command` under the launcher: its argv, environment and run.
+
+    Parameters
+    ----------
+    command : list of str
+        The argv of every role (the launcher's arguments after ``--``).
+    timeout : float
+        The launcher's ``--timeout`` (seconds, truncated to an int).
+    num_workers, num_servers : int
+    hostfile : str, optional
+        A hostfile of network namespaces (``netns.ShapedNetwork.write_hostfile``): the job
+        runs under ``--launcher netns``; None: local processes on loopback.
+    env : dict, optional
+        Variables added to :func:`job_env`.
+    """
+
+    def __init__(self, command, timeout, num_workers=NUM_WORKERS, num_servers=1,
+                 hostfile=None, env=None):
+        self.command = list(command)
+        self.timeout = timeout
+        self.num_workers, self.num_servers = num_workers, num_servers
+        self.hostfile = hostfile
+        self.extra_env = dict(env or {})
+
+    @property
+    def argv(self):
+        """The launcher run as a plain file, then ``--`` and the command."""
+        argv = [sys.executable, LAUNCHER, '-n', str(self.num_workers), '-s',
+                str(self.num_servers), '--timeout', str(int(self.timeout))]
+        if self.hostfile:
+            argv += ['--launcher', 'netns', '-H', self.hostfile]
+        return argv + ['--'] + self.command
+
+    @property
+    def env(self):
+        return job_env(**self.extra_env)
+
+    def run(self, log_path, monitor=None):
+        """Run to the end, output into `log_path` (its first line: the command); returns the
+        exit code. `monitor`: a context manager entered for the job's duration."""
+        with open(log_path, 'wb') as log, (monitor or contextlib.nullcontext()):
+            log.write(('$ %s\n' % shlex.join(self.argv)).encode())
+            log.flush()
+            return subprocess.run(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+                                  timeout=self.timeout + 60, check=False).returncode
+
+    def start(self, **popen_args):
+        """Start the job; ``popen_args``: Popen's output, cwd, ... (default: a session of
+        its own, so that a signal to the driver's group does not reach the job)."""
+        popen_args.setdefault('start_new_session', True)
+        return subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env,  # pylint: disable=consider-using-with
+                                **popen_args)
+
+
+def run_worker(folder, worker_args, timeout, hostfile=None):
+    """Run one launcher job of bench_worker.py with `worker_args` (``--out`` added) in the
+    emptied `folder` (its log, the workers' results and the role records go there).
+
+    Returns (exit code, worker results, the CpuMonitor of the job, the role records).
+    """
+    os.makedirs(folder, exist_ok=True)
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
+    out = os.path.join(folder, 'worker-{rank}.json')
+    job = Job([sys.executable, WORKER] + worker_args + ['--out', out], timeout,
+              hostfile=hostfile)
+    monitor = CpuMonitor({os.getpid(): 'driver'})
+    code = job.run(os.path.join(folder, 'log.txt'), monitor)
+    results = []
+    if code == 0:
+        for rank in range(job.num_workers):
+            with open(out.format(rank=rank), encoding='utf-8') as src:
+                results.append(json.load(src))
+    return code, results, monitor, read_roles(folder)
+
+
+# -- provenance ------------------------------------------------------------------------------
+def now():
+    """The UTC time, ISO 8601 to the second: the results' start and end stamps."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+
+
+def git(*args):
+    return subprocess.run(['git', '-C', REPO] + list(args), capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def code_version():
+    """``{'commit': HEAD, 'dirty': bool, 'dirty_files': [...]}`` of the repository."""
+    status = subprocess.run(['git', '-C', REPO, 'status', '--porcelain', '--untracked-files=no'],
+                            capture_output=True, text=True, check=False).stdout
+    dirty = [line[3:] for line in status.splitlines() if line.strip()]  # 'XY path'
+    return {'commit': git('rev-parse', 'HEAD'), 'dirty': bool(dirty), 'dirty_files': dirty}
+
+
+def cpu_model():
+    with contextlib.suppress(OSError):
+        with open('/proc/cpuinfo', encoding='utf-8') as src:
+            for line in src:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    return 'unknown'
+
+
+def machine():
+    return {'cores': os.cpu_count(), 'cpu': cpu_model(), 'kernel': platform.release(),
+            'python': platform.python_version()}
+
+
+def _changed(start, end):
+    """Files changed between two commits (what changed under a run that spans them)."""
+    if not start or not end or start == end:
+        return []
+    return git('diff', '--name-only', start, end).split()
+
+
+def meta_line(meta):
+    """One Markdown line of a part's provenance (command, dates, commits, machine, load)."""
+    code = meta.get('code_start', {})
+    end = meta.get('code_end', {})
+    changed = _changed(code.get('commit'), end.get('commit'))
+    return ('`%s`: %s to %s, commit `%s`%s%s; %s cores (%s); load average (1 min) %.2f before, '
+            '%.2f after' % (
+                meta['command'], meta['started'], meta.get('finished', '?'),
+                code.get('commit', '?')[:10],
+                ' (dirty: %s)' % ', '.join(code['dirty_files']) if code.get('dirty') else '',
+                '' if end.get('commit') == code.get('commit') else
+                ', `%s` at the end (files changed in between: %s)' % (
+                    end.get('commit', '?')[:10], ', '.join(changed) or 'none'),
+                meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
+                meta.get('load_after', [float('nan')])[0]))
+
+
+# -- the role records of a job (provenance.py) ----------------------------------------------
+def read_roles(folder):
+    """``{'<role>-<rank>': [records]}``: the records bench_worker.py left in `folder`."""
+    return read_records(folder)[0]
+
+
+def stock_check(stock, roles, num_roles=2 + NUM_WORKERS):
+    """'ok' if the job's processes imported mxdelay exactly when they should; else why not.
+
+    `stock`: whether the job is a stock baseline; `num_roles`: the job's processes
+    (scheduler, servers, workers).
+    """
+    problems = []
+    if len(roles) != num_roles:
+        problems.append('%d role records' % len(roles))
+    for name, records in roles.items():
+        imported = any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records)
+        if stock and imported:
+            problems.append('%s imported mxdelay' % name)
+    return 'ok' if not problems else '; '.join(problems)
+
+
+def worker_env(roles):
+    """The MXNET_* variables the workers saw (at exit: after any import of mxdelay)."""
+    seen = set()
+    for name, records in roles.items():
+        if name.startswith('worker'):
+            env = records[-1]['env']
+            seen.add(' '.join('%s=%s' % (k, v) for k, v in env.items() if k.startswith('MXNET_'))
+                     or '(none)')
+    return ' | '.join(sorted(seen))
