@@ -135,35 +135,43 @@ class Job:
     ----------
     command : list of str
         The argv of every role (the launcher's arguments after ``--``).
-    timeout : float
-        The launcher's ``--timeout`` (seconds, truncated to an int).
+    timeout : float or None
+        The launcher's ``--timeout`` (seconds, truncated to an int); None: its default.
     num_workers, num_servers : int
     hostfile : str, optional
         A hostfile of network namespaces (``netns.ShapedNetwork.write_hostfile``): the job
         runs under ``--launcher netns``; None: local processes on loopback.
     env : dict, optional
         Variables added to :func:`job_env`.
+    environ : dict, optional
+        The whole environment instead (the few benchmarks whose jobs keep some of the
+        driver's MXNet settings); stock baselines never use it.
     """
 
     def __init__(self, command, timeout, num_workers=NUM_WORKERS, num_servers=1,
-                 hostfile=None, env=None):
+                 hostfile=None, env=None, environ=None):
         self.command = list(command)
         self.timeout = timeout
         self.num_workers, self.num_servers = num_workers, num_servers
         self.hostfile = hostfile
         self.extra_env = dict(env or {})
+        self.environ = environ
 
     @property
     def argv(self):
         """The launcher run as a plain file, then ``--`` and the command."""
         argv = [sys.executable, LAUNCHER, '-n', str(self.num_workers), '-s',
-                str(self.num_servers), '--timeout', str(int(self.timeout))]
+                str(self.num_servers)]
+        if self.timeout is not None:
+            argv += ['--timeout', str(int(self.timeout))]
         if self.hostfile:
             argv += ['--launcher', 'netns', '-H', self.hostfile]
         return argv + ['--'] + self.command
 
     @property
     def env(self):
+        if self.environ is not None:
+            return dict(self.environ, **self.extra_env)
         return job_env(**self.extra_env)
 
     def run(self, log_path, monitor=None):
