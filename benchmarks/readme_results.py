@@ -145,7 +145,7 @@ def compression_rows():
                             for m in methods), len(data['seeds']), link))
     after = os.path.join('docs', 'benchmarks', 'compress-after-cpu')
     if os.path.exists(os.path.join(REPO, after, 'phases-runs.csv')):
-            import report  # pylint: disable=import-outside-toplevel
+        import report  # pylint: disable=import-outside-toplevel
         runs = [r for r in report.read_csv(os.path.join(REPO, after, 'phases-runs.csv'))
                 if r['network'] == '1gbit' and r['exit'] == 0]
         medians = {m: statistics.median(r['window_samples_per_s'] for r in runs
