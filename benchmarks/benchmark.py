@@ -190,23 +190,6 @@ def parse_args(argv=None):
 
 
 # -- processes -------------------------------------------------------------------------
-def _stop(popen, grace=15.0):
-    """End `popen`, the leader of its own process group, if it still runs.
-
-    The launcher stops its job on SIGTERM (and its roles die with it on SIGKILL: they have
-    a parent-death signal); a worker of a compute-only run has no children.
-    """
-    if popen.poll() is not None:
-        return
-    popen.send_signal(signal.SIGTERM)
-    try:
-        popen.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)  # the leader is alive: the group is ours
-        popen.wait()
-
-
 @contextlib.contextmanager
 def _started(argvs, log_path):
     """Start each argv in a session of its own, output to `log_path`; stop them on exit."""
@@ -222,7 +205,7 @@ def _started(argvs, log_path):
             yield popens
         finally:
             for popen in popens:
-                _stop(popen)
+                harness.stop(popen)
 
 
 def _wait_all(popens, timeout):
@@ -421,27 +404,15 @@ def run_accuracy(args, name):
 
 # -- main ------------------------------------------------------------------------------
 def _machine():
-    return dict(nproc=os.cpu_count(), cpu=platform.processor() or _cpu_model(),
+    return dict(nproc=os.cpu_count(), cpu=platform.processor() or harness.cpu_model(),
                 kernel=platform.release(), python=platform.python_version())
-
-
-def _cpu_model():
-    with contextlib.suppress(OSError):
-        with open('/proc/cpuinfo', encoding='utf-8') as src:
-            for line in src:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    return 'unknown'
 
 
 def _code_version():
     """The commit, and the library files that differ from it (the runs import them anew)."""
-    def git(*args):
-        return subprocess.run(['git', '-C', REPO] + list(args), capture_output=True, text=True,
-                              check=False).stdout.strip()
-    return '%s%s' % (git('rev-parse', '--short', 'HEAD') or 'unknown', ''.join(
-        ' +modified ' + line[3:] for line in git('status', '--porcelain', '--', 'mxdelay',
-                                                 'kvstore_ext', 'examples').splitlines()))
+    return '%s%s' % (harness.git('rev-parse', '--short', 'HEAD') or 'unknown', ''.join(
+        ' +modified ' + line[3:] for line in harness.git(
+            'status', '--porcelain', '--', 'mxdelay', 'kvstore_ext', 'examples').splitlines()))
 
 
 def main(argv=None):

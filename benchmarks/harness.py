@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 from typing import NamedTuple, Optional, Tuple
@@ -26,9 +27,10 @@ from typing import NamedTuple, Optional, Tuple
 from cpu_monitor import CpuMonitor
 from provenance import read_records
 
-__all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS', 'TWO_BIT_THRESHOLD',
-           'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'job_env', 'now', 'git', 'code_version',
-           'machine', 'meta_line', 'read_roles', 'stock_check', 'worker_env']
+__all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
+           'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'stop',
+           'job_env', 'now', 'git', 'code_version', 'cpu_model', 'machine', 'meta_line',
+           'read_roles', 'stock_check', 'worker_env']
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -188,8 +190,8 @@ class Job:
         """Start the job; ``popen_args``: Popen's output, cwd, ... (default: a session of
         its own, so that a signal to the driver's group does not reach the job)."""
         popen_args.setdefault('start_new_session', True)
-        return subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=self.env,  # pylint: disable=consider-using-with
-                                **popen_args)
+        return subprocess.Popen(  # pylint: disable=consider-using-with
+            self.argv, stdin=subprocess.DEVNULL, env=self.env, **popen_args)
 
 
 def run_worker(folder, worker_args, timeout, hostfile=None):
@@ -212,6 +214,23 @@ def run_worker(folder, worker_args, timeout, hostfile=None):
             with open(out.format(rank=rank), encoding='utf-8') as src:
                 results.append(json.load(src))
     return code, results, monitor, read_roles(folder)
+
+
+def stop(popen, grace=15.0):
+    """End `popen`, the leader of its own process group (:meth:`Job.start`), if it still runs.
+
+    The launcher stops its job on SIGTERM (and its roles die with it on SIGKILL: they have
+    a parent-death signal); a worker of a compute-only run has no children.
+    """
+    if popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)  # the leader is alive: the group is ours
+        popen.wait()
 
 
 # -- provenance ------------------------------------------------------------------------------

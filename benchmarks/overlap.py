@@ -118,19 +118,6 @@ def _job_env(bulk):
     return env
 
 
-def _stop(popen, grace=15.0):
-    """End the launcher (leader of its own session) and so its job, if it still runs."""
-    if popen.poll() is not None:
-        return
-    popen.send_signal(signal.SIGTERM)  # the launcher stops every role it started
-    try:
-        popen.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)  # by the group id we created, never by name
-        popen.wait()
-
-
 def run_job(network, mode, bulk, warmup, hostfile, log_path):
     """Run one job; return its record (workers' results, load, other processes' cores)."""
     rate = NETWORKS[network][0]
@@ -150,7 +137,7 @@ def run_job(network, mode, bulk, warmup, hostfile, log_path):
                 with CpuMonitor({os.getpid(): 'driver'}) as monitor:
                     code = popen.wait(timeout + 30)
             finally:
-                _stop(popen)
+                harness.stop(popen)
         record.update(wall_s=time.time() - started, load_after=os.getloadavg()[0],
                       other_cores=monitor.usage(started, time.time())['other'])
         if code != 0:

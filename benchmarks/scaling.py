@@ -700,7 +700,8 @@ def main(argv=None):
         _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
         code = 128 + stop.signum
     finally:
-        meta.update(finished=harness.now(), load_after=os.getloadavg(), code_end=harness.code_version())
+        meta.update(finished=harness.now(), load_after=os.getloadavg(),
+                    code_end=harness.code_version())
         with open(meta_path, 'w', encoding='utf-8') as dst:
             json.dump(meta, dst, indent=1)
     if rows:

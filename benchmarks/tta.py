@@ -147,11 +147,12 @@ def part_full(args, meta):
                            '--data-dir', args.data_dir]
             load = os.getloadavg()[0]
             started = time.time()
-            code, results, monitor, roles = harness.run_worker(folder, METHODS[method][1] + worker_args,
-                                                    300 + args.epochs * 234 * 1.0)
+            code, results, monitor, roles = harness.run_worker(
+                folder, METHODS[method][1] + worker_args, 300 + args.epochs * 234 * 1.0)
             row = dict(method=method, seed=seed, exit=code, load_before=load,
                        load_after=os.getloadavg()[0], job_s=time.time() - started,
-                       stock_check=stock_check(method, roles), worker_env=harness.worker_env(roles))
+                       stock_check=stock_check(method, roles),
+                       worker_env=harness.worker_env(roles))
             if code != 0:
                 _LOG.error('full %s seed %d FAILED (exit %s): see %s', method, seed, code, folder)
                 runs.append(row)
