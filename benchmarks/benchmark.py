@@ -70,6 +70,7 @@ import time
 
 from cpu_monitor import CpuMonitor
 import harness
+import provenance
 import netns
 import report
 
@@ -404,14 +405,14 @@ def run_accuracy(args, name):
 
 # -- main ------------------------------------------------------------------------------
 def _machine():
-    return dict(nproc=os.cpu_count(), cpu=platform.processor() or harness.cpu_model(),
+    return dict(nproc=os.cpu_count(), cpu=platform.processor() or provenance.cpu_model(),
                 kernel=platform.release(), python=platform.python_version())
 
 
 def _code_version():
     """The commit, and the library files that differ from it (the runs import them anew)."""
-    return '%s%s' % (harness.git('rev-parse', '--short', 'HEAD') or 'unknown', ''.join(
-        ' +modified ' + line[3:] for line in harness.git(
+    return '%s%s' % (provenance.git('rev-parse', '--short', 'HEAD') or 'unknown', ''.join(
+        ' +modified ' + line[3:] for line in provenance.git(
             'status', '--porcelain', '--', 'mxdelay', 'kvstore_ext', 'examples').splitlines()))
 
 

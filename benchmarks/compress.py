@@ -56,6 +56,7 @@ import time
 
 import fp16_bytes
 import harness
+import provenance
 import report as report_lib
 import tta
 
@@ -110,9 +111,7 @@ def part_sparse(args):
     netns.remove_stale()
     command = 'python benchmarks/compress.py --part sparse --steps %d --tokens %d' % (
         args.steps, args.tokens)
-    meta = dict(command=command, started=harness.now(), load_before=os.getloadavg(),
-                code_start=harness.code_version(), machine=harness.machine(),
-                pythonpath=os.environ.get('PYTHONPATH', ''))
+    meta = harness.start_meta(command)
     scratch = os.path.join(args.scratch, 'sparse')
     os.makedirs(scratch, exist_ok=True)
     rows = []
@@ -135,7 +134,7 @@ def part_sparse(args):
             rows.append(row)
             print('%s: sends %.0f, receives %.0f bytes/step/worker, %.0f samples/s' % (
                 variant, row['worker_tx'], row['worker_rx'], row['samples_per_s']), flush=True)
-    meta.update(finished=harness.now(), load_after=os.getloadavg(), code_end=harness.code_version())
+    harness.finish_meta(meta)
     result = dict(meta=meta, vocab=VOCAB, dim=DIM, tokens=args.tokens, batch=128,
                   workers=fp16_bytes.NUM_WORKERS, steps=[args.steps, 3 * args.steps],
                   rows=rows)
@@ -143,7 +142,7 @@ def part_sparse(args):
         json.dump(result, dst, indent=1)
     dense = rows[0]
     lines = ['# Bytes per step of a sparse model (`%s`)' % command, '',
-             '- %s' % harness.meta_line(meta),
+             '- %s' % provenance.meta_line(meta),
              '', 'Embedding(%d x %d) (mean of %d tokens per sample) + Dense(%d), batch 128 per '
              'worker, `gluon.Trainer` SGD on `dist_delay`, %d workers, 1 server, each role in its '
              'own network namespace (unshaped); bytes from the kernel counters of each node\'s '

@@ -52,6 +52,7 @@ import time
 
 from cpu_monitor import CpuMonitor
 import harness
+import provenance
 
 REPO = harness.REPO
 SCRIPTS = os.path.join(REPO, 'tests', 'scripts')
@@ -280,8 +281,9 @@ def main(argv=None):
             parser.error('unknown case %r; the cases are %s' % (case, ', '.join(CASES)))
     meta = dict(command='python benchmarks/faults.py ' + shlex.join(
                     sys.argv[1:] if argv is None else argv),
-                started=harness.now(),
-                load_before=os.getloadavg(), code=harness.code_version(), machine=harness.machine(),
+                started=provenance.now(),
+                load_before=os.getloadavg(), code=provenance.code_version(),
+                machine=provenance.machine(),
                 rounds=args.rounds, cases=cases, job_timeout=JOB_TIMEOUT,
                 fault_config=FAULT_BASE, misuse_config=MISUSE, noisy_cores=NOISY_CORES)
     runs = []
@@ -295,8 +297,7 @@ def main(argv=None):
                      'n/a' if record['seconds_to_exit'] is None
                      else '%.2f' % record['seconds_to_exit'], record['job_seconds'],
                      record['cpu_other'], record['verdict']), flush=True)
-    meta.update(finished=harness.now(), load_after=os.getloadavg(),
-                code_end=harness.code_version())
+    harness.finish_meta(meta)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, 'faults.json'), 'w', encoding='utf-8') as dst:
         json.dump(dict(meta=meta, runs=runs), dst, indent=1)

@@ -7,17 +7,16 @@ see MXNet's defaults), with the explicit environment of :func:`job_env` (the dri
 every ``DMLC_*``, ``MXNET_*`` and ``MXDELAY_*`` variable, plus ``OMP_NUM_THREADS=1``:
 docs/benchmarks/README.md, rule 3). :data:`METHODS` declares every method once (trainer kind,
 delay, compression, extra worker arguments; a stock baseline is ``--mode sync``), and
-:data:`NETWORKS` every link. The provenance of a run (commit, machine, dates) and the role
-records of its processes (``provenance.py``) are read here too.
+:data:`NETWORKS` every link. A run's results record :func:`start_meta` and
+:func:`finish_meta` (from ``provenance.py``: commit, machine, dates), its rows the role
+records of its processes (:func:`stock_check`, :func:`worker_env`).
 
 The scripts are run as files (``python benchmarks/NAME.py``), so this folder is first on
 ``sys.path`` and ``import harness`` finds this module; :data:`REPO` is the repository.
 """
 import contextlib
-import datetime
 import json
 import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -25,12 +24,12 @@ import sys
 from typing import NamedTuple, Optional, Tuple
 
 from cpu_monitor import CpuMonitor
-from provenance import read_records
+from provenance import code_version, machine, now, read_records
 
 __all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
            'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'stop',
-           'job_env', 'now', 'git', 'code_version', 'cpu_model', 'machine', 'meta_line',
-           'read_roles', 'stock_check', 'worker_env']
+           'job_env', 'command_line', 'start_meta', 'finish_meta', 'read_roles', 'stock_check',
+           'worker_env']
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -233,61 +232,27 @@ def stop(popen, grace=15.0):
         popen.wait()
 
 
-# -- provenance ------------------------------------------------------------------------------
-def now():
-    """The UTC time, ISO 8601 to the second: the results' start and end stamps."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+# -- a run's record -------------------------------------------------------------------------
+def command_line(start, argv=None):
+    """The command a results file records: `start` (e.g. ``'python benchmarks/tta.py'``) and
+    `argv` (default: this process's arguments), quoted for a shell."""
+    return start + ' ' + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
-def git(*args):
-    return subprocess.run(['git', '-C', REPO] + list(args), capture_output=True, text=True,
-                          check=False).stdout.strip()
+def start_meta(command, **more):
+    """A run's provenance at its start: command, date, load, commit, machine, paths and the
+    ``MXNET_*`` variables of :func:`job_env` (none), then `more`."""
+    return dict(command=command, started=now(), load_before=os.getloadavg(),
+                code_start=code_version(), machine=machine(), repo=REPO,
+                pythonpath=os.environ.get('PYTHONPATH', ''),
+                job_env_mxnet={k: v for k, v in job_env().items() if k.startswith('MXNET_')},
+                **more)
 
 
-def code_version():
-    """``{'commit': HEAD, 'dirty': bool, 'dirty_files': [...]}`` of the repository."""
-    status = subprocess.run(['git', '-C', REPO, 'status', '--porcelain', '--untracked-files=no'],
-                            capture_output=True, text=True, check=False).stdout
-    dirty = [line[3:] for line in status.splitlines() if line.strip()]  # 'XY path'
-    return {'commit': git('rev-parse', 'HEAD'), 'dirty': bool(dirty), 'dirty_files': dirty}
-
-
-def cpu_model():
-    with contextlib.suppress(OSError):
-        with open('/proc/cpuinfo', encoding='utf-8') as src:
-            for line in src:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    return 'unknown'
-
-
-def machine():
-    return {'cores': os.cpu_count(), 'cpu': cpu_model(), 'kernel': platform.release(),
-            'python': platform.python_version()}
-
-
-def _changed(start, end):
-    """Files changed between two commits (what changed under a run that spans them)."""
-    if not start or not end or start == end:
-        return []
-    return git('diff', '--name-only', start, end).split()
-
-
-def meta_line(meta):
-    """One Markdown line of a part's provenance (command, dates, commits, machine, load)."""
-    code = meta.get('code_start', {})
-    end = meta.get('code_end', {})
-    changed = _changed(code.get('commit'), end.get('commit'))
-    return ('`%s`: %s to %s, commit `%s`%s%s; %s cores (%s); load average (1 min) %.2f before, '
-            '%.2f after' % (
-                meta['command'], meta['started'], meta.get('finished', '?'),
-                code.get('commit', '?')[:10],
-                ' (dirty: %s)' % ', '.join(code['dirty_files']) if code.get('dirty') else '',
-                '' if end.get('commit') == code.get('commit') else
-                ', `%s` at the end (files changed in between: %s)' % (
-                    end.get('commit', '?')[:10], ', '.join(changed) or 'none'),
-                meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
-                meta.get('load_after', [float('nan')])[0]))
+def finish_meta(meta):
+    """Add the end of the run to `meta` (date, load, commit) and return it."""
+    meta.update(finished=now(), load_after=os.getloadavg(), code_end=code_version())
+    return meta
 
 
 # -- the role records of a job (provenance.py) ----------------------------------------------

@@ -95,8 +95,9 @@ def main(argv=None):
     cases = [tuple(c.split(':')) for c in args.cases.split(',') if c]
     meta = dict(command='python benchmarks/kvstore_roundtrip.py ' + shlex.join(
                     sys.argv[1:] if argv is None else argv),
-                started=harness.now(),
-                load_before=os.getloadavg(), code=harness.code_version(), machine=harness.machine(),
+                started=provenance.now(),
+                load_before=os.getloadavg(), code=provenance.code_version(),
+                machine=provenance.machine(),
                 job_env_mxnet={k: v for k, v in harness.job_env().items()
                                if k.startswith('MXNET_')},
                 rounds=args.rounds, steps=args.steps, big_steps=args.big_steps,
@@ -120,7 +121,7 @@ def main(argv=None):
                              1000 * np.median(times[DROPPED:]), check['server_cpu_ms_per_round'],
                              check['mxdelay_imported_in'] or 'none', check['worker_mxnet_env']),
                           flush=True)
-    meta.update(finished=harness.now(), load_after=os.getloadavg())
+    meta.update(finished=provenance.now(), load_after=os.getloadavg())
     summary = []
     for model, optimizer in cases:
         median, cpu = {}, {}

@@ -286,8 +286,8 @@ def main(argv=None):
         total = int(src.readline().split()[1]) * 1024
     meta = dict(command='python benchmarks/memory.py ' + shlex.join(
                     sys.argv[1:] if argv is None else argv),
-                started=harness.now(),
-                code=harness.code_version(), machine=harness.machine(), memory_total=total,
+                started=provenance.now(),
+                code=provenance.code_version(), machine=provenance.machine(), memory_total=total,
                 workers=NUM_WORKERS, servers=NUM_SERVERS)
     configs = [('dist_sync', 'sync', 0)] + [('dist_delay', 'delay', int(k))
                                             for k in args.ks.split(',') if k]
@@ -313,7 +313,7 @@ def main(argv=None):
                 print('%s %s k=%d: %s' % (model, store, k, ', '.join(
                     '%s %.0f/%.0f MiB' % (label, (r['steady'] or 0) / MIB, r['peak'] / MIB)
                     for label, r in sorted(processes.items()))), flush=True)
-    meta.update(finished=harness.now())
+    meta.update(finished=provenance.now())
     meta['stock_ok'] = all(not r['mxdelay_imported_in'] for r in runs
                            if r['store'] == 'dist_sync' and not r.get('skipped'))
     rows = summarize(runs)

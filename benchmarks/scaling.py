@@ -71,7 +71,6 @@ import argparse
 import json
 import logging
 import os
-import shlex
 import signal
 import statistics
 import subprocess
@@ -83,6 +82,7 @@ import benchmark
 from cpu_monitor import Sampler
 import fp16_bytes
 import harness
+import provenance
 import netns
 import report
 
@@ -448,7 +448,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     """scaling.md: the tables and the verdicts.
 
     `out_link`: the results folder relative to the summary; `code`: the commit writing the
-    report (``harness.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
+    report (``provenance.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
     invocation of the same grid, shown beside the first.
     """
     models = [m for m in MODELS if any(k[0] == m for k in summary)]
@@ -646,7 +646,7 @@ def plot(path, summary, methods, second=None):
 def write_reports(args, meta, rows):
     methods = [m for m in METHODS if any(r['method'] == m for r in rows)]
     summary = summarize(rows)
-    code = harness.code_version()  # before this report's own files change
+    code = provenance.code_version()  # before this report's own files change
     here = os.path.dirname(os.path.abspath(args.summary))
     second = None
     if args.compare:
@@ -686,12 +686,11 @@ def main(argv=None):
     stale = netns.remove_stale()
     if stale:
         _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
-    meta = dict(command='python benchmarks/scaling.py ' + shlex.join(argv), started=harness.now(),
-                load_before=os.getloadavg(), code_start=harness.code_version(),
-                machine=harness.machine(), repo=REPO, pythonpath=os.environ.get('PYTHONPATH', ''),
-                settings=dict(models=args.models, methods=args.methods, workers=args.workers,
-                              servers=args.servers, rate=args.rate, rounds=args.rounds,
-                              warmup=args.warmup, steps=args.steps))
+    meta = harness.start_meta(
+        harness.command_line('python benchmarks/scaling.py', argv), settings=dict(
+            models=args.models, methods=args.methods, workers=args.workers,
+            servers=args.servers, rate=args.rate, rounds=args.rounds, warmup=args.warmup,
+            steps=args.steps))
     _LOG.info('%s; output in %s', meta['command'], args.out)
     rows, code = [], 0
     try:
@@ -700,8 +699,7 @@ def main(argv=None):
         _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
         code = 128 + stop.signum
     finally:
-        meta.update(finished=harness.now(), load_after=os.getloadavg(),
-                    code_end=harness.code_version())
+        harness.finish_meta(meta)
         with open(meta_path, 'w', encoding='utf-8') as dst:
             json.dump(meta, dst, indent=1)
     if rows:

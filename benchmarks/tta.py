@@ -51,13 +51,13 @@ import hashlib
 import json
 import logging
 import os
-import shlex
 import statistics
 import sys
 import tempfile
 import time
 
 import harness
+import provenance
 import netns
 import report as report_lib
 
@@ -121,18 +121,10 @@ def stock_check(method, roles):
 
 
 def _meta(args, argv, command):
-    return {'command': command + ' ' + shlex.join(
-                sys.argv[1:] if argv is None else argv),
-            'started': harness.now(),
-            'load_before': os.getloadavg(), 'code_start': harness.code_version(),
-            'machine': harness.machine(),
-            'repo': REPO, 'pythonpath': os.environ.get('PYTHONPATH', ''),
-            'job_env_mxnet': {k: v for k, v in harness.job_env().items()
-                              if k.startswith('MXNET_')},
-            'settings': {'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
-                         'networks': {n: NETWORKS[n] for n in args.networks},
-                         'rounds': args.rounds, 'full_warmup': FULL_WARMUP,
-                         'eval_every': EVAL_EVERY}}
+    return harness.start_meta(harness.command_line(command, argv), settings={
+        'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
+        'networks': {n: NETWORKS[n] for n in args.networks}, 'rounds': args.rounds,
+        'full_warmup': FULL_WARMUP, 'eval_every': EVAL_EVERY})
 
 
 # -- full runs -----------------------------------------------------------------------------
@@ -421,7 +413,7 @@ def write_markdown(out, result, methods, networks, phases, command):
              '[../README.md](../README.md) (rules).', '']
     for part in ('full', 'phases'):
         if part in result['metas']:
-            lines.append('- %s: %s' % (part, harness.meta_line(result['metas'][part])))
+            lines.append('- %s: %s' % (part, provenance.meta_line(result['metas'][part])))
     lines += ['', '## Test accuracy over %d seeds (loopback, real runs, 10 epochs)' % len(
         result['seeds']), '',
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
@@ -616,8 +608,7 @@ def main(argv=None, command='python benchmarks/tta.py'):
     try:
         rows = (part_full if args.part == 'full' else part_phases)(args, meta)
     finally:
-        meta.update(finished=harness.now(), load_after=os.getloadavg(),
-                    code_end=harness.code_version())
+        harness.finish_meta(meta)
         with open(os.path.join(args.out, 'meta-%s.json' % args.part), 'w',
                   encoding='utf-8') as dst:
             json.dump(meta, dst, indent=1)

@@ -16,6 +16,7 @@ import benchmark  # noqa: E402  pylint: disable=wrong-import-position
 import compress  # noqa: E402  pylint: disable=wrong-import-position
 import faults  # noqa: E402  pylint: disable=wrong-import-position
 import harness  # noqa: E402  pylint: disable=wrong-import-position
+import provenance  # noqa: E402  pylint: disable=wrong-import-position
 import scaling  # noqa: E402  pylint: disable=wrong-import-position
 import tta  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -106,11 +107,12 @@ def test_run_worker(tmp_path, monkeypatch, driver_env):  # pylint: disable=unuse
 
 
 def test_benchmark_launcher_and_faults_env(driver_env):  # pylint: disable=unused-argument
-    assert benchmark._launcher(benchmark.NETWORKS['1gbit'], '/h', 322.5) == [  # pylint: disable=protected-access
+    launcher = benchmark._launcher  # pylint: disable=protected-access
+    assert launcher(benchmark.NETWORKS['1gbit'], '/h', 322.5) == [
         sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', '322', '--launcher',
         'netns', '-H', '/h', '--']
-    assert benchmark._launcher(benchmark.NETWORKS['jitter'], '/h', 60)[-1] == '--'  # pylint: disable=protected-access
-    assert '--launcher' not in benchmark._launcher(benchmark.NETWORKS['jitter'], '/h', 60)  # pylint: disable=protected-access
+    assert launcher(benchmark.NETWORKS['jitter'], '/h', 60) == [
+        sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', '60', '--']
     env = harness.Job([], 60, env={'PYTHONPATH': REPO}).env
     _assert_clean(env)
     assert env['PYTHONPATH'] == REPO
@@ -136,3 +138,16 @@ def test_stock_check():
     assert harness.stock_check(False, roles) == 'ok'
     assert harness.stock_check(True, roles) == 'worker-1 imported mxdelay'
     assert harness.stock_check(False, roles, 5) == '4 role records'
+
+
+def test_meta(driver_env):  # pylint: disable=unused-argument
+    meta = harness.start_meta(harness.command_line('python benchmarks/x.py', ['--a', 'b c']),
+                              settings={'k': 1})
+    assert list(meta) == ['command', 'started', 'load_before', 'code_start', 'machine', 'repo',
+                          'pythonpath', 'job_env_mxnet', 'settings']
+    assert meta['command'] == "python benchmarks/x.py --a 'b c'" and meta['job_env_mxnet'] == {}
+    assert meta['repo'] == REPO
+    assert meta['code_start']['commit'] == provenance.git('rev-parse', 'HEAD')
+    harness.finish_meta(meta)
+    assert {'finished', 'load_after', 'code_end'} <= set(meta)
+    assert provenance.meta_line(meta).startswith("`python benchmarks/x.py --a 'b c'`: ")
