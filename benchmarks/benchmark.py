@@ -65,7 +65,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 from cpu_monitor import CpuMonitor
@@ -305,21 +304,14 @@ def run_window(row, folder, worker, network, hostfile, timeout, compute=False,
     return row, results
 
 
+@contextlib.contextmanager
 def _network(net_name, network):
     """Context: the set-up of a network; yields the hostfile (None for loopback)."""
-    @contextlib.contextmanager
-    def setup():
-        if not network['rate']:
-            yield None
-            return
-        with netns.ShapedNetwork(1 + 1 + NUM_WORKERS, network['rate']) as net, \
-                tempfile.TemporaryDirectory(prefix='mxbench-') as tmp:
-            hostfile = os.path.join(tmp, 'hosts')
-            net.write_hostfile(hostfile)
+    with harness.shaped_network(1 + 1 + NUM_WORKERS, network['rate']) as (net, hostfile):
+        if net:
             _LOG.info('%s: namespaces %s, each link shaped to %s in both directions',
                       net_name, ', '.join(name for name, _ in net.nodes), network['rate'])
-            yield hostfile
-    return setup()
+        yield hostfile
 
 
 def run_all_throughput(args, rows, rows_path):

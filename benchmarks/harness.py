@@ -21,15 +21,17 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 from typing import NamedTuple, Optional, Tuple
 
 from cpu_monitor import CpuMonitor
+import netns
 from provenance import code_version, machine, now, read_records
 
 __all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
            'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'stop',
-           'job_env', 'command_line', 'start_meta', 'finish_meta', 'read_roles', 'stock_check',
-           'worker_env']
+           'shaped_network', 'job_env', 'command_line', 'start_meta', 'finish_meta',
+           'read_roles', 'stock_check', 'worker_env']
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -230,6 +232,20 @@ def stop(popen, grace=15.0):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(popen.pid, signal.SIGKILL)  # the leader is alive: the group is ours
         popen.wait()
+
+
+@contextlib.contextmanager
+def shaped_network(nodes, rate, prefix='mxbench-'):
+    """Yield ``(net, hostfile)``: `nodes` network namespaces with each link shaped to `rate`
+    (``netns.ShapedNetwork``) and their hostfile for :class:`Job`; ``(None, None)`` for
+    loopback (`rate` None)."""
+    if not rate:
+        yield None, None
+        return
+    with netns.ShapedNetwork(nodes, rate) as net, tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        hostfile = os.path.join(tmp, 'hosts')
+        net.write_hostfile(hostfile)
+        yield net, hostfile
 
 
 # -- a run's record -------------------------------------------------------------------------

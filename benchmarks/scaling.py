@@ -75,7 +75,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import benchmark
@@ -290,10 +289,8 @@ def run_all(args, rows, rows_path):
     configs = [(m, n, s) for m in args.models for n in args.workers for s in args.servers]
     total = len(configs) * len(args.methods) * args.rounds
     for index, (model, workers, servers) in enumerate(configs):
-        with netns.ShapedNetwork(1 + servers + workers, args.rate) as net, \
-                tempfile.TemporaryDirectory(prefix='mxscaling-') as tmp:
-            hostfile = os.path.join(tmp, 'hosts')
-            net.write_hostfile(hostfile)
+        with harness.shaped_network(1 + servers + workers, args.rate,
+                                    'mxscaling-') as (net, hostfile):
             for round_index in range(1, args.rounds + 1):
                 for method in _order(args.methods, index, round_index):
                     row = run_one(args, net, hostfile, model, workers, servers, method,

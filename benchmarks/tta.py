@@ -46,14 +46,12 @@ Usage (as root for the shaped networks)::
     python benchmarks/tta.py --part report
 """
 import argparse
-import contextlib
 import hashlib
 import json
 import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import harness
@@ -173,20 +171,6 @@ def part_full(args, meta):
 
 
 # -- phase runs ----------------------------------------------------------------------------
-def _network(rate):
-    @contextlib.contextmanager
-    def setup():
-        if not rate:
-            yield None
-            return
-        with netns.ShapedNetwork(2 + NUM_WORKERS, rate) as net, \
-                tempfile.TemporaryDirectory(prefix='mxtta-') as tmp:
-            hostfile = os.path.join(tmp, 'hosts')
-            net.write_hostfile(hostfile)
-            yield hostfile
-    return setup()
-
-
 def phase_row(results, method, warmup, steps):
     """Per-phase step times of one short run, from both workers' step ends."""
     t0 = min(r['first'] for r in results)
@@ -219,7 +203,7 @@ def part_phases(args, meta):
                     plan.append(('loopback-as-%s' % other, ('loopback',  None)
                                  + NETWORKS[other][2:4] + (1.0,), 1))
     for net_name, (label, rate, warmup, steps, bound), rounds in plan:
-        with _network(rate) as hostfile:
+        with harness.shaped_network(2 + NUM_WORKERS, rate, 'mxtta-') as (_, hostfile):
             for round_index in range(1, rounds + 1):
                 order = args.methods if round_index % 2 else args.methods[::-1]
                 for method in order:
@@ -260,10 +244,6 @@ def part_phases(args, meta):
 
 
 # -- report --------------------------------------------------------------------------------
-def _spread(values):
-    return (min(values), max(values)) if values else (None, None)
-
-
 def derived_time(step, method, times):
     """Derived wall time of step `step` (1-based) from per-phase times (seconds)."""
     n_sync = step if is_stock(method) else min(step, FULL_WARMUP + 1)

@@ -151,3 +151,8 @@ def test_meta(driver_env):  # pylint: disable=unused-argument
     harness.finish_meta(meta)
     assert {'finished', 'load_after', 'code_end'} <= set(meta)
     assert provenance.meta_line(meta).startswith("`python benchmarks/x.py --a 'b c'`: ")
+
+
+def test_loopback_needs_no_namespaces():
+    with harness.shaped_network(4, None) as (net, hostfile):
+        assert (net, hostfile) == (None, None)
