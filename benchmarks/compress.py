@@ -181,7 +181,7 @@ def part_plot(out):
         errors = [[v['window_samples_per_s'] - v['window_min'] for v in values],
                   [v['window_max'] - v['window_samples_per_s'] for v in values]]
         axis.bar(range(len(methods)), medians, yerr=errors, capsize=4,
-                 color=['0.6' if tta.is_stock(m) else 'C0' for m in methods])
+                 color=['0.6' if METHODS[m].stock else 'C0' for m in methods])
         base = times['%s/sync' % net_name]['window_samples_per_s']
         for index, (value, top) in enumerate(zip(medians, (v['window_max'] for v in values))):
             axis.text(index, top, '%.2fx' % (value / base), ha='center', va='bottom')

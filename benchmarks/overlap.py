@@ -60,7 +60,8 @@ MODE_LABELS = {'layerwise': 'per layer, during backward',
                'after_backward': 'after backward (waitall)',
                'after_grads': 'after backward (wait for the gradients)'}
 #: name -> (tc rate or None, warm-up steps: the job's STEPS argument)
-NETWORKS = {'loopback': (None, 30), '1gbit': ('1gbit', 20), '100mbit': ('100mbit', 8)}
+NETWORKS = {name: (harness.NETWORKS[name].rate, warmup)
+            for name, warmup in (('loopback', 30), ('1gbit', 20), ('100mbit', 8))}
 BULK = 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD'
 #: A job during which other processes used more cores than this is *disturbed* (as in
 #: benchmarks/report.py); the report gives the tables of the quiet jobs too.
