@@ -103,7 +103,7 @@ def parse_args(argv=None):
 
 # -- runs ----------------------------------------------------------------------------------
 def worker_args(optimizer, method, seed, args):
-    return (METHODS[method][1] + OPTIMIZERS[optimizer][1]
+    return (METHODS[method].args + OPTIMIZERS[optimizer][1]
             + ['--model', MODEL, '--epochs', str(args.epochs), '--seed', str(seed),
                '--warmup-steps', str(WARMUP), '--eval-every', str(STEPS_PER_EPOCH),
                '--global-model', '--data-dir', args.data_dir])
@@ -266,7 +266,7 @@ def write_markdown(out, summary, runs, meta):
             else:
                 gap_cells = ['-'] * 4
             lines.append('| %s | %s | %s | %s | %s |' % (
-                label, METHODS[method][0], _acc(entry, 5), _acc(entry, last),
+                label, METHODS[method].label, _acc(entry, 5), _acc(entry, last),
                 ' | '.join(gap_cells)))
     for optimizer, (label, _) in OPTIMIZERS.items():
         methods = [m for m in METHODS if (optimizer, m) in summary]
@@ -274,7 +274,7 @@ def write_markdown(out, summary, runs, meta):
             continue
         epochs = sorted(summary[optimizer, methods[0]]['acc'])
         lines += ['', '## %s: test accuracy per epoch' % label, '',
-                  '| epoch | ' + ' | '.join(METHODS[m][0] for m in methods) + ' |',
+                  '| epoch | ' + ' | '.join(METHODS[m].label for m in methods) + ' |',
                   '|---:|' + '---:|' * len(methods)]
         for epoch in epochs:
             cells = []
@@ -292,7 +292,7 @@ def write_markdown(out, summary, runs, meta):
               '| stock check | MXNET_* seen by the workers |', '|---|---|---:|---:|---:|---:|---|---|---|']
     for r in runs:
         lines.append('| %s | %s | %s | %s | %s | %s | %.2f / %.2f | %s | %s |' % (
-            r['optimizer'], METHODS[r['method']][0], r['seed'], r['exit'],
+            r['optimizer'], METHODS[r['method']].label, r['seed'], r['exit'],
             r.get('train_s', '-'), '%s%s' % (r.get('cpu_other', '-'), ' (noisy)' if r.get(
                 'cpu_other', 0) > report_lib.NOISE_CORES else ''), r['load_before'], r['load_after'],
             r['stock_check'], r['worker_env']))
@@ -313,12 +313,12 @@ def readme_rows(summary, runs, out):
         if 'sync' not in methods:
             continue
         for epoch in (5, 10):
-            cells = ['%s %s' % ('`dist_sync`' if m == 'sync' else METHODS[m][0],
+            cells = ['%s %s' % ('`dist_sync`' if m == 'sync' else METHODS[m].label,
                                 _acc(summary[optimizer, m], epoch)) for m in methods]
             rows.append('| CNN with BatchNorm, %s: test accuracy after %d epochs | %s | global '
                         'model; %s; rule `mirror` unless said, warm-up 200; loopback, '
                         'real runs | %s |' % (label, epoch, '; '.join(cells), seeds, link))
-        gaps = ['%s %+.2f (epoch %d)' % (METHODS[m][0], summary[optimizer, m]['worst_points'],
+        gaps = ['%s %+.2f (epoch %d)' % (METHODS[m].label, summary[optimizer, m]['worst_points'],
                                          summary[optimizer, m]['worst_epoch'])
                 for m in methods if 'worst_points' in summary[optimizer, m]]
         rows.append('| CNN with BatchNorm, %s: largest shortfall against `dist_sync`, any epoch, '
@@ -345,7 +345,7 @@ def plot(path, summary):
             acc = [entry['acc'][e] for e in epochs]
             color, style = styles[method]
             ax.plot(epochs, acc, marker='o', ms=4, color=color, ls=style,
-                    label='%s: %.4f' % (METHODS[method][0], acc[-1]))
+                    label='%s: %.4f' % (METHODS[method].label, acc[-1]))
             (literal if method == 'sgd-k4' else shown).extend(acc)
         title = label
         if shown:
@@ -389,7 +389,7 @@ def main(argv=None):
             harness.command_line('python benchmarks/accuracy_cnn.py', argv), settings={
                 'runs': args.runs, 'seeds': args.seeds, 'epochs': args.epochs, 'model': MODEL,
                 'warmup': WARMUP, 'optimizers': {k: v[1] for k, v in OPTIMIZERS.items()},
-                'methods': {k: v[1] for k, v in METHODS.items()}})
+                'methods': {k: v.args for k, v in METHODS.items()}})
         _LOG.info('%s', meta['command'])
         write_meta(args.out, meta)
         rows = run_all(args, meta)

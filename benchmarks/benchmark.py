@@ -235,7 +235,7 @@ def run_throughput(args, net_name, network, method, round_index, hostfile, attem
     steps = args.steps or steps_of['steps']
     folder = os.path.join(args.out, 'runs', report.run_name(net_name, method, round_index,
                                                            attempt))
-    worker = [sys.executable, WORKER] + METHODS[method][1] + [
+    worker = [sys.executable, WORKER] + METHODS[method].args + [
         '--warmup-steps', str(warmup), '--steps', str(steps),
         '--data-dir', args.data_dir, '--jitter', args.jitter if network['jitter'] else '0,0']
     row = dict(network=net_name, method=method, round=round_index, attempt=attempt,

@@ -186,7 +186,7 @@ def part_plot(out):
         for index, (value, top) in enumerate(zip(medians, (v['window_max'] for v in values))):
             axis.text(index, top, '%.2fx' % (value / base), ha='center', va='bottom')
         axis.set_xticks(range(len(methods)))
-        axis.set_xticklabels([METHODS[m][0].replace(' (stock)', '\n(stock)') for m in methods],
+        axis.set_xticklabels([METHODS[m].label.replace(' (stock)', '\n(stock)') for m in methods],
                              fontsize=8)
         axis.set_title(tta.NETWORKS[net_name][0])
         axis.set_ylabel('steady-state samples/s (median, min-max)')
@@ -222,7 +222,7 @@ def part_steady(out):
         base = medians.get('sync', (None,))[0]
         for method, (median, runs) in medians.items():
             lines.append('| %s | %s | %.0f (%s) | %s | %d of %d |' % (
-                tta.NETWORKS[net_name][0], METHODS[method][0], median,
+                tta.NETWORKS[net_name][0], METHODS[method].label, median,
                 ' '.join('%.0f' % r['window_samples_per_s'] for r in runs),
                 '%.2fx' % (median / base) if base else '-',
                 sum(r.get('noisy') in (True, 'True') for r in runs), len(runs)))

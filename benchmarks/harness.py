@@ -15,6 +15,7 @@ The scripts are run as files (``python benchmarks/NAME.py``), so this folder is 
 ``sys.path`` and ``import harness`` finds this module; :data:`REPO` is the repository.
 """
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -42,11 +43,10 @@ _STRIPPED = ('DMLC_', 'MXNET_', 'MXDELAY_')
 
 
 # -- methods and networks --------------------------------------------------------------------
-class Method(NamedTuple):
-    """One method of ``bench_worker.py``: a label and the worker arguments it implies.
-
-    ``method[0]`` is the label and ``method[1]`` the arguments, as in the scripts' tables.
-    """
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One method of ``bench_worker.py``: its label and what it runs; :attr:`args` are the
+    worker arguments it implies."""
     label: str
     trainer: str = 'delayed'          # bench_worker's --mode: compute, sync or delayed
     delay: Optional[int] = None
@@ -65,12 +65,9 @@ class Method(NamedTuple):
         """Whether this is a stock baseline: no process of its job may import mxdelay."""
         return self.trainer == 'sync'
 
-    def __getitem__(self, index):
-        return (self.label, self.args)[index]
-
     def relabel(self, label):
         """This method under another label (the scripts' tables name some differently)."""
-        return self._replace(label=label)
+        return dataclasses.replace(self, label=label)
 
 
 TWO_BIT_THRESHOLD = 0.5

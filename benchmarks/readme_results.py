@@ -130,7 +130,7 @@ def compression_rows():
         methods = [m for m in compress.METHODS if m in data['accuracy']]
 
         def label(method):
-            return compress.METHODS[method][0].replace('dist_sync', '`dist_sync`')
+            return compress.METHODS[method].label.replace('dist_sync', '`dist_sync`')
         rows += _throughput_rows(data, methods, label, link, ' with compression (2bit '
                                  'threshold %g)' % compress.THRESHOLD)
         last = {m: data['accuracy'][m][-1] for m in methods}
@@ -157,7 +157,7 @@ def compression_rows():
                     'rows above (AMD EPYC at load 15 there, Intel Xeon here) | '
                     '[compress-after-cpu/steady.md](%s/steady.md) |' % (
                         compress.THRESHOLD, '; '.join(
-                            '%s %.0f%s' % (compress.METHODS[m][0].replace(
+                            '%s %.0f%s' % (compress.METHODS[m].label.replace(
                                 'dist_sync', '`dist_sync`'), v, '' if m == 'sync' else
                                 ' (%.2fx)' % (v / medians['sync']))
                             for m, v in medians.items()),

@@ -240,7 +240,7 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
     steps = args.steps[model]
     name = '%s-n%d-s%d-%s-r%d' % (model, workers, servers, method, round_index)
     folder = os.path.join(args.scratch, name)
-    worker = [sys.executable, harness.WORKER] + METHODS[method][1] + spec['args'] + [
+    worker = [sys.executable, harness.WORKER] + METHODS[method].args + spec['args'] + [
         '--warmup-steps', str(args.warmup), '--steps', str(steps), '--seed', '1',
         '--data-dir', args.data_dir]
     # A generous bound: 4x the synchronous step's bytes through the busiest link.
@@ -368,7 +368,7 @@ def verdicts(summary):
         item = summary.get((model, workers, servers, method))
         ratio = item['x_sync'] if item else None
         out.append(('%s N=%d S=%d: %s >= %.1fx dist_sync' % (model, workers, servers,
-                                                             METHODS[method][0], required),
+                                                             METHODS[method].label, required),
                     _fmt(ratio, '%.2fx'),
                     'not run' if ratio is None else 'met' if ratio >= required else 'missed'))
     for model in MODELS:
@@ -501,8 +501,8 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'Job samples/s over the timed window (median over rounds; the range in brackets '
               'when there are several), and each method\'s ratio to `dist_sync` of the same '
               'model, N and S.', '']
-    header = ['model', 'S', 'N'] + ['%s samples/s' % METHODS[m][0] for m in methods] + [
-        '%s / sync' % METHODS[m][0] for m in methods if m != 'sync']
+    header = ['model', 'S', 'N'] + ['%s samples/s' % METHODS[m].label for m in methods] + [
+        '%s / sync' % METHODS[m].label for m in methods if m != 'sync']
     body = []
     for model in models:
         for s in servers:
@@ -520,9 +520,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     if second:
         lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
                   'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
-        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m][0] for m in methods
+        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m].label for m in methods
                                         if m != 'sync'] + [
-            '%s efficiency' % METHODS[m][0] for m in methods]
+            '%s efficiency' % METHODS[m].label for m in methods]
         body = []
         for model in models:
             for s in servers:
@@ -540,7 +540,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               '## Scaling efficiency relative to N=2', '',
               'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
               'linear).', '']
-    header = ['model', 'S'] + ['%s N=%d' % (METHODS[m][0], n) for m in methods
+    header = ['model', 'S'] + ['%s N=%d' % (METHODS[m].label, n) for m in methods
                                for n in workers if n != 2]
     body = []
     for model in models:
@@ -565,7 +565,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     lines += ['', '## Server CPU seconds per round', '',
               'CPU time of all servers together in the timed window, divided by the timed '
               'steps (one round of every key per step).', '']
-    header = ['model', 'N', 'S'] + [METHODS[m][0] for m in methods]
+    header = ['model', 'N', 'S'] + [METHODS[m].label for m in methods]
     body = []
     for model in models:
         for n in workers:
@@ -600,7 +600,7 @@ def _method_rows(summary, models, workers, servers, methods, keys):
                 for m in methods:
                     it = summary.get((model, n, s, m))
                     if it:
-                        body.append([model, str(n), str(s), METHODS[m][0]]
+                        body.append([model, str(n), str(s), METHODS[m].label]
                                     + [_fmt(it[k]) for k in keys])
     return body
 
@@ -624,7 +624,7 @@ def plot(path, summary, methods, second=None):
                                     if k[0] == model and k[2] == s and k[3] == method)
                     if points:
                         axis.plot(*zip(*points), style, marker='o', label='%s%s' % (
-                            METHODS[method][0], ' (2nd)' if style == '--' else ''),
+                            METHODS[method].label, ' (2nd)' if style == '--' else ''),
                                   color='0.5' if method == 'sync' else 'C%d' % (color - 1))
             axis.set_xticks(sorted({k[1] for k in summary}))
             axis.set_title('%s, S=%d' % (model, s), fontsize=9)

@@ -70,7 +70,7 @@ def test_methods(scenario):
     table = SCENARIOS[scenario].METHODS
     assert list(table) == list(EXPECTED[scenario])
     for name, (label, args) in EXPECTED[scenario].items():
-        assert (table[name][0], table[name][1]) == (label, args)
+        assert (table[name].label, table[name].args) == (label, args)
         assert table[name].stock == (args[:2] == ['--mode', 'sync'])
 
 
