@@ -16,8 +16,9 @@ import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+import harness
+
+HERE, REPO = harness.HERE, harness.REPO
 OUT = os.path.join(REPO, 'docs', 'benchmarks', 'amp')
 MODES = ('compute', 'compute-amp', 'delay4', 'delay4-amp')
 
@@ -25,9 +26,9 @@ MODES = ('compute', 'compute-amp', 'delay4', 'delay4-amp')
 def run(mode, steps, folder):
     out = os.path.join(folder, mode)
     env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1', DMLC_NODE_HOST='127.0.0.1')
-    subprocess.run([sys.executable, os.path.join(REPO, 'mxdelay', 'launcher.py'), '-n', '2',
-                    '-s', '1', '--', sys.executable, os.path.join(HERE, 'mlp_speed.py'), mode,
-                    str(steps), out], check=True, env=env, stdout=subprocess.DEVNULL)
+    job = harness.Job([sys.executable, os.path.join(HERE, 'mlp_speed.py'), mode, str(steps),
+                       out], None, environ=env)
+    subprocess.run(job.argv, check=True, env=job.env, stdout=subprocess.DEVNULL)
     times = []
     for rank in range(2):
         with open('%s.%d' % (out, rank)) as src:

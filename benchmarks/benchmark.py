@@ -65,50 +65,36 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
-import netns  # noqa: E402  pylint: disable=wrong-import-position
-import report  # noqa: E402  pylint: disable=wrong-import-position
+from cpu_monitor import CpuMonitor
+import harness
+import provenance
+import netns
+import report
 
 _LOG = logging.getLogger('benchmark')
 
-NUM_WORKERS, BATCH = 2, 128
-WORKER = os.path.join(HERE, 'bench_worker.py')
+REPO = harness.REPO
+NUM_WORKERS, BATCH = harness.NUM_WORKERS, harness.BATCH
+WORKER = harness.WORKER
 EXAMPLE = os.path.join(REPO, 'examples', 'train_fashion_mnist.py')
 
 #: name -> (label, bench_worker arguments)
-METHODS = {
-    'compute': ('compute-only', ['--mode', 'compute']),
-    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
-    'k1': ('delayed k=1', ['--mode', 'delayed', '--delay', '1']),
-    'k2': ('delayed k=2', ['--mode', 'delayed', '--delay', '2']),
-    'k4': ('delayed k=4', ['--mode', 'delayed', '--delay', '4']),
-    'k8': ('delayed k=8', ['--mode', 'delayed', '--delay', '8']),
-}
+METHODS = {name: method.relabel('delayed ' + method.label) if method.delay else method
+           for name, method in harness.methods('compute', 'sync', 'k1', 'k2', 'k4', 'k8').items()}
 
 #: name -> settings. `group`: networks of one group share their set-up and are interleaved.
 #: warmup/steps: defaults chosen so that the full benchmark takes about 40 minutes; a
 #: shaped run's step is communication-bound and steady, so fewer steps measure it as well.
 #: The timed steps are a multiple of 8, so that every k's window holds whole pull periods.
-NETWORKS = {
-    'loopback': dict(label='loopback', group='loopback', rate=None, jitter=False,
-                     warmup=200, steps=304, step_bound=1.0),
-    'jitter': dict(label='loopback + jitter', group='loopback', rate=None, jitter=True,
-                   warmup=200, steps=304, step_bound=1.0),
-    '1gbit': dict(label='1 Gbit/s links', group='1gbit', rate='1gbit', jitter=False,
-                  warmup=20, steps=80, step_bound=2.0),
-    '100mbit': dict(label='100 Mbit/s links', group='100mbit', rate='100mbit', jitter=False,
-                    warmup=3, steps=8, step_bound=10.0),
-    # Not run by default: jitter where the CPU is not the bottleneck (see the README).
-    'jitter-1gbit': dict(label='1 Gbit/s links + jitter', group='1gbit', rate='1gbit',
-                         jitter=True, warmup=20, steps=80, step_bound=2.0),
-}
+NETWORKS = {name: dict(harness.NETWORKS[name]._asdict(), group=group, warmup=warmup,
+                      steps=steps, step_bound=bound)
+            for name, group, warmup, steps, bound in (
+                ('loopback', 'loopback', 200, 304, 1.0), ('jitter', 'loopback', 200, 304, 1.0),
+                ('1gbit', '1gbit', 20, 80, 2.0), ('100mbit', '100mbit', 3, 8, 10.0),
+                # Not run by default: jitter where the CPU is not the bottleneck (README).
+                ('jitter-1gbit', '1gbit', 20, 80, 2.0))}
 DEFAULT_NETWORKS = ('loopback', 'jitter', '1gbit', '100mbit')
 
 #: name -> (label, train_fashion_mnist arguments)
@@ -204,34 +190,8 @@ def parse_args(argv=None):
 
 
 # -- processes -------------------------------------------------------------------------
-def _job_env():
-    # Explicit and stock: no DMLC_, MXNET_ or MXDELAY_ variable of this process reaches a job
-    # (a delayed job's `import mxdelay` sets its own defaults; a baseline job keeps MXNet's).
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(('DMLC_', 'MXNET_', 'MXDELAY_'))}
-    env.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    return env
-
-
-def _stop(popen, grace=15.0):
-    """End `popen`, the leader of its own process group, if it still runs.
-
-    The launcher stops its job on SIGTERM (and its roles die with it on SIGKILL: they have
-    a parent-death signal); a worker of a compute-only run has no children.
-    """
-    if popen.poll() is not None:
-        return
-    popen.send_signal(signal.SIGTERM)
-    try:
-        popen.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)  # the leader is alive: the group is ours
-        popen.wait()
-
-
 @contextlib.contextmanager
-def _started(argvs, log_path, env=None):
+def _started(argvs, log_path):
     """Start each argv in a session of its own, output to `log_path`; stop them on exit."""
     popens = []
     with open(log_path, 'ab') as log:
@@ -241,11 +201,11 @@ def _started(argvs, log_path, env=None):
                 log.flush()
                 popens.append(subprocess.Popen(  # pylint: disable=consider-using-with
                     argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=env or _job_env(), cwd=REPO, start_new_session=True))
+                    env=harness.job_env(), cwd=REPO, start_new_session=True))
             yield popens
         finally:
             for popen in popens:
-                _stop(popen)
+                harness.stop(popen)
 
 
 def _wait_all(popens, timeout):
@@ -260,14 +220,9 @@ def _wait_all(popens, timeout):
 
 
 def _launcher(network, hostfile, timeout, num_workers=NUM_WORKERS, num_servers=1):
-    # The launcher as a plain file: `-m mxdelay.launcher` would import the mxdelay package,
-    # which sets mxdelay's MXNet defaults in the launcher's environment, which local roles
-    # inherit (a baseline job must see MXNet's defaults).
-    argv = [sys.executable, os.path.join(REPO, 'mxdelay', 'launcher.py'), '-n',
-            str(num_workers), '-s', str(num_servers), '--timeout', str(int(timeout))]
-    if network['rate']:
-        argv += ['--launcher', 'netns', '-H', hostfile]
-    return argv + ['--']
+    """The launcher's argv up to and including ``--`` (harness.Job's)."""
+    return harness.Job([], timeout, num_workers, num_servers,
+                       hostfile if network['rate'] else None).argv
 
 
 # -- throughput ------------------------------------------------------------------------
@@ -280,7 +235,7 @@ def run_throughput(args, net_name, network, method, round_index, hostfile, attem
     steps = args.steps or steps_of['steps']
     folder = os.path.join(args.out, 'runs', report.run_name(net_name, method, round_index,
                                                            attempt))
-    worker = [sys.executable, WORKER] + METHODS[method][1] + [
+    worker = [sys.executable, WORKER] + METHODS[method].args + [
         '--warmup-steps', str(warmup), '--steps', str(steps),
         '--data-dir', args.data_dir, '--jitter', args.jitter if network['jitter'] else '0,0']
     row = dict(network=net_name, method=method, round=round_index, attempt=attempt,
@@ -349,21 +304,14 @@ def run_window(row, folder, worker, network, hostfile, timeout, compute=False,
     return row, results
 
 
+@contextlib.contextmanager
 def _network(net_name, network):
     """Context: the set-up of a network; yields the hostfile (None for loopback)."""
-    @contextlib.contextmanager
-    def setup():
-        if not network['rate']:
-            yield None
-            return
-        with netns.ShapedNetwork(1 + 1 + NUM_WORKERS, network['rate']) as net, \
-                tempfile.TemporaryDirectory(prefix='mxbench-') as tmp:
-            hostfile = os.path.join(tmp, 'hosts')
-            net.write_hostfile(hostfile)
+    with harness.shaped_network(1 + 1 + NUM_WORKERS, network['rate']) as (net, hostfile):
+        if net:
             _LOG.info('%s: namespaces %s, each link shaped to %s in both directions',
                       net_name, ', '.join(name for name, _ in net.nodes), network['rate'])
-            yield hostfile
-    return setup()
+        yield hostfile
 
 
 def run_all_throughput(args, rows, rows_path):
@@ -449,27 +397,15 @@ def run_accuracy(args, name):
 
 # -- main ------------------------------------------------------------------------------
 def _machine():
-    return dict(nproc=os.cpu_count(), cpu=platform.processor() or _cpu_model(),
+    return dict(nproc=os.cpu_count(), cpu=platform.processor() or provenance.cpu_model(),
                 kernel=platform.release(), python=platform.python_version())
-
-
-def _cpu_model():
-    with contextlib.suppress(OSError):
-        with open('/proc/cpuinfo', encoding='utf-8') as src:
-            for line in src:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    return 'unknown'
 
 
 def _code_version():
     """The commit, and the library files that differ from it (the runs import them anew)."""
-    def git(*args):
-        return subprocess.run(['git', '-C', REPO] + list(args), capture_output=True, text=True,
-                              check=False).stdout.strip()
-    return '%s%s' % (git('rev-parse', '--short', 'HEAD') or 'unknown', ''.join(
-        ' +modified ' + line[3:] for line in git('status', '--porcelain', '--', 'mxdelay',
-                                                 'kvstore_ext', 'examples').splitlines()))
+    return '%s%s' % (provenance.git('rev-parse', '--short', 'HEAD') or 'unknown', ''.join(
+        ' +modified ' + line[3:] for line in provenance.git(
+            'status', '--porcelain', '--', 'mxdelay', 'kvstore_ext', 'examples').splitlines()))
 
 
 def main(argv=None):

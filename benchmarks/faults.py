@@ -39,7 +39,6 @@ into ``--out`` (default docs/benchmarks); each run's launcher output and files g
 Usage: ``python benchmarks/faults.py [--rounds 3] [--cases kill-worker0,...,misuse]``
 """
 import argparse
-import datetime
 import json
 import os
 import re
@@ -51,13 +50,12 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+from cpu_monitor import CpuMonitor
+import harness
+import provenance
+
+REPO = harness.REPO
 SCRIPTS = os.path.join(REPO, 'tests', 'scripts')
-LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
-sys.path.insert(0, HERE)
-import tta  # noqa: E402  pylint: disable=wrong-import-position  (provenance helpers)
-from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
 
 JOB_TIMEOUT = 60
 NOISY_CORES = 0.25
@@ -119,13 +117,6 @@ class PidFile:
         return self.read()
 
 
-def job_env():
-    env = tta.job_env()
-    env['PYTHONPATH'] = os.pathsep.join([REPO] + [p for p in env.get('PYTHONPATH', '').split(
-        os.pathsep) if p])
-    return env
-
-
 def command(case, folder):
     if case == 'misuse':
         return [sys.executable, os.path.join(SCRIPTS, 'mlp_job.py'), json.dumps(MISUSE), folder]
@@ -151,16 +142,17 @@ def run_case(case, folder):
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(folder)
     pids = PidFile(os.path.join(folder, 'pids'))
-    argv = [sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', str(JOB_TIMEOUT), '--']
-    argv += pids.wrap(command(case, folder))
+    # The repository first on the jobs' path: the test scripts import mxdelay from it.
+    job = harness.Job(pids.wrap(command(case, folder)), JOB_TIMEOUT, env={
+        'PYTHONPATH': os.pathsep.join([REPO] + [p for p in os.environ.get(
+            'PYTHONPATH', '').split(os.pathsep) if p])})
     record = dict(case=case, fault=what, load_before=os.getloadavg()[0])
     fault_at = None
     with open(os.path.join(folder, 'stdout.txt'), 'wb') as out, \
             open(os.path.join(folder, 'stderr.txt'), 'wb') as err, \
             CpuMonitor({os.getpid(): 'driver'}) as monitor:
         started = time.time()
-        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                 env=job_env(), cwd=REPO, start_new_session=True)
+        popen = job.start(stdout=out, stderr=err, cwd=REPO)
         deadline = time.monotonic() + JOB_TIMEOUT + 30
         try:
             markers = [os.path.join(folder, 'marker.worker%d' % r) for r in range(2)]
@@ -289,8 +281,9 @@ def main(argv=None):
             parser.error('unknown case %r; the cases are %s' % (case, ', '.join(CASES)))
     meta = dict(command='python benchmarks/faults.py ' + shlex.join(
                     sys.argv[1:] if argv is None else argv),
-                started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                load_before=os.getloadavg(), code=tta.code_version(), machine=tta.machine(),
+                started=provenance.now(),
+                load_before=os.getloadavg(), code=provenance.code_version(),
+                machine=provenance.machine(),
                 rounds=args.rounds, cases=cases, job_timeout=JOB_TIMEOUT,
                 fault_config=FAULT_BASE, misuse_config=MISUSE, noisy_cores=NOISY_CORES)
     runs = []
@@ -304,8 +297,7 @@ def main(argv=None):
                      'n/a' if record['seconds_to_exit'] is None
                      else '%.2f' % record['seconds_to_exit'], record['job_seconds'],
                      record['cpu_other'], record['verdict']), flush=True)
-    meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec='seconds'), load_after=os.getloadavg(), code_end=tta.code_version())
+    harness.finish_meta(meta)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, 'faults.json'), 'w', encoding='utf-8') as dst:
         json.dump(dict(meta=meta, runs=runs), dst, indent=1)

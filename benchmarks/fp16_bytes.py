@@ -25,8 +25,10 @@ import subprocess
 import sys
 import time
 
+import harness
+
 NUM_WORKERS = 2
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = harness.REPO
 METHODS = ('stock', 'fp32', 'fp16')
 
 
@@ -63,9 +65,8 @@ def run(net, hostfile, command, timeout=300):
     before = counters(net)
     env = {k: v for k, v in os.environ.items() if not k.startswith('MXNET_')}
     env['PYTHONPATH'] = REPO
-    argv = [sys.executable, os.path.join(REPO, 'mxdelay', 'launcher.py'), '-n',
-            str(NUM_WORKERS), '-s', '1', '--launcher', 'netns', '-H', hostfile, '--'] + command
-    subprocess.run(argv, check=True, env=env, timeout=timeout, stdout=subprocess.DEVNULL)
+    job = harness.Job(command, None, NUM_WORKERS, hostfile=hostfile, environ=env)
+    subprocess.run(job.argv, check=True, env=job.env, timeout=timeout, stdout=subprocess.DEVNULL)
     time.sleep(0.5)   # the last FINs
     after = counters(net)
     return {name: (after[name][0] - before[name][0], after[name][1] - before[name][1])
@@ -98,7 +99,6 @@ def main():
     if args.role:
         worker(args.role[0], int(args.role[1]), int(args.role[2]))
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import netns  # pylint: disable=import-outside-toplevel
     reason = netns.netns_available()
     if reason:

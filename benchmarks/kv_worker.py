@@ -11,8 +11,7 @@ records what it imported (``benchmarks/provenance.py``) next to OUT_JSON.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import provenance  # noqa: E402  standard library only
+import provenance  # standard library only: first, before MXNet
 
 KIND = sys.argv[1]
 provenance.record(os.path.dirname(os.path.abspath(sys.argv[3])), KIND, stock=KIND != 'dist_delay')

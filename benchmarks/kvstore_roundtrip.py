@@ -34,7 +34,6 @@ Usage: ``python benchmarks/kvstore_roundtrip.py [--rounds 4] [--steps 100] [--bi
 [--cases mlp:none,mlp:sgd,big:sgd]``
 """
 import argparse
-import datetime
 import json
 import os
 import shlex
@@ -44,13 +43,11 @@ import tempfile
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
-sys.path.insert(0, HERE)
-import provenance  # noqa: E402  pylint: disable=wrong-import-position
-import tta  # noqa: E402  pylint: disable=wrong-import-position  (provenance helpers)
-from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
+from cpu_monitor import CpuMonitor
+import harness
+import provenance
+
+HERE, REPO = harness.HERE, harness.REPO
 
 STORES = ('dist_sync', 'dist_delay')
 DROPPED = 10
@@ -60,12 +57,9 @@ FLOATS = {'mlp': 1863690, 'big': 4096 * 4096}
 
 def run(kind, steps, folder, optimizer, model):
     out = os.path.join(folder, 'rank0.json')
-    popen = subprocess.Popen([sys.executable, LAUNCHER, '-n', str(NUM_WORKERS), '-s', '1',
-                              '--timeout', '600', '--', sys.executable,
-                              os.path.join(HERE, 'kv_worker.py'), kind, str(steps), out,
-                              optimizer, model],
-                             env=tta.job_env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    popen = harness.Job([sys.executable, os.path.join(HERE, 'kv_worker.py'), kind, str(steps),
+                         out, optimizer, model], 600, NUM_WORKERS).start(
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=False)
     with CpuMonitor({popen.pid: 'launcher'}, interval=0.1) as monitor:
         if popen.wait() != 0:
             raise RuntimeError('%s %s %s job failed with code %d' % (model, optimizer, kind,
@@ -101,9 +95,11 @@ def main(argv=None):
     cases = [tuple(c.split(':')) for c in args.cases.split(',') if c]
     meta = dict(command='python benchmarks/kvstore_roundtrip.py ' + shlex.join(
                     sys.argv[1:] if argv is None else argv),
-                started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                load_before=os.getloadavg(), code=tta.code_version(), machine=tta.machine(),
-                job_env_mxnet={k: v for k, v in tta.job_env().items() if k.startswith('MXNET_')},
+                started=provenance.now(),
+                load_before=os.getloadavg(), code=provenance.code_version(),
+                machine=provenance.machine(),
+                job_env_mxnet={k: v for k, v in harness.job_env().items()
+                               if k.startswith('MXNET_')},
                 rounds=args.rounds, steps=args.steps, big_steps=args.big_steps,
                 dropped_per_job=DROPPED)
     runs = []
@@ -125,8 +121,7 @@ def main(argv=None):
                              1000 * np.median(times[DROPPED:]), check['server_cpu_ms_per_round'],
                              check['mxdelay_imported_in'] or 'none', check['worker_mxnet_env']),
                           flush=True)
-    meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec='seconds'), load_after=os.getloadavg())
+    meta.update(finished=provenance.now(), load_after=os.getloadavg())
     summary = []
     for model, optimizer in cases:
         median, cpu = {}, {}

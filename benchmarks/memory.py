@@ -34,7 +34,6 @@ the Markdown and the plot from the JSON)
 """
 import argparse
 import csv
-import datetime
 import json
 import os
 import shlex
@@ -43,13 +42,11 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
-sys.path.insert(0, HERE)
-import provenance  # noqa: E402  pylint: disable=wrong-import-position
-import tta  # noqa: E402  pylint: disable=wrong-import-position  (provenance helpers)
-from cpu_monitor import _label  # noqa: E402  pylint: disable=wrong-import-position
+from cpu_monitor import _label
+import harness
+import provenance
+
+HERE, REPO = harness.HERE, harness.REPO
 
 NUM_WORKERS, NUM_SERVERS = 2, 2
 PARAMETERS = {'mlp': 1863690, 'big': 6 * 4096 * 4096}
@@ -101,11 +98,10 @@ def _status(pid):
 def run(model, mode, k, folder):
     """Run one job; return {label: {'peak', 'steady', 'samples'}} and its provenance."""
     steps = steps_of(mode, k)
-    argv = [sys.executable, LAUNCHER, '-n', str(NUM_WORKERS), '-s', str(NUM_SERVERS),
-            '--timeout', '1500', '--', sys.executable, os.path.join(HERE, 'memory_worker.py'),
-            mode, str(k), model, str(steps), folder]
+    job = harness.Job([sys.executable, os.path.join(HERE, 'memory_worker.py'), mode, str(k),
+                       model, str(steps), folder], 1500, NUM_WORKERS, NUM_SERVERS)
     with open(os.path.join(folder, 'job.log'), 'w', encoding='utf-8') as log:
-        popen = subprocess.Popen(argv, env=tta.job_env(), stdout=log, stderr=subprocess.STDOUT)
+        popen = job.start(stdout=log, stderr=subprocess.STDOUT, start_new_session=False)
         labels, processes, steady = {}, {}, None
         start = time.time()
         while popen.poll() is None:
@@ -290,8 +286,8 @@ def main(argv=None):
         total = int(src.readline().split()[1]) * 1024
     meta = dict(command='python benchmarks/memory.py ' + shlex.join(
                     sys.argv[1:] if argv is None else argv),
-                started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                code=tta.code_version(), machine=tta.machine(), memory_total=total,
+                started=provenance.now(),
+                code=provenance.code_version(), machine=provenance.machine(), memory_total=total,
                 workers=NUM_WORKERS, servers=NUM_SERVERS)
     configs = [('dist_sync', 'sync', 0)] + [('dist_delay', 'delay', int(k))
                                             for k in args.ks.split(',') if k]
@@ -317,8 +313,7 @@ def main(argv=None):
                 print('%s %s k=%d: %s' % (model, store, k, ', '.join(
                     '%s %.0f/%.0f MiB' % (label, (r['steady'] or 0) / MIB, r['peak'] / MIB)
                     for label, r in sorted(processes.items()))), flush=True)
-    meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec='seconds'))
+    meta.update(finished=provenance.now())
     meta['stock_ok'] = all(not r['mxdelay_imported_in'] for r in runs
                            if r['store'] == 'dist_sync' and not r.get('skipped'))
     rows = summarize(runs)

@@ -20,8 +20,7 @@ every process's memory in that steady state, before the job ends.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import provenance  # noqa: E402  standard library only
+import provenance  # standard library only: first, before MXNet
 
 MODE, K, MODEL, STEPS, OUT = (sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
                               sys.argv[5])

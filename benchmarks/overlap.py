@@ -48,12 +48,11 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from cpu_monitor import CpuMonitor
+import harness
+import netns
 
-from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
-import netns  # noqa: E402  pylint: disable=wrong-import-position
+HERE, ROOT = harness.HERE, harness.REPO
 
 MODES = ('layerwise', 'after_backward', 'after_grads')
 DEFAULT_MODES = ('layerwise', 'after_backward')
@@ -61,13 +60,13 @@ MODE_LABELS = {'layerwise': 'per layer, during backward',
                'after_backward': 'after backward (waitall)',
                'after_grads': 'after backward (wait for the gradients)'}
 #: name -> (tc rate or None, warm-up steps: the job's STEPS argument)
-NETWORKS = {'loopback': (None, 30), '1gbit': ('1gbit', 20), '100mbit': ('100mbit', 8)}
+NETWORKS = {name: (harness.NETWORKS[name].rate, warmup)
+            for name, warmup in (('loopback', 30), ('1gbit', 20), ('100mbit', 8))}
 BULK = 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD'
 #: A job during which other processes used more cores than this is *disturbed* (as in
 #: benchmarks/report.py); the report gives the tables of the quiet jobs too.
 NOISE_CORES = 0.25
 JOB = os.path.join(ROOT, 'tests', 'scripts', 'timeline_job.py')
-LAUNCHER = os.path.join(ROOT, 'mxdelay', 'launcher.py')
 
 
 class Interrupted(Exception):
@@ -120,42 +119,26 @@ def _job_env(bulk):
     return env
 
 
-def _stop(popen, grace=15.0):
-    """End the launcher (leader of its own session) and so its job, if it still runs."""
-    if popen.poll() is not None:
-        return
-    popen.send_signal(signal.SIGTERM)  # the launcher stops every role it started
-    try:
-        popen.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(popen.pid, signal.SIGKILL)  # by the group id we created, never by name
-        popen.wait()
-
-
 def run_job(network, mode, bulk, warmup, hostfile, log_path):
     """Run one job; return its record (workers' results, load, other processes' cores)."""
     rate = NETWORKS[network][0]
     timeout = 120 + (warmup + 20) * (6.0 if rate == '100mbit' else 1.5)
-    argv = [sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', str(int(timeout))]
-    if rate:
-        argv += ['--launcher', 'netns', '-H', hostfile]
     record = dict(network=network, mode=mode, bulk=bulk, warmup=warmup,
                   load_before=os.getloadavg()[0])
     with tempfile.TemporaryDirectory(prefix='mxoverlap-') as folder:
-        argv += ['--', sys.executable, JOB, mode, folder, str(warmup)]
+        job = harness.Job([sys.executable, JOB, mode, folder, str(warmup)], timeout,
+                          hostfile=hostfile if rate else None, environ=_job_env(bulk))
+        argv = job.argv
         started = time.time()
         with open(log_path, 'ab') as log:
             log.write(('$ %s=%d %s\n' % (BULK, bulk, ' '.join(argv))).encode())
             log.flush()
-            popen = subprocess.Popen(  # pylint: disable=consider-using-with
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=_job_env(bulk), cwd=ROOT, start_new_session=True)
+            popen = job.start(stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
             try:
                 with CpuMonitor({os.getpid(): 'driver'}) as monitor:
                     code = popen.wait(timeout + 30)
             finally:
-                _stop(popen)
+                harness.stop(popen)
         record.update(wall_s=time.time() - started, load_after=os.getloadavg()[0],
                       other_cores=monitor.usage(started, time.time())['other'])
         if code != 0:

@@ -23,8 +23,9 @@ import statistics
 import sys
 import textwrap
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+import harness
+
+REPO = harness.REPO
 BEGIN, END = '<!-- results:begin -->', '<!-- results:end -->'
 TTA = os.path.join('docs', 'benchmarks', 'tta')
 # The server with W kept in the slots' stored values, as main's (docs/design.md §3.2); the
@@ -70,9 +71,8 @@ def _tta_cells(tta, network):
 
 def scaling_rows():
     """The scaling targets (ResNet-18, N=4, S=2) of both invocations of scaling.py."""
-    sys.path.insert(0, HERE)
-    import report  # noqa: E402  pylint: disable=import-outside-toplevel
-    import scaling  # noqa: E402  pylint: disable=import-outside-toplevel
+    import report  # pylint: disable=import-outside-toplevel
+    import scaling  # pylint: disable=import-outside-toplevel
     runs = []
     for folder in ('scaling', 'scaling-run2'):
         summary = scaling.summarize(report.read_csv(os.path.join(
@@ -122,7 +122,6 @@ def _throughput_rows(tta, methods, label, link, what):
 
 def compression_rows():
     """Rows of ``benchmarks/compress.py``'s results (fp16 and 2bit; sparse bytes)."""
-    sys.path.insert(0, HERE)
     import compress  # pylint: disable=import-outside-toplevel
     rows = []
     link = 'docs/benchmarks/compress/results.md'
@@ -131,7 +130,7 @@ def compression_rows():
         methods = [m for m in compress.METHODS if m in data['accuracy']]
 
         def label(method):
-            return compress.METHODS[method][0].replace('dist_sync', '`dist_sync`')
+            return compress.METHODS[method].label.replace('dist_sync', '`dist_sync`')
         rows += _throughput_rows(data, methods, label, link, ' with compression (2bit '
                                  'threshold %g)' % compress.THRESHOLD)
         last = {m: data['accuracy'][m][-1] for m in methods}
@@ -146,7 +145,6 @@ def compression_rows():
                             for m in methods), len(data['seeds']), link))
     after = os.path.join('docs', 'benchmarks', 'compress-after-cpu')
     if os.path.exists(os.path.join(REPO, after, 'phases-runs.csv')):
-        sys.path.insert(0, HERE)
         import report  # pylint: disable=import-outside-toplevel
         runs = [r for r in report.read_csv(os.path.join(REPO, after, 'phases-runs.csv'))
                 if r['network'] == '1gbit' and r['exit'] == 0]
@@ -159,7 +157,7 @@ def compression_rows():
                     'rows above (AMD EPYC at load 15 there, Intel Xeon here) | '
                     '[compress-after-cpu/steady.md](%s/steady.md) |' % (
                         compress.THRESHOLD, '; '.join(
-                            '%s %.0f%s' % (compress.METHODS[m][0].replace(
+                            '%s %.0f%s' % (compress.METHODS[m].label.replace(
                                 'dist_sync', '`dist_sync`'), v, '' if m == 'sync' else
                                 ' (%.2fx)' % (v / medians['sync']))
                             for m, v in medians.items()),

@@ -247,7 +247,7 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                 item = summary.get((network, method))
                 if not item:
                     continue
-                table.append([methods[method][0], '%.0f%s [%s%s]' % (
+                table.append([methods[method].label, '%.0f%s [%s%s]' % (
                     item['samples_per_s'], ' (noisy)' if item['noisy'] else '',
                     ', '.join('%.0f' % v for v in item['values']),
                     '; %d noisy left out' % item['excluded'] if item['excluded'] else ''),
@@ -269,7 +269,7 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                 if item:
                     used = (item['cpu_workers'] + item['cpu_server'] + item['cpu_other']
                             + item['cpu_launcher'])
-                    table.append([networks[network]['label'], methods[method][0],
+                    table.append([networks[network]['label'], methods[method].label,
                                   '%.2f' % item['cpu_workers'], '%.2f' % item['cpu_server'],
                                   '%.2f' % item['cpu_launcher'], '%.2f' % item['cpu_other'],
                                   '%.2f' % max(0.0, meta['nproc'] - used),
@@ -285,7 +285,7 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                     'the slower worker would lose 10.8 ms per step (the mean of the larger of '
                     'two sleeps).', '',
                     _table(['network', 'method', 'plain ms/step', 'jittered ms/step', 'loss'],
-                           [[networks[j]['label'], methods[m][0],
+                           [[networks[j]['label'], methods[m].label,
                              '%.1f' % summary[(p, m)]['ms_per_step'],
                              '%.1f' % summary[(j, m)]['ms_per_step'], '%.1f%%' % (100 * loss)]
                             for j, p, m, loss in losses]), '']
@@ -294,7 +294,7 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
             for method, period in (('k4', 4), ('k8', 8)):
                 if (network, method) in summary:
                     profile = _step_profile(rows, network, method, period)
-                    profile_rows.append([networks[network]['label'], methods[method][0]]
+                    profile_rows.append([networks[network]['label'], methods[method].label]
                                         + ['%.1f' % v for v in profile[:4]]
                                         + ([''] if period == 4 else
                                            ['%.1f' % max(profile[4:])]))
@@ -359,7 +359,7 @@ def plot_throughput(path, rows, methods, networks):
             item = summary.get((network, method))
             if not item:
                 continue
-            label = '%s: %.0f' % (methods[method][0], item['samples_per_s'])
+            label = '%s: %.0f' % (methods[method].label, item['samples_per_s'])
             if top is not None and item['samples_per_s'] > 2 * top:
                 # Far above the rest (a slow network): a line there would flatten the others.
                 ax.plot([], [], ls=style, color=color, lw=2, label=label + ' (off scale)')

@@ -68,40 +68,29 @@ Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
     python benchmarks/scaling.py --smoke             # 12 short runs into bench_out/
 """
 import argparse
-import datetime
 import json
 import logging
 import os
-import shlex
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-import benchmark  # noqa: E402  pylint: disable=wrong-import-position
-from cpu_monitor import Sampler  # noqa: E402  pylint: disable=wrong-import-position
-import fp16_bytes  # noqa: E402  pylint: disable=wrong-import-position
-import netns  # noqa: E402  pylint: disable=wrong-import-position
-import report  # noqa: E402  pylint: disable=wrong-import-position
-import tta  # noqa: E402  pylint: disable=wrong-import-position
+import benchmark
+from cpu_monitor import Sampler
+import fp16_bytes
+import harness
+import provenance
+import netns
+import report
 
 __all__ = ['METHODS', 'MODELS', 'main']
 
 _LOG = logging.getLogger('scaling')
+REPO = harness.REPO
 
-_DELAYED = ['--mode', 'delayed', '--delay', '4', '--local-rule', 'mirror']
-#: name -> (label, bench_worker arguments)
-METHODS = {
-    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
-    'k4': ('k=4', _DELAYED),
-    'k4-fp16': ('k=4 + fp16', _DELAYED + ['--compression', 'fp16']),
-}
+METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16')
 PERIOD = 4  # k of the delayed methods: the windows hold whole periods
 #: name -> label, bench_worker arguments, batch per worker, float32 MB of the gradient,
 #: timed steps of the full run
@@ -251,7 +240,7 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
     steps = args.steps[model]
     name = '%s-n%d-s%d-%s-r%d' % (model, workers, servers, method, round_index)
     folder = os.path.join(args.scratch, name)
-    worker = [sys.executable, benchmark.WORKER] + METHODS[method][1] + spec['args'] + [
+    worker = [sys.executable, harness.WORKER] + METHODS[method].args + spec['args'] + [
         '--warmup-steps', str(args.warmup), '--steps', str(steps), '--seed', '1',
         '--data-dir', args.data_dir]
     # A generous bound: 4x the synchronous step's bytes through the busiest link.
@@ -266,10 +255,9 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
         row, folder, worker, {'rate': args.rate}, hostfile, timeout, num_workers=workers,
         num_servers=servers, batch=spec['batch'], monitor=ports)
     row['load_after'] = os.getloadavg()[0]
-    roles = tta.read_roles(folder)
-    row['stock_check'] = tta.stock_check(method, roles, 1 + servers + workers,
-                                         stock=method == 'sync')
-    row['worker_env'] = tta.worker_env(roles)
+    roles = harness.read_roles(folder)
+    row['stock_check'] = harness.stock_check(METHODS[method].stock, roles, 1 + servers + workers)
+    row['worker_env'] = harness.worker_env(roles)
     if not results:
         return row
     row['noisy'] = int(report.is_noisy(row))
@@ -301,10 +289,8 @@ def run_all(args, rows, rows_path):
     configs = [(m, n, s) for m in args.models for n in args.workers for s in args.servers]
     total = len(configs) * len(args.methods) * args.rounds
     for index, (model, workers, servers) in enumerate(configs):
-        with netns.ShapedNetwork(1 + servers + workers, args.rate) as net, \
-                tempfile.TemporaryDirectory(prefix='mxscaling-') as tmp:
-            hostfile = os.path.join(tmp, 'hosts')
-            net.write_hostfile(hostfile)
+        with harness.shaped_network(1 + servers + workers, args.rate,
+                                    'mxscaling-') as (net, hostfile):
             for round_index in range(1, args.rounds + 1):
                 for method in _order(args.methods, index, round_index):
                     row = run_one(args, net, hostfile, model, workers, servers, method,
@@ -382,7 +368,7 @@ def verdicts(summary):
         item = summary.get((model, workers, servers, method))
         ratio = item['x_sync'] if item else None
         out.append(('%s N=%d S=%d: %s >= %.1fx dist_sync' % (model, workers, servers,
-                                                             METHODS[method][0], required),
+                                                             METHODS[method].label, required),
                     _fmt(ratio, '%.2fx'),
                     'not run' if ratio is None else 'met' if ratio >= required else 'missed'))
     for model in MODELS:
@@ -459,7 +445,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     """scaling.md: the tables and the verdicts.
 
     `out_link`: the results folder relative to the summary; `code`: the commit writing the
-    report (``tta.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
+    report (``provenance.code_version()``); `second`: ``(meta, rows, summary, link)`` of a second
     invocation of the same grid, shown beside the first.
     """
     models = [m for m in MODELS if any(k[0] == m for k in summary)]
@@ -515,8 +501,8 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'Job samples/s over the timed window (median over rounds; the range in brackets '
               'when there are several), and each method\'s ratio to `dist_sync` of the same '
               'model, N and S.', '']
-    header = ['model', 'S', 'N'] + ['%s samples/s' % METHODS[m][0] for m in methods] + [
-        '%s / sync' % METHODS[m][0] for m in methods if m != 'sync']
+    header = ['model', 'S', 'N'] + ['%s samples/s' % METHODS[m].label for m in methods] + [
+        '%s / sync' % METHODS[m].label for m in methods if m != 'sync']
     body = []
     for model in models:
         for s in servers:
@@ -534,9 +520,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     if second:
         lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
                   'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
-        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m][0] for m in methods
+        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m].label for m in methods
                                         if m != 'sync'] + [
-            '%s efficiency' % METHODS[m][0] for m in methods]
+            '%s efficiency' % METHODS[m].label for m in methods]
         body = []
         for model in models:
             for s in servers:
@@ -554,7 +540,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               '## Scaling efficiency relative to N=2', '',
               'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
               'linear).', '']
-    header = ['model', 'S'] + ['%s N=%d' % (METHODS[m][0], n) for m in methods
+    header = ['model', 'S'] + ['%s N=%d' % (METHODS[m].label, n) for m in methods
                                for n in workers if n != 2]
     body = []
     for model in models:
@@ -579,7 +565,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     lines += ['', '## Server CPU seconds per round', '',
               'CPU time of all servers together in the timed window, divided by the timed '
               'steps (one round of every key per step).', '']
-    header = ['model', 'N', 'S'] + [METHODS[m][0] for m in methods]
+    header = ['model', 'N', 'S'] + [METHODS[m].label for m in methods]
     body = []
     for model in models:
         for n in workers:
@@ -614,7 +600,7 @@ def _method_rows(summary, models, workers, servers, methods, keys):
                 for m in methods:
                     it = summary.get((model, n, s, m))
                     if it:
-                        body.append([model, str(n), str(s), METHODS[m][0]]
+                        body.append([model, str(n), str(s), METHODS[m].label]
                                     + [_fmt(it[k]) for k in keys])
     return body
 
@@ -638,7 +624,7 @@ def plot(path, summary, methods, second=None):
                                     if k[0] == model and k[2] == s and k[3] == method)
                     if points:
                         axis.plot(*zip(*points), style, marker='o', label='%s%s' % (
-                            METHODS[method][0], ' (2nd)' if style == '--' else ''),
+                            METHODS[method].label, ' (2nd)' if style == '--' else ''),
                                   color='0.5' if method == 'sync' else 'C%d' % (color - 1))
             axis.set_xticks(sorted({k[1] for k in summary}))
             axis.set_title('%s, S=%d' % (model, s), fontsize=9)
@@ -657,7 +643,7 @@ def plot(path, summary, methods, second=None):
 def write_reports(args, meta, rows):
     methods = [m for m in METHODS if any(r['method'] == m for r in rows)]
     summary = summarize(rows)
-    code = tta.code_version()  # before this report's own files change
+    code = provenance.code_version()  # before this report's own files change
     here = os.path.dirname(os.path.abspath(args.summary))
     second = None
     if args.compare:
@@ -677,10 +663,6 @@ def write_reports(args, meta, rows):
 
 
 # -- main ----------------------------------------------------------------------------------
-def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
-
-
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format='%(asctime)s %(message)s', datefmt='%H:%M:%S')
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -701,12 +683,11 @@ def main(argv=None):
     stale = netns.remove_stale()
     if stale:
         _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
-    meta = dict(command='python benchmarks/scaling.py ' + shlex.join(argv), started=_now(),
-                load_before=os.getloadavg(), code_start=tta.code_version(),
-                machine=tta.machine(), repo=REPO, pythonpath=os.environ.get('PYTHONPATH', ''),
-                settings=dict(models=args.models, methods=args.methods, workers=args.workers,
-                              servers=args.servers, rate=args.rate, rounds=args.rounds,
-                              warmup=args.warmup, steps=args.steps))
+    meta = harness.start_meta(
+        harness.command_line('python benchmarks/scaling.py', argv), settings=dict(
+            models=args.models, methods=args.methods, workers=args.workers,
+            servers=args.servers, rate=args.rate, rounds=args.rounds, warmup=args.warmup,
+            steps=args.steps))
     _LOG.info('%s; output in %s', meta['command'], args.out)
     rows, code = [], 0
     try:
@@ -715,7 +696,7 @@ def main(argv=None):
         _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
         code = 128 + stop.signum
     finally:
-        meta.update(finished=_now(), load_after=os.getloadavg(), code_end=tta.code_version())
+        harness.finish_meta(meta)
         with open(meta_path, 'w', encoding='utf-8') as dst:
             json.dump(meta, dst, indent=1)
     if rows:

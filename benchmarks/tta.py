@@ -46,45 +46,27 @@ Usage (as root for the shaped networks)::
     python benchmarks/tta.py --part report
 """
 import argparse
-import contextlib
-import datetime
 import hashlib
 import json
 import logging
 import os
-import platform
-import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-
-from cpu_monitor import CpuMonitor  # noqa: E402  pylint: disable=wrong-import-position
-import netns  # noqa: E402  pylint: disable=wrong-import-position
-import report as report_lib  # noqa: E402  pylint: disable=wrong-import-position
+import harness
+import provenance
+import netns
+import report as report_lib
 
 _LOG = logging.getLogger('tta')
 
-NUM_WORKERS, BATCH = 2, 128
-WORKER = os.path.join(HERE, 'bench_worker.py')
-LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
-METHODS = {
-    'sync': ('dist_sync (stock)', ['--mode', 'sync']),
-    'k2': ('k=2', ['--mode', 'delayed', '--delay', '2']),
-    'k4': ('k=4', ['--mode', 'delayed', '--delay', '4']),
-    'k8': ('k=8', ['--mode', 'delayed', '--delay', '8']),
-}
+REPO = harness.REPO
+NUM_WORKERS, BATCH = harness.NUM_WORKERS, harness.BATCH
+METHODS = harness.methods('sync', 'k2', 'k4', 'k8')
 #: network -> (label, tc rate or None, phase-run warm-up steps, delayed steps, s/step bound)
-NETWORKS = {
-    'loopback': ('loopback', None, 100, 304, 1.0),
-    '1gbit': ('1 Gbit/s links', '1gbit', 40, 80, 2.0),
-    '100mbit': ('100 Mbit/s links', '100mbit', 12, 32, 10.0),
-}
+NETWORKS = {name: harness.NETWORKS[name][:2] + steps for name, steps in (
+    ('loopback', (100, 304, 1.0)), ('1gbit', (40, 80, 2.0)), ('100mbit', (12, 32, 10.0)))}
 FULL_WARMUP = 200      # the default of DelayedTrainer and of the example
 EVAL_EVERY = 78        # a third of an epoch (234 steps)
 
@@ -125,125 +107,22 @@ def parse_args(argv=None):
     return args
 
 
-# -- provenance ----------------------------------------------------------------------------
-def _git(*args):
-    return subprocess.run(['git', '-C', REPO] + list(args), capture_output=True, text=True,
-                          check=False).stdout.strip()
-
-
-def code_version():
-    """``{'commit': HEAD, 'dirty': bool, 'dirty_files': [...]}`` of the repository."""
-    status = subprocess.run(['git', '-C', REPO, 'status', '--porcelain', '--untracked-files=no'],
-                            capture_output=True, text=True, check=False).stdout
-    dirty = [line[3:] for line in status.splitlines() if line.strip()]  # 'XY path'
-    return {'commit': _git('rev-parse', 'HEAD'), 'dirty': bool(dirty), 'dirty_files': dirty}
-
-
-def machine():
-    model = 'unknown'
-    with contextlib.suppress(OSError):
-        with open('/proc/cpuinfo', encoding='utf-8') as src:
-            for line in src:
-                if line.startswith('model name'):
-                    model = line.split(':', 1)[1].strip()
-                    break
-    return {'cores': os.cpu_count(), 'cpu': model, 'kernel': platform.release(),
-            'python': platform.python_version()}
-
-
-def job_env():
-    """The explicit environment of every job: no DMLC_, MXNET_ or MXDELAY_ variable."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(('DMLC_', 'MXNET_', 'MXDELAY_'))}
-    env.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    return env
-
-
 # -- one job -------------------------------------------------------------------------------
-def run_job(folder, worker_args, timeout, hostfile=None):
-    """Run one launcher job of bench_worker.py with `worker_args` (``--out`` added).
-
-    Returns (exit code, worker results, the CpuMonitor, the role records).
-    """
-    os.makedirs(folder, exist_ok=True)
-    for stale in os.listdir(folder):
-        os.remove(os.path.join(folder, stale))
-    out = os.path.join(folder, 'worker-{rank}.json')
-    argv = [sys.executable, LAUNCHER, '-n', str(NUM_WORKERS), '-s', '1',
-            '--timeout', str(int(timeout))]
-    if hostfile:
-        argv += ['--launcher', 'netns', '-H', hostfile]
-    argv += ['--', sys.executable, WORKER] + worker_args + ['--out', out]
-    with open(os.path.join(folder, 'log.txt'), 'wb') as log:
-        log.write(('$ %s\n' % shlex.join(argv)).encode())
-        log.flush()
-        with CpuMonitor({os.getpid(): 'driver'}) as monitor:
-            code = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, env=job_env(), cwd=REPO,
-                                  timeout=timeout + 60, check=False).returncode
-    results = []
-    if code == 0:
-        for rank in range(NUM_WORKERS):
-            with open(out.format(rank=rank), encoding='utf-8') as src:
-                results.append(json.load(src))
-    return code, results, monitor, read_roles(folder)
-
-
-def read_roles(folder):
-    """``{'<role>-<rank>': [records]}``: the provenance records bench_worker.py left in
-    `folder`, one file per process."""
-    roles = {}
-    for name in sorted(os.listdir(folder)):
-        if name.startswith('role-'):
-            with open(os.path.join(folder, name), encoding='utf-8') as src:
-                roles[name[5:-5]] = json.load(src)
-    return roles
-
-
 def is_stock(method):
     """Whether `method` is a stock baseline (bench_worker's ``--mode sync``: no mxdelay)."""
-    return METHODS[method][1][:2] == ['--mode', 'sync']
+    return METHODS[method].stock
 
 
-def stock_check(method, roles, num_roles=2 + NUM_WORKERS, stock=None):
-    """'ok' if the job's processes imported mxdelay exactly when they should; else why not.
-
-    `num_roles`: the job's processes (scheduler, servers, workers); `stock`: whether the
-    method is a stock baseline (default: :func:`is_stock` of this file's methods).
-    """
-    stock = is_stock(method) if stock is None else stock
-    problems = []
-    if len(roles) != num_roles:
-        problems.append('%d role records' % len(roles))
-    for name, records in roles.items():
-        imported = any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records)
-        if stock and imported:
-            problems.append('%s imported mxdelay' % name)
-    return 'ok' if not problems else '; '.join(problems)
-
-
-def worker_env(roles):
-    """The MXNET_* variables the workers saw (at exit: after any import of mxdelay)."""
-    seen = set()
-    for name, records in roles.items():
-        if name.startswith('worker'):
-            env = records[-1]['env']
-            seen.add(' '.join('%s=%s' % (k, v) for k, v in env.items() if k.startswith('MXNET_'))
-                     or '(none)')
-    return ' | '.join(sorted(seen))
+def stock_check(method, roles):
+    """'ok' if the job of `method` imported mxdelay exactly when it should; else why not."""
+    return harness.stock_check(is_stock(method), roles)
 
 
 def _meta(args, argv, command):
-    return {'command': command + ' ' + shlex.join(
-                sys.argv[1:] if argv is None else argv),
-            'started': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-            'load_before': os.getloadavg(), 'code_start': code_version(), 'machine': machine(),
-            'repo': REPO, 'pythonpath': os.environ.get('PYTHONPATH', ''),
-            'job_env_mxnet': {k: v for k, v in job_env().items() if k.startswith('MXNET_')},
-            'settings': {'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
-                         'networks': {n: NETWORKS[n] for n in args.networks},
-                         'rounds': args.rounds, 'full_warmup': FULL_WARMUP,
-                         'eval_every': EVAL_EVERY}}
+    return harness.start_meta(harness.command_line(command, argv), settings={
+        'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
+        'networks': {n: NETWORKS[n] for n in args.networks}, 'rounds': args.rounds,
+        'full_warmup': FULL_WARMUP, 'eval_every': EVAL_EVERY})
 
 
 # -- full runs -----------------------------------------------------------------------------
@@ -258,11 +137,12 @@ def part_full(args, meta):
                            '--data-dir', args.data_dir]
             load = os.getloadavg()[0]
             started = time.time()
-            code, results, monitor, roles = run_job(folder, METHODS[method][1] + worker_args,
-                                                    300 + args.epochs * 234 * 1.0)
+            code, results, monitor, roles = harness.run_worker(
+                folder, METHODS[method].args + worker_args, 300 + args.epochs * 234 * 1.0)
             row = dict(method=method, seed=seed, exit=code, load_before=load,
                        load_after=os.getloadavg()[0], job_s=time.time() - started,
-                       stock_check=stock_check(method, roles), worker_env=worker_env(roles))
+                       stock_check=stock_check(method, roles),
+                       worker_env=harness.worker_env(roles))
             if code != 0:
                 _LOG.error('full %s seed %d FAILED (exit %s): see %s', method, seed, code, folder)
                 runs.append(row)
@@ -291,20 +171,6 @@ def part_full(args, meta):
 
 
 # -- phase runs ----------------------------------------------------------------------------
-def _network(rate):
-    @contextlib.contextmanager
-    def setup():
-        if not rate:
-            yield None
-            return
-        with netns.ShapedNetwork(2 + NUM_WORKERS, rate) as net, \
-                tempfile.TemporaryDirectory(prefix='mxtta-') as tmp:
-            hostfile = os.path.join(tmp, 'hosts')
-            net.write_hostfile(hostfile)
-            yield hostfile
-    return setup()
-
-
 def phase_row(results, method, warmup, steps):
     """Per-phase step times of one short run, from both workers' step ends."""
     t0 = min(r['first'] for r in results)
@@ -337,7 +203,7 @@ def part_phases(args, meta):
                     plan.append(('loopback-as-%s' % other, ('loopback',  None)
                                  + NETWORKS[other][2:4] + (1.0,), 1))
     for net_name, (label, rate, warmup, steps, bound), rounds in plan:
-        with _network(rate) as hostfile:
+        with harness.shaped_network(2 + NUM_WORKERS, rate, 'mxtta-') as (_, hostfile):
             for round_index in range(1, rounds + 1):
                 order = args.methods if round_index % 2 else args.methods[::-1]
                 for method in order:
@@ -346,14 +212,14 @@ def part_phases(args, meta):
                     worker_args = ['--warmup-steps', str(warmup), '--steps', str(steps),
                                    '--seed', '1', '--data-dir', args.data_dir]
                     load = os.getloadavg()[0]
-                    code, results, monitor, roles = run_job(
-                        folder, METHODS[method][1] + worker_args,
+                    code, results, monitor, roles = harness.run_worker(
+                        folder, METHODS[method].args + worker_args,
                         120 + (warmup + 1 + steps) * bound, hostfile)
                     row = dict(network=net_name, method=method, round=round_index, exit=code,
                                warmup=warmup, steps=steps, load_before=load,
                                load_after=os.getloadavg()[0],
                                stock_check=stock_check(method, roles),
-                               worker_env=worker_env(roles))
+                               worker_env=harness.worker_env(roles))
                     if code == 0:
                         detail = phase_row(results, method, warmup, steps)
                         losses = detail.pop('losses')
@@ -378,10 +244,6 @@ def part_phases(args, meta):
 
 
 # -- report --------------------------------------------------------------------------------
-def _spread(values):
-    return (min(values), max(values)) if values else (None, None)
-
-
 def derived_time(step, method, times):
     """Derived wall time of step `step` (1-based) from per-phase times (seconds)."""
     n_sync = step if is_stock(method) else min(step, FULL_WARMUP + 1)
@@ -523,38 +385,15 @@ def _fmt_s(seconds):
     return '%.0f s' % seconds if seconds < 600 else '%.1f min' % (seconds / 60)
 
 
-def _changed(start, end):
-    """Files changed between two commits (what changed under a run that spans them)."""
-    if not start or not end or start == end:
-        return []
-    return _git('diff', '--name-only', start, end).split()
-
-
-def _meta_line(meta):
-    code = meta.get('code_start', {})
-    end = meta.get('code_end', {})
-    changed = _changed(code.get('commit'), end.get('commit'))
-    return ('`%s`: %s to %s, commit `%s`%s%s; %s cores (%s); load average (1 min) %.2f before, '
-            '%.2f after' % (
-                meta['command'], meta['started'], meta.get('finished', '?'),
-                code.get('commit', '?')[:10],
-                ' (dirty: %s)' % ', '.join(code['dirty_files']) if code.get('dirty') else '',
-                '' if end.get('commit') == code.get('commit') else
-                ', `%s` at the end (files changed in between: %s)' % (
-                    end.get('commit', '?')[:10], ', '.join(changed) or 'none'),
-                meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
-                meta.get('load_after', [float('nan')])[0]))
-
-
 def write_markdown(out, result, methods, networks, phases, command):
-    label = {m: METHODS[m][0] for m in METHODS}
+    label = {m: METHODS[m].label for m in METHODS}
     lines = ['# Time to accuracy, accuracy over seeds, per-phase step times',
              '', 'Generated by `%s --part report` from the CSV files in this ' % command +
              'folder; do not edit. How they were made: `benchmarks/tta.py` (docstring) and '
              '[../README.md](../README.md) (rules).', '']
     for part in ('full', 'phases'):
         if part in result['metas']:
-            lines.append('- %s: %s' % (part, _meta_line(result['metas'][part])))
+            lines.append('- %s: %s' % (part, provenance.meta_line(result['metas'][part])))
     lines += ['', '## Test accuracy over %d seeds (loopback, real runs, 10 epochs)' % len(
         result['seeds']), '',
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
@@ -749,8 +588,7 @@ def main(argv=None, command='python benchmarks/tta.py'):
     try:
         rows = (part_full if args.part == 'full' else part_phases)(args, meta)
     finally:
-        meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
-            timespec='seconds'), load_after=os.getloadavg(), code_end=code_version())
+        harness.finish_meta(meta)
         with open(os.path.join(args.out, 'meta-%s.json' % args.part), 'w',
                   encoding='utf-8') as dst:
             json.dump(meta, dst, indent=1)

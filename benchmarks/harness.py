@@ -1,0 +1,301 @@
+"""The benchmarks' harness: one launcher job, its clean environment, the methods and networks.
+
+Every benchmark script starts its jobs through :class:`Job`: ``mxdelay/launcher.py`` run as a
+plain file (``-m mxdelay.launcher`` would import the mxdelay package, which sets mxdelay's
+MXNet defaults in the launcher's environment, which local roles inherit; a baseline job must
+see MXNet's defaults), with the explicit environment of :func:`job_env` (the driver's minus
+every ``DMLC_*``, ``MXNET_*`` and ``MXDELAY_*`` variable, plus ``OMP_NUM_THREADS=1``:
+docs/benchmarks/README.md, rule 3). :data:`METHODS` declares every method once (trainer kind,
+delay, compression, extra worker arguments; a stock baseline is ``--mode sync``), and
+:data:`NETWORKS` every link. A run's results record :func:`start_meta` and
+:func:`finish_meta` (from ``provenance.py``: commit, machine, dates), its rows the role
+records of its processes (:func:`stock_check`, :func:`worker_env`).
+
+The scripts are run as files (``python benchmarks/NAME.py``), so this folder is first on
+``sys.path`` and ``import harness`` finds this module; :data:`REPO` is the repository.
+"""
+import contextlib
+import dataclasses
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import NamedTuple, Optional, Tuple
+
+from cpu_monitor import CpuMonitor
+import netns
+from provenance import code_version, machine, now, read_records
+
+__all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
+           'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'stop',
+           'shaped_network', 'job_env', 'command_line', 'start_meta', 'finish_meta',
+           'read_roles', 'stock_check', 'worker_env']
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
+WORKER = os.path.join(HERE, 'bench_worker.py')
+NUM_WORKERS, BATCH = 2, 128
+_STRIPPED = ('DMLC_', 'MXNET_', 'MXDELAY_')
+
+
+# -- methods and networks --------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One method of ``bench_worker.py``: its label and what it runs; :attr:`args` are the
+    worker arguments it implies."""
+    label: str
+    trainer: str = 'delayed'          # bench_worker's --mode: compute, sync or delayed
+    delay: Optional[int] = None
+    extra: Tuple[str, ...] = ()       # further worker arguments (e.g. the local rule)
+    compression: Optional[str] = None
+
+    @property
+    def args(self):
+        """The worker arguments: mode, delay, `extra`, compression, in that order."""
+        return (['--mode', self.trainer] + (['--delay', str(self.delay)] if self.delay else [])
+                + list(self.extra)
+                + (['--compression', self.compression] if self.compression else []))
+
+    @property
+    def stock(self):
+        """Whether this is a stock baseline: no process of its job may import mxdelay."""
+        return self.trainer == 'sync'
+
+    def relabel(self, label):
+        """This method under another label (the scripts' tables name some differently)."""
+        return dataclasses.replace(self, label=label)
+
+
+TWO_BIT_THRESHOLD = 0.5
+_TWO_BIT = '2bit:%g' % TWO_BIT_THRESHOLD
+_MIRROR = ('--local-rule', 'mirror')
+#: name -> Method: every method of every benchmark, declared once.
+METHODS = {
+    'compute': Method('compute-only', trainer='compute'),
+    'sync': Method('dist_sync (stock)', trainer='sync'),
+    'sync-2bit': Method('dist_sync + 2bit (stock)', trainer='sync', compression=_TWO_BIT),
+    'k1': Method('k=1', delay=1),
+    'k2': Method('k=2', delay=2),
+    'k4': Method('k=4', delay=4),
+    'k8': Method('k=8', delay=8),
+    'k16': Method('k=16', delay=16),
+    'k4-fp16': Method('k=4 + fp16', delay=4, compression='fp16'),
+    'k4-2bit': Method('k=4 + 2bit', delay=4, compression=_TWO_BIT),
+    'mirror-k4': Method('k=4', delay=4, extra=_MIRROR),
+    'mirror-k4-fp16': Method('k=4 + fp16', delay=4, extra=_MIRROR, compression='fp16'),
+    'sgd-k4': Method("literal 'sgd' rule, k=4", delay=4, extra=('--local-rule', 'sgd')),
+}
+
+
+def methods(*names):
+    """``{name: Method}`` of `names`, in order; ``'name=registry-name'`` takes a registry
+    method under another name, e.g. ``methods('sync', 'k4=mirror-k4')``."""
+    chosen = {}
+    for name in names:
+        name, _, source = name.partition('=')
+        chosen[name] = METHODS[source or name]
+    return chosen
+
+
+class Network(NamedTuple):
+    """One network of the benchmarks: label, ``tc`` rate (None: loopback), jitter."""
+    label: str
+    rate: Optional[str] = None
+    jitter: bool = False
+
+
+#: name -> Network: every link the benchmarks shape (benchmarks/netns.py).
+NETWORKS = {
+    'loopback': Network('loopback'),
+    'jitter': Network('loopback + jitter', jitter=True),
+    '1gbit': Network('1 Gbit/s links', '1gbit'),
+    '100mbit': Network('100 Mbit/s links', '100mbit'),
+    'jitter-1gbit': Network('1 Gbit/s links + jitter', '1gbit', jitter=True),
+}
+
+
+# -- one job ---------------------------------------------------------------------------------
+def job_env(**extra):
+    """The explicit environment of a job: no DMLC_, MXNET_ or MXDELAY_ variable of this
+    process (a delayed job's ``import mxdelay`` sets its own defaults, a baseline keeps
+    MXNet's), ``OMP_NUM_THREADS=1``, unbuffered output, and `extra`."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith(_STRIPPED)}
+    env.update(OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1', **extra)
+    return env
+
+
+class Job:
+    """One job of `command` under the launcher: its argv, environment and run.
+
+    Parameters
+    ----------
+    command : list of str
+        The argv of every role (the launcher's arguments after ``--``).
+    timeout : float or None
+        The launcher's ``--timeout`` (seconds, truncated to an int); None: its default.
+    num_workers, num_servers : int
+    hostfile : str, optional
+        A hostfile of network namespaces (``netns.ShapedNetwork.write_hostfile``): the job
+        runs under ``--launcher netns``; None: local processes on loopback.
+    env : dict, optional
+        Variables added to :func:`job_env`.
+    environ : dict, optional
+        The whole environment instead (the few benchmarks whose jobs keep some of the
+        driver's MXNet settings); stock baselines never use it.
+    """
+
+    def __init__(self, command, timeout, num_workers=NUM_WORKERS, num_servers=1,
+                 hostfile=None, env=None, environ=None):
+        self.command = list(command)
+        self.timeout = timeout
+        self.num_workers, self.num_servers = num_workers, num_servers
+        self.hostfile = hostfile
+        self.extra_env = dict(env or {})
+        self.environ = environ
+
+    @property
+    def argv(self):
+        """The launcher run as a plain file, then ``--`` and the command."""
+        argv = [sys.executable, LAUNCHER, '-n', str(self.num_workers), '-s',
+                str(self.num_servers)]
+        if self.timeout is not None:
+            argv += ['--timeout', str(int(self.timeout))]
+        if self.hostfile:
+            argv += ['--launcher', 'netns', '-H', self.hostfile]
+        return argv + ['--'] + self.command
+
+    @property
+    def env(self):
+        if self.environ is not None:
+            return dict(self.environ, **self.extra_env)
+        return job_env(**self.extra_env)
+
+    def run(self, log_path, monitor=None):
+        """Run to the end, output into `log_path` (its first line: the command); returns the
+        exit code. `monitor`: a context manager entered for the job's duration."""
+        with open(log_path, 'wb') as log, (monitor or contextlib.nullcontext()):
+            log.write(('$ %s\n' % shlex.join(self.argv)).encode())
+            log.flush()
+            return subprocess.run(self.argv, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
+                                  timeout=self.timeout + 60, check=False).returncode
+
+    def start(self, **popen_args):
+        """Start the job; ``popen_args``: Popen's output, cwd, ... (default: a session of
+        its own, so that a signal to the driver's group does not reach the job)."""
+        popen_args.setdefault('start_new_session', True)
+        return subprocess.Popen(  # pylint: disable=consider-using-with
+            self.argv, stdin=subprocess.DEVNULL, env=self.env, **popen_args)
+
+
+def run_worker(folder, worker_args, timeout, hostfile=None):
+    """Run one launcher job of bench_worker.py with `worker_args` (``--out`` added) in the
+    emptied `folder` (its log, the workers' results and the role records go there).
+
+    Returns (exit code, worker results, the CpuMonitor of the job, the role records).
+    """
+    os.makedirs(folder, exist_ok=True)
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
+    out = os.path.join(folder, 'worker-{rank}.json')
+    job = Job([sys.executable, WORKER] + worker_args + ['--out', out], timeout,
+              hostfile=hostfile)
+    monitor = CpuMonitor({os.getpid(): 'driver'})
+    code = job.run(os.path.join(folder, 'log.txt'), monitor)
+    results = []
+    if code == 0:
+        for rank in range(job.num_workers):
+            with open(out.format(rank=rank), encoding='utf-8') as src:
+                results.append(json.load(src))
+    return code, results, monitor, read_roles(folder)
+
+
+def stop(popen, grace=15.0):
+    """End `popen`, the leader of its own process group (:meth:`Job.start`), if it still runs.
+
+    The launcher stops its job on SIGTERM (and its roles die with it on SIGKILL: they have
+    a parent-death signal); a worker of a compute-only run has no children.
+    """
+    if popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(popen.pid, signal.SIGKILL)  # the leader is alive: the group is ours
+        popen.wait()
+
+
+@contextlib.contextmanager
+def shaped_network(nodes, rate, prefix='mxbench-'):
+    """Yield ``(net, hostfile)``: `nodes` network namespaces with each link shaped to `rate`
+    (``netns.ShapedNetwork``) and their hostfile for :class:`Job`; ``(None, None)`` for
+    loopback (`rate` None)."""
+    if not rate:
+        yield None, None
+        return
+    with netns.ShapedNetwork(nodes, rate) as net, tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        hostfile = os.path.join(tmp, 'hosts')
+        net.write_hostfile(hostfile)
+        yield net, hostfile
+
+
+# -- a run's record -------------------------------------------------------------------------
+def command_line(start, argv=None):
+    """The command a results file records: `start` (e.g. ``'python benchmarks/tta.py'``) and
+    `argv` (default: this process's arguments), quoted for a shell."""
+    return start + ' ' + shlex.join(sys.argv[1:] if argv is None else argv)
+
+
+def start_meta(command, **more):
+    """A run's provenance at its start: command, date, load, commit, machine, paths and the
+    ``MXNET_*`` variables of :func:`job_env` (none), then `more`."""
+    return dict(command=command, started=now(), load_before=os.getloadavg(),
+                code_start=code_version(), machine=machine(), repo=REPO,
+                pythonpath=os.environ.get('PYTHONPATH', ''),
+                job_env_mxnet={k: v for k, v in job_env().items() if k.startswith('MXNET_')},
+                **more)
+
+
+def finish_meta(meta):
+    """Add the end of the run to `meta` (date, load, commit) and return it."""
+    meta.update(finished=now(), load_after=os.getloadavg(), code_end=code_version())
+    return meta
+
+
+# -- the role records of a job (provenance.py) ----------------------------------------------
+def read_roles(folder):
+    """``{'<role>-<rank>': [records]}``: the records bench_worker.py left in `folder`."""
+    return read_records(folder)[0]
+
+
+def stock_check(stock, roles, num_roles=2 + NUM_WORKERS):
+    """'ok' if the job's processes imported mxdelay exactly when they should; else why not.
+
+    `stock`: whether the job is a stock baseline; `num_roles`: the job's processes
+    (scheduler, servers, workers).
+    """
+    problems = []
+    if len(roles) != num_roles:
+        problems.append('%d role records' % len(roles))
+    for name, records in roles.items():
+        imported = any(r['mxdelay_imported'] or r['kvstore_ext_imported'] for r in records)
+        if stock and imported:
+            problems.append('%s imported mxdelay' % name)
+    return 'ok' if not problems else '; '.join(problems)
+
+
+def worker_env(roles):
+    """The MXNET_* variables the workers saw (at exit: after any import of mxdelay)."""
+    seen = set()
+    for name, records in roles.items():
+        if name.startswith('worker'):
+            env = records[-1]['env']
+            seen.add(' '.join('%s=%s' % (k, v) for k, v in env.items() if k.startswith('MXNET_'))
+                     or '(none)')
+    return ' | '.join(sorted(seen))
