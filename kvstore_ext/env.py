@@ -14,13 +14,17 @@ __all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'MINIMUMS', 'get', 'get_int', 'get_flo
 #: name -> (default, one-line meaning). The README's table is generated from this.
 VARIABLES = {
     'DMLC_ROLE': (None, "Role of this process ('scheduler', 'server', 'worker'); set by the launcher."),
-    'DMLC_NUM_WORKER': (None, 'Number of workers in the job; set by the launcher.'),
-    'DMLC_NUM_SERVER': (None, 'Number of servers in the job; set by the launcher.'),
+    'DMLC_NUM_WORKER': (None, 'Number of workers in the job (at least 1); set by the launcher.'),
+    'DMLC_NUM_SERVER': (None, 'Number of servers in the job (at least 1; 0 is refused, not '
+                              'taken for 1); set by the launcher.'),
     'MXDELAY_CHUNK_SIZE': ('524288', 'Largest number of elements in one kvstore key; larger tensors '
                                      'are split into chunks that spread over the servers.'),
-    'MXDELAY_SLACK': ('1', "Default slack of a 'dist_delay' kvstore in rounds (a worker may run this "
-                           'many rounds ahead of the slowest); DelayedTrainer raises it to at least delay.'),
-    'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes and of mxdelay-launch.'),
+    'MXDELAY_SLACK': ('1', "Default slack of a 'dist_delay' kvstore in rounds, 1 to 256 (a worker may "
+                           'run this many rounds ahead of the slowest); DelayedTrainer raises it to '
+                           'at least delay.'),
+    'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes and of mxdelay-launch: '
+                                  'DEBUG, INFO, WARNING, ERROR or CRITICAL (any case); another '
+                                  'value is refused.'),
     'MXDELAY_RANK': (None, 'Rank of this process within its role; set by mxdelay-launch for log prefixes.'),
     # Why 4 (docs/benchmarks/overlap.md, per-layer pushes): on 1 Gbit/s links 15 is faster
     # in the synchronous warm-up (520 vs 554 ms/step: all gradients ready at once, sent
@@ -37,7 +41,8 @@ VARIABLES = {
                    'mxdelay keeps every key below it (chunks, status keys); set it alike on '
                    'every worker and server.'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
-                                    'exit by themselves once every worker has exited 0; then it kills them.'),
+                                    'exit by themselves once every worker has exited 0, then it kills '
+                                    'them: a finite number >= 0.'),
 }
 
 #: name -> (smallest valid value, what it is) of the numeric variables: a value below it is
