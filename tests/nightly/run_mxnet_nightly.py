@@ -2,10 +2,11 @@
 
 MXNet's CI (``ci/docker/runtime_functions.sh``, ``integrationtest_ubuntu_cpu_dist_kvstore``
 at tag 1.9.1) runs ``tests/nightly/dist_sync_kvstore.py`` under ``tools/launch.py`` in 7
-modes, the compressed one with and without multi-precision: the 8 jobs of :data:`MODES`. This runner runs each mode through mxdelay's launcher, once with the
-stock store and stock servers (the baseline) and once with the store switched to
-``'dist_delay'`` under ``mxdelay-run`` (mxdelay's servers), each with a hard timeout, and
-prints one table: mode -> outcome on each store, with the failure's last error line.
+modes, the compressed one with and without multi-precision: the 8 jobs of :data:`MODES`.
+This runner runs each through mxdelay's launcher, once with the stock store and stock
+servers (the baseline) and once with the store switched to ``'dist_delay'`` under
+``mxdelay-run`` (mxdelay's servers), each with a hard timeout, and prints one table: mode ->
+outcome on each store, with the failure's last exception line.
 
 MXNet's files are not part of mxdelay. Get them from the apache/mxnet repository at tag
 1.9.1 (the compressed modes import ``test_kvstore.py`` from the same folder)::
@@ -94,7 +95,7 @@ def _wrap(store, source, test_args):
         os.chdir(work)
         try:
             runpy.run_path(source, run_name='__main__')
-        except BaseException:  # pylint: disable=broad-except
+        except Exception:  # pylint: disable=broad-except
             # A worker that raises would hang in ps-lite's exit barrier while the others
             # wait for it (docs/design.md §7.4): report and leave at once.
             traceback.print_exc()
