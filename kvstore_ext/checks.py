@@ -17,8 +17,17 @@ import os
 
 import numpy as np
 
-__all__ = ['ArgumentTypeError', 'check_int', 'check_real', 'check_bool', 'check_path',
-           'check_optional_text']
+__all__ = ['ArgumentTypeError', 'MAX_ROUNDS', 'check_int', 'check_rounds', 'check_real',
+           'check_bool', 'check_path', 'check_optional_text']
+
+#: The largest slack of a ``'dist_delay'`` store, and so the largest delay k of a trainer
+#: (its slack is at least k). Why 256: a worker keeps slack + 1 send buffers of the whole
+#: model, each server about 2 (slack + 1) copies of its share (docs/design.md §2.3, §3.5),
+#: and MXNet's key cap leaves a job about 215329 / (slack + 1) chunks (§2.6). At 256 that
+#: is 257 copies of the model on every worker and about 837 chunks (418 with float16
+#: pushes), about what a large model's tensors take; larger values would fail only later,
+#: at ``init`` or out of memory.
+MAX_ROUNDS = 256
 
 
 class ArgumentTypeError(TypeError, ValueError):
@@ -63,6 +72,27 @@ def check_int(name, value, minimum=None, fix=''):
         raise ValueError('%s must be an integer >= %d, got %r%s'
                          % (name, minimum, value, _suffix(fix)))
     return int(value)
+
+
+def check_rounds(name, value, fix=''):
+    """Return `value` as an ``int`` if it is a slack or a delay in ``1 .. MAX_ROUNDS``.
+
+    Raises
+    ------
+    ArgumentTypeError
+        If `value` is not an integer.
+    ValueError
+        If `value` is below 1, or above :data:`MAX_ROUNDS` (naming the bound and why).
+    """
+    value = check_int(name, value, 1, fix)
+    if value > MAX_ROUNDS:
+        raise ValueError(
+            '%s must be at most %d, got %d: every worker keeps slack + 1 copies of the model '
+            '(the slack is at least the delay) and each server about twice that many of its '
+            "share, and MXNet's keys leave a job about 215329 / (slack + 1) chunks "
+            '(docs/design.md §2.3, §2.6, §3.5); use %s <= %d' % (name, MAX_ROUNDS, value, name,
+                                                                  MAX_ROUNDS))
+    return value
 
 
 def check_real(name, value, minimum=None, maximum=None, min_inclusive=True,

@@ -27,7 +27,7 @@ from mxnet.kvstore import KVStoreBase
 from . import checkpoint, compression, env, gluon_sparse, hooks, protocol, sparse, wire
 from .channel import CommandChannel
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
-                     check_path, check_real)
+                     check_path, check_real, check_rounds)
 from .finish import FinishCounter, counter_size
 from .layout import KeyLayout, Placement
 from .optimizers import PER_STEP_FIELDS, describe_optimizer, format_differences, \
@@ -119,7 +119,8 @@ class DistDelay(KVStoreBase):
         Parameters
         ----------
         slack : int, optional
-            At least 1. A worker's push of round t waits only for round ``t - slack - 1``.
+            1 to ``checks.MAX_ROUNDS`` (256). A worker's push of round t waits only for
+            round ``t - slack - 1``.
         chunk_size : int, optional
             Largest number of elements per key, at least 1 and below MXNet's
             ``MXNET_KVSTORE_BIGARRAY_BOUND`` (1e6), so that MXNet never splits a key.
@@ -138,8 +139,8 @@ class DistDelay(KVStoreBase):
             raise ValueError('configure() must be called before the first init(); keys '
                              'were already placed with slack=%d' % self._slack)
         if slack is not None:
-            slack = check_int('slack', slack, 1, 'it is the number of rounds a worker may run '
-                              'ahead of the slowest')
+            slack = check_rounds('slack', slack, 'it is the number of rounds a worker may run '
+                                 'ahead of the slowest')
         if chunk_size is not None:
             chunk_size = check_int('chunk_size', chunk_size, 1, 'it is the largest number of '
                                    'elements per key')

@@ -4,21 +4,27 @@ The README's table "Environment variables" documents each entry of :data:`VARIAB
 This module imports nothing (neither MXNet nor :mod:`mxdelay`): the role dispatch
 (:mod:`kvstore_ext.bootstrap`) and the launcher read it before MXNet may be imported.
 """
+import logging
+import math
 import os
 
-__all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'get', 'get_int', 'get_float', 'get_bool', 'role',
-           'set_mxnet_defaults', 'mxnet_defaults_applied']
+__all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'MINIMUMS', 'get', 'get_int', 'get_float', 'get_bool',
+           'role', 'log_level', 'set_mxnet_defaults', 'mxnet_defaults_applied']
 
 #: name -> (default, one-line meaning). The README's table is generated from this.
 VARIABLES = {
     'DMLC_ROLE': (None, "Role of this process ('scheduler', 'server', 'worker'); set by the launcher."),
-    'DMLC_NUM_WORKER': (None, 'Number of workers in the job; set by the launcher.'),
-    'DMLC_NUM_SERVER': (None, 'Number of servers in the job; set by the launcher.'),
+    'DMLC_NUM_WORKER': (None, 'Number of workers in the job (at least 1); set by the launcher.'),
+    'DMLC_NUM_SERVER': (None, 'Number of servers in the job (at least 1; 0 is refused, not '
+                              'taken for 1); set by the launcher.'),
     'MXDELAY_CHUNK_SIZE': ('524288', 'Largest number of elements in one kvstore key; larger tensors '
                                      'are split into chunks that spread over the servers.'),
-    'MXDELAY_SLACK': ('1', "Default slack of a 'dist_delay' kvstore in rounds (a worker may run this "
-                           'many rounds ahead of the slowest); DelayedTrainer raises it to at least delay.'),
-    'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes and of mxdelay-launch.'),
+    'MXDELAY_SLACK': ('1', "Default slack of a 'dist_delay' kvstore in rounds, 1 to 256 (a worker may "
+                           'run this many rounds ahead of the slowest); DelayedTrainer raises it to '
+                           'at least delay.'),
+    'MXDELAY_LOG_LEVEL': ('INFO', 'Log level of mxdelay server processes and of mxdelay-launch: '
+                                  'DEBUG, INFO, WARNING, ERROR or CRITICAL (any case); another '
+                                  'value is refused.'),
     'MXDELAY_RANK': (None, 'Rank of this process within its role; set by mxdelay-launch for log prefixes.'),
     # Why 4 (docs/benchmarks/overlap.md, per-layer pushes): on 1 Gbit/s links 15 is faster
     # in the synchronous warm-up (520 vs 554 ms/step: all gradients ready at once, sent
@@ -35,7 +41,22 @@ VARIABLES = {
                    'mxdelay keeps every key below it (chunks, status keys); set it alike on '
                    'every worker and server.'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
-                                    'exit by themselves once every worker has exited 0; then it kills them.'),
+                                    'exit by themselves once every worker has exited 0, then it kills '
+                                    'them: a finite number >= 0.'),
+}
+
+#: name -> (smallest valid value, what it is) of the numeric variables: a value below it is
+#: refused where it is read, never replaced by a default (``DMLC_NUM_SERVER=0`` is not 1).
+MINIMUMS = {
+    'DMLC_NUM_WORKER': (1, 'the number of worker processes; launch with mxdelay-launch -n N, '
+                           'which sets it'),
+    'DMLC_NUM_SERVER': (1, 'the number of server processes, and a parameter-server job needs '
+                           'one; launch with mxdelay-launch -s S, which sets it'),
+    'MXDELAY_CHUNK_SIZE': (1, 'elements per key'),
+    'MXDELAY_SLACK': (1, 'rounds a worker may run ahead of the slowest'),
+    'MXDELAY_RANK': (0, "an index within the role; mxdelay-launch sets it"),
+    'MXNET_KVSTORE_BIGARRAY_BOUND': (1, 'elements'),
+    'MXDELAY_SHUTDOWN_WAIT': (0, 'seconds; 0 kills the servers as soon as the workers are done'),
 }
 
 #: MXNet's variables that mxdelay gives its own default (before MXNet is imported).
@@ -54,20 +75,44 @@ def _parse(name, kind, convert):
     raw = get(name)
     if raw is None:
         return None
+    default = VARIABLES[name][0]
+    fix = 'unset it or set e.g. %s=%s' % (name, default) if default is not None else ''
     try:
-        return convert(raw)
+        value = convert(raw)
     except ValueError:
-        raise ValueError('environment variable %s=%r is not a valid %s; unset it or set e.g. %s=%s'
-                         % (name, raw, kind, name, VARIABLES[name][0])) from None
+        raise ValueError('environment variable %s=%r is not a valid %s; %s'
+                         % (name, raw, kind, fix)) from None
+    minimum, meaning = MINIMUMS.get(name, (None, ''))
+    infinite = isinstance(value, float) and not math.isfinite(value)  # nan, inf
+    if infinite or (minimum is not None and value < minimum):
+        raise ValueError('environment variable %s=%r must be %s%s%s%s'
+                         % (name, raw, 'an integer' if kind == 'integer' else 'a finite number',
+                            '' if minimum is None else ' >= %s' % minimum,
+                            ' (%s)' % meaning if meaning else '', '; ' + fix if fix else ''))
+    return value
 
 
 def get_int(name):
-    """Return environment variable `name` as an int (ValueError naming it if malformed)."""
+    """Return environment variable `name` as an int, or None if it is unset with no default.
+
+    Raises
+    ------
+    ValueError
+        Naming the variable, its value and the fix, if the value is not an integer or is
+        below its minimum (:data:`MINIMUMS`).
+    """
     return _parse(name, 'integer', int)
 
 
 def get_float(name):
-    """Return environment variable `name` as a float (ValueError naming it if malformed)."""
+    """Return environment variable `name` as a float, or None if it is unset with no default.
+
+    Raises
+    ------
+    ValueError
+        Naming the variable, its value and the fix, if the value is not a number, is NaN or
+        infinite, or is below its minimum (:data:`MINIMUMS`).
+    """
     return _parse(name, 'number', float)
 
 
@@ -81,6 +126,22 @@ def role():
     """Return this process's DMLC role, or None outside a distributed job."""
     value = get('DMLC_ROLE')
     return value.strip().lower() if value else None
+
+
+def log_level():
+    """Return ``MXDELAY_LOG_LEVEL`` as a :mod:`logging` level (mxdelay-launch and servers).
+
+    Raises
+    ------
+    ValueError
+        If it is not a level name of :mod:`logging` (case does not matter).
+    """
+    raw = get('MXDELAY_LOG_LEVEL')
+    level = logging.getLevelName(raw.strip().upper())
+    if not isinstance(level, int):  # getLevelName returns 'Level X' for an unknown name
+        raise ValueError('environment variable MXDELAY_LOG_LEVEL=%r is not a log level; use '
+                         'DEBUG, INFO, WARNING or ERROR, or unset it (INFO)' % raw)
+    return level
 
 
 def set_mxnet_defaults():

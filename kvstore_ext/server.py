@@ -385,8 +385,8 @@ def serve():
     Called in a process whose ``DMLC_ROLE`` is 'server' (by ``mxdelay-run`` or by
     ``import mxdelay``). Returns when rank 0's kvstore is destroyed at the end of the job.
     """
-    level = getattr(logging, env.get('MXDELAY_LOG_LEVEL').upper(), logging.INFO)
-    logging.basicConfig(level=level, format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    logging.basicConfig(level=env.log_level(),  # ValueError for a name that is no level
+                        format='%(asctime)s %(levelname)s %(name)s: %(message)s')
     kvstore = mx.kv.create('dist')
     server = DelayServer(kvstore)
     _LOG.info('mxdelay server starting (%s servers, %s workers)', env.get('DMLC_NUM_SERVER'),

@@ -29,12 +29,17 @@ What it adds to MXNet's launcher:
    not grandchildren a shell forks, when the launcher dies by SIGKILL (they are killed
    with their process group in every other case).
 5. Bad options fail at once with exit code 2, before anything starts; options it does not
-   know are refused (MXNet's launcher silently appends them to the command).
+   know are refused (MXNet's launcher silently appends them to the command), and so are a
+   ``--timeout`` that is not a finite positive number and ``--env-server``, ``--env-worker``
+   or ``--env`` naming a variable the launcher sets itself (``DMLC_ROLE``,
+   ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT``,
+   ``DMLC_NODE_HOST``, ``MXDELAY_RANK``).
 
 ``--launcher ssh`` (the default with ``-H``): the scheduler runs here; servers, then
 workers, are assigned round-robin over the hostfile's hosts (lines ``host`` or
 ``host:port``; blank lines and ``#`` comments are ignored) and started with
-``ssh -o StrictHostKeyChecking=no -o BatchMode=yes [-p port] host 'sh -c ...'``. The remote
+``ssh -o StrictHostKeyChecking=no -o BatchMode=yes [-p port] -- host 'sh -c ...'`` (a host
+name that starts with ``-`` or holds a space or control character is refused). The remote
 shell ``cd``\\ s to the launcher's working directory and starts the command under ``env``
 with the role's variables, the ``--env`` variables and the role's pairs. Remote hosts need
 a POSIX ``sh`` and ``setsid`` (util-linux).
@@ -74,6 +79,7 @@ import argparse
 import ctypes
 import ipaddress
 import logging
+import math
 import os
 import selectors
 import shlex
@@ -104,6 +110,19 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL_SECONDS = 0.05
 _DRAIN_SECONDS = 1.0  # how long to wait for the last output of a process that has exited
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+#: The variables the launcher sets for each role (``_Job._role_env``), and where they come
+#: from: --env-server, --env-worker and --env may not set them (the role's value would be
+#: lost silently, or the job broken: a worker told it is a server).
+_OWN_VARIABLES = {
+    'DMLC_ROLE': 'each process gets its role from -n/-s',
+    'DMLC_NUM_WORKER': 'use -n/--num-workers',
+    'DMLC_NUM_SERVER': 'use -s/--num-servers',
+    'DMLC_PS_ROOT_URI': "it is the scheduler's address (--host-ip with --launcher ssh)",
+    'DMLC_PS_ROOT_PORT': 'use --port',
+    'DMLC_NODE_HOST': "it is each process's host (the hostfile's with ssh and netns)",
+    'MXDELAY_RANK': "it is each process's index within its role",
+}
 
 # The remote side of one ssh role (see the module docstring), one line so that any login
 # shell passes it to `sh -c` unchanged. fd 3 keeps the ssh connection's stdin for the
@@ -197,12 +216,14 @@ class _Config:  # pylint: disable=too-many-instance-attributes,too-few-public-me
         self.pass_env = {}
         for name in args.env:
             # A pass-through of the user's own variable, not one that mxdelay reads: not in env.
+            _refuse_own_variable('--env', name, name, fail)
             if name not in os.environ:
                 fail('--env %s: %s is not set in the launcher\'s environment; set it or drop '
                      '--env %s' % (name, name, name))
             self.pass_env[name] = os.environ[name]
-        if args.timeout is not None and args.timeout <= 0:
-            fail('--timeout must be a positive number of seconds, got %g' % args.timeout)
+        if args.timeout is not None and not (math.isfinite(args.timeout) and args.timeout > 0):
+            fail('--timeout must be a positive number of seconds, got %g; give a finite one '
+                 '(e.g. --timeout 3600), or drop --timeout for no limit' % args.timeout)
         self.timeout = args.timeout
         self.port = _check_port(args.port, fail)
         try:
@@ -259,8 +280,23 @@ def _parse_pairs(option, values, fail):
         if not colon or not name.isidentifier():
             fail('%s %r is not NAME:VALUE; write e.g. %s OMP_NUM_THREADS:4'
                  % (option, value, option))
+        _refuse_own_variable(option, value, name, fail)
         pairs[name] = setting
     return pairs
+
+
+def _refuse_own_variable(option, value, name, fail):
+    if name in _OWN_VARIABLES:
+        fail('%s %s: mxdelay-launch sets %s for every process (%s); drop %s %s'
+             % (option, value, name, _OWN_VARIABLES[name], option, value))
+
+
+def _check_host_name(path, number, host, fail):
+    """Refuse a name that ssh or ip would take for an option, or that is not one word."""
+    if not host or host.startswith('-') or any(c.isspace() or not c.isprintable() for c in host):
+        fail('-H/--hostfile %r line %d: %r is not a host name (it is empty, starts with "-" '
+             'or holds a space or control character); write one host name or address a line'
+             % (path, number, host))
 
 
 def _check_port(port, fail):
@@ -300,6 +336,7 @@ def _read_hostfile(path, fail):
     hosts = []
     for number, line in _hostfile_lines(path, fail, 'host or host:port'):
         host, colon, port = line.partition(':')
+        _check_host_name(path, number, host, fail)
         if colon and not (port.isdigit() and 0 < int(port) < 65536):
             fail('-H/--hostfile %r line %d: %r is not host or host:port (port 1..65535)'
                  % (path, number, line))
@@ -317,6 +354,7 @@ def _read_netns_hostfile(path, fail):
         except ValueError:
             fail("-H/--hostfile %r line %d: %r is not 'NETNS_NAME IP' (an IPv4 address) as "
                  '--launcher netns needs' % (path, number, line))
+        _check_host_name(path, number, name, fail)
         hosts.append((name, address))
     # A wrong address would not fail: ps-lite would wait for the scheduler forever.
     addresses = {}
@@ -518,7 +556,9 @@ class _Job:
             argv = ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
             for option in config.ssh_options:
                 argv += ['-o', option]
-            argv += (['-p', str(port)] if port else []) + [host, 'sh -c ' + shlex.quote(script)]
+            # '--': the host is never read as an option (the hostfile refuses '-' names too).
+            argv += ((['-p', str(port)] if port else [])
+                     + ['--', host, 'sh -c ' + shlex.quote(script)])
             # Held open and never written: its end of file tells the remote side to stop.
             stdin, child_env = subprocess.PIPE, None
         _LOG.debug('%s: %s', role.label, shlex.join(argv))
@@ -630,12 +670,10 @@ def main(argv=None):
         handler.setFormatter(logging.Formatter('mxdelay-launch: %(message)s'))
         _LOG.addHandler(handler)
         _LOG.propagate = False
-    level = env.get('MXDELAY_LOG_LEVEL')
     try:
-        _LOG.setLevel(level.upper())
-    except ValueError:
-        parser.error('environment variable MXDELAY_LOG_LEVEL=%r is not a log level; use DEBUG, '
-                     'INFO, WARNING or ERROR' % level)
+        _LOG.setLevel(env.log_level())
+    except ValueError as err:
+        parser.error(str(err))
     args, unknown = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if unknown:
         parser.error('unknown option %s before the command; mxdelay-launch takes the options '

@@ -12,7 +12,7 @@ t >= t0 (delayed, S3)   push g; local update; the last step of each period of k
                         applied at step t + 1's local update
 ======================  ==========================================================
 """
-from kvstore_ext.checks import check_int
+from kvstore_ext.checks import check_int, check_rounds
 
 __all__ = ['DelaySchedule', 'WARMUP', 'SWITCH', 'DELAYED']
 
@@ -25,7 +25,8 @@ class DelaySchedule(object):
     Parameters
     ----------
     delay : int
-        k: pull the global weights every k steps in the delayed phase (k >= 1).
+        k: pull the global weights every k steps in the delayed phase
+        (1 <= k <= ``kvstore_ext.checks.MAX_ROUNDS``, 256).
     warmup_steps : int
         W: synchronous steps before the switch (W >= 0).
     step : int, default 0
@@ -42,7 +43,7 @@ class DelaySchedule(object):
     """
 
     def __init__(self, delay, warmup_steps, step=0):
-        self.delay = check_int('delay', delay, 1, 'use delay=1 to pull every step')
+        self.delay = check_rounds('delay', delay, 'use delay=1 to pull every step')
         self.warmup_steps = check_int('warmup_steps', warmup_steps, 0,
                                       'use warmup_steps=0 to start delayed updates at once')
         self.step = check_int('step', step, 0, 'steps are counted from 0')

@@ -368,7 +368,8 @@ FAKE_SSH = '''#!/bin/sh
 # environment as bare as an ssh session's.
 echo "$@" >> "$FAKE_SSH_LOG"
 while [ "$1" = -o ] || [ "$1" = -p ]; do shift 2; done
-shift
+[ "$1" = -- ] || exit 90  # the launcher ends the options before the host
+shift 2
 exec env -i PATH=/usr/bin:/bin sh -c "$1"
 '''
 
@@ -398,7 +399,7 @@ def test_ssh_mode_with_a_stand_in_ssh(tmp_path):
     assert len(calls) == 3  # the scheduler runs on the launcher's machine
     assert all(call.startswith('-o StrictHostKeyChecking=no -o BatchMode=yes -o ConnectTimeout=5 ')
                for call in calls)
-    assert sum(' -p 2222 localhost sh -c ' in call for call in calls) == 1
+    assert sum(' -p 2222 -- localhost sh -c ' in call for call in calls) == 1
 
 
 SSHD = '/usr/sbin/sshd'

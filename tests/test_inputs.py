@@ -1,0 +1,214 @@
+"""Inputs that used to be taken silently fail early, naming the value and the fix.
+
+What is tested, one case each (issue 22, "Unchecked inputs"):
+
+- ``mxdelay-launch --timeout`` NaN or infinite: refused (it turned the timeout off);
+- ``MXDELAY_SHUTDOWN_WAIT`` NaN, infinite or negative: refused by ``env`` and the launcher;
+- ``--env-worker``, ``--env-server`` and ``--env`` naming a variable the launcher sets for
+  each role (``DMLC_ROLE`` and the rest): refused; the list is the launcher's own;
+- a hostfile host that starts with ``-`` (an ssh or ip option) or holds a space or a
+  control character: refused before ssh runs; ssh gets ``--`` before the host (the
+  stand-in ssh of tests/test_launcher.py checks that);
+- ``DMLC_NUM_SERVER=0`` (and below the minimum of every numeric variable): refused, not
+  taken for 1, also when a store is built;
+- ``MXDELAY_LOG_LEVEL=nonsense``: one check (``env.log_level``) for the launcher and the
+  servers; a server process with it exits with the message instead of logging at INFO;
+- ``delay`` and ``slack`` above ``checks.MAX_ROUNDS``: refused at construction, naming the
+  value, the bound, why and the fix.
+
+Every launcher case exits 2 within seconds and starts nothing. Tolerance: none.
+"""
+import os
+import subprocess
+import time
+import types
+
+import pytest
+
+from conftest import LAUNCHER, OfflineNative, _no_channel, job_env
+from kvstore_ext import checks, env
+from kvstore_ext.dist_delay import DistDelay
+from mxdelay import launcher
+from mxdelay.schedule import DelaySchedule
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def launch(tmp_path, args, environ=None):
+    """Run mxdelay-launch with `args` and a command that would leave a marker; check that it
+    failed at once (exit 2) without starting anything; return its stderr."""
+    started = time.monotonic()
+    result = subprocess.run(list(LAUNCHER) + list(args) + ['touch', 'started'], cwd=tmp_path,
+                            env=job_env(environ), capture_output=True, text=True, timeout=15,
+                            check=False)
+    assert result.returncode == 2, result.stderr
+    assert time.monotonic() - started < 5
+    assert not (tmp_path / 'started').exists()
+    return result.stderr
+
+
+@pytest.mark.parametrize('value', ['nan', 'inf', '-inf', 'NaN'])
+def test_timeout_must_be_finite(tmp_path, value):
+    stderr = launch(tmp_path, ['-n', '1', '--timeout=' + value])
+    assert '--timeout must be a positive number of seconds, got %s' % value.lower() in stderr
+    assert 'drop --timeout for no limit' in stderr
+
+
+@pytest.mark.parametrize('value', ['nan', 'inf', '-inf', '-1', '-0.5'])
+def test_shutdown_wait_must_be_finite_and_not_negative(tmp_path, monkeypatch, value):
+    monkeypatch.setenv('MXDELAY_SHUTDOWN_WAIT', value)
+    message = ("environment variable MXDELAY_SHUTDOWN_WAIT=%r must be a finite number >= 0 "
+               '(seconds; 0 kills the servers as soon as the workers are done); unset it or '
+               'set e.g. MXDELAY_SHUTDOWN_WAIT=30' % value)
+    with pytest.raises(ValueError) as info:
+        env.get_float('MXDELAY_SHUTDOWN_WAIT')
+    assert str(info.value) == message
+    assert message in launch(tmp_path, ['-n', '1'], {'MXDELAY_SHUTDOWN_WAIT': value})
+
+
+@pytest.mark.parametrize('value', ['0', '0.0', '2.5'])
+def test_shutdown_wait_accepts_zero_and_more(monkeypatch, value):
+    monkeypatch.setenv('MXDELAY_SHUTDOWN_WAIT', value)
+    assert env.get_float('MXDELAY_SHUTDOWN_WAIT') == float(value)
+
+
+def test_the_launchers_own_variables_are_those_it_sets():
+    job = launcher._Job.__new__(launcher._Job)  # only _role_env, no job
+    job.config = types.SimpleNamespace(root_uri='127.0.0.1', port=1, num_workers=1,
+                                       num_servers=1, env_server={}, env_worker={})
+    for role in ('scheduler', 'server', 'worker'):
+        assert set(job._role_env(launcher._Role(role, 0))) == set(launcher._OWN_VARIABLES)
+
+
+@pytest.mark.parametrize('name', sorted(launcher._OWN_VARIABLES))
+@pytest.mark.parametrize('option', ['--env-worker', '--env-server', '--env'])
+def test_the_launchers_own_variables_cannot_be_overridden(tmp_path, option, name):
+    value = name if option == '--env' else '%s:server' % name
+    # Refused before --env looks the name up (unset here: with DMLC_ROLE=server in its own
+    # environment the launcher, which imports kvstore_ext, would become a server).
+    stderr = launch(tmp_path, ['-n', '1', option, value], {name: None})
+    assert ('%s %s: mxdelay-launch sets %s for every process (%s); drop %s %s'
+            % (option, value, name, launcher._OWN_VARIABLES[name], option, value)) in stderr
+
+
+@pytest.mark.jobs
+def test_other_dmlc_variables_pass(tmp_path):
+    # DMLC_INTERFACE and the like are the user's to set: the worker gets it.
+    command = ['sh', '-c', 'test "$DMLC_ROLE" != worker || test "$DMLC_INTERFACE" = lo']
+    result = subprocess.run(list(LAUNCHER) + ['-n', '1', '--env-worker', 'DMLC_INTERFACE:lo']
+                            + command,
+                            cwd=tmp_path, env=job_env(), capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+MARKER_SSH = '''#!/bin/sh
+touch "$SSH_CALLED"
+exit 1
+'''
+
+
+@pytest.mark.parametrize('host', ['-oProxyCommand=touch pwned', '-p', 'two words', 'tab\there',
+                                  'bell\x07', 'esc\x1b[0m'])
+def test_hostfile_host_names_that_are_no_host_are_refused(tmp_path, host):
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'ssh').write_text(MARKER_SSH)
+    (bin_dir / 'ssh').chmod(0o755)
+    (tmp_path / 'hosts').write_text('127.0.0.1\n%s\n' % host)
+    stderr = launch(tmp_path, ['-n', '1', '-H', str(tmp_path / 'hosts')],
+                    {'PATH': '%s:%s' % (bin_dir, os.environ['PATH']),
+                     'SSH_CALLED': str(tmp_path / 'ssh-called')})
+    assert ('-H/--hostfile %r line 2: %r is not a host name (it is empty, starts with "-" or '
+            'holds a space or control character)' % (str(tmp_path / 'hosts'), host)) in stderr
+    assert not (tmp_path / 'ssh-called').exists() and not (tmp_path / 'pwned').exists()
+
+
+def test_netns_names_that_are_options_are_refused(tmp_path):
+    if os.geteuid() != 0 or subprocess.run(['which', 'ip'], capture_output=True).returncode:
+        pytest.skip('--launcher netns needs root and the ip command')
+    (tmp_path / 'hosts').write_text('-all 10.0.0.1\n')
+    stderr = launch(tmp_path, ['-n', '1', '--launcher', 'netns', '-H', str(tmp_path / 'hosts')])
+    assert "line 1: '-all' is not a host name" in stderr
+
+
+@pytest.mark.parametrize('name,value', [('DMLC_NUM_SERVER', '0'), ('DMLC_NUM_SERVER', '-1'),
+                                        ('DMLC_NUM_WORKER', '0'), ('MXDELAY_SLACK', '0'),
+                                        ('MXDELAY_CHUNK_SIZE', '-5'), ('MXDELAY_RANK', '-1'),
+                                        ('MXNET_KVSTORE_BIGARRAY_BOUND', '0')])
+def test_numbers_below_their_minimum_are_refused(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    minimum, meaning = env.MINIMUMS[name]
+    with pytest.raises(ValueError) as info:
+        env.get_int(name)
+    message = str(info.value)
+    assert message.startswith('environment variable %s=%r must be an integer >= %d (%s)'
+                              % (name, value, minimum, meaning))
+
+
+def test_zero_servers_is_not_one(monkeypatch):
+    monkeypatch.setenv('DMLC_NUM_SERVER', '0')
+    with pytest.raises(ValueError, match=r"DMLC_NUM_SERVER='0' must be an integer >= 1 \(the "
+                                         r'number of server processes, and a parameter-server '
+                                         r'job needs one; launch with mxdelay-launch -s S'):
+        DistDelay(native=OfflineNative(), channel_factory=_no_channel)
+    monkeypatch.delenv('DMLC_NUM_SERVER')  # unset (no job): one server, as before
+    assert DistDelay(native=OfflineNative(), channel_factory=_no_channel)._num_servers == 1
+
+
+@pytest.mark.parametrize('raw,level', [('INFO', 20), ('debug', 10), (' Warning ', 30),
+                                       ('error', 40), ('CRITICAL', 50)])
+def test_log_level(monkeypatch, raw, level):
+    monkeypatch.setenv('MXDELAY_LOG_LEVEL', raw)
+    assert env.log_level() == level
+
+
+@pytest.mark.parametrize('raw', ['nonsense', '', '10', 'Level 10'])
+def test_log_level_refused(monkeypatch, raw):
+    monkeypatch.setenv('MXDELAY_LOG_LEVEL', raw)
+    with pytest.raises(ValueError, match=r'environment variable MXDELAY_LOG_LEVEL=%r is not a '
+                                         r'log level; use DEBUG, INFO, WARNING or ERROR' % raw):
+        env.log_level()
+
+
+def test_server_refuses_a_bad_log_level():
+    # A server process, as mxdelay-run or `import mxdelay` starts it: it fails with the
+    # message before it joins any job (no scheduler exists here; it would wait forever).
+    environ = job_env({'DMLC_ROLE': 'server', 'MXDELAY_LOG_LEVEL': 'nonsense',
+                       'DMLC_NUM_SERVER': '1', 'DMLC_NUM_WORKER': '1'})
+    result = subprocess.run([LAUNCHER[0], '-c', 'import mxdelay'], env=environ,
+                            capture_output=True, text=True, timeout=45, check=False)
+    assert result.returncode != 0
+    assert ("environment variable MXDELAY_LOG_LEVEL='nonsense' is not a log level"
+            in result.stderr), result.stderr
+
+
+BOUND = r'must be at most 256, got %d: every worker keeps slack \+ 1 copies of the model'
+
+
+@pytest.mark.parametrize('delay', [257, 10000])
+def test_delay_has_an_upper_bound(delay):
+    with pytest.raises(ValueError, match=r'delay %s .*docs/design\.md §2\.3, §2\.6, §3\.5\); '
+                                         r'use delay <= 256' % (BOUND % delay)):
+        DelaySchedule(delay, 0)
+    assert DelaySchedule(checks.MAX_ROUNDS, 0).delay == 256
+
+
+def test_delayed_trainer_refuses_a_huge_delay_at_construction():
+    import mxdelay  # pylint: disable=import-outside-toplevel
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    params = gluon.nn.Dense(2).collect_params()
+    with pytest.raises(ValueError, match='delay ' + BOUND % 10000):
+        mxdelay.DelayedTrainer(params, 'sgd', kvstore=None, delay=10000)
+
+
+@pytest.mark.parametrize('slack', [257, 10000])
+def test_slack_has_an_upper_bound(monkeypatch, slack):
+    store = DistDelay(native=OfflineNative(), channel_factory=_no_channel)
+    with pytest.raises(ValueError, match=r"slack %s.*use slack <= 256" % (BOUND % slack)):
+        store.configure(slack=slack)
+    store.configure(slack=256)
+    assert store.slack == 256
+    monkeypatch.setenv('MXDELAY_SLACK', str(slack))  # the environment's default alike
+    with pytest.raises(ValueError, match='slack ' + BOUND % slack):
+        DistDelay(native=OfflineNative(), channel_factory=_no_channel)
