@@ -30,7 +30,8 @@ from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_
                             check_path, check_real)
 from mxdelay.rules import LocalRule, LocalSGDRule, MirrorRule, create_rule
 from mxdelay.schedule import DelaySchedule
-from conftest import FakeDistDelay, offline_store, small_params
+from support.model import small_params
+from support.stores import FakeDistDelay, offline_store
 
 NAN, INF = float('nan'), float('inf')
 

@@ -30,9 +30,10 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 import reference
-from conftest import (KV_JOB, MLP_BASE as BASE, FakeDistDelayWithMultipliers as FakeStore, assert_ok,
-                      backward_at, kv_results, mlp_params as make_params, offline_store, run_job,
-                      run_mlp_job)
+from support.jobs import KV_JOB, assert_ok, kv_results, run_job
+from support.model import backward_at, mlp_params as make_params
+from support.reference_jobs import MLP_BASE as BASE, run_mlp_job
+from support.stores import FakeDistDelayWithMultipliers as FakeStore, offline_store
 from kvstore_ext import compression, wire
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.rounds import RoundKeeper

@@ -142,7 +142,7 @@ def test_amp_init_trainer_after_the_store_was_created_is_refused():
     # amp.init_trainer sets trainer._amp_loss_scaler; set directly here, because amp.init
     # would change every later test's NDArray functions in this process.
     import mxdelay  # pylint: disable=import-outside-toplevel
-    from conftest import FakeDistDelay  # pylint: disable=import-outside-toplevel
+    from support.stores import FakeDistDelay  # pylint: disable=import-outside-toplevel
     from scripts import mlp_model  # pylint: disable=import-outside-toplevel
     net, _ = mlp_model.build()
     trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
@@ -167,7 +167,7 @@ def test_amp_with_compression_is_refused():
     # nan residual): the servers would apply the round. fp16: the push's cast can overflow a
     # loss-scaled gradient that the workers' flags (computed before the cast) call finite.
     import mxdelay  # pylint: disable=import-outside-toplevel
-    from conftest import FakeDistDelay  # pylint: disable=import-outside-toplevel
+    from support.stores import FakeDistDelay  # pylint: disable=import-outside-toplevel
     from scripts import mlp_model  # pylint: disable=import-outside-toplevel
     for params in ({'type': '2bit', 'threshold': 0.5}, {'type': 'fp16'}, None):
         net, _ = mlp_model.build()

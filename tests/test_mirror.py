@@ -25,8 +25,8 @@ import mxdelay
 import mxnet as mx
 from mxnet import nd
 
-from conftest import BATCH, FakeDistDelayWithMultipliers as FakeStore, backward_at, \
-    mlp_params as make_params
+from support.model import BATCH, backward_at, mlp_params as make_params
+from support.stores import FakeDistDelayWithMultipliers as FakeStore
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.optimizers import flatten_state
 from kvstore_ext.rounds import RoundKeeper

@@ -37,8 +37,9 @@ import mxdelay
 import mxnet as mx
 
 import reference
-from conftest import (ATOL, RTOL, SCRIPTS, FakeDistDelay, PidFile, WorkersNative, assert_ok, run_job,
-                      servers, stock_env)
+from support.jobs import SCRIPTS, PidFile, assert_ok, run_job, stock_env
+from support.reference_jobs import ATOL, RTOL
+from support.stores import FakeDistDelay, WorkersNative, servers
 from kvstore_ext import protocol
 from kvstore_ext.protocol import Command
 from scripts import mlp_model

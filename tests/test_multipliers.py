@@ -26,8 +26,10 @@ from mxdelay.schedule import DelaySchedule
 from mxnet import gluon
 
 import reference
-from conftest import (ATOL, BATCH, RTOL, FakeDistDelayWithMultipliers, backward_at, contexts,
-                      mlp_params, run_mlp_job, stock_env)
+from support.jobs import stock_env
+from support.model import BATCH, backward_at, contexts, mlp_params
+from support.reference_jobs import ATOL, RTOL, run_mlp_job
+from support.stores import FakeDistDelayWithMultipliers
 from scripts import mlp_model
 
 NAMES = ('w1', 'b1', 'w2', 'b2')

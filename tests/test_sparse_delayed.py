@@ -34,7 +34,9 @@ from mxnet import autograd, gluon, nd
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
 import reference
-from conftest import ATOL, RTOL, FakeDistDelay, assert_ok, run_job
+from support.jobs import assert_ok, run_job
+from support.reference_jobs import ATOL, RTOL
+from support.stores import FakeDistDelay
 from scripts import sparse_delayed_job as job
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'sparse_delayed_job.py')

@@ -39,8 +39,9 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 import reference
-from conftest import (BATCH, MLP_NAMES as NAMES, FakeDistDelay, backward_with, contexts,
-                      mlp_params as make_params, numpy_grad, small_params)
+from support.model import (BATCH, MLP_NAMES as NAMES, backward_with, contexts,
+                           mlp_params as make_params, numpy_grad, small_params)
+from support.stores import FakeDistDelay
 from kvstore_ext.dist_delay import DistDelay
 from scripts import mlp_model
 from mxnet.kvstore import KVStoreBase
