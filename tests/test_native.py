@@ -49,6 +49,6 @@ def test_one_worker_delayed_trainer_is_gluon_trainer_on_local(name, num_servers)
             check(name, server_weights(store, i), want.data().asnumpy())
     assert trainer.schedule.step == 12
     native = store._native
-    assert {native.server_of(k) for keys, _ in native.pushes for k in keys} \
+    assert {native.server_of(k) for op, keys, _ in native.calls for k in keys} \
         == set(range(num_servers))
     assert all(server.applied_rounds(0) >= 0 for server in native.servers)

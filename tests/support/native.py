@@ -37,7 +37,8 @@ from mxnet import nd
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.server import DelayServer
 
-__all__ = ['InProcessNative', 'delay_store', 'server_weights']
+__all__ = ['InProcessNative', 'delay_store', 'server_weights', 'events', 'pushes',
+           'server_optimizer']
 
 _SET_MULTI_PRECISION = 1   # MXNet's kSetMultiPrecision (kvstore_dist_server.h)
 
@@ -53,8 +54,9 @@ class InProcessNative(object):
     ----------
     servers : list of DelayServer
         Server s of the job, real and in process.
-    pushes, pulls : list of (list of int, int)
-        The native keys and the priority of every push and pull call, in issue order.
+    calls : list of (str, list of int, int)
+        ``(op, native keys, priority)`` of every init, push and pull call (a
+        ``row_sparse_pull`` is a pull), in issue order; :func:`events` names their tensors.
     compression : dict or None
         What ``set_gradient_compression`` was given.
     """
@@ -73,7 +75,7 @@ class InProcessNative(object):
         self._stored = {}        # key -> the array pulls return
         self._stored32 = {}      # key -> its float32 copy (multi-precision, float16 keys)
         self._multi_precision = False
-        self.pushes, self.pulls = [], []
+        self.calls = []
         self.compression = None
 
     def server_of(self, key):
@@ -82,7 +84,9 @@ class InProcessNative(object):
 
     # -- the worker's face -----------------------------------------------------------------
     def init(self, keys, values):
-        for key, value in zip(*_pairs(keys, values)):
+        keys, values = _pairs(keys, values)
+        self.calls.append(('init', list(keys), 0))
+        for key, value in zip(keys, values):
             assert key not in self._stored, 'native key %d initialised twice' % key
             value = value[0] if isinstance(value, (list, tuple)) else value
             self._stored[key] = value.copyto(mx.cpu())
@@ -91,13 +95,13 @@ class InProcessNative(object):
 
     def push(self, keys, values, priority=0):
         keys, values = _pairs(keys, values)
-        self.pushes.append((list(keys), priority))
+        self.calls.append(('push', list(keys), priority))
         for key, value in zip(keys, values):
             self._complete_round(key, value if isinstance(value, (list, tuple)) else [value])
 
     def pull(self, keys, out=None, priority=0, ignore_sparse=True):
         keys, outs = _pairs(keys, out)
-        self.pulls.append((list(keys), priority))
+        self.calls.append(('pull', list(keys), priority))
         for key, targets in zip(keys, outs):
             for target in targets if isinstance(targets, (list, tuple)) else [targets]:
                 self._stored[key].copyto(target)
@@ -105,7 +109,7 @@ class InProcessNative(object):
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         keys, outs = _pairs(key, out)
         _, ids = _pairs(key, row_ids)
-        self.pulls.append((list(keys), priority))
+        self.calls.append(('pull', list(keys), priority))
         for k, targets, rows in zip(keys, outs, ids):
             targets = targets if isinstance(targets, (list, tuple)) else [targets]
             rows = rows if isinstance(rows, (list, tuple)) else [rows] * len(targets)
@@ -172,6 +176,52 @@ def server_weights(store, key):
         assert weight is not None, 'chunk %d has no weights yet' % chunk.chunk_id
         flat[chunk.start:chunk.stop] = weight.reshape(-1).astype('float32')
     return flat.asnumpy().reshape(tensor.shape)
+
+
+def events(store, kinds=('slot', 'pull')):
+    """The stand-in's calls as ``(op, key)`` per tensor, in issue order: `key` is the
+    ``DistDelay`` key of the tensor whose native keys of `kinds` ('slot': its rounds,
+    'pull': its float32 pull keys, 'state': its optimizer state keys, 'status': the
+    servers' status keys, key None) a call used; the finish counter's key is 'finish'."""
+    if store._placement is None:
+        return []   # not started: no call yet
+    names = _native_names(store)
+    found = []
+    for op, keys, _ in store._native.calls:
+        kind, key = names[keys[0]]
+        if kind in kinds:
+            found.append((op, key))
+    return found
+
+
+def pushes(store):
+    """``(key, priority)`` of every push of a tensor's round, in issue order (the finish
+    counter's left out)."""
+    names = _native_names(store)
+    return [(names[keys[0]][1], priority) for op, keys, priority in store._native.calls
+            if op == 'push' and names[keys[0]][0] == 'slot' and names[keys[0]][1] != 'finish']
+
+
+def server_optimizer(store, server=0):
+    """The optimizer that server `server` of `store`'s stand-in applies (None before one)."""
+    return store._native.servers[server].optimizer
+
+
+def _native_names(store):
+    # native key -> (kind, DistDelay key) from the store's placement.
+    layout = store._placement.layout
+    tensors = dict(store._tensors)
+    if store._finish is not None:
+        tensors['finish'] = store._finish.tensor
+    by_chunk = {(chunk.server, chunk.local): key
+                for key, tensor in tensors.items() for chunk in tensor.chunks}
+
+    class Names(dict):
+        def __missing__(self, native_key):
+            kind, local, _ = layout.decode(native_key)
+            server = layout.server_of(native_key)
+            return kind, None if kind == 'status' else by_chunk[(server, local)]
+    return Names()
 
 
 def _size(shape):
