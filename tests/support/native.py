@@ -188,9 +188,9 @@ def events(store, kinds=('slot', 'pull')):
     names = _native_names(store)
     found = []
     for op, keys, _ in store._native.calls:
-        kind, key = names[keys[0]]
-        if kind in kinds:
-            found.append((op, key))
+        for kind, key in _unique(names[k] for k in keys):   # a call may hold several tensors
+            if kind in kinds:
+                found.append((op, key))
     return found
 
 
@@ -198,8 +198,17 @@ def pushes(store):
     """``(key, priority)`` of every push of a tensor's round, in issue order (the finish
     counter's left out)."""
     names = _native_names(store)
-    return [(names[keys[0]][1], priority) for op, keys, priority in store._native.calls
-            if op == 'push' and names[keys[0]][0] == 'slot' and names[keys[0]][1] != 'finish']
+    return [(key, priority) for op, keys, priority in store._native.calls if op == 'push'
+            for kind, key in _unique(names[k] for k in keys)
+            if kind == 'slot' and key != 'finish']
+
+
+def _unique(items):
+    seen = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return seen
 
 
 def server_optimizer(store, server=0):
