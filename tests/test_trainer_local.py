@@ -14,8 +14,8 @@ What is tested:
 3. The delayed path (warm-up, switch, delayed phase) with a real ``DistDelay`` over an
    in-process native store whose servers are mxdelay's real ones (support/native.py)
    and whose worker is the only one (N = 1; exact rounds are trivial then, and real
-   multi-worker jobs are tests/test_trainer_distributed.py's business): the trajectory against the numpy
-   reference of docs/design.md §1 (tests/reference.py) on one and two devices, the N = 1
+   multi-worker jobs are tests/test_trainer_distributed.py's business): the trajectory
+   against the numpy reference of docs/design.md §1 (tests/reference.py) on one and two devices, the N = 1
    consequences (``w'`` equals the server's ``W`` at every step for ``'mirror'`` with
    momentum and for ``'sgd'`` without), the pushes and pulls the kvstore sees at each
    step, the phase log, a learning-rate change, and the collective ``save_states`` /

@@ -30,6 +30,8 @@ import contextlib
 import os
 import types
 
+import numpy as np
+
 import mxdelay  # noqa: F401  before mxnet, as the job scripts do
 import mxnet as mx
 from mxnet import nd
@@ -90,7 +92,7 @@ class InProcessNative(object):
             assert key not in self._stored, 'native key %d initialised twice' % key
             value = value[0] if isinstance(value, (list, tuple)) else value
             self._stored[key] = value.copyto(mx.cpu())
-            if self._multi_precision and value.dtype == 'float16':
+            if self._multi_precision and np.dtype(value.dtype) == np.float16:
                 self._stored32[key] = value.astype('float32')
 
     def push(self, keys, values, priority=0):
