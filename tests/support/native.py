@@ -116,7 +116,11 @@ class InProcessNative(object):
             targets = targets if isinstance(targets, (list, tuple)) else [targets]
             rows = rows if isinstance(rows, (list, tuple)) else [rows] * len(targets)
             for target, row in zip(targets, rows):
-                nd.sparse.retain(self._stored[k], row.astype('int64')).copyto(target)
+                if row.shape[0] == 0:   # no rows (MXNet's operators refuse empty ids)
+                    rows_of = nd.sparse.zeros('row_sparse', target.shape, dtype=target.dtype)
+                else:
+                    rows_of = nd.sparse.retain(self._stored[k], row.astype('int64'))
+                rows_of.copyto(target)
 
     def _barrier(self):
         pass   # one worker: it is every worker
@@ -139,8 +143,9 @@ class InProcessNative(object):
         stored = self._stored[key]
         wide = key in self._stored32
         merged = values[0].astype('float32') if wide else values[0].copyto(mx.cpu())
-        for value in values[1:]:
-            merged = merged + (value.astype('float32') if wide else value.as_in_context(mx.cpu()))
+        for value in values[1:]:   # elemwise_add: row_sparse + row_sparse stays row_sparse
+            merged = nd.elemwise_add(merged, value.astype('float32') if wide
+                                     else value.as_in_context(mx.cpu()))
         face = self._faces[self.server_of(key)]
         if face._updater is None:
             merged.copyto(stored)
@@ -167,17 +172,15 @@ def delay_store(num_servers=1):
 
 
 def server_weights(store, key):
-    """Tensor `key`'s weights W as its servers hold them (numpy, the tensor's shape); dense
-    tensors only."""
+    """Tensor `key`'s weights W as its servers hold them: numpy, the tensor's shape, in the
+    servers' dtype (a row_sparse tensor's rows made dense)."""
     tensor = store._tensors[key]
-    native = store._native
-    flat = nd.zeros(tensor.size if hasattr(tensor, 'size') else _size(tensor.shape),
-                    dtype='float32')
-    for chunk in tensor.chunks:
-        weight = native.servers[chunk.server].weight(chunk.chunk_id)
+    parts = []
+    for chunk in tensor.chunks:   # in order: elements of a dense tensor, rows of a sparse one
+        weight = store._native.servers[chunk.server].weight(chunk.chunk_id)
         assert weight is not None, 'chunk %d has no weights yet' % chunk.chunk_id
-        flat[chunk.start:chunk.stop] = weight.reshape(-1).astype('float32')
-    return flat.asnumpy().reshape(tensor.shape)
+        parts.append(weight.asnumpy().reshape(-1))
+    return np.concatenate(parts).reshape(tensor.shape)
 
 
 def events(store, kinds=('slot', 'pull')):
@@ -233,13 +236,6 @@ def _native_names(store):
             server = layout.server_of(native_key)
             return kind, None if kind == 'status' else by_chunk[(server, local)]
     return Names()
-
-
-def _size(shape):
-    size = 1
-    for dim in shape:
-        size *= dim
-    return size
 
 
 @contextlib.contextmanager
