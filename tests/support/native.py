@@ -188,32 +188,14 @@ def events(store, kinds=('slot', 'pull')):
     ``DistDelay`` key of the tensor whose native keys of `kinds` ('slot': its rounds,
     'pull': its float32 pull keys, 'state': its optimizer state keys, 'status': the
     servers' status keys, key None) a call used; the finish counter's key is 'finish'."""
-    if store._placement is None:
-        return []   # not started: no call yet
-    names = _native_names(store)
-    found = []
-    for op, keys, _ in store._native.calls:
-        for kind, key in _unique(names[k] for k in keys):   # a call may hold several tensors
-            if kind in kinds:
-                found.append((op, key))
-    return found
+    return [(op, key) for op, kind, key, _ in _tensor_calls(store) if kind in kinds]
 
 
 def pushes(store):
     """``(key, priority)`` of every push of a tensor's round, in issue order (the finish
     counter's left out)."""
-    names = _native_names(store)
-    return [(key, priority) for op, keys, priority in store._native.calls if op == 'push'
-            for kind, key in _unique(names[k] for k in keys)
-            if kind == 'slot' and key != 'finish']
-
-
-def _unique(items):
-    seen = []
-    for item in items:
-        if item not in seen:
-            seen.append(item)
-    return seen
+    return [(key, priority) for op, kind, key, priority in _tensor_calls(store)
+            if op == 'push' and kind == 'slot' and key != 'finish']
 
 
 def server_optimizer(store, server=0):
@@ -221,8 +203,10 @@ def server_optimizer(store, server=0):
     return store._native.servers[server].optimizer
 
 
-def _native_names(store):
-    # native key -> (kind, DistDelay key) from the store's placement.
+def _tensor_calls(store):
+    # (op, kind, DistDelay key, priority) per tensor of every call (a call may hold several).
+    if store._placement is None:
+        return   # not started: no call yet
     layout = store._placement.layout
     tensors = dict(store._tensors)
     if store._finish is not None:
@@ -230,12 +214,12 @@ def _native_names(store):
     by_chunk = {(chunk.server, chunk.local): key
                 for key, tensor in tensors.items() for chunk in tensor.chunks}
 
-    class Names(dict):
-        def __missing__(self, native_key):
-            kind, local, _ = layout.decode(native_key)
-            server = layout.server_of(native_key)
-            return kind, None if kind == 'status' else by_chunk[(server, local)]
-    return Names()
+    def name_of(native_key):
+        kind, local, _ = layout.decode(native_key)
+        return kind, None if kind == 'status' else by_chunk[(layout.server_of(native_key), local)]
+    for op, keys, priority in store._native.calls:
+        for kind, key in dict.fromkeys(name_of(k) for k in keys):
+            yield op, kind, key, priority
 
 
 @contextlib.contextmanager
