@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import MLP_BASE as BASE, assert_matches_reference, run_mlp_job, run_stock_job, \
-    simulate_mlp_job as simulate
+from support.reference_jobs import (MLP_BASE as BASE, assert_matches_reference, run_mlp_job,
+                                    run_stock_job, simulate_mlp_job as simulate)
 
 pytestmark = pytest.mark.jobs
 

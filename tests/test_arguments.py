@@ -9,8 +9,8 @@ which is also a ``ValueError`` (what mxdelay 0.1 raised).
 
 Covered: ``kvstore_ext.checks`` itself; ``DelayedTrainer`` (constructor, ``step``,
 ``set_learning_rate``, ``save_states``, ``load_states``) without a distributed kvstore
-(``gluon.Trainer``'s path) and with the in-process ``FakeDistDelay`` of
-tests/test_trainer_local.py (the delayed path); the rule constructors and ``create_rule``;
+(``gluon.Trainer``'s path) and with a real ``DistDelay`` over the in-process native
+stand-in (support/native.py; the delayed path); the rule constructors and ``create_rule``;
 ``DelaySchedule`` and its predicates; ``DistDelay``'s public methods on a store whose
 network is never reached (the checks run first; ``_command`` raises if called).
 """
@@ -30,7 +30,9 @@ from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_
                             check_path, check_real)
 from mxdelay.rules import LocalRule, LocalSGDRule, MirrorRule, create_rule
 from mxdelay.schedule import DelaySchedule
-from conftest import FakeDistDelay, offline_store, small_params
+from support.model import small_params
+from support.native import delay_store, server_optimizer
+from support.stores import offline_store
 
 NAN, INF = float('nan'), float('inf')
 
@@ -157,7 +159,7 @@ KVSTORES = [pytest.param(None, id='gluon-path'), pytest.param('fake', id='delaye
 
 
 def kvstore_of(name):
-    return FakeDistDelay() if name == 'fake' else name
+    return delay_store() if name == 'fake' else name
 
 
 @pytest.mark.parametrize('kvstore', KVSTORES)
@@ -179,7 +181,7 @@ def test_step_refuses_bad_batch_size_before_anything(kvstore, batch_size, error,
     assert trainer.schedule.step == 0
     np.testing.assert_array_equal(net.weight.data().asnumpy(), before)
     if kvstore == 'fake':
-        assert store.log == []                     # nothing was pushed
+        assert store._native.calls == []           # nothing was pushed (nor initialised)
 
 
 @pytest.mark.parametrize('batch_size', [4, np.int64(4), 4.0, np.float32(4)], ids=repr)
@@ -214,7 +216,7 @@ def test_set_learning_rate_refuses_bad_values(kvstore, lr, error, message):
         trainer.set_learning_rate(lr)
     assert trainer.learning_rate == 0.1
     if kvstore == 'fake':
-        assert trainer._kvstore.server_optimizer.learning_rate == 0.1
+        assert server_optimizer(trainer._kvstore).learning_rate == 0.1
 
 
 @pytest.mark.parametrize('kvstore', KVSTORES)

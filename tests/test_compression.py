@@ -15,7 +15,8 @@ from mxnet import nd
 from mxnet.base import MXNetError
 
 import mxdelay
-from conftest import offline_store, small_params
+from support.model import small_params
+from support.stores import offline_store
 from kvstore_ext import compression
 from kvstore_ext.compression import CompressionError, CompressionTypeError, TwoBit
 

@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import (MLP_BASE, assert_matches_reference, assert_uneven_matches_reference, run_mlp_job,
-                      run_stock_job, simulate_uneven, stock_env)
+from support.jobs import stock_env
+from support.reference_jobs import (MLP_BASE, assert_matches_reference,
+                                    assert_uneven_matches_reference, run_mlp_job, run_stock_job,
+                                    simulate_uneven)
 from scripts import mlp_model
 
 NAMES = ('w1', 'b1', 'w2', 'b2')

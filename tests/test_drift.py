@@ -9,7 +9,7 @@ import mxnet as mx
 from mxnet import nd
 
 import reference
-from conftest import (MLP_BASE as BASE, assert_matches_reference, run_mlp_job,
+from support.reference_jobs import (MLP_BASE as BASE, assert_matches_reference, run_mlp_job,
                       simulate_mlp_job as simulate)
 from mxdelay.rules import DriftCorrected, LocalSGDRule, MirrorRule, RuleContext, create_rule
 

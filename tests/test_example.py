@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from conftest import PidFile, REPO, assert_ok, run_job
+from support.jobs import REPO, PidFile, assert_ok, run_job
 
 EXAMPLE = os.path.join(REPO, 'examples', 'train_fashion_mnist.py')
 DATA_DIR = '/usr/share/datasets/fashion-mnist'

@@ -33,7 +33,7 @@ import pytest
 import mxdelay
 import reference
 from scripts import mlp_model
-from conftest import JobResult, PidFile, assert_ok, run_job, started_job, worker_lines
+from support.jobs import JobResult, PidFile, assert_ok, run_job, started_job, worker_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, 'scripts', 'fault_job.py')

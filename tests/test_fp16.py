@@ -16,7 +16,8 @@ What is tested, and against what:
   test sees that the pushes were rounded;
 - values that encode (rank, round) plus 1/3, exact sums of float16 pushes (kv_job.py);
 - a round held on the servers (it completed before the previous round) stays exact;
-- the one-worker invariant (w' = W at every step, k in 1, 2, 4) in one process;
+- the one-worker invariant (w' = W at every step, k in 1, 2, 4) in one process, through the
+  real float16 wire and the real server (support/native.py);
 - uneven data with join, and checkpoint save/resume, bit for bit;
 - refusals: bad parameters, float16 parameters, set after init.
 """
@@ -30,9 +31,11 @@ import mxnet as mx
 from mxnet import gluon, nd
 
 import reference
-from conftest import (KV_JOB, MLP_BASE as BASE, FakeDistDelayWithMultipliers as FakeStore, assert_ok,
-                      backward_at, kv_results, mlp_params as make_params, offline_store, run_job,
-                      run_mlp_job)
+from support.jobs import KV_JOB, assert_ok, kv_results, run_job
+from support.model import backward_at, mlp_params as make_params
+from support.reference_jobs import MLP_BASE as BASE, run_mlp_job
+from support.native import delay_store, server_weights
+from support.stores import offline_store
 from kvstore_ext import compression, wire
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.rounds import RoundKeeper
@@ -183,29 +186,6 @@ def test_a_held_round_stays_exact(fp16):
 
 
 # -- one process --------------------------------------------------------------------------------
-def round_trip(array):
-    """``float32(float16(array))``: the gradient as a float16 push carries it."""
-    return array.astype(np.float16).astype(array.dtype)
-
-
-class Fp16Store(FakeStore):
-    """FakeStore with float16 pushes: its in-process server receives the gradient rounded
-    to float16 (with one worker the float32 sum of a round is that gradient), and that is
-    what the local rule reads (``sent_gradient``)."""
-
-    def __init__(self):
-        super(Fp16Store, self).__init__()
-        self.set_gradient_compression(FP16)
-        self.sent = {}
-
-    def push(self, key, value, priority=0):
-        self.sent[key] = round_trip(value)
-        super(Fp16Store, self).push(key, self.sent[key], priority)
-
-    def sent_gradient(self, key, grad):
-        return self.sent[key]
-
-
 @pytest.mark.parametrize('delay', [1, 2, 4])
 @pytest.mark.parametrize('optimizer,params,rule', [
     ('adam', {'learning_rate': 0.01}, 'mirror'),
@@ -218,7 +198,7 @@ def test_one_worker_with_fp16_pushes_is_the_servers_model(delay, optimizer, para
     # whose buffer starts at W_{W+1} - W_W (float32 rounding, as without fp16).
     ctxs = [mx.cpu()]
     model = make_params(ctxs)
-    kv = Fp16Store()
+    kv = delay_store()   # float16 pushes: the trainer's compression_params, the real wire
     trainer = mxdelay.DelayedTrainer(model, optimizer, dict(params), kvstore=kv, delay=delay,
                                      warmup_steps=WARMUP, local_rule=rule,
                                      compression_params=FP16)
@@ -227,7 +207,7 @@ def test_one_worker_with_fp16_pushes_is_the_servers_model(delay, optimizer, para
         backward_at(model, ctxs, step)
         trainer.step(6)
         for i, param in enumerate(model):
-            local, glob = param.data().asnumpy(), kv.store[i].asnumpy()
+            local, glob = param.data().asnumpy(), server_weights(kv, i)
             if tight:
                 np.testing.assert_array_equal(local, glob, err_msg='step %d' % step)
             else:

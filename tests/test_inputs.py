@@ -25,7 +25,8 @@ import types
 
 import pytest
 
-from conftest import LAUNCHER, OfflineNative, _no_channel, job_env
+from support.jobs import LAUNCHER, job_env
+from support.stores import OfflineNative, _no_channel
 from kvstore_ext import checks, env
 from kvstore_ext.dist_delay import DistDelay
 from mxdelay import launcher

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import KV_JOB, assert_ok, kv_results, run_job
+from support.jobs import KV_JOB, assert_ok, kv_results, run_job
 
 
 

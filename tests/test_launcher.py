@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from conftest import (LAUNCHER, JobResult, PidFile, assert_ok, job_env, pid_alive, python_command,
-                  role_lines, run_job, started_job, worker_lines)
+from support.jobs import (LAUNCHER, JobResult, PidFile, assert_ok, job_env, pid_alive,
+                          python_command, role_lines, run_job, started_job, worker_lines)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -207,9 +207,9 @@ def test_signal_to_launcher_stops_the_job(tmp_path, signum, code):
 DYING_RUNNER = '''
 import sys, time
 sys.path.insert(0, sys.argv[1])
-import conftest
-conftest._CURRENT['jobs'] = True
-with conftest.started_job(conftest.PidFile(sys.argv[2]).wrap(['sleep', '1000']), 2):
+from support import jobs
+jobs._CURRENT['jobs'] = True
+with jobs.started_job(jobs.PidFile(sys.argv[2]).wrap(['sleep', '1000']), 2):
     time.sleep(1000)
 '''
 

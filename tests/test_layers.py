@@ -19,7 +19,7 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, PidFile, assert_ok, python_command, run_job, worker_lines
+from support.jobs import REPO, PidFile, assert_ok, python_command, run_job, worker_lines
 
 PACKAGES = ('kvstore_ext', 'mxdelay')
 BIN = os.path.dirname(sys.executable)

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import ATOL, RTOL, SCRIPTS, assert_ok, run_job
+from support.jobs import SCRIPTS, assert_ok, run_job
+from support.reference_jobs import ATOL, RTOL
 from mxnet import nd
 
 from kvstore_ext import checkpoint, protocol, sparse

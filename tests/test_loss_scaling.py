@@ -142,11 +142,11 @@ def test_amp_init_trainer_after_the_store_was_created_is_refused():
     # amp.init_trainer sets trainer._amp_loss_scaler; set directly here, because amp.init
     # would change every later test's NDArray functions in this process.
     import mxdelay  # pylint: disable=import-outside-toplevel
-    from conftest import FakeDistDelay  # pylint: disable=import-outside-toplevel
+    from support.native import delay_store  # pylint: disable=import-outside-toplevel
     from scripts import mlp_model  # pylint: disable=import-outside-toplevel
     net, _ = mlp_model.build()
     trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
-                                     kvstore=FakeDistDelay(), delay=2, warmup_steps=1)
+                                     kvstore=delay_store(), delay=2, warmup_steps=1)
     assert trainer.rank == 0                       # creates the store, without AMP
     trainer._amp_loss_scaler = LossScaler()
     trainer._amp_original_scale = trainer._scale
@@ -167,12 +167,12 @@ def test_amp_with_compression_is_refused():
     # nan residual): the servers would apply the round. fp16: the push's cast can overflow a
     # loss-scaled gradient that the workers' flags (computed before the cast) call finite.
     import mxdelay  # pylint: disable=import-outside-toplevel
-    from conftest import FakeDistDelay  # pylint: disable=import-outside-toplevel
+    from support.native import delay_store  # pylint: disable=import-outside-toplevel
     from scripts import mlp_model  # pylint: disable=import-outside-toplevel
     for params in ({'type': '2bit', 'threshold': 0.5}, {'type': 'fp16'}, None):
         net, _ = mlp_model.build()
         trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
-                                         kvstore=FakeDistDelay(), compression_params=params,
+                                         kvstore=delay_store(), compression_params=params,
                                          delay=2, warmup_steps=1)
         trainer._amp_loss_scaler = LossScaler()    # what amp.init_trainer sets (see above)
         trainer._amp_original_scale = trainer._scale

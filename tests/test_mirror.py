@@ -1,5 +1,6 @@
 """The 'mirror' local rule for every optimizer it accepts (docs/design.md §1.4), in one
-process with ``FakeDistDelay`` (one worker, its server in-process, keyed by parameter index).
+process with a real ``DistDelay`` over the in-process native stand-in (one worker, mxdelay's
+real server in process; support/native.py).
 
 What is tested:
 
@@ -25,8 +26,8 @@ import mxdelay
 import mxnet as mx
 from mxnet import nd
 
-from conftest import BATCH, FakeDistDelayWithMultipliers as FakeStore, backward_at, \
-    mlp_params as make_params
+from support.model import BATCH, backward_at, mlp_params as make_params
+from support.native import delay_store, events, server_optimizer, server_weights
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.optimizers import flatten_state
 from kvstore_ext.rounds import RoundKeeper
@@ -67,7 +68,7 @@ def train(optimizer, optimizer_params, delay, steps, ctxs=None, dtype='float32',
     ctxs = ctxs or [mx.cpu()]
     lr_mult, wd_mult = kwargs.pop('lr_mult', None), kwargs.pop('wd_mult', None)
     params = make_params(ctxs, dtype, lr_mult, wd_mult)
-    kv = FakeStore()
+    kv = delay_store()
     trainer = mxdelay.DelayedTrainer(params, optimizer, dict(optimizer_params), kvstore=kv,
                                      delay=delay, warmup_steps=WARMUP, **kwargs)
     for step in range(steps):
@@ -76,8 +77,9 @@ def train(optimizer, optimizer_params, delay, steps, ctxs=None, dtype='float32',
         for i, p in enumerate(params):
             for other in p.list_data()[1:]:
                 np.testing.assert_array_equal(other.asnumpy(), p.data(ctxs[0]).asnumpy())
-            yield step, p.name, p.data(ctxs[0]).asnumpy(), kv.store[i].asnumpy()
-    assert ('fetch_states', (0, 1, 2, 3)) in kv.log or optimizer in ('sgd',), kv.log
+            yield step, p.name, p.data(ctxs[0]).asnumpy(), server_weights(kv, i)
+    fetched = sorted({key for _, key in events(kv, kinds=('state',))})   # the state keys' rounds
+    assert fetched == [0, 1, 2, 3] or optimizer in ('sgd',), fetched
 
 
 def check_invariant(name, delay, exact, **kwargs):
@@ -135,7 +137,7 @@ def test_invariant_with_float16_weights_and_multi_precision(name):
 
 def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
     params = make_params([mx.cpu()])
-    kv = FakeStore()
+    kv = delay_store()
     trainer = mxdelay.DelayedTrainer(params, 'adam', {'learning_rate': 0.01}, kvstore=kv,
                                      delay=2, warmup_steps=1)
     for step in range(4):
@@ -145,7 +147,7 @@ def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
     assert local is not trainer.optimizer and type(local) is mx.optimizer.Adam
     assert local.rescale_grad == 1.0 / BATCH          # N = 1
     assert local._index_update_count[0] == 4          # rounds 0..3 applied
-    assert kv.server_optimizer._index_update_count[0] == 4
+    assert server_optimizer(kv)._index_update_count[0] == 4
     assert trainer.optimizer._index_update_count == {}   # the trainer's is untouched
 
 
@@ -163,7 +165,7 @@ REFUSED = [
 @pytest.mark.parametrize('optimizer,name,why', REFUSED, ids=[r[0] for r in REFUSED])
 def test_refused_at_construction_naming_it_and_what_to_use(optimizer, name, why):
     with pytest.raises(ValueError) as info:
-        mxdelay.DelayedTrainer(make_params([mx.cpu()]), optimizer, {}, kvstore=FakeStore())
+        mxdelay.DelayedTrainer(make_params([mx.cpu()]), optimizer, {}, kvstore=delay_store())
     message = str(info.value)
     assert 'cannot mirror %s' % name in message
     assert re.search(why, message), message
@@ -174,24 +176,24 @@ def test_lars_with_momentum_correction_is_refused():
     with pytest.raises(ValueError, match=r'cannot mirror LARS with momentum_correction=True: '
                                          r'.* Pass momentum_correction=False'):
         mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'lars', {'momentum': 0.9},
-                               kvstore=FakeStore())
+                               kvstore=delay_store())
 
 
 def test_refused_optimizer_is_accepted_by_the_literal_rule():
-    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'nadam', {}, kvstore=FakeStore(),
+    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'nadam', {}, kvstore=delay_store(),
                            local_rule='sgd')
 
 
 def test_subclass_of_a_mirrored_optimizer_is_accepted_and_mirrored():
     params = make_params([mx.cpu()])
-    kv = FakeStore()
+    kv = delay_store()
     trainer = mxdelay.DelayedTrainer(params, MyAdam(learning_rate=0.01), kvstore=kv, delay=2,
                                      warmup_steps=1)
     for step in range(6):
         backward_at(params, [mx.cpu()], step)
         trainer.step(BATCH)
         for i, p in enumerate(params):
-            np.testing.assert_array_equal(p.data().asnumpy(), kv.store[i].asnumpy())
+            np.testing.assert_array_equal(p.data().asnumpy(), server_weights(kv, i))
 
 
 def test_state_that_is_not_elementwise_is_refused():
@@ -200,7 +202,7 @@ def test_state_that_is_not_elementwise_is_refused():
             return nd.zeros((weight.shape[0], 1))
     with pytest.raises(ValueError, match=r'cannot mirror RowState: its optimizer state is not '
                                          r'elementwise'):
-        mxdelay.DelayedTrainer(make_params([mx.cpu()]), RowState(), kvstore=FakeStore())
+        mxdelay.DelayedTrainer(make_params([mx.cpu()]), RowState(), kvstore=delay_store())
 
 
 def test_every_mirrored_name_is_an_mxnet_optimizer():
@@ -265,14 +267,14 @@ def test_delayed_save_and_load_with_adam_resume_bit_for_bit(tmp_path):
     opt = {'learning_rate': 0.01, 'wd': 1e-3}
     params = make_params([mx.cpu()])
     full = []
-    run(mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=FakeStore(), **args),
+    run(mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=delay_store(), **args),
         params, 0, 10, full)
     params = make_params([mx.cpu()])
-    trainer = mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=FakeStore(), **args)
+    trainer = mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=delay_store(), **args)
     run(trainer, params, 0, 5, [])
     trainer.save_states(str(tmp_path / 'ckpt'))
     params2 = make_params([mx.cpu()])
-    trainer2 = mxdelay.DelayedTrainer(params2, 'adam', dict(opt), kvstore=FakeStore(),
+    trainer2 = mxdelay.DelayedTrainer(params2, 'adam', dict(opt), kvstore=delay_store(),
                                       **args)
     trainer2.load_states(str(tmp_path / 'ckpt'))
     resumed = []

@@ -38,8 +38,9 @@ import pytest
 import mxnet as mx
 
 import reference
-from conftest import (ATOL, RTOL, SCRIPTS, PidFile, WorkersNative, _no_channel, assert_ok, run_job,
-                      servers, stock_env)
+from support.jobs import SCRIPTS, PidFile, assert_ok, run_job, stock_env
+from support.reference_jobs import ATOL, RTOL
+from support.stores import WorkersNative, _no_channel, servers
 from kvstore_ext import protocol
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.protocol import Command

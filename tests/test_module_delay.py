@@ -1,7 +1,8 @@
 """``mxdelay.DelayedModule``: the Module API with the k-step delayed update, through
 ``DelayedTrainer`` over the executors' own arrays (docs/design.md §1.7).
 
-Single process (``FakeDistDelay``: one worker, its server in-process, the servers' kernels):
+Single process (a real ``DistDelay`` over the native stand-in of support/native.py: one
+worker, mxdelay's real server in process):
 
 - the one-worker invariant: DelayedModule on one worker (``'dist_delay'``, warm-up 2, k in
   {1, 4}) equals plain ``mx.mod.Module`` on ``'local'`` with the same optimizer at every
@@ -37,8 +38,10 @@ import mxdelay
 import mxnet as mx
 
 import reference
-from conftest import (ATOL, RTOL, SCRIPTS, FakeDistDelay, PidFile, WorkersNative, assert_ok, run_job,
-                      servers, stock_env)
+from support.jobs import SCRIPTS, PidFile, assert_ok, run_job, stock_env
+from support.reference_jobs import ATOL, RTOL
+from support.native import delay_store
+from support.stores import WorkersNative, servers
 from kvstore_ext import protocol
 from kvstore_ext.protocol import Command
 from scripts import mlp_model
@@ -81,7 +84,7 @@ def train(mod, kvstore, optimizer, params, steps=12):
 @pytest.mark.parametrize('delay', [1, 4])
 def test_one_worker_equals_module_on_local(optimizer, params, atol, delay):
     plain = train(bound(mx.mod.Module), 'local', optimizer, params)
-    delayed = train(bound(mxdelay.DelayedModule, delay=delay, warmup_steps=2), FakeDistDelay(),
+    delayed = train(bound(mxdelay.DelayedModule, delay=delay, warmup_steps=2), delay_store(),
                     optimizer, params)
     for t, (want, got) in enumerate(zip(plain, delayed)):
         for name in SHORT:
@@ -124,7 +127,7 @@ def test_the_servers_get_dist_syncs_rescale_grad_and_modules_multipliers(
 
 def test_the_trainer_works_on_the_executors_arrays():
     mod = bound(mxdelay.DelayedModule, contexts=(mx.cpu(0), mx.cpu(1)))
-    mod.init_optimizer(kvstore=FakeDistDelay(), optimizer='sgd', optimizer_params=SGD)
+    mod.init_optimizer(kvstore=delay_store(), optimizer='sgd', optimizer_params=SGD)
     group = mod._exec_group  # pylint: disable=protected-access
     for param, datas, grads in zip(mod.trainer._params, group.param_arrays, group.grad_arrays):
         assert [d.handle.value for d in param.list_data()] == [d.handle.value for d in datas]
@@ -149,9 +152,9 @@ def test_what_cannot_work_is_refused_at_init_optimizer(monkeypatch):
     with pytest.raises(ValueError, match="kvstore='dist_sync'.*use kvstore='dist_delay'"):
         bound(mxdelay.DelayedModule).init_optimizer(kvstore='dist_sync')
     mod = bound(mxdelay.DelayedModule)
-    mod.init_optimizer(kvstore=FakeDistDelay(), optimizer='sgd', optimizer_params=SGD)
+    mod.init_optimizer(kvstore=delay_store(), optimizer='sgd', optimizer_params=SGD)
     with pytest.raises(ValueError, match='force_init=True: DelayedModule cannot replace'):
-        mod.init_optimizer(kvstore=FakeDistDelay(), force_init=True)
+        mod.init_optimizer(kvstore=delay_store(), force_init=True)
     with pytest.raises(ValueError, match='force_rebind=True after init_optimizer'):
         mod.bind(data_shapes=[('data', (BATCH, mlp_model.IN))],
                  label_shapes=[('label', (BATCH, mlp_model.OUT))], force_rebind=True)
@@ -159,7 +162,7 @@ def test_what_cannot_work_is_refused_at_init_optimizer(monkeypatch):
         bound(mxdelay.DelayedModule).borrow_optimizer(mod)
     monkeypatch.setenv('MXNET_UPDATE_ON_KVSTORE', '0')
     with pytest.raises(ValueError, match='unset MXNET_UPDATE_ON_KVSTORE'):
-        bound(mxdelay.DelayedModule).init_optimizer(kvstore=FakeDistDelay())
+        bound(mxdelay.DelayedModule).init_optimizer(kvstore=delay_store())
 
 
 # -- real jobs -------------------------------------------------------------------------------

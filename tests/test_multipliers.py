@@ -11,8 +11,9 @@ DelayedTrainer: honoured by mxdelay's servers (warm-up and every round) and by t
    elements are 3 chunks spread over both servers, each of which must apply ``w1``'s
    multiplier). The same job without multipliers is more than 100x the tolerance away, so
    a server or a rule that dropped one would fail.
-2. In one process (N = 1, conftest's ``FakeDistDelayWithMultipliers``, whose "server"
-   takes the multipliers from the worker's REGISTER data as mxdelay's server does): the
+2. In one process (N = 1, a real ``DistDelay`` over the native stand-in of
+   support/native.py, whose real server takes the multipliers from the worker's REGISTER
+   data): the
    N = 1 invariant, DelayedTrainer with rule ``'mirror'`` (and ``'sgd'`` without momentum)
    trains like a stock ``gluon.Trainer`` with the same multipliers, at every step of every
    phase, up to float32 rounding (``rtol=atol=1e-6``).
@@ -26,8 +27,10 @@ from mxdelay.schedule import DelaySchedule
 from mxnet import gluon
 
 import reference
-from conftest import (ATOL, BATCH, RTOL, FakeDistDelayWithMultipliers, backward_at, contexts,
-                      mlp_params, run_mlp_job, stock_env)
+from support.jobs import stock_env
+from support.model import BATCH, backward_at, contexts, mlp_params
+from support.reference_jobs import ATOL, RTOL, run_mlp_job
+from support.native import delay_store
 from scripts import mlp_model
 
 NAMES = ('w1', 'b1', 'w2', 'b2')
@@ -114,7 +117,7 @@ def stock(mults, momentum=0.9):
 
 def delayed(mults, local_rule='mirror', momentum=0.9):
     return train(lambda params: mxdelay.DelayedTrainer(
-        params, 'sgd', dict(OPT, momentum=momentum), kvstore=FakeDistDelayWithMultipliers(),
+        params, 'sgd', dict(OPT, momentum=momentum), kvstore=delay_store(),
         delay=2, warmup_steps=2, local_rule=local_rule), mults)
 
 

@@ -38,7 +38,8 @@ import pytest
 import mxdelay  # noqa: F401
 import mxnet as mx
 
-from conftest import PidFile, assert_ok, run_job, started_store
+from support.jobs import PidFile, assert_ok, run_job
+from support.stores import started_store
 from kvstore_ext import protocol
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.optimizers import describe_optimizer, optimizer_differences

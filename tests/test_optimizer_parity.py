@@ -40,7 +40,8 @@ import numpy as np
 import pytest
 import mxnet as mx
 
-from conftest import SCRIPTS, run_job, run_mlp_job, run_stock_job, stock_env
+from support.jobs import SCRIPTS, run_job, stock_env
+from support.reference_jobs import run_mlp_job, run_stock_job
 from kvstore_ext import protocol
 from kvstore_ext.optimizers import whole_tensor_name
 from kvstore_ext.protocol import Command

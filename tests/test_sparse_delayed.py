@@ -13,7 +13,8 @@ differ from dense ones in every step.
   while a dense reference differs by 0.16 or more): N = 2 and 3, 1 and 2 servers, warm-up,
   k > 1; SGD with momentum, Adam, the literal 'dc' rule; 2 devices; the embedding in 5
   chunks over 2 servers; ``sync_weights``; save and resume; ``join`` with uneven data.
-- One worker in process (``FakeDistDelay``), both kinds: w' equals the servers' W at every
+- One worker in process (a real ``DistDelay`` over the native stand-in of support/native.py,
+  mxdelay's real server), both kinds: w' equals the servers' W at every
   step, and the weights equal stock ``gluon.Trainer``'s (kvstore 'local'), for k in {1, 3}
   on one and two devices: Adam bit for bit; SGD with momentum up to float32 rounding (rtol
   1e-6, atol 1e-6; the dense layer's momentum buffer starts at ``W_{W+1} - W_W``, §1.4);
@@ -34,7 +35,9 @@ from mxnet import autograd, gluon, nd
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
 import reference
-from conftest import ATOL, RTOL, FakeDistDelay, assert_ok, run_job
+from support.jobs import assert_ok, run_job
+from support.reference_jobs import ATOL, RTOL
+from support.native import delay_store, server_weights
 from scripts import sparse_delayed_job as job
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'sparse_delayed_job.py')
@@ -164,13 +167,13 @@ def test_join_with_uneven_data_follows_the_reference(tmp_path):
 def train(trainer_kind, optimizer, steps, devices=1, delay=3, warmup_steps=2, kind='grad',
           **kwargs):
     """Yield (step, {name: w'}, {name: W} or None) of a one-worker training of the job's
-    model of `kind`: DelayedTrainer on FakeDistDelay ('delayed') or on 'local'
+    model of `kind`: DelayedTrainer on the native stand-in ('delayed') or on 'local'
     ('delayed-local'), or stock gluon.Trainer on 'local' ('gluon')."""
     ctxs = [mx.cpu(i) for i in range(devices)]
     net, names = job.build(ctxs, kind)
     params = net.collect_params()
     if trainer_kind.startswith('delayed'):
-        kv = FakeDistDelay() if trainer_kind == 'delayed' else 'local'
+        kv = delay_store() if trainer_kind == 'delayed' else 'local'
         trainer = mxdelay.DelayedTrainer(params, optimizer[0], dict(optimizer[1]), kvstore=kv,
                                          delay=delay, warmup_steps=warmup_steps, **kwargs)
         kv = kv if trainer_kind == 'delayed' else None
@@ -193,7 +196,7 @@ def train(trainer_kind, optimizer, steps, devices=1, delay=3, warmup_steps=2, ki
             for other in copies[1:]:
                 np.testing.assert_array_equal(other, copies[0])
         index = trainer._param2idx  # pylint: disable=protected-access
-        glob = None if kv is None else {names[full]: kv.store[index[full]].asnumpy()
+        glob = None if kv is None else {names[full]: server_weights(kv, index[full])
                                         for full in params}
         yield step, local, glob
 
@@ -298,7 +301,7 @@ def test_compression_with_sparse_gradients_is_refused(compression):
 def test_amp_with_sparse_gradients_is_refused():
     _, params = _params()
     trainer = mxdelay.DelayedTrainer(params, 'sgd', {'learning_rate': 0.1},
-                                     kvstore=FakeDistDelay(), delay=2, warmup_steps=1)
+                                     kvstore=delay_store(), delay=2, warmup_steps=1)
     trainer._amp_loss_scaler = LossScaler()  # what amp.init_trainer sets
     with pytest.raises(ValueError, match="(?s)AMP.*row_sparse gradients.*embedding.*without "
                                          "AMP"):

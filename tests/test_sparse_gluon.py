@@ -24,7 +24,8 @@ import pytest
 import mxnet as mx
 from mxnet import gluon
 
-from conftest import assert_ok, offline_store, run_job, stock_env
+from support.jobs import assert_ok, run_job, stock_env
+from support.stores import offline_store
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'sparse_gluon_job.py')
 CASES = {

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import assert_ok, kv_results, run_job
+from support.jobs import assert_ok, kv_results, run_job
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'scripts', 'sparse_kv_job.py')
 

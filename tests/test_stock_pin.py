@@ -31,7 +31,8 @@ import numpy as np
 import pytest
 
 import reference
-from conftest import ATOL, RTOL, run_mlp_job, run_stock_job, stock_env
+from support.jobs import stock_env
+from support.reference_jobs import ATOL, RTOL, run_mlp_job, run_stock_job
 from scripts import mlp_model
 
 NAMES = ('w1', 'b1', 'w2', 'b2')

@@ -24,7 +24,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import run_job, assert_ok
+from support.jobs import assert_ok, run_job
 from mxdelay import timeline, trace
 from mxdelay.schedule import DelaySchedule
 

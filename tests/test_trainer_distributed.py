@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import mxdelay.schedule
-from conftest import (ATOL, MLP_BASE as BASE, RTOL, assert_matches_reference, run_mlp_job,
-                      simulate_mlp_job as simulate)
+from support.reference_jobs import (ATOL, RTOL, MLP_BASE as BASE, assert_matches_reference,
+                                    run_mlp_job, simulate_mlp_job as simulate)
 
 pytestmark = pytest.mark.jobs
 

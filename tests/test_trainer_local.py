@@ -11,11 +11,11 @@ What is tested:
    as ``gluon.Trainer`` and resume as it does.
 2. Constructor validation: each bad argument raises ``ValueError`` at construction, and
    the message names the argument and the value received.
-3. The delayed path (warm-up, switch, delayed phase) with ``FakeDistDelay``, a
-   ``DistDelay`` whose "server" is an MXNet updater in this process and whose worker is
-   the only one (N = 1; exact rounds are trivial then, and real multi-worker jobs are
-   tests/test_trainer_distributed.py's business): the trajectory against the numpy
-   reference of docs/design.md §1 (tests/reference.py) on one and two devices, the N = 1
+3. The delayed path (warm-up, switch, delayed phase) with a real ``DistDelay`` over an
+   in-process native store whose servers are mxdelay's real ones (support/native.py)
+   and whose worker is the only one (N = 1; exact rounds are trivial then, and real
+   multi-worker jobs are tests/test_trainer_distributed.py's business): the trajectory
+   against the numpy reference of docs/design.md §1 (tests/reference.py) on one and two devices, the N = 1
    consequences (``w'`` equals the server's ``W`` at every step for ``'mirror'`` with
    momentum and for ``'sgd'`` without), the pushes and pulls the kvstore sees at each
    step, the phase log, a learning-rate change, and the collective ``save_states`` /
@@ -39,8 +39,9 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 import reference
-from conftest import (BATCH, MLP_NAMES as NAMES, FakeDistDelay, backward_with, contexts,
-                      mlp_params as make_params, numpy_grad, small_params)
+from support.model import (BATCH, MLP_NAMES as NAMES, backward_with, contexts,
+                           mlp_params as make_params, numpy_grad, small_params)
+from support.native import delay_store, events, pushes, server_optimizer, server_weights
 from kvstore_ext.dist_delay import DistDelay
 from scripts import mlp_model
 from mxnet.kvstore import KVStoreBase
@@ -235,7 +236,7 @@ def test_bad_argument_raises_at_construction(kwargs, message):
 def test_bad_argument_with_a_dist_delay_instance(kwargs, message):
     with pytest.raises(ValueError, match=message):
         mxdelay.DelayedTrainer(small_params(), 'sgd', {'learning_rate': 0.1},
-                               kvstore=FakeDistDelay(), **kwargs)
+                               kvstore=delay_store(), **kwargs)
 
 
 class Halve(LocalRule):
@@ -285,12 +286,12 @@ def test_other_distributed_type_strings_are_refused(kvstore):
 # -- 3. the delayed path, with an in-process 'dist_delay' of one worker ---------------------
 def run_delayed(steps, ctxs=None, kvstore=None, trainer=None, params=None, first=0,
                 optimizer_params=None, **trainer_args):
-    """Train with DelayedTrainer on `kvstore` (a fresh FakeDistDelay by default); return
+    """Train with DelayedTrainer on `kvstore` (a fresh delay_store() by default); return
     the trainer, its kvstore and {name: [w' after each step]} (first device)."""
     ctxs = ctxs or contexts(1)
     if trainer is None:
         params = make_params(ctxs)
-        kvstore = kvstore or FakeDistDelay()
+        kvstore = kvstore or delay_store()
         trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(optimizer_params or OPT),
                                          kvstore=kvstore, **trainer_args)
     history = {name: [] for name in NAMES}
@@ -346,7 +347,7 @@ def local_and_global(delay, warmup_steps, local_rule, momentum):
     """Train N = 1 with lam = 0 and local_lr = lr; yield (step, name, w', W) at every step."""
     ctxs = contexts(1)
     params = make_params(ctxs)
-    kv = FakeDistDelay()
+    kv = delay_store()
     trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT, momentum=momentum), kvstore=kv,
                                      delay=delay, warmup_steps=warmup_steps,
                                      local_rule=local_rule)
@@ -356,7 +357,7 @@ def local_and_global(delay, warmup_steps, local_rule, momentum):
         backward_with(params, ctxs, numpy_grad(weights, 0, step))
         trainer.step(BATCH)
         for i, p in enumerate(params):
-            yield step, p.name, p.data().asnumpy(), kv.store[i].asnumpy()
+            yield step, p.name, p.data().asnumpy(), server_weights(kv, i)
     assert not np.array_equal(params[2].data().asnumpy(), initial)
 
 
@@ -387,16 +388,19 @@ def test_pushes_every_step_and_pulls_on_schedule(delay, warmup_steps):
     trainer, kv, _, _ = run_delayed(0, delay=delay, warmup_steps=warmup_steps)
     params = trainer._params  # pylint: disable=protected-access
     ctxs = contexts(1)
-    kv.log.clear()
     for step in range(steps):
-        start = len(kv.log)
+        start = len(events(kv))
         weights = {p.name: p.data().asnumpy() for p in params}
         backward_with(params, ctxs, numpy_grad(weights, 0, step))
         trainer.step(BATCH)
-        events = kv.log[start:]
-        pushes = [k for op, k in events if op == 'push']
-        pulls = [k for op, k in events if op == 'pull']
-        assert sorted(pushes) == list(range(len(NAMES))), step      # every key, every step
+        step_events = [(op, k) for op, k in events(kv)[start:] if k != 'finish']
+        if ('init', 0) in step_events:
+            # Gluon's first step initialises the store: its broadcast (init, pull) comes
+            # before the step's pushes and is not the step's pull.
+            step_events = step_events[[op for op, _ in step_events].index('push'):]
+        pushed = [k for op, k in step_events if op == 'push']
+        pulls = [k for op, k in step_events if op == 'pull']
+        assert sorted(pushed) == list(range(len(NAMES))), step      # every key, every step
         synchronous = step <= warmup_steps
         t0 = warmup_steps + 1
         issues = step >= t0 and (step - t0) % delay == delay - 1
@@ -404,7 +408,7 @@ def test_pushes_every_step_and_pulls_on_schedule(delay, warmup_steps):
         assert sorted(pulls) == want, step
         # the step's pull is queued after its push (the pull must return W_{t+1})
         for key in pulls:
-            assert events.index(('push', key)) < events.index(('pull', key))
+            assert step_events.index(('push', key)) < step_events.index(('pull', key))
     assert trainer.schedule.step == steps
 
 
@@ -423,7 +427,7 @@ def test_learning_rate_change_reaches_server_and_local_rule():
     trainer, kv, params, _ = run_delayed(4, delay=2, warmup_steps=1, local_rule='sgd',
                                          local_lr=0.05, optimizer_params=dict(OPT, momentum=0))
     trainer.set_learning_rate(0.02)
-    assert kv.server_optimizer.learning_rate == 0.02
+    assert server_optimizer(kv).learning_rate == 0.02
     _, _, _, history = run_delayed(4, trainer=trainer, params=params, first=4)
     want = reference.simulate(mlp_model.init_params(), numpy_grad, 1, 8, 2, 1, 0.1, momentum=0,
                               wd=OPT['wd'], rescale_grad=1.0 / BATCH, local_lr=0.05,
@@ -445,7 +449,7 @@ def test_delayed_load_adopts_the_saved_optimizer_like_gluon(tmp_path):
     trainer.save_states(fname)
     params2 = make_params(contexts(1))
     trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT, learning_rate=0.7, momentum=0.5),
-                                      kvstore=FakeDistDelay(), **args)
+                                      kvstore=delay_store(), **args)
     trainer2.load_states(fname)
     assert (trainer2.learning_rate, trainer2.optimizer.momentum) == (0.1, 0.9)
     assert trainer2.optimizer.param_dict[0] is params2[0]
@@ -454,7 +458,7 @@ def test_delayed_load_adopts_the_saved_optimizer_like_gluon(tmp_path):
         np.testing.assert_array_equal(resumed[name], uninterrupted[name][4:])
     # (local_rule='sgd': the default 'mirror' refuses NAG at construction already)
     wrong = mxdelay.DelayedTrainer(make_params(contexts(1)), 'nag', dict(OPT),
-                                   kvstore=FakeDistDelay(), **dict(args, local_rule='sgd'))
+                                   kvstore=delay_store(), **dict(args, local_rule='sgd'))
     with pytest.raises(ValueError, match=r"saved with optimizer SGD, this trainer uses NAG"):
         wrong.load_states(fname)
 
@@ -467,7 +471,7 @@ def test_delayed_save_and_load_resume_bit_for_bit(tmp_path):
     trainer.save_states(fname)
     # a new process: new parameters, trainer and kvstore, then load and continue
     params2 = make_params(contexts(1))
-    kv2 = FakeDistDelay()
+    kv2 = delay_store()
     trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT), kvstore=kv2, **args)
     trainer2.load_states(fname)  # raised RuntimeError with Parameter.set_data (fixed)
     assert trainer2.schedule.step == 5
@@ -485,7 +489,7 @@ def test_delayed_load_refuses_another_schedule(tmp_path, other):
     trainer.save_states(fname)
     params2 = make_params(contexts(1))
     before = params2[2].data().asnumpy()
-    trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT), kvstore=FakeDistDelay(),
+    trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT), kvstore=delay_store(),
                                       **dict(args, **other))
     with pytest.raises(ValueError, match=r'saved with delay=3 warmup_steps=1'):
         trainer2.load_states(fname)
@@ -498,7 +502,7 @@ def test_delayed_load_refuses_foreign_files(tmp_path, content):
     fname = tmp_path / 'ckpt'
     fname.write_bytes(content)
     trainer = mxdelay.DelayedTrainer(make_params(contexts(1)), 'sgd', dict(OPT),
-                                     kvstore=FakeDistDelay(), delay=2, warmup_steps=1)
+                                     kvstore=delay_store(), delay=2, warmup_steps=1)
     with pytest.raises(ValueError, match='not an mxdelay trainer state file'):
         trainer.load_states(str(fname))
     with pytest.raises(ValueError, match='does not exist'):
@@ -513,7 +517,7 @@ def test_update_on_kvstore_environment_cannot_drop_the_optimizer(monkeypatch):
     except ValueError as err:
         assert 'MXNET_UPDATE_ON_KVSTORE' in str(err)
         return
-    assert kv.server_optimizer is not None
+    assert server_optimizer(kv) is not None
     for name in NAMES:
         np.testing.assert_array_equal(got[name][-1], want[name][-1])
 
@@ -526,7 +530,7 @@ def test_priorities_follow_the_forward_order_not_the_names():
     for prefix, units, in_units in (('dense9_', 6, 4), ('dense10_', 5, 6), ('dense2_', 3, 5)):
         net.add(gluon.nn.Dense(units, in_units=in_units, prefix=prefix))
     net.initialize()
-    kv = FakeDistDelay()
+    kv = delay_store()
     trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.1},
                                      kvstore=kv, delay=2, warmup_steps=1)
     assert trainer.priority_order() == list(net.collect_params().keys())  # registration
@@ -539,7 +543,7 @@ def test_priorities_follow_the_forward_order_not_the_names():
     assert trainer.priority_order() == forward
     names = [p.name for p in trainer._params]  # pylint: disable=protected-access
     assert names != forward                     # Gluon's index is name-sorted
-    pushed = [(names[key], priority) for key, priority in kv.priorities]
+    pushed = [(names[key], priority) for key, priority in pushes(kv)]
     assert [name for name, _ in pushed] == forward[::-1]
     assert [priority for _, priority in pushed] == sorted(p for _, p in pushed)
     assert pushed[-1][1] > pushed[0][1]
@@ -555,14 +559,15 @@ def test_sync_weights_replaces_every_device_copy_by_the_servers_weights():
     trainer, kv, params, history = run_delayed(7, ctxs=contexts(2), delay=3, warmup_steps=2,
                                                local_rule='sgd')
     before = {p.name: p.data(mx.cpu(0)).asnumpy() for p in params}
-    assert any(not np.array_equal(before[p.name], kv.store[i].asnumpy())
+    assert any(not np.array_equal(before[p.name], server_weights(kv, i))
                for i, p in enumerate(params))
-    assert kv.log[-1][0] != 'finish'
+    assert events(kv)[-1][1] != 'finish'
     trainer.sync_weights()
-    assert kv.log[-1 - len(params)] == ('finish', None)   # it joined first
+    # it joined first: the finish counter's vote was read before the weights' pulls
+    assert events(kv)[-1 - len(params)] == ('pull', 'finish')
     for i, param in enumerate(params):
         for data in param.list_data():
-            np.testing.assert_array_equal(data.asnumpy(), kv.store[i].asnumpy())
+            np.testing.assert_array_equal(data.asnumpy(), server_weights(kv, i))
 
 
 def test_sync_weights_without_a_distributed_kvstore_changes_nothing():
@@ -577,7 +582,7 @@ def test_sync_weights_without_a_distributed_kvstore_changes_nothing():
 @pytest.mark.parametrize('method', ['allreduce_grads', 'update'])
 def test_manual_update_says_how_to_clip_instead(method):
     params = make_params(contexts(1))
-    trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=FakeDistDelay())
+    trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store())
     args = () if method == 'allreduce_grads' else (BATCH,)
     with pytest.raises(ValueError, match=r"%s\(\) is not available with kvstore='dist_delay'.*"
                                          r"clip this worker's own gradients before step\(\)"
@@ -609,7 +614,7 @@ def test_clipping_own_gradients_before_step_trains_like_gluon_with_the_same_clip
     runs = {}
     for name, make in (('gluon', lambda ps: gluon.Trainer(ps, 'sgd', dict(OPT), kvstore=None)),
                        ('delayed', lambda ps: mxdelay.DelayedTrainer(
-                           ps, 'sgd', dict(OPT), kvstore=FakeDistDelay(), delay=3,
+                           ps, 'sgd', dict(OPT), kvstore=delay_store(), delay=3,
                            warmup_steps=2))):
         params = make_params(contexts(1))
         trainer = make(params)

@@ -17,8 +17,9 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from conftest import (MLP_BASE as BASE, SCRIPTS, assert_uneven_matches_reference,
-                      run_job, run_mlp_job, simulate_uneven)
+from support.jobs import SCRIPTS, run_job
+from support.reference_jobs import (MLP_BASE as BASE, assert_uneven_matches_reference, run_mlp_job,
+                                    simulate_uneven)
 from scripts import mlp_model
 
 
