@@ -340,22 +340,7 @@ class Delayed(object):
         if trainer._params_to_init:
             with autograd.pause():  # Gluon calls this in forward, inside autograd.record()
                 trainer._init_params()
-        full = trainer._states[trainer._param2idx[parameter.name]].full
-        rows = np.unique(row_id.asnumpy()).astype(np.int64)  # as row_sparse_pull: once each
-        if rows.size and (rows[0] < 0 or rows[-1] >= full.shape[0]):
-            raise ValueError('row_sparse_data of Parameter %s: row ids must be in [0, %d), got '
-                             '%s' % (parameter.name, full.shape[0],
-                                     rows[(rows < 0) | (rows >= full.shape[0])]))
-        with autograd.pause():
-            if rows.size:
-                ids = nd.array(rows, ctx=full.context, dtype='int64')
-                value = nd.sparse.row_sparse_array((nd.take(full, ids), ids), shape=full.shape,
-                                                   ctx=full.context, dtype=full.dtype)
-            else:
-                value = nd.sparse.zeros('row_sparse', full.shape, ctx=full.context,
-                                        dtype=full.dtype)
-            for target in (out if isinstance(out, (list, tuple)) else [out]):
-                value.copyto(target)
+        trainer._states[trainer._param2idx[parameter.name]].row_sparse_data(row_id, out)
 
     # -- checkpoints (docs/design.md §6) ------------------------------------------------------
     def save_states(self, fname):

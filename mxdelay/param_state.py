@@ -3,7 +3,9 @@
 Created once with the trainer, in the order of Gluon's parameter index; the delayed mode
 (:mod:`mxdelay.modes`) fills the fields as the phases need them (docs/design.md §1.3).
 """
-from mxnet import nd
+import numpy as np
+
+from mxnet import autograd, nd
 
 __all__ = ['ParamState']
 
@@ -76,3 +78,23 @@ class ParamState(object):
         first = grads[0].context
         nd.add_n(*[g.as_in_context(first) for g in grads], out=self.grad_sum)
         return self.grad_sum
+
+    def row_sparse_data(self, row_id, out):
+        """Copy the rows `row_id` of a row_sparse weight's dense copy into `out` (one
+        row_sparse NDArray or a list), as ``row_sparse_pull`` would, without communication."""
+        full = self.full
+        rows = np.unique(row_id.asnumpy()).astype(np.int64)  # as row_sparse_pull: once each
+        if rows.size and (rows[0] < 0 or rows[-1] >= full.shape[0]):
+            raise ValueError('row_sparse_data of Parameter %s: row ids must be in [0, %d), got '
+                             '%s' % (self.param.name, full.shape[0],
+                                     rows[(rows < 0) | (rows >= full.shape[0])]))
+        with autograd.pause():
+            if rows.size:
+                ids = nd.array(rows, ctx=full.context, dtype='int64')
+                value = nd.sparse.row_sparse_array((nd.take(full, ids), ids), shape=full.shape,
+                                                   ctx=full.context, dtype=full.dtype)
+            else:
+                value = nd.sparse.zeros('row_sparse', full.shape, ctx=full.context,
+                                        dtype=full.dtype)
+            for target in (out if isinstance(out, (list, tuple)) else [out]):
+                value.copyto(target)
