@@ -113,6 +113,9 @@ class Delayed(object):
                                         for s in trainer._states if s.trained}))
         kv.configure(slack=max(slack, kv.slack), state_keys=state_keys)
         # The kvstore adds its optimizer's description to the hand-shake.
+        # The local rule's g: this worker's gradient, or with compression what it sent (so
+        # that with one worker the local step is the servers' step, docs/design.md §1.4).
+        self._rule_gradient = _own_gradient if kv.compression is None else kv.sent_gradient
         self.amp.refuse([s.param.name for s in trainer._states
                          if s.param._grad_stype != 'default'], kv.compression)
         kv.set_config(delay=trainer._schedule.delay,
@@ -289,8 +292,8 @@ class Delayed(object):
                               rescale_grad=optimizer.rescale_grad,
                               num_workers=self._kv.num_workers, index=s.index, step=update)
             if not skipped:
-                trainer._rule.update(weight, self._local_gradient(s), grad_sync,  # 2., 4.
-                                     s.rule_state, ctx)
+                grad = self._rule_gradient(s.index, s.reduced_grad())
+                trainer._rule.update(weight, grad, grad_sync, s.rule_state, ctx)  # 2., 4.
             for other in datas[1:]:
                 weight.copyto(other)                             # device copies stay equal
             if issues:
@@ -300,14 +303,6 @@ class Delayed(object):
                 observer.pull_received(param.name, t, s.pulled)
         if issues:
             self.amp.after_pulls(self._kv)
-
-    def _local_gradient(self, s):
-        """The local rule's g: this worker's gradient, or with compression what it sent
-        (so that with one worker the local step is the servers' step, docs/design.md §1.4)."""
-        grad = s.reduced_grad()
-        if self._kv.compression is None:
-            return grad
-        return self._kv.sent_gradient(s.index, grad)
 
     def _local_learning_rate(self, update):
         """``local_lr`` scaled by the optimizer's schedule at num_update ``update + 1``
@@ -381,6 +376,10 @@ class Delayed(object):
             trainer._rule.start(trainer._optimizer)   # the switch's, with the loaded optimizer
         trainer._check_and_rescale_grad(state['rescale_grad'])
         self._logged_phase = None
+
+
+def _own_gradient(key, grad):  # pylint: disable=unused-argument
+    return grad
 
 
 def _clip_gradient(optimizer):
