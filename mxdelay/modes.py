@@ -39,7 +39,11 @@ _NO_MANUAL_UPDATE = (
 
 
 class PassThrough(object):
-    """Exactly ``gluon.Trainer`` (also the trainer's mode until its kvstore exists)."""
+    """Exactly ``gluon.Trainer`` (also the trainer's mode until its kvstore exists).
+
+    Each method of a mode is the trainer's of the same name (``rescale``: after
+    ``_check_and_rescale_grad``; ``init_params``: after Gluon's ``_init_params``).
+    """
 
     def __init__(self, trainer):
         self._trainer = trainer
@@ -154,8 +158,8 @@ class Delayed(object):
         trainer = self._trainer
         if trainer._params_to_init:
             trainer._init_params()
-        if priorities and trainer._push_order is None:
-            trainer._decide_priorities()
+        if priorities and trainer._order.push_order is None:
+            trainer._order.decide()
 
     def step(self, batch_size, ignore_stale_grad):
         trainer = self._trainer
@@ -228,7 +232,7 @@ class Delayed(object):
         # gradient is written (backward runs in segments of a few operators, see env.py),
         # and the priority lets the layers the next forward needs first overtake.
         trainer = self._trainer
-        order = [trainer._states[i] for i in trainer._push_order]
+        order = [trainer._states[i] for i in trainer._order.push_order]
         grads = [s.reduced_grad() for s in order]
         self.amp.before_pushes(grads, self._kv)
         t = trainer._schedule.step

@@ -17,6 +17,7 @@ from kvstore_ext.typenames import STORE_TYPE
 from .modes import Delayed, PassThrough
 from .observer import StepObserver
 from .param_state import ParamState
+from .priorities import ForwardOrder
 from .rules import create_rule
 from .schedule import DelaySchedule
 
@@ -137,7 +138,7 @@ class DelayedTrainer(gluon.Trainer):
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
             _refuse_compressed_sparse_grads(params, compressed)
-        self._registration_order = _parameter_names(params)  # before Gluon sorts them
+        registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
         self._slack = slack or delay
@@ -151,10 +152,8 @@ class DelayedTrainer(gluon.Trainer):
                 if s.trained:
                     compressed.check_dtype('parameter %s' % s.param.name, s.param.dtype)
         self._base_lr = self._optimizer.learning_rate
-        self._first_use = []       # param indices in the order the first forward used them
-        self._push_order = None    # param indices, last-used first; set at the first step
+        self._order = ForwardOrder(self._states, registration_order)  # priorities (§8)
         self._observer = StepObserver()
-        self._watch_first_forward()
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, self._rule,
                   'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)
@@ -174,42 +173,12 @@ class DelayedTrainer(gluon.Trainer):
                                     'got %r (%s)' % (observer, type(observer).__name__))
         self._observer = observer or StepObserver()
 
-    # -- priorities ------------------------------------------------------------------------
-    def _watch_first_forward(self):
-        # Record the order in which the first forward reads the parameters (every Block reads
-        # its weights through Parameter.data, hybridized or not): that order, not Gluon's
-        # name-sorted index ('dense10' sorts before 'dense2'), is what the next forward
-        # needs first. Removed again at the first step.
-        for i, param in enumerate(self._params):
-            original = param.data
-
-            def data(ctx=None, _i=i, _original=original):
-                if _i not in self._first_use:
-                    self._first_use.append(_i)
-                return _original(ctx)
-            param.data = data
-
-    def _decide_priorities(self):
-        for param in self._params:
-            param.__dict__.pop('data', None)
-        position = {name: n for n, name in enumerate(self._registration_order)}
-        unseen = sorted((i for i in range(len(self._params)) if i not in self._first_use),
-                        key=lambda i: position.get(self._params[i].name, len(position)))
-        order = self._first_use + unseen
-        for rank, i in enumerate(order):
-            self._states[i].priority = -rank
-        self._push_order = [i for i in reversed(order) if self._states[i].trained]
-        _LOG.debug('DelayedTrainer: forward order %s', [self._params[i].name for i in order])
-
     def priority_order(self):
         """Parameter names from the highest push/pull priority to the lowest (forward order).
 
         Known after the first step; before it, registration order.
         """
-        if self._push_order is None:
-            return list(self._registration_order)
-        return [s.param.name for s in sorted(self._states, key=lambda s: s.priority,
-                                             reverse=True)]
+        return self._order.names()
 
     # -- the mode ---------------------------------------------------------------------------
     def _init_kvstore(self):
@@ -228,6 +197,7 @@ class DelayedTrainer(gluon.Trainer):
                      getattr(kvstore, 'type', kvstore), self._schedule.delay)
             self._kv_mode = PassThrough(self)
             return
+        # Chosen before the checks below: a store that fails them never trains pass-through.
         self._kv_mode = mode = Delayed(self)
         if not isinstance(kvstore, DistDelay):
             raise ValueError("DelayedTrainer needs kvstore='dist_delay' for distributed training, "
