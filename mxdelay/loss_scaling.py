@@ -10,11 +10,15 @@ sequence (docs/design.md §11):
 - :func:`finite_flag`: this worker's all-finite flag of a step, computed in MXNet's engine;
 - :func:`advance`: Gluon's rule for one round;
 - :class:`GlobalOverflows`: which rounds have been applied to the scaler, and how many of
-  them were skipped.
+  them were skipped;
+- the trainer's AMP policy, chosen once when its kvstore is created (:func:`amp_policy`):
+  :class:`NoAmp` (every hook does nothing) or :class:`LossScaledAmp` (the hooks above, at
+  the points of the step where docs/design.md §11 needs them).
 """
 from mxnet import nd
 
-__all__ = ['finite_flag', 'advance', 'GlobalOverflows', 'scaler_state', 'restore_scaler']
+__all__ = ['finite_flag', 'advance', 'GlobalOverflows', 'scaler_state', 'restore_scaler',
+           'amp_policy', 'NoAmp', 'LossScaledAmp']
 
 #: Arrays per ``multi_all_finite`` call (Gluon's LossScaler uses the same chunking).
 _ARRAYS_PER_CALL = 200
@@ -93,3 +97,143 @@ class GlobalOverflows(object):
     def state_dict(self):
         """For checkpoints."""
         return {'applied': self.applied, 'skipped': self.skipped}
+
+
+def amp_policy(scaler_of):
+    """The AMP policy of a ``DelayedTrainer`` on ``'dist_delay'``, chosen once when its
+    kvstore is created.
+
+    Parameters
+    ----------
+    scaler_of : callable
+        Returns the loss scaler that ``amp.init_trainer(trainer)`` set, or None.
+    """
+    return NoAmp(scaler_of) if scaler_of() is None else LossScaledAmp(scaler_of)
+
+
+class NoAmp(object):
+    """No loss scaling: the servers apply every round, every hook does nothing."""
+
+    #: Told to the servers at the hand-shake: whether they skip non-finite rounds.
+    enabled = False
+
+    def __init__(self, scaler_of):
+        self._scaler_of = scaler_of
+
+    @property
+    def skipped(self):
+        """Rounds the servers skipped for overflow, as far as this worker knows."""
+        return 0
+
+    def check_unchanged(self):
+        """Raise ValueError if ``amp.init_trainer`` ran (or was undone) after the choice."""
+        if (self._scaler_of() is not None) != self.enabled:
+            raise ValueError(
+                'amp.init_trainer(trainer) was called after the trainer created its kvstore '
+                "(at the first step, or trainer.rank / num_workers): with 'dist_delay' the "
+                'servers must know at the hand-shake that rounds may overflow. Call '
+                'amp.init_trainer(trainer) right after creating the DelayedTrainer')
+
+    def refuse(self, sparse, compression):
+        """Raise ValueError for what this policy cannot train: `sparse`, the names of the
+        parameters with row_sparse gradients, and `compression` (the store's codec or None)."""
+
+    def before_pushes(self, grads, kvstore):
+        """Called with the step's gradients (push order) before their pushes are queued."""
+
+    def after_synchronous_step(self, kvstore, t):
+        """Called after the pulls of synchronous step `t` are queued."""
+
+    def skips_local_step(self, kvstore, t, applies):
+        """Whether delayed step `t` skips its local update; `applies`: it applies a pull."""
+        return False
+
+    def after_pulls(self, kvstore):
+        """Called after the pulls that end a period are queued."""
+
+    def state_dict(self):
+        """What a checkpoint saves (None: no AMP)."""
+        return None
+
+    def check_saved(self, saved, fname):
+        """Raise ValueError unless `saved` (a checkpoint's :meth:`state_dict`) was saved
+        with the same policy."""
+        if (saved is not None) != self.enabled:
+            raise ValueError('%s was saved %s AMP, this trainer runs %s it: %s'
+                             % ((fname,) + (('with', 'without', 'call amp.init_trainer('
+                                             'trainer) before loading') if saved
+                                            else ('without', 'with', 'resume without AMP'))))
+
+    def load_state_dict(self, saved):
+        """Restore what :meth:`state_dict` returned (checked by :meth:`check_saved`)."""
+
+
+class LossScaledAmp(NoAmp):
+    """Dynamic loss scaling driven by each round's global overflow flag (docs/design.md §11):
+    the servers skip an overflowed round, every worker's scaler sees the same flags."""
+
+    enabled = True
+
+    def __init__(self, scaler_of):
+        super(LossScaledAmp, self).__init__(scaler_of)
+        self.overflows = GlobalOverflows()
+        self._finite = None   # this step's all-finite flag
+
+    @property
+    def skipped(self):
+        return self.overflows.skipped
+
+    def refuse(self, sparse, compression):
+        if sparse:
+            # The store's row_sparse pushes carry no all-finite flag: an overflowed round
+            # would be applied on their rows.
+            raise ValueError(
+                "AMP's dynamic loss scaling cannot be combined with row_sparse gradients "
+                "(Parameter %s) on 'dist_delay' yet: an overflowed round would reach the "
+                'servers\' row_sparse keys unmarked; train without AMP, or with dense '
+                'gradients (e.g. nn.Embedding without sparse_grad)' % ', '.join(sparse))
+        if compression is not None:
+            # 2bit quantizes inf to +t (and nan to 0, with a nan residual from then on): an
+            # overflowed round would reach the servers finite and be applied. fp16: a
+            # loss-scaled gradient that is finite in float32 can overflow float16's range in
+            # the push's cast, and the servers would skip a round that no worker's overflow
+            # flag (computed before the cast) reported: measured, the loss scales then leave
+            # Gluon's sequence. Refused until the flag covers the cast.
+            raise ValueError(
+                "AMP's dynamic loss scaling cannot be combined with compression_params=%r yet: "
+                'an overflowed gradient would be quantized to finite values (2bit), or a '
+                'loss-scaled gradient could overflow in the float16 cast without the workers\' '
+                'overflow flags seeing it (fp16); use compression_params=None with AMP'
+                % (compression.describe(),))
+
+    def before_pushes(self, grads, kvstore):
+        # Every push of the step waits for this flag, i.e. for the whole backward
+        # (docs/design.md §11.1): an overflowed round reaches every chunk as inf/nan.
+        self._finite = finite_flag(grads)
+        kvstore.set_finite_flag(self._finite)
+
+    def after_synchronous_step(self, kvstore, t):
+        # Round t's global overflow flag drives the loss scale of step t + 1, as
+        # gluon.Trainer's local one does (docs/design.md §11.2); waits for round t.
+        kvstore.pull_overflows()
+        self.overflows.apply(self._scaler_of(), kvstore, t)
+
+    def skips_local_step(self, kvstore, t, applies):
+        # docs/design.md §11.2-3: the period's global flags reach the loss scale with its
+        # pull; this worker skips its own local step only on its own overflow.
+        if applies:
+            self.overflows.apply(self._scaler_of(), kvstore, t - 1)
+        return not self._finite.asscalar()
+
+    def after_pulls(self, kvstore):
+        kvstore.pull_overflows()
+
+    def state_dict(self):
+        # The loss scaler and the rounds it has seen (docs/design.md §11.4); the overflow
+        # marks of rounds not seen yet are restored on the counter's server.
+        return {'scaler': scaler_state(self._scaler_of()),
+                'overflows': self.overflows.state_dict()}
+
+    def load_state_dict(self, saved):
+        restore_scaler(self._scaler_of(), saved['scaler'])
+        self.overflows = GlobalOverflows(**saved['overflows'])

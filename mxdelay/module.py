@@ -14,7 +14,7 @@ from mxnet import autograd, gluon
 from mxnet.kvstore import KVStoreBase
 from mxnet.model import load_checkpoint
 
-from kvstore_ext.checks import ArgumentTypeError, check_int, check_real
+from kvstore_ext.checks import ArgumentTypeError, check_int, check_real, check_rounds
 from kvstore_ext.typenames import STORE_TYPE
 from .rules import create_rule
 from .schedule import DelaySchedule
@@ -87,6 +87,7 @@ state_names, group2ctxs
         if slack is not None:
             check_int('slack', slack, delay, 'the slack must cover a whole period '
                       '(slack >= delay=%d)' % delay)
+            check_rounds('slack', slack)
         if compression_params:
             raise ValueError('compression_params=%r: DelayedModule does not compress gradients '
                              '(every gradient enters its round exactly); remove it'

@@ -213,3 +213,15 @@ def test_slack_has_an_upper_bound(monkeypatch, slack):
     monkeypatch.setenv('MXDELAY_SLACK', str(slack))  # the environment's default alike
     with pytest.raises(ValueError, match='slack ' + BOUND % slack):
         DistDelay(native=OfflineNative(), channel_factory=_no_channel)
+
+
+def test_delayed_trainer_and_module_refuse_a_huge_slack_at_construction():
+    import mxdelay  # pylint: disable=import-outside-toplevel
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    from mxnet import gluon  # pylint: disable=import-outside-toplevel
+    params = gluon.nn.Dense(2).collect_params()
+    with pytest.raises(ValueError, match='slack ' + BOUND % 1000):
+        mxdelay.DelayedTrainer(params, 'sgd', kvstore=None, delay=4, slack=1000)
+    net = mx.sym.FullyConnected(mx.sym.Variable('data'), num_hidden=2)
+    with pytest.raises(ValueError, match='slack ' + BOUND % 1000):
+        mxdelay.DelayedModule(net, delay=4, slack=1000)
