@@ -382,36 +382,31 @@ class DistDelay(KVStoreBase):
             if tensor.codec.state_size():
                 self._stateful[k] = tensor.codec
             placed.setdefault(kind, []).append(tensor)
-            lr_mult, wd_mult, name = self._mults(k)
-            index = int(k) if isinstance(k, (int, np.integer)) else str(k)
-            entries.extend(self._init_entries(kind, tensor, v, index, name, lr_mult, wd_mult,
-                                              native_keys, native_values))
+            entries.extend(self._init_entries(tensor, v, native_keys, native_values))
         if self._finish is None:
             # The counter is placed with the first keys, in the same collective init, so that
             # its chunk id and server are the same on every worker.
             value = nd.zeros(counter_size(self._slack + 1))
-            kind = self._counter_keys
-            counter = kind.place(self._placement, protocol.FINISH_KEY, value)
-            entries.extend(self._init_entries(kind, counter, value, protocol.FINISH_KEY,
-                                              protocol.FINISH_KEY, 1.0, 1.0, native_keys,
-                                              native_values))
+            counter = self._counter_keys.place(self._placement, protocol.FINISH_KEY, value)
+            entries.extend(self._init_entries(counter, value, native_keys, native_values))
             counter.make_buffers(self._slack + 1, mx.cpu())
-            self._finish = FinishCounter(counter, kind, self.num_workers, self._codec.flag_unit)
+            self._finish = FinishCounter(counter, self._counter_keys, self.num_workers,
+                                         self._codec.flag_unit)
         self._command(Command.REGISTER, {'chunks': entries})
         self._native.init(native_keys, native_values)
         for kind, tensors in placed.items():
             kind.after_init(tensors)
 
-    @staticmethod
-    def _init_entries(kind, tensor, value, index, name, lr_mult, wd_mult, native_keys,
-                      native_values):
-        """Add `tensor`'s native keys and values to the lists; return its REGISTER entries:
-        ``[chunk id, server, index, name, lr_mult, wd_mult, size]``, and the kind's server
-        settings (the codec's) as an eighth element where there are any."""
-        keys, values, sizes = kind.init_entries(tensor, value)
+    def _init_entries(self, tensor, value, native_keys, native_values):
+        """Add `tensor`'s native keys and initial values to the lists; return its REGISTER
+        entries: ``[chunk id, server, index, name, lr_mult, wd_mult, size]``, and its kind's
+        server settings (the codec's) as an eighth element where there are any."""
+        keys, values, sizes = tensor.kind.init_entries(tensor, value)
         native_keys.extend(keys)
         native_values.extend(values)
-        settings = kind.server_settings()
+        lr_mult, wd_mult, name = self._mults(tensor.key)
+        index = int(tensor.key) if isinstance(tensor.key, (int, np.integer)) else str(tensor.key)
+        settings = tensor.kind.server_settings()
         return [[chunk.chunk_id, chunk.server, index, name, lr_mult, wd_mult, size]
                 + ([settings] if settings else []) for chunk, size in zip(tensor.chunks, sizes)]
 
