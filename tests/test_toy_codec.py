@@ -11,7 +11,6 @@ reference, so the test sees the codec's rounding.
 """
 import numpy as np
 import pytest
-import mxnet as mx
 from mxnet import nd
 
 import reference
