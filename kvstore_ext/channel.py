@@ -1,4 +1,4 @@
-"""A worker's command channel to mxdelay's servers: hand-shake, commands, replies, votes.
+"""A worker's connection to mxdelay's servers: hand-shake, commands, optimizer, votes.
 
 Commands go out on MXNet's command id 0 (:mod:`kvstore_ext.protocol`); each server writes
 its reply into this worker's segment of its *status key*, which the worker pulls
@@ -6,15 +6,18 @@ its reply into this worker's segment of its *status key*, which the worker pulls
 when every worker has said hello, so it also proves that the servers are mxdelay's (a stock
 MXNet server leaves the status key at zero).
 
-:class:`DistDelay <kvstore_ext.dist_delay.DistDelay>` talks to the servers only through a
-:class:`CommandChannel`; tests give it a fake one.
+:class:`DistDelay <kvstore_ext.dist_delay.DistDelay>` talks to the servers only through its
+:class:`ServerLink`, which makes a :class:`CommandChannel` at the hand-shake (tests give it a
+fake one) and carries the optimizer.
 """
 from mxnet import nd
 
 from . import protocol
+from .optimizers import PER_STEP_FIELDS, describe_optimizer, format_differences, \
+    optimizer_differences
 from .protocol import Command
 
-__all__ = ['CommandChannel', 'StockServerError']
+__all__ = ['CommandChannel', 'ServerLink', 'StockServerError', 'wait_for_issued_work']
 
 
 class StockServerError(RuntimeError):
@@ -137,3 +140,80 @@ class CommandChannel(object):
             failures[-1] = (rank, '%s (and %d more workers failed; their messages do not fit '
                                   'the reply)' % (message, tally['more']))
         return failures
+
+
+class ServerLink(object):
+    """A worker's connection to the servers: made idle, started by the hand-shake.
+
+    Parameters
+    ----------
+    native : mxnet.kvstore.KVStore
+        The worker's native distributed store.
+    channel_factory : callable
+        ``channel_factory(native, layout)`` makes the command channel at the hand-shake
+        (:class:`CommandChannel`, or a test's fake).
+    """
+
+    def __init__(self, native, channel_factory):
+        self._native = native
+        self._channel_factory = channel_factory
+        self.channel = None     # made at the hand-shake
+
+    def start(self, layout, hello, codec):
+        """Say `hello` to every server through a new channel for `layout`, with what the
+        codec must tell the native servers before and its native store after; return the
+        servers' replies (raise as :meth:`CommandChannel.handshake`)."""
+        channel = self._channel_factory(self._native, layout)
+        codec.prepare_servers(self._native, self._native.rank)
+        replies = channel.handshake(hello)
+        codec.configure_native(self._native)
+        self.channel = channel
+        return replies
+
+    def command(self, command, body, refusal=RuntimeError):
+        """Run `command` on every server after this worker's issued work; return the
+        replies (raise `refusal` if a server refuses)."""
+        wait_for_issued_work()
+        return self.channel.command(command, body, refusal)
+
+    def send_optimizer(self, optimizer):
+        """Send `optimizer` to the servers; raise ValueError if they apply another one."""
+        # Described before sending: the servers' reply describes what they will apply, and
+        # that must be this worker's optimizer as it is now (compared only here: the
+        # learning rate changes later through SET_HYPER, legitimately), except rescale_grad:
+        # the servers apply the job's (DistDelay.scale_gradients).
+        mine = describe_optimizer(optimizer)
+        replies = self.command(Command.OPTIMIZER, {'optimizer': protocol.pack_object(optimizer)},
+                               refusal=ValueError)
+        for server, reply in enumerate(replies):
+            differences = optimizer_differences(reply.get('optimizer'), mine, PER_STEP_FIELDS)
+            if differences:
+                raise ValueError(
+                    'mxdelay server %d applies another optimizer than worker %d set: %s. A '
+                    'server keeps the optimizer it has applied since the first round (a new '
+                    'one would drop its state): set the optimizer before training starts, '
+                    'change the learning rate with set_learning_rate, or restart the job'
+                    % (server, self._native.rank, format_differences(
+                        differences, 'the server', 'this worker')))
+
+    def agree(self, error, barrier):
+        """:meth:`CommandChannel.agree` after this worker's issued work."""
+        wait_for_issued_work()
+        return self.channel.agree(error, barrier)
+
+    def close(self):
+        """Drop the native store and the channel (the worker leaves the job)."""
+        self._native = self.channel = None
+
+
+def wait_for_issued_work():
+    """Wait for the pushes and pulls this worker issued.
+
+    A command travels at once, from this thread (MXNet's SendCommandToServers), while the
+    pushes and pulls issued before it may still wait in MXNet's engine (a push waits for
+    backward to write its gradient): without this wait a command could overtake them,
+    e.g. a new learning rate would reach a round pushed before set_learning_rate, and
+    STATS would miss it. A push completes once its round is applied on the server, so
+    after this every round this worker pushed is applied (which waits for the other
+    workers' pushes of those rounds too: a command is a collective point in that sense)."""
+    nd.waitall()

@@ -1,43 +1,58 @@
 """The ``'dist_delay'`` kvstore: MXNet's native distributed store with exact rounds.
 
-:class:`DistDelay` is the ``KVStoreBase`` face; its parts (docs/design.md §2):
+:class:`DistDelay` is the ``KVStoreBase`` face and the trainer's extension surface; its parts
+(docs/design.md §2):
 
 - :mod:`kvstore_ext.layout`: keys, chunks and the slot buffers. Every chunk of every tensor
   has R = slack + 1 keys on one server and round t goes to slot ``t mod R``: the native
   server's sum of a slot is exactly one round, a worker runs at most ``slack`` rounds ahead
   of the slowest, and each slot has its own send buffer (so a gradient is never held by a
   pending push, and a pull never lands in a gradient).
-- :mod:`kvstore_ext.channel`: hand-shake and commands to the servers.
-- :mod:`kvstore_ext.finish`: the finish counter of uneven data.
-- :mod:`kvstore_ext.hooks`: the registry entry and the worker's exit.
+- the key kinds, one data path each, chosen at ``init``: :mod:`kvstore_ext.dense` (with
+  :mod:`kvstore_ext.wire`'s variant for pull keys) and :mod:`kvstore_ext.sparse`;
+- the codec, chosen by ``set_gradient_compression`` (:mod:`kvstore_ext.compression`);
+- :mod:`kvstore_ext.channel`: the connection to the servers (hand-shake, commands, the
+  optimizer, votes);
+- :mod:`kvstore_ext.statefetch`: the optimizer-state fetch;
+- :mod:`kvstore_ext.store_checkpoint`: checkpoints, saved and loaded in agreement;
+- :mod:`kvstore_ext.finish`: the finish counter of uneven data and AMP's flags;
+- :mod:`kvstore_ext.hooks`, :mod:`kvstore_ext.gluon_sparse`, :mod:`kvstore_ext.module_path`:
+  the registry entry, the worker's exit, and what Gluon and Module need.
 
-A pull after round t is ordered behind every earlier round (:meth:`DistDelay.pull_tensor`),
-and the server applies rounds in order (:mod:`kvstore_ext.rounds`), so it returns exactly
-the weights after round t.
+A pull after round t is ordered behind every earlier round (:meth:`DenseKeys.pull
+<kvstore_ext.dense.DenseKeys.pull>`), and the server applies rounds in order
+(:mod:`kvstore_ext.rounds`), so it returns exactly the weights after round t.
 """
 import json
 import logging
-import sys
 
 import numpy as np
 import mxnet as mx
 from mxnet import nd
+from mxnet.base import MXNetError
 from mxnet.kvstore import KVStoreBase
 
-from . import checkpoint, compression, env, gluon_sparse, hooks, protocol, sparse, wire
-from .channel import CommandChannel
+from . import compression, env, gluon_sparse, hooks, module_path, protocol, sparse, store_checkpoint
+from .arguments import as_lists, describe
+from .channel import CommandChannel, ServerLink
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                      check_path, check_real, check_rounds)
+from .dense import DenseKeys
 from .finish import FinishCounter, counter_size
 from .layout import KeyLayout, Placement
-from .optimizers import PER_STEP_FIELDS, describe_optimizer, format_differences, \
-    optimizer_differences
+from .optimizers import describe_optimizer
 from .protocol import Command
+from .statefetch import StateFetch
 from .typenames import TYPE_STRING
 
-__all__ = ['DistDelay']
+__all__ = ['DistDelay', 'UnknownKeyError']
 
 _LOG = logging.getLogger(__name__)
+
+
+class UnknownKeyError(MXNetError, KeyError):
+    """A key that was never initialised: an ``MXNetError`` as MXNet raises, and a
+    ``KeyError``."""
 
 
 class DistDelay(KVStoreBase):
@@ -84,17 +99,18 @@ class DistDelay(KVStoreBase):
             native = mx.kv.create('dist_sync')  # rank 0 switches the servers to sync mode
             hooks.install_worker_exit(self)
         self._native = native
-        self._channel_factory = channel_factory
-        self._channel = None       # made at the hand-shake
+        self._link = ServerLink(native, channel_factory)
         self._num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         self._slack = None
         self._chunk_size = None
         self._state_keys = 0       # J: state keys per chunk (fetch_optimizer_states)
-        self._state_keys_made = set()   # state keys initialised on the servers
         self.configure(slack=env.get_int('MXDELAY_SLACK'),
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
         self._tensors = {}
-        self._placement = None     # made at the hand-shake, when the slack is final
+        # Made at the hand-shake, when the slack and the codec are final: the placement, the
+        # key kinds (dense keys of the codec, row_sparse keys, the finish counter's) and the
+        # state keys.
+        self._placement = self._dense = self._rows = self._counter_keys = self._fetch = None
         self._optimizer = None
         self._updater = None       # Gluon's load_states reads kvstore._updater.optimizer
         self._config = {}
@@ -103,12 +119,9 @@ class DistDelay(KVStoreBase):
         # that the servers apply (rank 0's at the hand-shake).
         self._rescale_grad = None
         self._job_rescale_grad = None
-        # Gradient compression (docs/design.md §2.8): the setting, one residual per key,
-        # and the scaling factor of each key's last push (sent_gradient undoes it).
-        self._compression = None
-        self._residuals = {}
-        self._last_factor = {}
-        self._sent = {}            # key -> sent_gradient's array where it cannot be the buffer
+        # The codec (docs/design.md §2.8): compression.NONE, or set_gradient_compression's.
+        self._codec = compression.NONE
+        self._stateful = {}        # key -> its TensorCodec, where that keeps state (residuals)
         self._finite = {}          # {round: its all-finite flag} (set_finite_flag)
 
     # -- configuration and hand-shake ------------------------------------------------------
@@ -190,12 +203,9 @@ class DistDelay(KVStoreBase):
     def _handshake(self):
         """Prove the servers are mxdelay's and the workers agree; prepare the key placement."""
         slots = self._slack + 1
+        codec = self._codec
         layout = KeyLayout(self._num_servers, slots, self._state_keys,
-                           pull_keys=slots if self.wire_dtype else 0)
-        channel = self._channel_factory(self._native, layout)
-        if self.wire_dtype and self.rank == 0:
-            # Before any key exists: the servers then sum float16 keys in float32 (§2.11).
-            wire.enable_float32_sums(self._native)
+                           pull_keys=slots if codec.pull_keys else 0)
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': slots,
                  'state_keys': self._state_keys, 'wire': self.wire_dtype,
                  'launcher_rank': env.get('MXDELAY_RANK'),
@@ -205,17 +215,14 @@ class DistDelay(KVStoreBase):
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
                                 state_keys=self._state_keys,
                                 optimizer=describe_optimizer(self._optimizer),
-                                compression=self._compression and self._compression.describe())}
-        replies = channel.handshake(hello)
-        if self._compression is not None and self._compression.native_params() is not None:
-            # After the hand-shake, which pushed the status keys uncompressed (and refused
-            # workers that disagree before any compressed push could reach a server that was
-            # never told), before the first init. Rank 0 sends it to the servers and waits
-            # for them; the other workers push only after the init's barrier, behind it.
-            self._native.set_gradient_compression(self._compression.native_params())
+                                compression=codec.describe())}
+        replies = self._link.start(layout, hello, codec)
         self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
-        self._channel = channel
         self._placement = Placement(layout, self._chunk_size)
+        self._dense = codec.dense_keys(self._native, slots)
+        self._rows = sparse.RowSparseKeys(self._native, slots, codec)
+        self._counter_keys = DenseKeys(self._native, slots, compression.NONE)
+        self._fetch = StateFetch(layout)
         _LOG.info('dist_delay: worker %d of %d, %d mxdelay server(s), slack %d, chunk size %d',
                   self.rank, self.num_workers, self._num_servers, self._slack, self._chunk_size)
 
@@ -223,16 +230,20 @@ class DistDelay(KVStoreBase):
         """Run `command` on every server; return the servers' replies (raise `refusal` if a
         server refuses)."""
         self._ensure_started()
-        _wait_for_issued_work()
-        return self._channel.command(command, body, refusal)
+        return self._link.command(command, body, refusal)
 
     def _ensure_started(self):
         # The hand-shake waits for the first init or command, so that a trainer can still
         # configure the slack and the shared settings after creating the store.
-        if self._channel is None:
+        if self._link.channel is None:
             self._handshake()
             if self._optimizer is not None:
-                self._send_optimizer()
+                self._link.send_optimizer(self._optimizer)
+
+    @property
+    def _channel(self):
+        """The command channel (None before the hand-shake and after :meth:`close`)."""
+        return self._link.channel
 
     # -- KVStoreBase -----------------------------------------------------------------------
     @property
@@ -281,28 +292,8 @@ class DistDelay(KVStoreBase):
                                     % (optimizer, type(optimizer).__name__))
         self._optimizer = optimizer
         self._updater = _OptimizerHolder(optimizer)
-        if self._channel is not None:
-            self._send_optimizer()
-
-    def _send_optimizer(self):
-        # Described before sending: the servers' reply describes what they will apply, and
-        # that must be this worker's optimizer as it is now (compared only here: the
-        # learning rate changes later through SET_HYPER, legitimately), except rescale_grad:
-        # the servers apply the job's (see scale_gradients).
-        mine = describe_optimizer(self._optimizer)
-        replies = self._command(Command.OPTIMIZER,
-                                {'optimizer': protocol.pack_object(self._optimizer)},
-                                refusal=ValueError)
-        for server, reply in enumerate(replies):
-            differences = optimizer_differences(reply.get('optimizer'), mine, PER_STEP_FIELDS)
-            if differences:
-                raise ValueError(
-                    'mxdelay server %d applies another optimizer than worker %d set: %s. A '
-                    'server keeps the optimizer it has applied since the first round (a new '
-                    'one would drop its state): set the optimizer before training starts, '
-                    'change the learning rate with set_learning_rate, or restart the job'
-                    % (server, self.rank, format_differences(
-                        differences, 'the server', 'this worker')))
+        if self._link.channel is not None:
+            self._link.send_optimizer(optimizer)
 
     def set_learning_rate(self, lr):
         """Set the learning rate of the servers' optimizer (Gluon's trainer sets only its own).
@@ -341,31 +332,30 @@ class DistDelay(KVStoreBase):
             or if the store has started (stock MXNet accepts that silently; its residuals
             would start late and a key split over the servers would break).
         """
-        if self._channel is not None or self._tensors:
+        if self._link.channel is not None or self._tensors:
             raise ValueError('set_gradient_compression must be called before the first init() '
                              '(and before any command, e.g. set_learning_rate), on every '
                              'worker alike: this store has started; call it right after '
                              "mx.kv.create('dist_delay'), or pass compression_params to the "
                              'trainer')
-        self._compression = compression.parse(compression_params)
+        self._codec = compression.parse(compression_params) or compression.NONE
 
     @property
     def compression(self):
-        """The :class:`kvstore_ext.compression.Compression` in use, or None."""
-        return self._compression
+        """The :class:`kvstore_ext.compression.Codec` set by :meth:`set_gradient_compression`,
+        or None."""
+        return None if self._codec is compression.NONE else self._codec
 
     @property
     def wire_dtype(self):
         """The dtype gradients are pushed in: 'float16' with fp16 compression, else None
         (each tensor's own)."""
-        return self._compression.wire_dtype if self._compression is not None else None
+        return self._codec.wire_dtype
 
     def _check_compressible(self, keys, values):
-        if self._compression is None:
-            return
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
-            self._compression.check_dtype('key %r' % (k,), v.dtype)
+            self._codec.check_dtype('key %r' % (k,), v.dtype)
 
     def init(self, key, value):
         """Place `key` (int or list of ints) on the servers with initial `value`.
@@ -377,68 +367,49 @@ class DistDelay(KVStoreBase):
         ValueError
             If a key is already initialised or given twice (nothing is placed then).
         """
-        keys, values = _as_lists(key, value)
-        _refuse_module_local_update()
+        keys, values = as_lists(key, value)
         for k in keys:
             if k in self._tensors or keys.count(k) > 1:
                 raise ValueError('key %r is already initialised or given twice; initialise '
                                  'each key once' % (k,))
         self._check_compressible(keys, values)
         self._ensure_started()
-        native_keys, native_values, chunks_msg, placed = [], [], [], []
+        native_keys, native_values, entries, placed = [], [], [], {}
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
-            if sparse.is_row_sparse(v, self._param_of(k)):  # chunks of rows, docs/design.md §2.10
-                if self.wire_dtype:
-                    raise ValueError("key %r is row_sparse: compression_params={'type': 'fp16'} "
-                                     'pushes dense float32 gradients only; remove the '
-                                     'compression or use a dense parameter' % (k,))
-                tensor = self._tensors[k] = sparse.place_rows(self._placement, k, v.shape,
-                                                              v.dtype, v.stype)
-                chunk_values = sparse.init_values(tensor, v)
-                for chunk, chunk_value in zip(tensor.chunks, chunk_values):
-                    native_keys.extend(chunk.keys)
-                    native_values.extend([chunk_value] * len(chunk.keys))
-            else:
-                tensor = self._place(k, v)
-                placed.append(tensor)
-                flat = v.reshape(-1)
-                chunk_values = [flat[c.start:c.stop] for c in tensor.chunks]
-                for chunk, chunk_value in zip(tensor.chunks, chunk_values):
-                    native_keys.extend(chunk.keys)
-                    if self.wire_dtype:
-                        # float16 slot keys (their value is never read: pulls read the pull
-                        # keys, which start at the tensor's float32 value).
-                        zeros = nd.zeros(chunk.stop - chunk.start, dtype=self.wire_dtype)
-                        native_values.extend([zeros] * len(chunk.keys))
-                        native_keys.extend(chunk.pull_keys)
-                    native_values.extend([chunk_value] * len(chunk.pull_keys))
-            for chunk, chunk_value in zip(tensor.chunks, chunk_values):
-                lr_mult, wd_mult, name = self._mults(k)
-                chunks_msg.append([chunk.chunk_id, chunk.server,
-                                   int(k) if isinstance(k, (int, np.integer))
-                                   else str(k), name, lr_mult, wd_mult,
-                                   int(np.prod(chunk_value.shape))])
+            # The key's kind, once (chunks of rows: docs/design.md §2.10).
+            kind = self._rows if sparse.is_row_sparse(v, self._param_of(k)) else self._dense
+            tensor = self._tensors[k] = kind.place(self._placement, k, v)
+            if tensor.codec.state_size():
+                self._stateful[k] = tensor.codec
+            placed.setdefault(kind, []).append(tensor)
+            entries.extend(self._init_entries(tensor, v, native_keys, native_values))
         if self._finish is None:
             # The counter is placed with the first keys, in the same collective init, so that
             # its chunk id and server are the same on every worker.
             value = nd.zeros(counter_size(self._slack + 1))
-            counter = self._placement.place(protocol.FINISH_KEY, value.shape, value.dtype)
-            chunk = counter.chunks[0]
-            native_keys.extend(chunk.keys)
-            native_values.extend([value] * len(chunk.keys))
-            chunks_msg.append([chunk.chunk_id, chunk.server, protocol.FINISH_KEY,
-                               protocol.FINISH_KEY, 1.0, 1.0, value.size])
+            counter = self._counter_keys.place(self._placement, protocol.FINISH_KEY, value)
+            entries.extend(self._init_entries(counter, value, native_keys, native_values))
             counter.make_buffers(self._slack + 1, mx.cpu())
-            self._finish = FinishCounter(counter, self, self.num_workers,
-                                         self._compression.flag_unit if self._compression
-                                         else 1.0)
-        self._command(Command.REGISTER, {'chunks': chunks_msg})
+            self._finish = FinishCounter(counter, self._counter_keys, self.num_workers,
+                                         self._codec.flag_unit)
+        self._command(Command.REGISTER, {'chunks': entries})
         self._native.init(native_keys, native_values)
-        if self.wire_dtype:
-            for tensor in placed:
-                tensor.make_pull_buffers(self._slack + 1)
-            wire.push_handle_round(self._native, placed)
+        for kind, tensors in placed.items():
+            kind.after_init(tensors)
+
+    def _init_entries(self, tensor, value, native_keys, native_values):
+        """Add `tensor`'s native keys and initial values to the lists; return its REGISTER
+        entries: ``[chunk id, server, index, name, lr_mult, wd_mult, size]``, and its kind's
+        server settings (the codec's) as an eighth element where there are any."""
+        keys, values, sizes = tensor.kind.init_entries(tensor, value)
+        native_keys.extend(keys)
+        native_values.extend(values)
+        lr_mult, wd_mult, name = self._mults(tensor.key)
+        index = int(tensor.key) if isinstance(tensor.key, (int, np.integer)) else str(tensor.key)
+        settings = tensor.kind.server_settings()
+        return [[chunk.chunk_id, chunk.server, index, name, lr_mult, wd_mult, size]
+                + ([settings] if settings else []) for chunk, size in zip(tensor.chunks, sizes)]
 
     def _param_of(self, key):
         # Gluon's Parameter of `key` (Gluon sets the optimizer before init), or None.
@@ -457,18 +428,9 @@ class DistDelay(KVStoreBase):
                     float(optimizer.wd_mult.get(key, 1.0)), key)
         return 1.0, 1.0, str(key)
 
-    def _place(self, key, value):
-        tensor = self._placement.place(key, value.shape, value.dtype, self.wire_dtype)
-        self._tensors[key] = tensor
-        if self._compression is not None:
-            residual = self._compression.make_residual(tensor.size)
-            if residual is not None:
-                self._residuals[key] = residual
-        return tensor
-
     def broadcast(self, key, value, out, priority=0):
         """Initialise `key` with rank 0's `value` and pull it into `out` on every worker."""
-        _as_lists(key, out, 'out', priority)  # check before anything is placed
+        as_lists(key, out, 'out', priority)  # check before anything is placed
         self.init(key, value)
         self.pull(key, out=out, priority=priority)
 
@@ -486,18 +448,16 @@ class DistDelay(KVStoreBase):
         ValueError
             If a value has another number of elements than its key's initial value.
         KeyError
-            If a key was not initialised.
+            If a key was not initialised (:class:`UnknownKeyError`, also an ``MXNetError``).
         """
         keys, values = self._checked_lists(key, value, 'value', priority)
         for k, v in zip(keys, values):
-            self._push_one(k, v if isinstance(v, (list, tuple)) else [v], priority)
-
-    def _push_one(self, key, grads, priority):
-        tensor = self._tensor(key)
-        finite = self._finite.get(tensor.next_round)
-        if self._finish is not None:
-            self._finish.flag_round(tensor.next_round, finite)  # once per round: "I have data"
-        self.push_tensor(tensor, grads, priority, self._gradient_factor(), finite)
+            tensor = self._tensors[k]
+            finite = self._finite.get(tensor.next_round)
+            if self._finish is not None:
+                self._finish.flag_round(tensor.next_round, finite)  # once per round: "I have data"
+            tensor.kind.push(tensor, v if isinstance(v, (list, tuple)) else [v], priority,
+                             self._gradient_factor(), finite)
 
     def set_finite_flag(self, flag):
         """Mark this worker's next round with its all-finite flag (AMP, docs/design.md §11).
@@ -515,7 +475,7 @@ class DistDelay(KVStoreBase):
         """
         if not isinstance(flag, nd.NDArray) or flag.size != 1:
             raise ArgumentTypeError('flag must be a one-element NDArray (1: all finite, 0: '
-                                    'overflow), got %s' % _describe(flag))
+                                    'overflow), got %s' % describe(flag))
         self._finite = {self._finish.flagged_rounds if self._finish else 0: flag}
 
     def pull_overflows(self):
@@ -553,52 +513,6 @@ class DistDelay(KVStoreBase):
         factor = self._rescale_grad / self._job_rescale_grad
         return None if factor == 1.0 else factor
 
-    def push_tensor(self, tensor, grads, priority, factor=None, finite=None):
-        """Push round ``tensor.next_round`` of `tensor`: the sum of `grads` (one array per
-        device), times `factor` if given, copied into the round's slot buffer, divided by the
-        one-element NDArray `finite` if given (see :meth:`set_finite_flag`)."""
-        if isinstance(tensor, sparse.SparseTensor):
-            return sparse.push(self, tensor, grads, priority, factor)
-        slots = self._slack + 1
-        slot = tensor.next_round % slots
-        if tensor.buffers is None:
-            tensor.make_buffers(slots, mx.cpu() if grads[0].context.device_type == 'cpu'
-                                else mx.cpu_pinned())
-        buf = tensor.buffers[slot]
-        if tensor.wire:
-            wire.order_push(tensor, slot)
-        if len(grads) == 1:
-            source = tensor.views_of(grads[0])[2]
-        else:
-            # Sum on the first device (a GPU stays a GPU), then one copy to the buffer.
-            first = grads[0].context
-            source = nd.add_n(*[tensor.views_of(g)[2].as_in_context(first) for g in grads])
-        residual = self._residuals.get(tensor.key)
-        if residual is not None and factor is None and source.context == buf.context:
-            # The gradient is quantized straight into the buffer: no copy first (§2.8).
-            self._compression.quantize(buf, residual, source)
-        else:
-            if tensor.wire:
-                wire.fill_send_buffer(source, buf, factor)
-            elif factor is None:
-                source.copyto(buf)
-            elif source.context == buf.context:
-                nd._internal._mul_scalar(source, scalar=factor, out=buf)  # in the copy's pass
-            else:
-                (source * factor).copyto(buf)  # scaled on the device, then one copy
-            if residual is not None:
-                # One residual per tensor, quantized in the buffer (as MXNet's worker does in
-                # its CPU send buffer); the native store's own quantization of these values is
-                # then lossless and its per-slot residuals stay 0 (docs/design.md §2.8).
-                self._compression.quantize(buf, residual)
-        if self._compression is not None:
-            self._last_factor[tensor.key] = factor
-        if finite is not None:
-            _divide_by_flag(buf, finite)
-        self._native.push([c.keys[slot] for c in tensor.chunks], tensor.chunk_views[slot],
-                          priority=priority)
-        tensor.next_round += 1
-
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Pull into `out` the weights after this worker's last pushed round of `key`.
 
@@ -611,13 +525,9 @@ class DistDelay(KVStoreBase):
                                     'per device) to receive the weights of key %r' % (key,))
         keys, outs = self._checked_lists(key, out, 'out', priority)
         for k, o in zip(keys, outs):
-            self._pull_one(k, o if isinstance(o, (list, tuple)) else [o], priority, ignore_sparse)
-
-    def _pull_one(self, key, outs, priority, ignore_sparse=True):
-        tensor = self._tensor(key)
-        if isinstance(tensor, sparse.SparseTensor):
-            return sparse.pull_dense(self, tensor, outs, priority, ignore_sparse)
-        self.pull_tensor(tensor, outs, priority)
+            tensor = self._tensors[k]
+            tensor.kind.pull(tensor, o if isinstance(o, (list, tuple)) else [o], priority,
+                             ignore_sparse)
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Pull rows `row_ids` of row_sparse `key` after this worker's last pushed round.
@@ -646,56 +556,14 @@ class DistDelay(KVStoreBase):
             raise ArgumentTypeError('row_sparse_pull needs out= (RowSparseNDArrays) and '
                                     'row_ids= (int NDArrays) for key %r' % (key,))
         keys, outs = self._checked_lists(key, out, 'out', priority)
-        _, ids = _as_lists(key, row_ids, 'row_ids', priority)
+        _, ids = as_lists(key, row_ids, 'row_ids', priority)
         for k, o, r in zip(keys, outs, ids):
-            tensor = self._tensor(k)
-            if not isinstance(tensor, sparse.SparseTensor):
-                raise ArgumentTypeError('row_sparse_pull of key %r, which was initialised '
-                                        'dense; use pull, or init the key with a row_sparse '
-                                        'value' % (k,))
+            tensor = self._tensors[k]
             # Gluon pulls a row_sparse weight's rows inside autograd.record() (its forward
             # reads row_sparse_data): the store's own copies into `out` must not be recorded.
             with mx.autograd.pause():
-                sparse.row_sparse_pull(self, tensor, o if isinstance(o, (list, tuple)) else [o],
-                                       r if isinstance(r, (list, tuple)) else [r], priority)
-
-    def pull_tensor(self, tensor, outs, priority):
-        """Pull into `outs` the weights of `tensor` after this worker's last pushed round."""
-        last = tensor.next_round - 1
-        slot = max(last, 0) % (self._slack + 1)
-        if last >= 0:
-            self._order_after_earlier_rounds(tensor, last)
-        per_chunk = list(zip(*[tensor.views_of(o)[1] for o in outs]))
-        self._native.pull([c.pull_keys[slot] for c in tensor.chunks],
-                          out=[list(views) for views in per_chunk], priority=priority)
-        tensor.last_pulled = last
-        if last < 0:
-            # Before the first push the native store pulls into a buffer of its own, which no
-            # later push waits for: without this wait the request could reach the server after
-            # this worker's round 0 completed, and return W_1 instead of the initial value.
-            for out in outs:
-                out.wait_to_read()
-
-    def _order_after_earlier_rounds(self, tensor, last):
-        """Queue the pull of round `last` behind the completion of every earlier round.
-
-        A one-element write on another slot's buffer runs only after that slot's push is
-        acknowledged (its round complete); the following write on this slot's buffer then
-        orders the pull (which writes the same buffer) after it. Rounds up to the previous
-        pull are covered by that pull (touching its slot waits for it), rounds more than a
-        slack back by the reuse of their slot. The touched elements hold pushed data that is
-        no longer needed, and the pull overwrites this slot's buffer.
-        """
-        slots = self._slack + 1
-        earlier = range(max(tensor.last_pulled, last - slots + 1, 0), last)
-        if tensor.wire:
-            wire.order_pull(tensor, earlier, last)  # the pull lands in a buffer of its own
-            return
-        target = tensor.heads[last % slots]
-        for rnd in earlier:
-            head = tensor.heads[rnd % slots]
-            nd._internal._plus_scalar(head, scalar=0.0, out=head)
-            nd.elemwise_add(target, head, out=target)
+                tensor.kind.row_sparse_pull(tensor, o if isinstance(o, (list, tuple)) else [o],
+                                            r if isinstance(r, (list, tuple)) else [r], priority)
 
     def pushpull(self, key, value, out=None, priority=0):
         """Push a round of `value` and pull the weights after it into `out` (or `value`)."""
@@ -705,9 +573,10 @@ class DistDelay(KVStoreBase):
         self.pull(key, out=value if out is None else out, priority=priority)
 
     def _checked_lists(self, key, value, name, priority):
-        """:func:`_as_lists`, and each value's size against its initialised key (before
-        anything is issued: a list of keys is pushed whole or not at all)."""
-        keys, values = _as_lists(key, value, name, priority)
+        """:func:`kvstore_ext.arguments.as_lists`, and each value's size against its
+        initialised key (before anything is issued: a list of keys is pushed whole or not at
+        all)."""
+        keys, values = as_lists(key, value, name, priority)
         for k, v in zip(keys, values):
             tensor = self._tensor(k)
             for array in (v if isinstance(v, (list, tuple)) else [v]):
@@ -718,7 +587,7 @@ class DistDelay(KVStoreBase):
         try:
             return self._tensors[key]
         except KeyError:
-            raise KeyError('key %r was not initialised on the dist_delay kvstore; call init '
+            raise UnknownKeyError('key %r was not initialised on the dist_delay kvstore; call init '
                            'or broadcast first' % (key,)) from None
 
     # -- optimizer state ---------------------------------------------------------------------
@@ -745,50 +614,10 @@ class DistDelay(KVStoreBase):
             If a key has more arrays than J, or an array another number of elements than
             its key.
         KeyError
-            If a key was not initialised.
+            If a key was not initialised (:class:`UnknownKeyError`).
         """
         self._ensure_started()
-        plan = []
-        for key in sorted(states, key=str):
-            tensor = self._tensor(key)
-            arrays = list(states[key])
-            if len(arrays) > self._state_keys:
-                raise ValueError('fetch_optimizer_states: key %r asks for %d state arrays, but '
-                                 'the store was configured with state_keys=%d'
-                                 % (key, len(arrays), self._state_keys))
-            for j, array in enumerate(arrays):
-                if array.size != tensor.size:
-                    raise ValueError('fetch_optimizer_states: state array %d of key %r has %d '
-                                     'elements, the key %d' % (j, key, array.size, tensor.size))
-                plan.append((tensor, j, array))
-        if not plan:
-            return
-        # Every round pushed so far is applied on the servers (a push completes when its
-        # round is applied), and this worker pushes no later round before the pulls below
-        # have returned: the state is exactly the one after this worker's last round.
-        nd.waitall()
-        keys, buffers, views = [], [], []
-        layout = self._placement.layout
-        for tensor, j, array in plan:
-            buf = nd.zeros(tensor.size, ctx=mx.cpu(), dtype=array.dtype)
-            # A row_sparse tensor's chunks are ranges of rows (§2.10).
-            unit = tensor.row_size if isinstance(tensor, sparse.SparseTensor) else 1
-            for chunk in tensor.chunks:
-                keys.append(layout.state_key(chunk.local, j, chunk.server))
-                views.append(buf[chunk.start * unit:chunk.stop * unit])
-            buffers.append(buf)
-        new = [(k, v) for k, v in zip(keys, views) if k not in self._state_keys_made]
-        if new:   # collective: a barrier of all workers (every worker fetches alike)
-            self._native.init([k for k, _ in new], [v for _, v in new])
-            self._state_keys_made.update(k for k, _ in new)
-        self._native.push(keys, views)
-        # Into the pushed buffers: MXNet's engine runs the pull after the push is
-        # acknowledged, i.e. after the server wrote the state (docs/design.md §2.4).
-        self._native.pull(keys, out=views)
-        for (tensor, j, array), buf in zip(plan, buffers):
-            buf.reshape(array.shape).copyto(array)
-        for _, _, array in plan:
-            array.wait_to_read()
+        self._fetch.fetch(self._native, self._fetch.plan(states, self._tensor))
 
     # -- uneven data -----------------------------------------------------------------------
     def finish_round(self, leaving=False):
@@ -829,7 +658,11 @@ class DistDelay(KVStoreBase):
                            self.rank)
         # Drop every reference to the native store, so that the caller's gc.collect() runs
         # its destructor now, before MXNet's engine shuts down.
-        self._native = self._channel = None
+        self._native = None
+        self._link.close()
+        for kind in (self._dense, self._rows, self._counter_keys):
+            if kind is not None:
+                kind.close()
 
     def _fill_remaining_rounds(self):
         if self._finish is None or self._finish.all_finished:
@@ -839,7 +672,7 @@ class DistDelay(KVStoreBase):
             for tensor in self._tensors.values():
                 # a tensor pushed in every round so far gets this round too
                 if tensor.next_round == self._finish.flagged_rounds - 1:
-                    self.push_tensor(tensor, [tensor.zeros()], 0)
+                    tensor.kind.push(tensor, [tensor.zeros()], 0)
             padded += 1
         if padded:
             _LOG.info('dist_delay: worker %d had no data for the last %d rounds of the other '
@@ -855,9 +688,7 @@ class DistDelay(KVStoreBase):
         its round is acknowledged; for :mod:`mxdelay.timeline`). For a row_sparse key: the
         gradient handed to the native store, held until the store has copied it."""
         tensor = self._tensor(key)
-        if isinstance(tensor, sparse.SparseTensor):
-            return tensor.sent
-        return tensor.buffers[(tensor.next_round - 1) % (self._slack + 1)]
+        return tensor.kind.send_buffer(tensor)
 
     def sent_gradient(self, key, grad):
         """What this worker's last push of `key` sent, in the units of its gradient `grad`
@@ -871,25 +702,11 @@ class DistDelay(KVStoreBase):
         own, rewritten by the next call for `key`: the send buffer cast back to float32, not
         a second cast of `grad` (a float32-to-float16 cast costs several copies, docs/design.md
         §2.11)."""
-        source = self.send_buffer(key).reshape(grad.shape)
-        factor = self._last_factor.get(key)
-        if factor is None and source.dtype == grad.dtype and source.context == grad.context:
-            return source
-        if self.wire_dtype and (factor is not None or source.context != grad.context):
-            # float16(factor * g) was sent, and the rule reads g rounded on its own (§1.4);
-            # or `grad` is on a GPU (MXNet copies across devices only within one dtype).
-            return grad.astype(self.wire_dtype).astype(grad.dtype)
-        out = self._sent.get(key)
-        if out is None:
-            out = self._sent[key] = nd.zeros(grad.shape, ctx=grad.context, dtype=grad.dtype)
-        source.copyto(out)   # to the gradient's device; float16 to float32 is exact
-        if factor is not None:
-            nd._internal._div_scalar(out, scalar=factor, out=out)
-        return out
+        return self._tensor(key).codec.sent(self.send_buffer(key).reshape(grad.shape), grad)
 
     def residuals(self):
         """This worker's compression residuals: {key: numpy array} (empty without)."""
-        return {k: r.asnumpy() for k, r in self._residuals.items()}
+        return {k: codec.state() for k, codec in self._stateful.items()}
 
     def set_residuals(self, residuals):
         """Restore what :meth:`residuals` returned (a checkpoint's), before pushing again.
@@ -899,16 +716,17 @@ class DistDelay(KVStoreBase):
         ValueError
             If the keys or sizes differ from this store's residuals.
         """
-        if set(residuals) != set(self._residuals):
+        mine = self._stateful
+        if set(residuals) != set(mine):
             raise ValueError('compression residuals for keys %s, this store has %s: saved with '
                              'another compression setting or model'
-                             % (sorted(residuals, key=str), sorted(self._residuals, key=str)))
+                             % (sorted(residuals, key=str), sorted(mine, key=str)))
         for key, value in residuals.items():
-            if np.size(value) != self._residuals[key].size:
+            if np.size(value) != mine[key].state_size():
                 raise ValueError('compression residual of key %r has %d elements, the key %d'
-                                 % (key, np.size(value), self._residuals[key].size))
+                                 % (key, np.size(value), mine[key].state_size()))
         for key, value in residuals.items():
-            self._residuals[key][:] = np.asarray(value, dtype=np.float32).reshape(-1)
+            mine[key].load_state(value)
 
     def rounds(self, key):
         """Number of rounds of `key` this worker has pushed."""
@@ -933,8 +751,7 @@ class DistDelay(KVStoreBase):
         """
         check_optional_text('error', error, 'pass None, or a message saying what failed')
         self._ensure_started()
-        _wait_for_issued_work()
-        return self._channel.agree(error, self.barrier)
+        return self._link.agree(error, self.barrier)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Save the servers' weights, optimizer states and rounds, and this worker's rounds.
@@ -944,19 +761,7 @@ class DistDelay(KVStoreBase):
         looks for the servers' files next to the index it is given, so a checkpoint can be
         copied, moved or renamed as a whole. Every file is written atomically.
         """
-        fname = check_path('fname', fname)
-        nd.waitall()
-        self.barrier()
-        if self.rank == 0:
-            self._command(Command.SAVE, {'paths': checkpoint.server_files(fname,
-                                                                          self._num_servers)})
-            checkpoint.write_json(fname, checkpoint.KVSTORE_INDEX, {
-                'num_servers': self._num_servers, 'slack': self._slack,
-                'chunk_size': self._chunk_size,
-                'rounds': {str(k): t.next_round for k, t in self._tensors.items()},
-                'finish_rounds': self._finish.tensor.next_round if self._finish else 0,
-                'rescale_grad': self._job_rescale_grad})
-        self.barrier()
+        store_checkpoint.save(self, check_path('fname', fname))
 
     def load_optimizer_states(self, fname):
         """Restore what :meth:`save_optimizer_states` saved (every worker calls it).
@@ -988,42 +793,22 @@ class DistDelay(KVStoreBase):
         """
         fname = check_path('fname', fname)
         check_optional_text('error', error, 'pass None, or a message saying what failed')
-        nd.waitall()
-        state = None
-        try:
-            state = checkpoint.read_json(fname, checkpoint.KVSTORE_INDEX)
-            for name, expected in (('num_servers', self._num_servers), ('slack', self._slack),
-                                   ('chunk_size', self._chunk_size)):
-                if state[name] != expected:
-                    raise ValueError('%s was saved with %s=%r but this job has %s=%r; start '
-                                     'the job with the same setting'
-                                     % (fname, name, state[name], name, expected))
-            if set(state['rounds']) != {str(k) for k in self._tensors}:
-                raise ValueError('%s holds keys %s, this kvstore has %s: the model differs'
-                                 % (fname, sorted(state['rounds']),
-                                    sorted(str(k) for k in self._tensors)))
-            state['servers'] = checkpoint.server_files(fname, self._num_servers)
-            if self.rank == 0:
-                # Every server validates its file before any server changes.
-                self._command(Command.LOAD, {'paths': state['servers'], 'check_only': True,
-                                             'optimizer': describe_optimizer(self._optimizer)})
-        except (ValueError, RuntimeError) as err:
-            error = error or str(err)
-        failures = self.agree(error)
-        if failures:
-            raise ValueError('cannot load %s, nothing was changed: %s' % (fname, '; '.join(
-                'worker %d: %s' % failure for failure in failures)))
-        return state
+        return store_checkpoint.check(self, fname, error)
 
     def apply_states(self, state):
         """Collective second half of a load: servers and round counters take `state`."""
-        if not isinstance(state, dict) or 'servers' not in state or 'rounds' not in state:
-            raise ArgumentTypeError('state must be the dict that check_states returned, got '
-                                    '%.80r (%s)' % (state, type(state).__name__))
-        if self.rank == 0:
-            self._command(Command.LOAD, {'paths': state['servers'],
-                                         'optimizer': describe_optimizer(self._optimizer)})
-        self.barrier()
+        store_checkpoint.apply(self, state)
+
+    def _job_index(self):
+        """What a checkpoint's index records of this worker's job (:mod:`kvstore_ext.store_checkpoint`)."""
+        return {'num_servers': self._num_servers, 'slack': self._slack,
+                'chunk_size': self._chunk_size,
+                'rounds': {str(k): t.next_round for k, t in self._tensors.items()},
+                'finish_rounds': self._finish.tensor.next_round if self._finish else 0,
+                'rescale_grad': self._job_rescale_grad}
+
+    def _restore_job_index(self, state):
+        """Take the round counters and the job's rescale_grad of a checkpoint's index."""
         for key, tensor in self._tensors.items():
             tensor.next_round = state['rounds'][str(key)]
         if self._finish is not None:
@@ -1032,74 +817,6 @@ class DistDelay(KVStoreBase):
         # The servers apply the saved job's rescale_grad from now on (its optimizer).
         self._job_rescale_grad = state['rescale_grad']
 
-
-
-def _as_lists(key, value, name='value', priority=0):
-    """Return ``([keys], [values])`` of a call with one key or a list of keys, checked: a key
-    is an int or str, a value an NDArray or a non-empty list of NDArrays (one per device)."""
-    if type(priority) is not int:  # noqa: E721  (the common case, without the ABC check)
-        check_int('priority', priority, fix='a higher priority is sent first; Gluon uses -index')
-    if isinstance(key, (list, tuple)):
-        if not isinstance(value, (list, tuple)) or len(value) != len(key):
-            raise ValueError('with a list of %d keys, pass a list of as many values as %s, got '
-                             '%s' % (len(key), name, _describe(value)))
-        keys, values = list(key), list(value)
-    else:
-        keys, values = [key], [value]
-    for k, v in zip(keys, values):
-        if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer, str)):
-            raise ArgumentTypeError('key must be an int or a str (or a list of them), got %r '
-                                    '(%s)' % (k, type(k).__name__))
-        arrays = v if isinstance(v, (list, tuple)) else [v]
-        if not arrays or not all(isinstance(a, nd.NDArray) for a in arrays):
-            raise ArgumentTypeError('%s for key %r must be an NDArray or a non-empty list of '
-                                    'NDArrays (one per device), got %s; convert with '
-                                    'mx.nd.array(...)' % (name, k, _describe(v)))
-    return keys, values
-
-
-def _describe(value):
-    if isinstance(value, (list, tuple)):
-        return '%s of %s' % (type(value).__name__,
-                             sorted({type(v).__name__ for v in value}) or 'nothing')
-    return '%.80r (%s)' % (value, type(value).__name__) if not isinstance(value, nd.NDArray) \
-        else 'an NDArray of shape %s' % (value.shape,)
-
-
-def _divide_by_flag(buf, finite):
-    # In place, after the copy: x / 1 is x bit for bit; x / 0 is inf or nan for every x
-    # (docs/design.md §11). The push waits in MXNet's engine for the flag, i.e. for the end
-    # of backward.
-    nd.broadcast_div(buf, finite.as_in_context(buf.context), out=buf)
-
-
-def _wait_for_issued_work():
-    # A command travels at once, from this thread (MXNet's SendCommandToServers), while the
-    # pushes and pulls issued before it may still wait in MXNet's engine (a push waits for
-    # backward to write its gradient): without this wait a command could overtake them,
-    # e.g. a new learning rate would reach a round pushed before set_learning_rate, and
-    # STATS would miss it. A push completes once its round is applied on the server, so
-    # after this every round this worker pushed is applied (which waits for the other
-    # workers' pushes of those rounds too: a command is a collective point in that sense).
-    nd.waitall()
-
-
-def _refuse_module_local_update():
-    """Refuse ``Module``'s ``update_on_kvstore=False`` path (``MXNET_UPDATE_ON_KVSTORE=0``):
-    its own updater would apply ``1.0/batch_size`` (no '_sync' in the type) to the round's
-    sum, which :func:`_module_rescale` never sees. Recognised by the caller chain
-    ``Module.init_optimizer`` -> ``mxnet.model._initialize_kvstore`` -> ``init``."""
-    try:
-        caller = sys._getframe(2)  # pylint: disable=protected-access
-    except ValueError:  # init called from the outermost frame: not Module
-        return
-    if (caller.f_code is mx.model._initialize_kvstore.__code__  # pylint: disable=protected-access
-            and not caller.f_locals.get('update_on_kvstore', True)
-            and caller.f_back is not None
-            and caller.f_back.f_code is mx.mod.Module.init_optimizer.__code__):
-        raise ValueError("mx.mod.Module with kvstore='dist_delay' must update on the kvstore "
-                         '(the servers apply the optimizer), but update_on_kvstore is False: '
-                         'unset MXNET_UPDATE_ON_KVSTORE')
 
 
 class _OptimizerHolder(object):
@@ -1111,3 +828,4 @@ class _OptimizerHolder(object):
 
 hooks.register_store_type(DistDelay)
 gluon_sparse.accept_in_gluon(DistDelay)
+module_path.refuse_local_update(DistDelay)

@@ -13,7 +13,7 @@ pushes ``1 + overflowed`` at element ``2 + t mod R`` (``overflowed`` is 1 if its
 were not all finite, 0 otherwise and in a vote), and the server keeps, per element, the last
 round that marked it (:func:`kvstore_ext.rounds.store_counter`). One pull after round t
 then tells how many workers overflowed in each of the rounds t - R + 1 .. t.
-With gradient compression a value of 1 travels as the compression's ``flag_unit`` (the 2bit
+With gradient compression a value of 1 travels as the codec's ``flag_unit`` (the 2bit
 threshold t, which the wire carries exactly), and the sums are read back in that unit.
 """
 import numpy as np
@@ -37,13 +37,13 @@ class FinishCounter(object):
     ----------
     tensor : kvstore_ext.layout.Tensor
         The counter's key, placed and initialised (:func:`counter_size` elements).
-    data_path : object
-        The store: its ``push_tensor(tensor, arrays, priority)`` and
-        ``pull_tensor(tensor, outs, priority)`` send the flags and read the sums.
+    data_path : kvstore_ext.dense.DenseKeys
+        The counter's data path: its ``push(tensor, arrays, priority)`` and
+        ``pull(tensor, outs, priority)`` send the flags and read the sums.
     num_workers : int
         Workers of the job.
     unit : float, default 1.0
-        The value that a flag of 1 is sent as (the compression's ``flag_unit``).
+        The value that a flag of 1 is sent as (the codec's ``flag_unit``).
     """
 
     def __init__(self, tensor, data_path, num_workers, unit=1.0):
@@ -78,7 +78,7 @@ class FinishCounter(object):
         if finite is not None:
             # 1 + overflowed at the mark, in MXNet's engine: no wait for the gradients here.
             flag = nd.broadcast_mul(flag, 2 - finite.as_in_context(flag.context))
-        self._data_path.push_tensor(self.tensor, [flag], FLAG_PRIORITY)
+        self._data_path.push(self.tensor, [flag], FLAG_PRIORITY)
         self.flagged_rounds = round_index + 1
         self.all_finished = False
 
@@ -94,9 +94,9 @@ class FinishCounter(object):
         """
         self.check_no_worker_left()
         votes = (1, int(bool(leaving)))
-        self._data_path.push_tensor(self.tensor, [self._flags[(votes, self.flagged_rounds %
+        self._data_path.push(self.tensor, [self._flags[(votes, self.flagged_rounds %
                                                                 self._slots)]], FLAG_PRIORITY)
-        self._data_path.pull_tensor(self.tensor, [self._counts], FLAG_PRIORITY)
+        self._data_path.pull(self.tensor, [self._counts], FLAG_PRIORITY)
         # A sum of at most N units: its float32 rounding is far below half a unit.
         finished, left = (int(round(c / self._unit)) for c in self._counts.asnumpy()[:2])
         if finished < self._num_workers:
@@ -110,7 +110,7 @@ class FinishCounter(object):
     def pull_marks(self):
         """Issue a pull of the overflow marks after this worker's last flagged round; returns
         at once (:meth:`overflows` waits for it)."""
-        self._data_path.pull_tensor(self.tensor, [self._marks], FLAG_PRIORITY)
+        self._data_path.pull(self.tensor, [self._marks], FLAG_PRIORITY)
 
     def overflows(self, rounds):
         """The number of workers whose gradients overflowed in each of `rounds` (at most R

@@ -153,7 +153,7 @@ class Tensor(object):
     """
     __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
                  'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
-                 'pull_buffers', 'pull_heads', 'pulled_slots')
+                 'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind')
 
     def __init__(self, key, shape, dtype, chunks, wire=None):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
@@ -165,6 +165,9 @@ class Tensor(object):
         self.pull_buffers = self.pull_heads = None
         self.pulled_slots = set()
         self.views = {}           # handle of a user array -> (array, its chunk views, flat)
+        # Set when placed (kvstore_ext.dense.DenseKeys.place): its codec's per-tensor object
+        # (kvstore_ext.compression.TensorCodec) and its data path.
+        self.codec = self.kind = None
 
     def make_pull_buffers(self, slots):
         """Make the `slots` float32 receive buffers of float16 pushes, on the CPU."""

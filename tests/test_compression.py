@@ -18,21 +18,22 @@ import mxdelay
 from support.model import small_params
 from support.stores import offline_store
 from kvstore_ext import compression
-from kvstore_ext.compression import CompressionError, CompressionTypeError, TwoBit
+from kvstore_ext.compression import CompressionError, CompressionTypeError
+from kvstore_ext.feedback import ErrorFeedback
+from kvstore_ext.twobit import TwoBitQuantizer
 
 F32 = np.float32
 
 
 def quantize_all(threshold, grads):
     """Our quantizer over a sequence of gradients; returns (sent values, final residual)."""
-    comp = compression.parse({'type': '2bit', 'threshold': threshold})
-    residual = comp.make_residual(grads[0].size)
+    codec = compression.parse({'type': '2bit', 'threshold': threshold}).for_tensor(grads[0].size)
     sent = []
     for g in grads:
-        buf = nd.array(g)
-        comp.quantize(buf, residual)
+        buf = nd.zeros(g.size)
+        codec.encode(nd.array(g), buf, None)
         sent.append(buf.asnumpy())
-    return sent, residual.asnumpy()
+    return sent, codec.state()
 
 
 def mxnet_quantize_all(threshold, grads):
@@ -84,13 +85,12 @@ def test_requantizing_a_quantized_value_is_lossless():
     again = mxnet_quantize_all(0.1, sent)
     for a, b in zip(sent, again):
         np.testing.assert_array_equal(a, b)
-    comp = compression.parse({'type': '2bit', 'threshold': 0.1})
-    residual = comp.make_residual(50)
+    codec = compression.parse({'type': '2bit', 'threshold': 0.1}).for_tensor(50)
     for s in sent:
-        buf = nd.array(s)
-        comp.quantize(buf, residual)
+        buf = nd.zeros(50)
+        codec.encode(nd.array(s), buf, None)
         np.testing.assert_array_equal(buf.asnumpy(), s)
-    assert not residual.asnumpy().any()
+    assert not codec.state().any()
 
 
 def test_flag_unit_survives_the_wire():
@@ -102,10 +102,12 @@ def test_flag_unit_survives_the_wire():
 
 def test_parse_defaults_and_description():
     comp = compression.parse({'type': '2bit'})
-    assert isinstance(comp, TwoBit) and comp.threshold == F32(0.5)   # MXNet's default
+    assert isinstance(comp, ErrorFeedback) and isinstance(comp.quantizer, TwoBitQuantizer)
+    assert comp.quantizer.threshold == F32(0.5)   # MXNet's default
     assert comp.describe() == {'type': '2bit', 'threshold': 0.5}
     assert compression.parse(None) is None
-    assert compression.parse({'type': '2bit', 'threshold': np.float32(0.25)}).threshold == 0.25
+    assert compression.parse({'type': '2bit', 'threshold': np.float32(0.25)}) \
+        .quantizer.threshold == 0.25
     assert 'fp16' in compression.known_types() and '2bit' in compression.known_types()
 
 

@@ -23,11 +23,13 @@ AMP (docs/design.md §11): ``amp``, ``overflow``, ``scale_window`` as in
 trainer). The npz then also holds ``loss_scale``, the loss scale after every step. ``batch_sizes`` ({rank: size}) and
 ``last_batch`` (the size of every epoch's last batch) vary the batch size. ``sync_at_end``: ``trainer.sync_weights()`` after the last step, recorded as
 ``synced_<name>``. ``compression``: the trainer's ``compression_params`` (e.g.
-``{"type": "fp16"}``). ``record_grads``: also record each step's gradient (``grad_<name>``). ``end_marker``:
+``{"type": "fp16"}``). ``codec_modules``: modules imported first, e.g. a test's codec that
+registers itself (``["toy_codec"]``). ``record_grads``: also record each step's gradient (``grad_<name>``). ``end_marker``:
 write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
 
+import importlib
 import json
 import os
 import sys
@@ -62,6 +64,8 @@ class PushThenStockTrainer(StockTrainer, PushThenPullTrainer):
 
 def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
+    for module in config.get('codec_modules', ()):
+        importlib.import_module(module)   # a test's codec registers itself (test_toy_codec.py)
     init_amp(config)   # before the model, as AMP requires
     ctxs = [mx.cpu(i) for i in range(config.get('devices', 1))]
     net, names = build(ctxs, config.get('lr_mult'), config.get('wd_mult'))

@@ -1,0 +1,164 @@
+"""The data path of dense keys: slot buffers, pushes through the tensor's codec, exact pulls.
+
+A dense key's round t goes to slot ``t mod R`` of each of its chunks (docs/design.md §2.2):
+the round's gradient (summed over the devices) is encoded by the tensor's codec
+(:class:`kvstore_ext.compression.TensorCodec`) into the slot's send buffer, and the native
+store pushes the buffer's chunk views. Pulls read the slot keys and are ordered behind every
+earlier round (§2.4); a codec with pull keys of its own (float16 pushes) uses the variant of
+:mod:`kvstore_ext.wire`.
+
+:class:`DenseKeys` is chosen once per key, at ``init`` (:mod:`kvstore_ext.dist_delay`), and
+holds no per-key state: that lives in the key's :class:`kvstore_ext.layout.Tensor`.
+"""
+import mxnet as mx
+from mxnet import nd
+
+from .checks import ArgumentTypeError
+
+__all__ = ['KeyKind', 'DenseKeys']
+
+
+class KeyKind(object):
+    """A kind of key's data path (dense: :class:`DenseKeys`, row_sparse:
+    :class:`kvstore_ext.sparse.RowSparseKeys`), chosen once per key at ``init``.
+
+    Every kind has ``place(placement, key, value)`` (returns the key's tensor),
+    ``init_entries(tensor, value)``, ``after_init(tensors)``, ``server_settings()``,
+    ``push(tensor, grads, priority, factor=None, finite=None)``, ``pull(tensor, outs,
+    priority, ignore_sparse=True)``, ``row_sparse_pull(tensor, outs, row_ids, priority)``,
+    ``send_buffer(tensor)`` and ``element_range(tensor, chunk)``.
+
+    Parameters
+    ----------
+    native : mxnet.kvstore.KVStore
+        The worker's native distributed store.
+    slots : int
+        R, slot keys per chunk.
+    codec : kvstore_ext.compression.Codec
+        The job's codec.
+    """
+
+    def __init__(self, native, slots, codec):
+        self._native = native
+        self._slots = slots
+        self._codec = codec
+
+    def close(self):
+        """Drop the native store (the worker leaves the job)."""
+        self._native = None
+
+
+class DenseKeys(KeyKind):
+    """The data path of dense keys whose pulls read the slot keys."""
+
+    # -- init ----------------------------------------------------------------------------
+    def place(self, placement, key, value):
+        """Place `key` (initial `value`) with `placement`; its tensor gets the codec's
+        per-tensor object and this data path."""
+        tensor = placement.place(key, value.shape, value.dtype, self._codec.wire_dtype)
+        tensor.codec = self._codec.for_tensor(tensor.size)
+        tensor.kind = self
+        return tensor
+
+    def server_settings(self):
+        """What the servers do with these keys' chunks (the codec's, in REGISTER)."""
+        return self._codec.server_settings()
+
+    def init_entries(self, tensor, value):
+        """The native keys and initial values of `tensor` (initial `value`), and the size
+        of each chunk: ``(keys, values, sizes)``."""
+        flat = value.reshape(-1)
+        keys, values, sizes = [], [], []
+        for chunk in tensor.chunks:
+            chunk_value = flat[chunk.start:chunk.stop]
+            keys.extend(chunk.keys)
+            values.extend([chunk_value] * len(chunk.keys))
+            sizes.append(int(chunk_value.size))
+        return keys, values, sizes
+
+    def after_init(self, tensors):
+        """After the native init of `tensors` (collective): nothing for these keys."""
+
+    # -- push ----------------------------------------------------------------------------
+    def push(self, tensor, grads, priority, factor=None, finite=None):
+        """Push round ``tensor.next_round`` of `tensor`: the sum of `grads` (one array per
+        device), times `factor` if given, encoded into the round's slot buffer, divided by
+        the one-element NDArray `finite` if given (``DistDelay.set_finite_flag``)."""
+        slot = tensor.next_round % self._slots
+        if tensor.buffers is None:
+            tensor.make_buffers(self._slots, mx.cpu() if grads[0].context.device_type == 'cpu'
+                                else mx.cpu_pinned())
+        buf = tensor.buffers[slot]
+        self._before_push(tensor, slot)
+        if len(grads) == 1:
+            source = tensor.views_of(grads[0])[2]
+        else:
+            # Sum on the first device (a GPU stays a GPU), then one copy to the buffer.
+            first = grads[0].context
+            source = nd.add_n(*[tensor.views_of(g)[2].as_in_context(first) for g in grads])
+        tensor.codec.encode(source, buf, factor)
+        if finite is not None:
+            # In place, after the copy: x / 1 is x bit for bit; x / 0 is inf or nan for
+            # every x (docs/design.md §11). The push waits in MXNet's engine for the flag,
+            # i.e. for the end of backward.
+            nd.broadcast_div(buf, finite.as_in_context(buf.context), out=buf)
+        self._native.push([c.keys[slot] for c in tensor.chunks], tensor.chunk_views[slot],
+                          priority=priority)
+        tensor.next_round += 1
+
+    def _before_push(self, tensor, slot):
+        """Engine ordering before a push into `slot` (none here: the pull of the slot's
+        previous round wrote the same buffer)."""
+
+    def send_buffer(self, tensor):
+        """The buffer that the last push of `tensor` sends from."""
+        return tensor.buffers[(tensor.next_round - 1) % self._slots]
+
+    # -- pull ----------------------------------------------------------------------------
+    def pull(self, tensor, outs, priority, ignore_sparse=True):
+        """Pull into `outs` the weights of `tensor` after this worker's last pushed round."""
+        last = tensor.next_round - 1
+        slot = max(last, 0) % self._slots
+        if last >= 0:
+            self._order_after_earlier_rounds(tensor, last)
+        per_chunk = list(zip(*[tensor.views_of(o)[1] for o in outs]))
+        self._native.pull([c.pull_keys[slot] for c in tensor.chunks],
+                          out=[list(views) for views in per_chunk], priority=priority)
+        tensor.last_pulled = last
+        if last < 0:
+            # Before the first push the native store pulls into a buffer of its own, which no
+            # later push waits for: without this wait the request could reach the server after
+            # this worker's round 0 completed, and return W_1 instead of the initial value.
+            for out in outs:
+                out.wait_to_read()
+
+    def _order_after_earlier_rounds(self, tensor, last):
+        """Queue the pull of round `last` behind the completion of every earlier round.
+
+        A one-element write on another slot's buffer runs only after that slot's push is
+        acknowledged (its round complete); the following write on this slot's buffer then
+        orders the pull (which writes the same buffer) after it. Rounds up to the previous
+        pull are covered by that pull (touching its slot waits for it), rounds more than a
+        slack back by the reuse of their slot. The touched elements hold pushed data that is
+        no longer needed, and the pull overwrites this slot's buffer.
+        """
+        target = tensor.heads[last % self._slots]
+        for rnd in self._earlier_rounds(tensor, last):
+            head = tensor.heads[rnd % self._slots]
+            nd._internal._plus_scalar(head, scalar=0.0, out=head)  # pylint: disable=protected-access
+            nd.elemwise_add(target, head, out=target)
+
+    def _earlier_rounds(self, tensor, last):
+        """The rounds before `last` that neither the previous pull nor the slot reuse orders."""
+        return range(max(tensor.last_pulled, last - self._slots + 1, 0), last)
+
+    def row_sparse_pull(self, tensor, outs, row_ids, priority):
+        """Refused: `tensor` is dense."""
+        raise ArgumentTypeError('row_sparse_pull of key %r, which was initialised dense; use '
+                                'pull, or init the key with a row_sparse value' % (tensor.key,))
+
+    # -- optimizer state -----------------------------------------------------------------
+    @staticmethod
+    def element_range(tensor, chunk):
+        """Elements ``(start, stop)`` of the flattened `tensor` that `chunk` holds."""
+        return chunk.start, chunk.stop
