@@ -272,7 +272,9 @@ class RowSparseKeys(KeyKind):
         slot = _pull_slot(tensor) % self._slots
         ordered = True
         for out, ids in pairs:
-            ids = ids.astype('int64', copy=False)
+            # MXNet 1.9.1 cannot cast an empty array (its _copyto fails to infer the shape),
+            # and stock row_sparse_pull accepts nd.array([]), a float32 one.
+            ids = ids.astype('int64', copy=False) if ids.size else tensor.empty_ids
             if len(tensor.chunks) == 1:
                 ordered &= ids.shape[0] > 0
                 self._native.row_sparse_pull(tensor.chunks[0].keys[slot], out=out,
