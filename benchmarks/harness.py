@@ -88,6 +88,8 @@ METHODS = {
     'mirror-k4': Method('k=4', delay=4, extra=_MIRROR),
     'mirror-k4-fp16': Method('k=4 + fp16', delay=4, extra=_MIRROR, compression='fp16'),
     'sgd-k4': Method("literal 'sgd' rule, k=4", delay=4, extra=('--local-rule', 'sgd')),
+    'drift-k4': Method("rule 'drift', k=4", delay=4, extra=('--local-rule', 'drift')),
+    'drift-k8': Method("rule 'drift', k=8", delay=8, extra=('--local-rule', 'drift')),
 }
 
 

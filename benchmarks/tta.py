@@ -63,7 +63,9 @@ _LOG = logging.getLogger('tta')
 
 REPO = harness.REPO
 NUM_WORKERS, BATCH = harness.NUM_WORKERS, harness.BATCH
-METHODS = harness.methods('sync', 'k2', 'k4', 'k8')
+METHODS = harness.methods('sync', 'k2', 'k4', 'k8', 'drift-k4', 'drift-k8')
+#: What --methods runs unless told (the drift rule's runs are asked for by name).
+DEFAULT_METHODS = ('sync', 'k2', 'k4', 'k8')
 #: network -> (label, tc rate or None, phase-run warm-up steps, delayed steps, s/step bound)
 NETWORKS = {name: harness.NETWORKS[name][:2] + steps for name, steps in (
     ('loopback', (100, 304, 1.0)), ('1gbit', (40, 80, 2.0)), ('100mbit', (12, 32, 10.0)))}
@@ -79,7 +81,7 @@ def parse_args(argv=None):
                         help='results folder (default: %(default)s)')
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'tta'),
                         help='raw per-run files and logs (default: %(default)s)')
-    parser.add_argument('--methods', default=','.join(METHODS))
+    parser.add_argument('--methods', default=','.join(DEFAULT_METHODS))
     parser.add_argument('--seeds', default='1,2,3', help='full: seeds (default: %(default)s)')
     parser.add_argument('--epochs', type=int, default=10, help='full (default: %(default)s)')
     parser.add_argument('--networks', default=','.join(NETWORKS),
@@ -255,7 +257,9 @@ def derived_time(step, method, times):
 def build_report(out, command='python benchmarks/tta.py'):
     evals = report_lib.read_csv(os.path.join(out, 'full-evals.csv'))
     runs = report_lib.read_csv(os.path.join(out, 'full-runs.csv'))
-    phases = report_lib.read_csv(os.path.join(out, 'phases-runs.csv'))
+    phases_file = os.path.join(out, 'phases-runs.csv')
+    # A folder of accuracy runs alone (no phases part) reports accuracy only.
+    phases = report_lib.read_csv(phases_file) if os.path.exists(phases_file) else []
     metas = {}
     for part in ('full', 'phases'):
         path = os.path.join(out, 'meta-%s.json' % part)

@@ -26,7 +26,9 @@ DELAYED = ['--mode', 'delayed', '--delay']
 #: scenario -> {method: (label, worker arguments)}, as the scripts had them
 EXPECTED = {
     'tta': {'sync': ('dist_sync (stock)', ['--mode', 'sync']), 'k2': ('k=2', DELAYED + ['2']),
-            'k4': ('k=4', DELAYED + ['4']), 'k8': ('k=8', DELAYED + ['8'])},
+            'k4': ('k=4', DELAYED + ['4']), 'k8': ('k=8', DELAYED + ['8']),
+            'drift-k4': ("rule 'drift', k=4", DELAYED + ['4', '--local-rule', 'drift']),
+            'drift-k8': ("rule 'drift', k=8", DELAYED + ['8', '--local-rule', 'drift'])},
     'compress': {
         'sync': ('dist_sync (stock)', ['--mode', 'sync']),
         'sync-2bit': ('dist_sync + 2bit (stock)', ['--mode', 'sync', '--compression', '2bit:0.5']),
