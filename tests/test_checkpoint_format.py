@@ -489,3 +489,51 @@ def test_trusted_must_be_a_bool(tmp_path):
                                      {'learning_rate': 0.1}, kvstore=None)
     with pytest.raises(TypeError, match=r"trusted must be True or False, got 'yes' \(str\)"):
         trainer.load_states(str(tmp_path / 'ckpt'), trusted='yes')
+
+
+def as_version1(v2, v1):
+    """Write the version-2 checkpoint `v2` (2 workers, 1 server) as mxdelay before version 2
+    wrote it, under the name `v1`: JSON indexes of version 1 and pickles."""
+    with open(v2, encoding='utf-8') as src:
+        index = json.load(src)
+    for name in ('save_id', 'parts'):
+        del index[name]
+    with open(v1, 'w', encoding='utf-8') as out:
+        json.dump(dict(index, version=1), out)
+    with open(v2 + '.kvstore', encoding='utf-8') as src:
+        store = json.load(src)
+    for name in ('save_id', 'servers_sha256'):
+        del store[name]
+    with open(v1 + '.kvstore', 'w', encoding='utf-8') as out:
+        json.dump(dict(store, version=1), out)
+    for rank in range(2):
+        body = checkpoint.read_archive(checkpoint.worker_file(v2, rank), checkpoint.WORKER)
+        legacy_file(checkpoint.worker_file(v1, rank), checkpoint.WORKER, body)
+    server = checkpoint.read_archive(v2 + '.kvstore.server0', checkpoint.SERVER)
+    updater = server['updater']
+    server['updater'] = pickle.dumps((updater['states'], updater['optimizer']))
+    legacy_file(v1 + '.kvstore.server0', checkpoint.SERVER, server)
+
+
+@pytest.mark.jobs
+def test_a_version1_checkpoint_resumes_bit_for_bit_only_with_trusted(tmp_path, uninterrupted):
+    saved = tmp_path / 'saved'
+    run_ckpt_job(saved, dict(BASE, save_after=[5]))
+    old = str(tmp_path / 'old')
+    as_version1(str(saved / 'ckpt' / 'latest'), old)
+    refused = tmp_path / 'refused'
+    run_ckpt_job(refused, dict(BASE, save_after=[], resume_from=old))
+    for rank in range(2):
+        outcome = load_outcome(refused, rank)
+        assert outcome['type'] == 'ValueError', (rank, outcome)
+        assert ('%s is an mxdelay trainer state file of version 1, a pickle' % old
+                in outcome['message']) and 'trusted=True' in outcome['message']
+    resumed = tmp_path / 'resumed'
+    run_ckpt_job(resumed, dict(BASE, save_after=[], resume_from=old, trusted=True))
+    got = histories(resumed)
+    for rank in range(2):
+        assert int(got[rank]['first']) == 6
+        for name, trajectory in got[rank].items():
+            if name != 'first':
+                np.testing.assert_array_equal(trajectory, uninterrupted[rank][name][6:],
+                                              err_msg='worker %d %s' % (rank, name))

@@ -11,7 +11,8 @@ which ``trainer.save_states(OUT_DIR/ckpt/latest)`` runs), ``kill`` (``{'rank', '
 ``when`` one of ``'before_save'`` (before anything of that save: before the vote on its id),
 ``'after_own_part'`` (right after its worker file is written), ``'after_servers'`` (rank 0:
 after the servers wrote theirs, before the kvstore index)), ``resume_from`` (a checkpoint
-index given to ``load_states`` before training; its outcome is recorded).
+index given to ``load_states`` before training, with ``trusted`` (default False); its outcome
+is recorded).
 
 Files in OUT_DIR (written atomically): ``worker<rank>.npz`` (``first``, the first step run,
 and every parameter after every step from ``first`` on), ``load.worker<rank>.json`` (the
@@ -95,7 +96,7 @@ def main():
     first = 0
     if config.get('resume_from'):
         try:
-            trainer.load_states(config['resume_from'])
+            trainer.load_states(config['resume_from'], trusted=config.get('trusted', False))
             outcome = {'type': None, 'message': None}
         except Exception as err:  # pylint: disable=broad-except
             outcome = {'type': type(err).__name__, 'message': str(err)}
