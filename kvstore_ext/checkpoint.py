@@ -49,8 +49,8 @@ import zipfile
 import numpy as np
 
 __all__ = ['VERSION', 'LEGACY_VERSION', 'TRAINER_INDEX', 'WORKER', 'KVSTORE_INDEX', 'SERVER',
-           'worker_file', 'kvstore_file', 'server_files', 'new_save_id', 'atomic_write', 'file_sha256',
-           'write_json', 'write_archive', 'read_json', 'read_archive', 'read_pickle',
+           'worker_file', 'kvstore_file', 'server_files', 'new_save_id', 'atomic_write',
+           'file_sha256', 'write_json', 'write_archive', 'read_json', 'read_archive', 'read_pickle',
            'legacy_updater', 'encode', 'decode', 'stale_temporaries']
 
 _LOG = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ def encode(value, arrays, where='body'):
         if a.dtype.hasobject:
             raise TypeError('%s is an array of Python objects, which a checkpoint does not '
                             'store' % where)
-        arrays.append(np.asarray(a, order="C"))  # (ascontiguousarray makes 0-d 1-d)
+        arrays.append(np.asarray(a, order='C'))  # not ascontiguousarray: 0-d stays 0-d
         return len(arrays) - 1
 
     if value is None or isinstance(value, (bool, int, float, str)):

@@ -757,9 +757,10 @@ class DistDelay(KVStoreBase):
         """Save the servers' weights, optimizer states and rounds, and this worker's rounds.
 
         Every worker must call it (it starts with a barrier so that no round is in flight).
-        The servers write ``fname + '.server<i>'``; worker 0 writes `fname`, the index. A load
-        looks for the servers' files next to the index it is given, so a checkpoint can be
-        copied, moved or renamed as a whole. Every file is written atomically.
+        The servers write ``fname + '.server<i>'``; worker 0 writes `fname`, the index, with
+        the save's id and the servers' files' sha256 (docs/design.md §6.2). A load looks for
+        the servers' files next to the index it is given, so a checkpoint can be copied,
+        moved or renamed as a whole. Every file is written atomically; none is a pickle.
         """
         store_checkpoint.save(self, check_path('fname', fname))
 
