@@ -12,7 +12,9 @@
    rounds against the kvstore index, the file mode (umask), the folder fsync, stale
    temporaries. In real jobs (a hard timeout each): a second save to one name SIGKILLed
    between its parts is refused on every worker, or, killed before its first part, loads the
-   previous save and continues bit for bit.
+   previous save and continues bit for bit; pickle bombs in place of a worker's or the
+   server's file (or a whole version-1 checkpoint of them) make ``load_states`` raise on every
+   worker and run nothing; a version-1 checkpoint resumes bit for bit with ``trusted=True``.
 """
 import json
 import logging
@@ -537,3 +539,73 @@ def test_a_version1_checkpoint_resumes_bit_for_bit_only_with_trusted(tmp_path, u
             if name != 'first':
                 np.testing.assert_array_equal(trajectory, uninterrupted[rank][name][6:],
                                               err_msg='worker %d %s' % (rank, name))
+
+
+@pytest.fixture(scope='module')
+def saved_checkpoint(tmp_path_factory):
+    """A real job's checkpoint after step 5 (2 workers, 1 server)."""
+    out = tmp_path_factory.mktemp('saved')
+    run_ckpt_job(out, dict(BASE, steps=6, save_after=[5]))
+    return str(out / 'ckpt' / 'latest')
+
+
+def copy_parts(source, target):
+    for suffix in ('', '.kvstore', '.kvstore.server0', '.worker0', '.worker1'):
+        with open(source + suffix, 'rb') as src, open(target + suffix, 'wb') as dst:
+            dst.write(src.read())
+
+
+def rehash(prefix):
+    """Make the indexes of checkpoint `prefix` list its files' true sha256 (what a forger
+    would do): only the content of a part can then refuse it."""
+    with open(prefix + '.kvstore', encoding='utf-8') as src:
+        store = json.load(src)
+    store['servers_sha256'] = [checkpoint.file_sha256(prefix + '.kvstore.server0')]
+    with open(prefix + '.kvstore', 'w', encoding='utf-8') as out:
+        json.dump(store, out)
+    with open(prefix, encoding='utf-8') as src:
+        index = json.load(src)
+    index['parts'] = {'worker0': checkpoint.file_sha256(prefix + '.worker0'),
+                      'worker1': checkpoint.file_sha256(prefix + '.worker1'),
+                      'kvstore': checkpoint.file_sha256(prefix + '.kvstore')}
+    with open(prefix, 'w', encoding='utf-8') as out:
+        json.dump(index, out)
+
+
+@pytest.mark.jobs
+@pytest.mark.parametrize('part,forgery', [
+    ('.worker1', 'version1'), ('.worker1', 'version2'),
+    ('.kvstore.server0', 'version1'), ('.kvstore.server0', 'version2'),
+    ('all', 'version1')])
+def test_pickle_bombs_loaded_by_a_real_job_raise_everywhere_and_run_nothing(
+        tmp_path, saved_checkpoint, part, forgery):
+    marker = tmp_path / 'marker'
+    prefix = str(tmp_path / 'bombed')
+    copy_parts(saved_checkpoint, prefix)
+    kind = checkpoint.SERVER if part == '.kvstore.server0' else checkpoint.WORKER
+    if part == 'all':   # a whole version-1 checkpoint, every pickle a bomb
+        as_version1(saved_checkpoint, prefix)
+        for name in ('.worker0', '.worker1', '.kvstore.server0'):
+            legacy_file(prefix + name, checkpoint.WORKER, {'x': Bomb(str(marker))})
+    elif forgery == 'version1':
+        legacy_file(prefix + part, kind, {'server': 0, 'rank': 1, 'x': Bomb(str(marker))})
+    else:
+        with open(prefix, encoding='utf-8') as src:
+            save_id = json.load(src)['save_id']
+        forged_archive(prefix + part, kind, {'server': 0, 'rank': 1, 'x': {'$array': 0}},
+                       [object_array(Bomb(str(marker)))], save_id=save_id)
+    if part != 'all':
+        rehash(prefix)
+    out = tmp_path / 'job'
+    run_ckpt_job(out, dict(BASE, save_after=[], resume_from=prefix))
+    patterns = {'version1': 'it is a pickle', 'version2': 'allow_pickle=False'}
+    if part == 'all':
+        patterns['version1'] = 'of version 1, a pickle'
+    for rank in range(2):
+        outcome = load_outcome(out, rank)
+        assert outcome['type'] == 'ValueError', (rank, outcome)
+        assert 'nothing was changed' in outcome['message']
+        assert patterns[forgery] in outcome['message'], (rank, outcome)
+        if part != 'all':
+            assert prefix + part in outcome['message'], (rank, outcome)
+    assert not marker.exists()
