@@ -609,3 +609,17 @@ def test_pickle_bombs_loaded_by_a_real_job_raise_everywhere_and_run_nothing(
         if part != 'all':
             assert prefix + part in outcome['message'], (rank, outcome)
     assert not marker.exists()
+
+
+def test_delayed_module_load_takes_trusted(tmp_path):
+    data = mx.sym.Variable('data')
+    net = mx.sym.FullyConnected(data, num_hidden=2, name='fc')
+    prefix = str(tmp_path / 'model')
+    mx.model.save_checkpoint(prefix, 0, net, {'fc_weight': mx.nd.ones((2, 3)),
+                                             'fc_bias': mx.nd.zeros(2)}, {})
+    with pytest.raises(TypeError, match=r"trusted must be True or False, got 1 \(int\)"):
+        mxdelay.DelayedModule.load(prefix, 0, load_optimizer_states=True, trusted=1,
+                                   label_names=None)
+    mod = mxdelay.DelayedModule.load(prefix, 0, load_optimizer_states=True, trusted=True,
+                                     label_names=None)
+    assert mod._preload_trusted is True  # pylint: disable=protected-access
