@@ -4,8 +4,6 @@ checkpoint's optimizer, and the outcome of a collective step (docs/design.md §4
 The messages name the setting, both values and both workers (with mxdelay-launch's worker
 numbers, which may differ from ps-lite's ranks).
 """
-import pickle
-
 import mxnet as mx
 
 from . import protocol
@@ -61,26 +59,19 @@ def hello_refusal(hellos, num_workers, server_rank):
     return None
 
 
-def saved_optimizer_differences(path, updater_states, expected):
-    """How the optimizer saved in a server checkpoint's `updater_states` differs from the
-    workers' `expected` (a ``describe_optimizer`` dict; None: not checked): the
-    hyper-parameters the load will change (the saved ones take effect, as in gluon.Trainer).
+def saved_optimizer_differences(path, saved, expected):
+    """How the optimizer `saved` in the server checkpoint `path` (an Optimizer, or None:
+    saved without one) differs from the workers' `expected` (a ``describe_optimizer`` dict;
+    None: not checked): the hyper-parameters the load will change (the saved ones take
+    effect, as in gluon.Trainer).
 
     Raises
     ------
     ValueError
-        If the saved state cannot be read, or its optimizer is of another type than
-        `expected` (its state cannot drive that one).
+        If the saved optimizer is of another type than `expected` (its state cannot drive
+        that one).
     """
-    if expected is None or updater_states is None:
-        return []
-    try:
-        saved = pickle.loads(updater_states)
-    except Exception as err:  # pylint: disable=broad-except
-        raise ValueError('%s: the saved optimizer state cannot be read (%s: %s); it may be '
-                         'truncated' % (path, type(err).__name__, err)) from None
-    saved = saved[1] if isinstance(saved, tuple) and len(saved) == 2 else None
-    if not isinstance(saved, mx.optimizer.Optimizer):
+    if expected is None or not isinstance(saved, mx.optimizer.Optimizer):
         return []  # saved without the optimizer: the current one stays
     described = describe_optimizer(saved)
     if type_difference(expected, described):

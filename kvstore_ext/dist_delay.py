@@ -757,14 +757,24 @@ class DistDelay(KVStoreBase):
         """Save the servers' weights, optimizer states and rounds, and this worker's rounds.
 
         Every worker must call it (it starts with a barrier so that no round is in flight).
-        The servers write ``fname + '.server<i>'``; worker 0 writes `fname`, the index. A load
-        looks for the servers' files next to the index it is given, so a checkpoint can be
-        copied, moved or renamed as a whole. Every file is written atomically.
+        The servers write ``fname + '.server<i>'``; worker 0 writes `fname`, the index, with
+        the save's id and the servers' files' sha256 (docs/design.md §6.2). A load looks for
+        the servers' files next to the index it is given, so a checkpoint can be copied,
+        moved or renamed as a whole. Every file is written atomically; none is a pickle.
         """
         store_checkpoint.save(self, check_path('fname', fname))
 
-    def load_optimizer_states(self, fname):
+    def load_optimizer_states(self, fname, trusted=False):
         """Restore what :meth:`save_optimizer_states` saved (every worker calls it).
+
+        Parameters
+        ----------
+        fname : str
+            The index file written by :meth:`save_optimizer_states`.
+        trusted : bool
+            Also load a version-1 checkpoint (mxdelay before pickle-free checkpoints), whose
+            server files are pickles: loading a pickle runs whatever code it names, so pass
+            True only for a checkpoint whose writer you trust.
 
         Raises
         ------
@@ -774,9 +784,9 @@ class DistDelay(KVStoreBase):
         TypeError
             If `fname` is not a path.
         """
-        self.apply_states(self.check_states(check_path('fname', fname)))
+        self.apply_states(self.check_states(check_path('fname', fname), trusted=trusted))
 
-    def check_states(self, fname, error=None):
+    def check_states(self, fname, error=None, trusted=False, part_of=None):
         """Collective first half of a load: validate everything, agree, change nothing.
 
         Parameters
@@ -785,6 +795,10 @@ class DistDelay(KVStoreBase):
             The index file written by :meth:`save_optimizer_states`.
         error : str, optional
             A failure the caller found in its own files, to be agreed on as well.
+        trusted : bool
+            As in :meth:`load_optimizer_states`.
+        part_of : dict, optional
+            ``{'save_id', 'sha256'}`` that a trainer checkpoint's index lists for `fname`.
 
         Returns
         -------
@@ -793,7 +807,8 @@ class DistDelay(KVStoreBase):
         """
         fname = check_path('fname', fname)
         check_optional_text('error', error, 'pass None, or a message saying what failed')
-        return store_checkpoint.check(self, fname, error)
+        check_bool('trusted', trusted)
+        return store_checkpoint.check(self, fname, error, trusted, part_of)
 
     def apply_states(self, state):
         """Collective second half of a load: servers and round counters take `state`."""

@@ -9,7 +9,8 @@ import json
 import numpy as np
 
 __all__ = ['describe_optimizer', 'optimizer_differences', 'type_difference',
-           'format_differences', 'flatten_state', 'whole_tensor_refusal', 'PER_STEP_FIELDS']
+           'format_differences', 'flatten_state', 'whole_tensor_refusal', 'PER_STEP_FIELDS',
+           'optimizer_record', 'build_optimizer', 'register_lr_scheduler']
 
 
 #: Fields of :func:`describe_optimizer` that a trainer sets at every step, not at creation:
@@ -126,6 +127,158 @@ def type_difference(first, second):
     if differences and differences[0][0] in ('type', 'optimizer'):
         return differences[0][1:]
     return None
+
+
+# -- optimizers in checkpoints, without pickle ------------------------------------------------
+#: Learning-rate schedulers that are not MXNet's own (MXNet keeps no registry of them), by
+#: class name: :func:`register_lr_scheduler`.
+_LR_SCHEDULERS = {}
+
+
+def register_lr_scheduler(cls):
+    """Let checkpoints name the learning-rate scheduler class `cls` (a subclass of
+    ``mx.lr_scheduler.LRScheduler`` that is not MXNet's own); usable as a class decorator.
+
+    MXNet registers optimizers (``@mx.optimizer.register``) but not schedulers: a checkpoint
+    stores a scheduler by class name and rebuilds it from MXNet's ``mx.lr_scheduler`` or from
+    the classes registered here. Register it in a module that every process imports, the
+    servers included, as MXNet's optimizers must be.
+
+    Raises
+    ------
+    TypeError
+        If `cls` is not such a class; ValueError if another class has its name.
+    """
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    if not isinstance(cls, type) or not issubclass(cls, mx.lr_scheduler.LRScheduler):
+        raise TypeError('register_lr_scheduler takes a subclass of mx.lr_scheduler.LRScheduler, '
+                        'got %.80r' % (cls,))
+    known = _scheduler_class(cls.__name__)
+    if known is not None and known is not cls:
+        raise ValueError('a learning-rate scheduler named %s is already known (%s.%s); give '
+                         'the class another name' % (cls.__name__, known.__module__,
+                                                     known.__name__))
+    _LR_SCHEDULERS[cls.__name__] = cls
+    return cls
+
+
+def _scheduler_class(name):
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    cls = getattr(mx.lr_scheduler, name, None) if isinstance(name, str) else None
+    if isinstance(cls, type) and issubclass(cls, mx.lr_scheduler.LRScheduler):
+        return cls
+    return _LR_SCHEDULERS.get(name)
+
+
+def _registry():
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    return mx.optimizer.Optimizer.opt_registry
+
+
+def optimizer_record(optimizer):
+    """What a checkpoint stores of `optimizer`: its MXNet registry name and its fields.
+
+    The fields are the optimizer's attributes, as its pickle would hold them (without
+    ``param_dict``, which the trainer sets; with the update counters), so that the rebuilt
+    optimizer (:func:`build_optimizer`) continues bit for bit; the learning-rate scheduler
+    likewise, by class name, with its progress (``count``, ``base_lr``, ...).
+
+    Raises
+    ------
+    ValueError
+        If the optimizer's class is not registered with MXNet under its name, or its
+        scheduler's class is neither MXNet's nor registered (:func:`register_lr_scheduler`):
+        a checkpoint could not name it. The message names the class and the fix.
+    """
+    cls = type(optimizer)
+    name = cls.__name__.lower()
+    if _registry().get(name) is not cls:
+        raise ValueError(
+            'optimizer %s.%s is not registered with MXNet under the name %r, so a checkpoint '
+            'cannot name it (checkpoints hold no pickles): decorate the class with '
+            '@mx.optimizer.register, in a module that every worker and server imports'
+            % (cls.__module__, cls.__name__, name))
+    fields = dict(vars(optimizer))
+    fields.pop('param_dict', None)
+    scheduler = fields.pop('lr_scheduler', None)
+    # _index_update_count is one of _all_index_update_counts' dicts (the current device's):
+    # kept as that device's number, so that the rebuilt optimizer shares it as well.
+    current = fields.pop('_index_update_count', None)
+    device = None
+    for key, counts in (fields.get('_all_index_update_counts') or {}).items():
+        if counts is current:
+            device = key
+    record = {'name': name, 'fields': fields, 'current_device': device,
+              'index_update_count': current if device is None else None,
+              'lr_scheduler': None}
+    if scheduler is not None:
+        kind = type(scheduler)
+        if _scheduler_class(kind.__name__) is not kind:
+            raise ValueError(
+                'learning-rate scheduler %s.%s is neither one of mx.lr_scheduler\'s nor '
+                'registered, so a checkpoint cannot name it (checkpoints hold no pickles): '
+                'decorate the class with @kvstore_ext.optimizers.register_lr_scheduler, in a '
+                'module that every worker and server imports' % (kind.__module__, kind.__name__))
+        record['lr_scheduler'] = {'name': kind.__name__, 'fields': dict(vars(scheduler))}
+    return record
+
+
+def build_optimizer(record):
+    """The optimizer that :func:`optimizer_record` recorded (``param_dict`` empty, as after
+    unpickling: the trainer sets it).
+
+    The class is MXNet's registered one of that name (the registry that
+    ``mx.optimizer.create`` reads); it is made without running its ``__init__`` and given the
+    saved fields, exactly as unpickling would, so that no default of the constructor
+    overrides a saved value (and classes whose constructor needs arguments work too).
+
+    Raises
+    ------
+    ValueError
+        If the record is malformed, or names an optimizer or scheduler that this process does
+        not know (naming it and the fix).
+    """
+    if not isinstance(record, dict) or not isinstance(record.get('fields'), dict):
+        raise ValueError('the optimizer record %.80r is not one that a checkpoint holds'
+                         % (record,))
+    name = record.get('name')
+    cls = _registry().get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(
+            'the checkpoint\'s optimizer %r is not registered with MXNet in this process: '
+            'import the module that defines it (decorated with @mx.optimizer.register) '
+            'before loading' % (name,))
+    optimizer = cls.__new__(cls)
+    fields = dict(record['fields'])
+    device = record.get('current_device')
+    counts = fields.get('_all_index_update_counts')
+    if device is not None:
+        if not isinstance(counts, dict) or device not in counts:
+            raise ValueError('the optimizer record names device %r, whose update counts it '
+                             'does not hold' % (device,))
+        fields['_index_update_count'] = counts[device]
+    else:
+        fields['_index_update_count'] = record.get('index_update_count')
+    saved = record.get('lr_scheduler')
+    fields['lr_scheduler'] = None if saved is None else _build_scheduler(saved)
+    optimizer.__setstate__(fields)   # Optimizer's own: the fields, and an empty param_dict
+    return optimizer
+
+
+def _build_scheduler(saved):
+    if not isinstance(saved, dict) or not isinstance(saved.get('fields'), dict):
+        raise ValueError('the learning-rate scheduler record %.80r is not one that a '
+                         'checkpoint holds' % (saved,))
+    cls = _scheduler_class(saved.get('name'))
+    if cls is None:
+        raise ValueError(
+            'the checkpoint\'s learning-rate scheduler %r is neither one of mx.lr_scheduler\'s '
+            'nor registered in this process: import the module that defines it, decorated '
+            'with @kvstore_ext.optimizers.register_lr_scheduler, before loading'
+            % (saved.get('name'),))
+    scheduler = cls.__new__(cls)
+    scheduler.__dict__.update(saved['fields'])   # as unpickling does (no __setstate__)
+    return scheduler
 
 
 def flatten_state(state):

@@ -300,10 +300,10 @@ class DelayServer(KVStoreServer):
         if refusal is not None:
             raise ValueError(refusal)
 
-    def _check_saved_optimizer(self, path, state, expected, warn):
-        """Refuse a state whose optimizer is of another type than the workers' `expected`;
-        with `warn`, log the hyper-parameters that the load will change."""
-        differences = agreement.saved_optimizer_differences(path, state['updater'], expected)
+    def _check_saved_optimizer(self, path, saved, expected, warn):
+        """Refuse a checkpoint whose optimizer `saved` is of another type than the workers'
+        `expected`; with `warn`, log the hyper-parameters that the load will change."""
+        differences = agreement.saved_optimizer_differences(path, saved, expected)
         if warn and differences:
             _LOG.warning('server %d: loading %s sets the optimizer\'s %s', self._server_rank,
                          path, format_differences(differences, 'the trainer', 'the checkpoint'))
@@ -340,28 +340,71 @@ class DelayServer(KVStoreServer):
         if rounds.in_flight():
             raise ValueError('cannot save server %d while rounds are in flight; save after a '
                              'barrier' % self._server_rank)
-        checkpoint.write_pickle(path, checkpoint.SERVER, {
+        updater = rounds.updater
+        digest = checkpoint.write_archive(path, checkpoint.SERVER, {
             'server': self._server_rank, 'num_workers': self._num_workers,
             'chunks': self._chunks.saved(rounds.chunk_state),
-            'updater': rounds.updater.get_states(dump_optimizer=True) if rounds.updater else None,
-        })
-        return {'path': path, 'chunks': len(self._chunks)}
+            # What Updater.get_states(dump_optimizer=True) pickles, as arrays and fields.
+            'updater': None if updater is None else {'states': updater.states,
+                                                     'optimizer': updater.optimizer},
+        }, body.get('save_id'))
+        return {'path': path, 'chunks': len(self._chunks), 'sha256': digest}
+
+    def _read_saved(self, path, body):
+        """Server file `path` of a LOAD (`body`), validated as far as this file alone can be:
+        ``(state, states, optimizer)`` with the updater's saved states and optimizer (None
+        when saved without)."""
+        rank = self._server_rank
+        if body.get('version', checkpoint.VERSION) == checkpoint.LEGACY_VERSION:
+            # A pickle: only when the user asked for it (load_states(..., trusted=True)).
+            if body.get('trusted') is not True:
+                raise ValueError('%s would be a version-1 (pickled) server state, which is read '
+                                 'only with trusted=True' % path)
+            state = checkpoint.read_pickle(path, checkpoint.SERVER)
+            states, optimizer = checkpoint.legacy_updater(path, state['updater'])
+        else:
+            digests = body.get('sha256')
+            state = checkpoint.read_archive(
+                path, checkpoint.SERVER, body.get('save_id'),
+                digests[rank] if isinstance(digests, list) and len(digests) > rank else None)
+            saved = state.get('updater')
+            states, optimizer = (None, None) if saved is None else (saved['states'],
+                                                                   saved['optimizer'])
+        if state['server'] != rank:
+            raise ValueError('%s holds the state of server %d, not of server %d'
+                             % (path, state['server'], rank))
+        return state, states, optimizer
+
+    def _check_saved_rounds(self, path, chunks, body):
+        # The kvstore index (the workers' round counters) and this file must be of one save.
+        if 'rounds' not in body:
+            return
+        for chunk, saved in sorted(chunks.items()):
+            index = saved['param_index']
+            expected = (body.get('finish_rounds') if index == protocol.FINISH_KEY
+                        else body['rounds'].get(str(index)))
+            if expected != saved['next_round']:
+                raise ValueError('%s: chunk %d (parameter %r) was saved at round %s, but the '
+                                 'kvstore index says round %s: the files are of different saves'
+                                 % (path, chunk, saved.get('name'), saved['next_round'],
+                                    expected))
 
     def _on_load(self, body):
         path = body['paths'][self._server_rank]
         rounds = self._rounds
-        state = checkpoint.read_pickle(path, checkpoint.SERVER)
-        if state['server'] != self._server_rank:
-            raise ValueError('%s holds the state of server %d, not of server %d'
-                             % (path, state['server'], self._server_rank))
+        state, states, optimizer = self._read_saved(path, body)
         self._chunks.check_saved(path, state['chunks'])
-        self._check_saved_optimizer(path, state, body.get('optimizer'),
+        self._check_saved_rounds(path, state['chunks'], body)
+        self._check_saved_optimizer(path, optimizer, body.get('optimizer'),
                                     warn=not body.get('check_only'))
         if body.get('check_only'):
             return {'path': path, 'valid': True}
         # Validated: now replace the state.
-        if state['updater'] is not None:
-            rounds.install(rounds.optimizer, state['updater'])
+        if states is not None:
+            # As Updater.set_states: the saved optimizer (if saved) and its states.
+            rounds.install(optimizer or rounds.optimizer)
+            rounds.updater.states = states
+            rounds.updater.states_synced = dict.fromkeys(states, False)
             # The saved job's rescale_grad, which the workers also restore (apply_states).
             self._rescale_grad = rounds.optimizer.rescale_grad
         for chunk, saved in state['chunks'].items():

@@ -1,10 +1,13 @@
 """The store's checkpoints: save, then validate-agree-apply (docs/design.md §6.3).
 
-A save writes the servers' files (``Command.SAVE``) and worker 0's index
-(:data:`kvstore_ext.checkpoint.KVSTORE_INDEX`: the job's layout, every key's rounds, the
-finish counter's rounds and the job's ``rescale_grad``). A load is two collective halves:
+A save writes the servers' files (``Command.SAVE``, stamped with the save's id; each server
+answers its file's sha256) and worker 0's index (:data:`kvstore_ext.checkpoint.KVSTORE_INDEX`:
+the job's layout, every key's rounds, the finish counter's rounds, the job's
+``rescale_grad``, the save id and the servers' sha256). A load is two collective halves:
 :func:`check` validates everything on every worker and server and agrees on the outcome
 (nothing changes), :func:`apply` makes the servers and the round counters take the state.
+Both send the servers the save id, their files' sha256 and the index's rounds, which each
+server checks against its file, so that no part of another save is validated or applied.
 
 The functions work on a :class:`DistDelay <kvstore_ext.dist_delay.DistDelay>` through its
 collectives (``rank``, ``barrier``, ``agree``, ``_command``) and its job record
@@ -14,30 +17,57 @@ from mxnet import nd
 
 from . import checkpoint
 from .checks import ArgumentTypeError
-from .optimizers import describe_optimizer
+from .optimizers import describe_optimizer, optimizer_record
 from .protocol import Command
 
-__all__ = ['save', 'check', 'apply']
+__all__ = ['shared_save_id', 'save', 'check', 'apply']
 
 #: The job's settings that a checkpoint must have been saved with.
 _LAYOUT = ('num_servers', 'slack', 'chunk_size')
+_SAVE_ID = 'save id: '
 
 
-def save(store, fname):
-    """Write the checkpoint `fname` of `store` (every worker calls it; no round in flight)."""
+def shared_save_id(store):
+    """Collective: a fresh save id, the same on every worker (rank 0's, sent to the others
+    through the vote, §4.4: the one collective that carries text from a worker to all)."""
+    mine = checkpoint.new_save_id() if store.rank == 0 else None
+    votes = store.agree(None if mine is None else _SAVE_ID + mine)
+    if len(votes) != 1 or votes[0][0] != 0 or not votes[0][1].startswith(_SAVE_ID):
+        raise RuntimeError('the workers could not agree on a save id (votes %r)' % (votes,))
+    return votes[0][1][len(_SAVE_ID):]
+
+
+def save(store, fname, save_id=None):
+    """Write the checkpoint `fname` of `store` (every worker calls it; no round in flight),
+    stamped with `save_id` (rank 0's; a fresh one if None). Return the sha256 of the index
+    on rank 0, None on the others."""
+    if store._optimizer is not None:  # pylint: disable=protected-access
+        # Refused alike on every worker, before any collective: a checkpoint must name it.
+        optimizer_record(store._optimizer)  # pylint: disable=protected-access
     nd.waitall()
     store.barrier()
+    digest = None
     if store.rank == 0:
+        save_id = save_id or checkpoint.new_save_id()
         index = store._job_index()  # pylint: disable=protected-access
-        store._command(Command.SAVE, {  # pylint: disable=protected-access
-            'paths': checkpoint.server_files(fname, index['num_servers'])})
-        checkpoint.write_json(fname, checkpoint.KVSTORE_INDEX, index)
+        replies = store._command(Command.SAVE, {  # pylint: disable=protected-access
+            'paths': checkpoint.server_files(fname, index['num_servers']), 'save_id': save_id})
+        index.update(save_id=save_id, servers_sha256=[reply['sha256'] for reply in replies])
+        digest = checkpoint.write_json(fname, checkpoint.KVSTORE_INDEX, index)
     store.barrier()
+    return digest
 
 
-def check(store, fname, error):
+def check(store, fname, error, trusted=False, part_of=None):
     """Validate checkpoint `fname` for `store` and agree with every worker (with this
     worker's own `error`, if any); return the state for :func:`apply`.
+
+    Parameters
+    ----------
+    trusted : bool
+        Also accept a version-1 checkpoint, whose server files are pickles.
+    part_of : dict, optional
+        ``{'save_id', 'sha256'}`` that a trainer checkpoint's index lists for `fname`.
 
     Raises
     ------
@@ -47,7 +77,13 @@ def check(store, fname, error):
     nd.waitall()
     state = None
     try:
-        state = checkpoint.read_json(fname, checkpoint.KVSTORE_INDEX)
+        state = checkpoint.read_json(fname, checkpoint.KVSTORE_INDEX,
+                                     part_of and part_of['sha256'], trusted)
+        if part_of and state.get('save_id') != part_of['save_id']:
+            raise ValueError('%s belongs to save %s, but its trainer index to save %s: a later '
+                             'save to the same name did not finish (it was killed midway). '
+                             'This checkpoint cannot be resumed; resume from an earlier one'
+                             % (fname, state.get('save_id'), part_of['save_id']))
         mine = store._job_index()  # pylint: disable=protected-access
         for name in _LAYOUT:
             if state[name] != mine[name]:
@@ -58,11 +94,12 @@ def check(store, fname, error):
             raise ValueError('%s holds keys %s, this kvstore has %s: the model differs'
                              % (fname, sorted(state['rounds']), sorted(mine['rounds'])))
         state['servers'] = checkpoint.server_files(fname, mine['num_servers'])
+        state['load'] = _load_body(fname, state, trusted)
         if store.rank == 0:
             # Every server validates its file before any server changes.
-            store._command(Command.LOAD, {  # pylint: disable=protected-access
-                'paths': state['servers'], 'check_only': True,
-                'optimizer': describe_optimizer(store._optimizer)})  # pylint: disable=protected-access
+            store._command(Command.LOAD, dict(  # pylint: disable=protected-access
+                state['load'], check_only=True,
+                optimizer=describe_optimizer(store._optimizer)))  # pylint: disable=W0212
     except (ValueError, RuntimeError) as err:
         error = error or str(err)
     failures = store.agree(error)
@@ -72,14 +109,30 @@ def check(store, fname, error):
     return state
 
 
+def _load_body(fname, state, trusted):
+    """The LOAD command's body for the validated kvstore index `state`."""
+    body = {'paths': state['servers'], 'version': state['version'],
+            'rounds': state['rounds'], 'finish_rounds': state['finish_rounds']}
+    if state['version'] == checkpoint.LEGACY_VERSION:
+        body['trusted'] = bool(trusted)   # read_json accepted version 1 only if trusted
+        return body
+    digests = state.get('servers_sha256')
+    if (not isinstance(state.get('save_id'), str) or not isinstance(digests, list)
+            or len(digests) != len(state['servers'])):
+        raise ValueError('%s lacks the save id or the servers\' sha256 (one per server) that '
+                         'every version-%d kvstore index holds' % (fname, checkpoint.VERSION))
+    body.update(save_id=state['save_id'], sha256=digests)
+    return body
+
+
 def apply(store, state):
     """Make the servers and `store`'s round counters take `state` (from :func:`check`)."""
-    if not isinstance(state, dict) or 'servers' not in state or 'rounds' not in state:
+    if not isinstance(state, dict) or 'load' not in state or 'rounds' not in state:
         raise ArgumentTypeError('state must be the dict that check_states returned, got '
                                 '%.80r (%s)' % (state, type(state).__name__))
     if store.rank == 0:
-        store._command(Command.LOAD, {  # pylint: disable=protected-access
-            'paths': state['servers'],
-            'optimizer': describe_optimizer(store._optimizer)})  # pylint: disable=protected-access
+        # The same checks again: the servers apply only files of the save they validated.
+        store._command(Command.LOAD, dict(  # pylint: disable=protected-access
+            state['load'], optimizer=describe_optimizer(store._optimizer)))  # pylint: disable=W0212
     store.barrier()
     store._restore_job_index(state)  # pylint: disable=protected-access

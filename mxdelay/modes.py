@@ -60,7 +60,8 @@ class PassThrough(object):
     def save_states(self, fname):
         return gluon.Trainer.save_states(self._trainer, fname)
 
-    def load_states(self, fname):
+    def load_states(self, fname, trusted=False):  # pylint: disable=unused-argument
+        # gluon.Trainer's own file (a pickle, as gluon.Trainer reads it): see README.
         return gluon.Trainer.load_states(self._trainer, fname)
 
     def allreduce_grads(self):
@@ -354,19 +355,20 @@ class Delayed(object):
         worker_state.write(fname, kv, body, trainer._schedule)
         kv.barrier()
 
-    def load_states(self, fname):
+    def load_states(self, fname, trusted=False):
         trainer, kv = self._trainer, self._kv
         self.amp.check_unchanged()
         self._prepare(priorities=False)
         trainer.join()
-        state, error = None, None
+        state, error, part_of = None, None, None
         try:
-            state = worker_state.read(fname, kv, trainer._schedule, trainer._params,
-                                      trainer._optimizer, self.amp)
+            state, part_of = worker_state.read(fname, kv, trainer._schedule, trainer._params,
+                                               trainer._optimizer, self.amp, trusted)
         except ValueError as err:
             error = str(err)
         # Collective: if any worker's or server's file is bad, every worker raises here.
-        kv.apply_states(kv.check_states(checkpoint.kvstore_file(fname), error))
+        kv.apply_states(kv.check_states(checkpoint.kvstore_file(fname), error, trusted,
+                                        part_of))
         worker_state.restore_arrays(state, trainer._states, trainer._contexts[0])
         kv.set_residuals(state.get('residuals', {}))
         if state.get('optimizer') is not None:

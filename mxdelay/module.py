@@ -14,7 +14,7 @@ from mxnet import autograd, gluon
 from mxnet.kvstore import KVStoreBase
 from mxnet.model import load_checkpoint
 
-from kvstore_ext.checks import ArgumentTypeError, check_int, check_real, check_rounds
+from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_real, check_rounds
 from kvstore_ext.typenames import STORE_TYPE
 from .rules import create_rule
 from .schedule import DelaySchedule
@@ -100,11 +100,13 @@ state_names, group2ctxs
         self._trainer = None
 
     @staticmethod
-    def load(prefix, epoch, load_optimizer_states=False, **kwargs):
+    def load(prefix, epoch, load_optimizer_states=False, trusted=False, **kwargs):
         """Create a DelayedModule from a checkpoint, as :meth:`mxnet.mod.Module.load`.
 
         With `load_optimizer_states`, ``init_optimizer`` (called by ``fit``) resumes from
-        ``prefix-<epoch>.states`` (collective), bit for bit. `kwargs`: the constructor's.
+        ``prefix-<epoch>.states`` (collective), bit for bit; `trusted`: as in
+        :meth:`mxdelay.DelayedTrainer.load_states` (a version-1 checkpoint, whose files are
+        pickles). `kwargs`: the constructor's.
         """
         sym, args, auxs = load_checkpoint(prefix, epoch)
         mod = DelayedModule(sym, **kwargs)
@@ -112,6 +114,7 @@ state_names, group2ctxs
         mod.params_initialized = True
         if load_optimizer_states:
             mod._preload_opt_states = '%s-%04d.states' % (prefix, epoch)
+            mod._preload_trusted = check_bool('trusted', trusted)
         return mod
 
     @property
@@ -192,7 +195,8 @@ state_names, group2ctxs
         self._updater = None
         self.optimizer_initialized = True
         if self._preload_opt_states is not None:
-            self.load_optimizer_states(self._preload_opt_states)
+            self.load_optimizer_states(self._preload_opt_states,
+                                       getattr(self, '_preload_trusted', False))
             self._preload_opt_states = None
 
     def borrow_optimizer(self, shared_module):
@@ -238,11 +242,12 @@ state_names, group2ctxs
         assert self.optimizer_initialized
         self._trainer.save_states(fname)
 
-    def load_optimizer_states(self, fname):
+    def load_optimizer_states(self, fname, trusted=False):
         """:meth:`mxdelay.DelayedTrainer.load_states`: the weights, step counter, local
-        state and the servers' state; collective with ``'dist_delay'``."""
+        state and the servers' state; collective with ``'dist_delay'``. `trusted`: as
+        there (a version-1 checkpoint, whose files are pickles)."""
         assert self.optimizer_initialized
-        self._trainer.load_states(fname)
+        self._trainer.load_states(fname, trusted)
         self._optimizer = self._trainer.optimizer  # the saved one, as gluon.Trainer's
         self._params_dirty = True
 

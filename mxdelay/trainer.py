@@ -361,8 +361,10 @@ class DelayedTrainer(gluon.Trainer):
         """Save everything needed to resume; collective: every worker calls it.
 
         Worker i writes ``fname + '.worker<i>'`` (its weights, ``pre_weight``, rule state and
-        any pulled weights not applied yet), the servers write ``fname + '.server<j>'``, and
-        worker 0 writes `fname`, the index. Every file is written atomically.
+        any pulled weights not applied yet), the servers write ``fname + '.kvstore.server<j>'``,
+        and worker 0 writes ``fname + '.kvstore'`` and, last, `fname`, the index, which lists
+        every other part's sha256. Every file is written atomically, holds no pickle, and
+        carries the save's id (docs/design.md §6).
 
         Parameters
         ----------
@@ -372,19 +374,25 @@ class DelayedTrainer(gluon.Trainer):
         fname = check_path('fname', fname)
         return self._mode().save_states(fname)
 
-    def load_states(self, fname):
+    def load_states(self, fname, trusted=False):
         """Restore what :meth:`save_states` saved; collective: every worker calls it.
 
         Everything is validated before anything changes: a missing, truncated or foreign
-        file raises ``ValueError`` and leaves this trainer and the servers as they were.
+        file, or parts of different saves, raise ``ValueError`` and leave this trainer and
+        the servers as they were.
 
         Parameters
         ----------
         fname : str or os.PathLike
             Path of the index file written by :meth:`save_states`.
+        trusted : bool
+            Also load a version-1 checkpoint (written by mxdelay before pickle-free
+            checkpoints), whose worker and server files are pickles: loading a pickle runs
+            whatever code it names, so pass True only for a checkpoint whose writer you
+            trust. Version-2 checkpoints never unpickle anything.
         """
         fname = check_path('fname', fname)
-        return self._mode().load_states(fname)
+        return self._mode().load_states(fname, check_bool('trusted', trusted))
 
 
 def _check_batch_size(batch_size):

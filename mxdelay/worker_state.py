@@ -3,13 +3,16 @@
 What ``save_states`` writes for the worker (``fname.worker<i>``, and worker 0's index
 ``fname``), and what ``load_states`` reads, validates and applies. The files, their
 ``format`` and ``version`` are :mod:`kvstore_ext.checkpoint`'s; the servers' part is the
-store's (``save_optimizer_states``, ``check_states``, ``apply_states``).
+store's (:mod:`kvstore_ext.store_checkpoint`: ``save``, ``check_states``, ``apply_states``).
+Every part carries the save's id (rank 0's, shared through the vote); worker 0 writes the
+index last, with the sha256 of every worker file and of the kvstore index, which lists the
+servers' files' sha256 in turn.
 """
 import os
 
 from mxnet import nd
 
-from kvstore_ext import checkpoint
+from kvstore_ext import checkpoint, store_checkpoint
 from kvstore_ext.optimizers import describe_optimizer, type_difference
 
 __all__ = ['collect', 'write', 'read', 'restore_arrays']
@@ -51,33 +54,67 @@ def collect(kv, schedule, optimizer, base_lr, states, amp):
 
 def write(fname, kv, body, schedule):
     """Write this worker's file, have the servers write theirs, and (worker 0, last) the
-    index `fname` (docs/design.md §6.1-6.2)."""
-    checkpoint.write_pickle(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER, body)
-    kv.save_optimizer_states(checkpoint.kvstore_file(fname))
+    index `fname` with the save id and every other part's sha256 (docs/design.md §6.1-6.2).
+    Collective."""
+    save_id = store_checkpoint.shared_save_id(kv)
+    checkpoint.write_archive(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER, body,
+                             save_id)
+    # Its first barrier: every worker's file is written when worker 0 goes on.
+    kvstore_digest = store_checkpoint.save(kv, checkpoint.kvstore_file(fname), save_id)
     if kv.rank == 0:
+        parts = {'worker%d' % rank: checkpoint.file_sha256(checkpoint.worker_file(fname, rank))
+                 for rank in range(kv.num_workers)}
+        parts['kvstore'] = kvstore_digest
         checkpoint.write_json(fname, checkpoint.TRAINER_INDEX, {
             'num_workers': kv.num_workers, 'schedule': schedule.state_dict(),
-            'kvstore': os.path.basename(checkpoint.kvstore_file(fname))})
+            'kvstore': os.path.basename(checkpoint.kvstore_file(fname)),
+            'save_id': save_id, 'parts': parts})
 
 
-def read(fname, kv, schedule, params, optimizer, amp):
+def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
     """Read and validate this worker's files of checkpoint `fname`; change nothing.
+
+    Parameters
+    ----------
+    trusted : bool
+        Also read a version-1 checkpoint (pickles).
 
     Returns
     -------
-    dict
-        The worker file's body (:func:`collect`).
+    (dict, dict or None)
+        The worker file's body (:func:`collect`), and what the index says of the kvstore
+        index (``{'save_id', 'sha256'}``, for ``check_states``; None for version 1).
 
     Raises
     ------
     ValueError
-        For a missing, truncated or foreign file, or one saved by another configuration.
+        For a missing, truncated or foreign file, one saved by another configuration, or
+        one of another save than the index.
     """
-    index = checkpoint.read_json(fname, checkpoint.TRAINER_INDEX)
+    index = checkpoint.read_json(fname, checkpoint.TRAINER_INDEX, trusted=trusted)
     if index['num_workers'] != kv.num_workers:
         raise ValueError('%s was saved by %d workers, this job has %d'
                          % (fname, index['num_workers'], kv.num_workers))
-    state = checkpoint.read_pickle(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER)
+    path = checkpoint.worker_file(fname, kv.rank)
+    if index['version'] == checkpoint.LEGACY_VERSION:
+        state, part_of = checkpoint.read_pickle(path, checkpoint.WORKER), None
+    else:
+        parts, save_id = index.get('parts'), index.get('save_id')
+        mine = 'worker%d' % kv.rank
+        if not isinstance(parts, dict) or mine not in parts or 'kvstore' not in parts \
+                or not isinstance(save_id, str):
+            raise ValueError('%s lacks the save id or the sha256 of %s or of the kvstore '
+                             'index, which every version-%d index holds'
+                             % (fname, mine, checkpoint.VERSION))
+        state = checkpoint.read_archive(path, checkpoint.WORKER, save_id, parts[mine])
+        part_of = {'save_id': save_id, 'sha256': parts['kvstore']}
+        if state.get('rank') != kv.rank:
+            raise ValueError('%s holds the state of worker %r, not of worker %d'
+                             % (path, state.get('rank'), kv.rank))
+        if state['schedule']['step'] != index['schedule']['step']:
+            raise ValueError('%s was saved at step %s, but its index %s at step %s: the files '
+                             'are of different saves' % (path, state['schedule']['step'],
+                                                         fname, index['schedule']['step']))
     saved = state['schedule']
     if (saved['delay'], saved['warmup_steps']) != (schedule.delay, schedule.warmup_steps):
         raise ValueError('%s was saved with delay=%d warmup_steps=%d; this trainer has '
@@ -104,7 +141,7 @@ def read(fname, kv, schedule, params, optimizer, amp):
         raise ValueError('%s was saved with optimizer %s, this trainer uses %s: create the '
                          'trainer with the checkpoint\'s optimizer to resume from it'
                          % ((fname,) + tuple(types)))
-    return state
+    return state, part_of
 
 
 def restore_arrays(state, states, ctx):

@@ -206,10 +206,11 @@ def test_the_server_applies_a_chunks_sum_scale():
 
 def _old_checkpoint(path):
     # A checkpoint saved before codec settings: 5 info fields per chunk.
-    checkpoint.write_pickle(path, checkpoint.SERVER, {
+    checkpoint.write_archive(path, checkpoint.SERVER, {
         'server': 0, 'num_workers': 2, 'updater': None,
         'chunks': {0: {'param_index': 0, 'name': 'w0', 'lr_mult': 1.0, 'wd_mult': 1.0,
-                       'size': 3, 'weight': np.arange(3, dtype=np.float32), 'next_round': 4}}})
+                       'size': 3, 'weight': np.arange(3, dtype=np.float32), 'next_round': 4}}},
+        save_id=None)
 
 
 def test_a_checkpoint_saved_without_codec_settings_has_none(tmp_path):

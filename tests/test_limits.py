@@ -225,10 +225,11 @@ def test_stats_of_too_many_chunks_is_an_error_reply(tmp_path, num_workers, fits)
                                                                 for c in ids]})
         # 5000 rounds applied on every chunk, as a checkpoint restores them.
         path = str(tmp_path / ('%d.server0' % chunks))
-        checkpoint.write_pickle(path, checkpoint.SERVER, {
+        checkpoint.write_archive(path, checkpoint.SERVER, {
             'server': 0, 'num_workers': num_workers, 'updater': None,
             'chunks': {c: {'param_index': c, 'name': 'p', 'lr_mult': 1.0, 'wd_mult': 1.0,
-                           'size': 1, 'weight': None, 'next_round': 5000} for c in ids}})
+                           'size': 1, 'weight': None, 'next_round': 5000} for c in ids}},
+            save_id=None)
         server.command(Command.LOAD, {'rank': 0, 'paths': [path]})
         got = protocol.decode_reply(protocol.encode_reply(True, server.stats(), 1, length))
         assert got[0] is ok, (chunks, got[1] if not ok else len(got[1]['chunks']))

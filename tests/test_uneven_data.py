@@ -9,7 +9,6 @@ configurations (the longer worker waits forever for a round the shorter one neve
 """
 import json
 import os
-import pickle
 import sys
 
 import mxdelay  # noqa: F401  before mxnet
@@ -17,6 +16,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
+from kvstore_ext import checkpoint
 from support.jobs import SCRIPTS, run_job
 from support.reference_jobs import (MLP_BASE as BASE, assert_uneven_matches_reference, run_mlp_job,
                                     simulate_uneven)
@@ -94,8 +94,8 @@ def test_save_states_meets_uneven_workers(tmp_path):
     assert_uneven_matches_reference(histories, config, simulate_uneven(config, 2, 1))
     ckpt = tmp_path / 'out' / 'ckpt'
     for rank in range(2):
-        with open('%s.worker%d' % (ckpt, rank), 'rb') as src:
-            assert pickle.load(src)['schedule']['step'] == 5
+        state = checkpoint.read_archive('%s.worker%d' % (ckpt, rank), checkpoint.WORKER)
+        assert state['schedule']['step'] == 5
 
 
 @pytest.mark.jobs
