@@ -439,3 +439,88 @@ def test_two_worker_job_matches_the_reference_bit_for_bit(tmp_path, setting, com
     assert any(not np.array_equal(h[name][t], plain.local[t][r][name])
                for r, h in histories.items() for name in MLP_NAMES
                for t in range(config['steps']))
+
+
+# -- the servers' rounds ----------------------------------------------------------------------
+def test_a_held_round_writes_its_payload_when_it_is_applied():
+    # delay 2, warmup 0: rounds 0, 2, 4 are pulled. Round 2 completes before round 1 and is
+    # held; its payload is written when it is applied, after round 1 (rounds in order,
+    # docs/design.md §3.2). (A round after a pulled one cannot complete before that pull
+    # was served: each worker's next push waits for it, §2.12.)
+    from kvstore_ext.rounds import RoundKeeper
+    codec = pull_codecs.parse(FP16)
+    n = 5
+
+    def keeper_with(order):
+        keeper = RoundKeeper(slots=3)
+        keeper.install(mx.optimizer.SGD(learning_rate=0.5))
+        keeper.register(0)
+        keeper.set_pull_model(codec, pull_codecs.PullSchedule(2, 0))
+        store = nd.zeros(codec.payload_size(n))
+        keeper.set_model_store(0, store)
+        slots = [nd.ones(n) * 0.25 for _ in range(3)]
+        payloads = {}
+        for rnd in order:
+            keeper.on_round(0, rnd % 3, nd.array(np.arange(n) * 0.1 + rnd), slots[rnd % 3])
+            payloads[rnd] = store.asnumpy().copy()
+        return keeper, payloads
+    in_order, want = keeper_with([0, 1, 2])
+    held, got = keeper_with([0, 2, 1])
+    assert held.applied_rounds(0) == 3
+    np.testing.assert_array_equal(got[2], want[0])   # held: the payload is still round 0's
+    np.testing.assert_array_equal(got[1], want[2])   # round 2's, once applied
+    np.testing.assert_array_equal(held.model(0), in_order.model(0))
+    # x̂ after rounds 0 and 2: W_0 + dec(q_0) + dec(q_2), computed as the reference does.
+    w = [np.full(n, 0.25, np.float32)]
+    for rnd in range(3):
+        w.append(w[-1] - np.float32(0.5) * (np.arange(n) * 0.1 + rnd).astype(np.float32))
+    xhat = w[0] + reference.pull_fp16(w[1] - w[0])
+    xhat = xhat + reference.pull_fp16(w[3] - xhat)
+    np.testing.assert_array_equal(held.model(0), xhat)
+
+
+# -- uneven data, devices --------------------------------------------------------------------
+def test_join_with_uneven_data_matches_the_reference():
+    # Worker 1 has 6 batches, worker 0 has 11: worker 1 joins and pushes zero gradients in
+    # rounds 6-10, with its local steps and its compressed pulls.
+    steps, short, delay, warmup = 11, 6, 2, 2
+
+    def work(rank, store):
+        ctxs = [mx.cpu()]
+        params = mlp_params(ctxs)
+        trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=store, delay=delay,
+                                         warmup_steps=warmup, pull_compression=INT8)
+        history = []
+        for t in range(steps if rank == 0 else short):
+            backward_at(params, ctxs, t, rank=rank)
+            trainer.step(BATCH)
+            history.append({p.name: p.data().asnumpy() for p in params})
+        filled = trainer.join()
+        return history, filled, trainer.schedule.step
+    _, results = run_workers(2, work)
+    assert [r[1:] for r in results] == [(0, steps), (steps - short, steps)]
+
+    def grad_fn(weights, rank, t):
+        if rank == 1 and t >= short:
+            return {name: np.zeros_like(w) for name, w in weights.items()}
+        return numpy_grad(weights, rank, t)
+    trajectory = reference.simulate(
+        mlp_model.init_params(), grad_fn, 2, steps, delay, warmup, OPT['learning_rate'],
+        momentum=OPT['momentum'], wd=OPT['wd'], rescale_grad=1.0 / BATCH,
+        pull_compression=reference_of(INT8))
+    assert_matches([results[0][0], results[1][0]], trajectory)
+
+
+def test_two_devices_get_the_pulled_model():
+    ctxs = [mx.cpu(0), mx.cpu(1)]
+    params = mlp_params(ctxs)
+    trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(), delay=2,
+                                     warmup_steps=2, pull_compression=FP16)
+    history = []
+    for t in range(9):
+        backward_at(params, ctxs, t)
+        trainer.step(BATCH)
+        for p in params:
+            np.testing.assert_array_equal(p.data(ctxs[0]).asnumpy(), p.data(ctxs[1]).asnumpy())
+        history.append({p.name: p.data(ctxs[0]).asnumpy() for p in params})
+    assert_matches([history], simulate(1, 9, 2, 2, FP16))
