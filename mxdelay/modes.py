@@ -123,12 +123,13 @@ class Delayed(object):
         self.amp.refuse([s.param.name for s in trainer._states
                          if s.param._grad_stype != 'default'], kv.compression)
         if trainer._pull_codec is not None:
-            if self.amp.enabled:
-                raise ValueError(
-                    'pull_compression=%r cannot be combined with AMP (amp.init_trainer) yet: '
-                    'the skipped rounds of an overflow have not been tested with compressed '
-                    'pulls; use pull_compression=None with AMP' % (trainer._pull_codec.describe(),))
             kv.set_pull_compression(trainer._pull_codec)
+        if kv.pull_compression is not None and self.amp.enabled:
+            # (Also when the store was given the setting itself.)
+            raise ValueError(
+                'pull_compression=%r cannot be combined with AMP (amp.init_trainer) yet: the '
+                'skipped rounds of an overflow have not been tested with compressed pulls; use '
+                'pull_compression=None with AMP' % (kv.pull_compression.describe(),))
         # The pulls of the schedule (warm-up, switch, the end of each period): compressed
         # with pull_compression (docs/design.md §2.12); sync_weights always pulls exactly.
         self._scheduled_pull = kv.pull_compressed if kv.pull_compression else kv.pull
