@@ -148,6 +148,22 @@ def test_worker_decodes_the_servers_values_bit_for_bit(setting, n):
     np.testing.assert_array_equal(model.asnumpy(), np.arange(n, dtype=np.float32) + dec)
 
 
+def test_fp16_encoding_rounds_as_numpy_on_every_float16_midpoint():
+    # The server casts with MXNet (faster); the reference with numpy: the same bits, ties
+    # to even, overflow to inf, subnormals included.
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    h = np.sort(h[np.isfinite(h)].astype(np.float64))
+    mid = ((h[:-1] + h[1:]) / 2).astype(np.float32)
+    d = np.concatenate([mid, np.nextafter(mid, np.float32(np.inf)),
+                        np.nextafter(mid, np.float32(-np.inf)),
+                        np.array([65520, 1e6, -1e6, 1e-9], np.float32)])
+    payload, dec = pull_codecs.parse(FP16).encode(d)
+    want = d.astype(np.float16)
+    np.testing.assert_array_equal(payload.view(np.float16)[2:2 + d.size].view(np.uint16),
+                                  want.view(np.uint16))
+    np.testing.assert_array_equal(dec, want.astype(np.float32))
+
+
 def test_int8_levels_and_scales():
     codec = pull_codecs.parse({'type': 'int8', 'block_size': 4})
     d = np.array([1.27, -0.635, 0, 0.01, 0, 0, 0, 0, 3], dtype=np.float32)
