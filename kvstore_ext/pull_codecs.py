@@ -11,9 +11,10 @@ did not carry stays in ``W - x̂`` and goes out with the next pull (error feedba
   ``warmup_steps``: MXNet's server answers a pull from the key's stored value in C++, so the
   payload of a pulled round must be in the key when the round is applied;
 - the codecs (:class:`Float16Pull` ``'fp16'``, :class:`Int8Pull` ``'int8'``; :func:`parse`):
-  the servers encode with numpy (:meth:`PullCodec.encode`), the workers decode with NDArray
-  operations in MXNet's engine (:class:`Payload`); both compute ``dec(q)`` with the same
-  float32 operations, so ``x̂`` is bit-identical everywhere;
+  the servers encode synchronously, in their updater (:meth:`PullCodec.encode`: numpy, and
+  MXNet's float16 casts), the workers decode with NDArray operations in MXNet's engine
+  (:class:`Payload`); both compute ``dec(q)`` with the same float32 operations, so ``x̂``
+  is bit-identical everywhere;
 - the wire: one *model key* per chunk (``KeyLayout.model_key``), a float32 key whose bytes
   are the payload. MXNet 1.9.1's server aborts on int8/uint8 keys ("only support floating
   point types"), and a float16 key's pulls depend on the native server's multi-precision
@@ -23,7 +24,6 @@ did not carry stays in ``W - x̂`` and goes out with the next pull (error feedba
   worker's dense keys with a model key per chunk.
 """
 import numpy as np
-import mxnet as mx
 from mxnet import nd
 
 from .checks import ArgumentTypeError, check_int
