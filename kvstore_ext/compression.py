@@ -16,9 +16,10 @@ Horovod's ``Compression.none/fp16``:
 The codecs: :data:`NONE` (no ``compression_params``: pushes as they are), ``'fp16'``
 (:mod:`kvstore_ext.wire`) and ``'2bit'`` (:mod:`kvstore_ext.twobit`, a quantizer inside
 :class:`kvstore_ext.feedback.ErrorFeedback`). A new codec is a module that subclasses
-:class:`Codec` and calls :func:`register`; nothing else changes. Pulls are not compressed
-yet: a pull codec would be a second per-tensor object, made by the same :class:`Codec`, for
-the pull keys it declares.
+:class:`Codec` and calls :func:`register`; nothing else changes. Compressed pulls are the
+other direction and a setting of their own (``pull_compression``, :mod:`kvstore_ext.pull_codecs`,
+docs/design.md §2.12): they send ``C(W - x̂)`` from the servers at pulled rounds, with any
+push codec whose pulls read the slot keys.
 
 Errors carry MXNet 1.9.1's message for the same input and are both ``mxnet.base.MXNetError``
 (what MXNet raises) and ``ValueError`` (or ``TypeError``).

@@ -32,7 +32,8 @@ from mxnet import nd
 from mxnet.base import MXNetError
 from mxnet.kvstore import KVStoreBase
 
-from . import compression, env, gluon_sparse, hooks, module_path, protocol, sparse, store_checkpoint
+from . import (compression, env, gluon_sparse, hooks, module_path, protocol, pull_codecs, sparse,
+               store_checkpoint)
 from .arguments import as_lists, describe
 from .channel import CommandChannel, ServerLink
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
@@ -73,6 +74,9 @@ class DistDelay(KVStoreBase):
        on every worker, checked at the hand-shake): MXNet's ``'2bit'`` with one residual
        per tensor, or ``{'type': 'fp16'}`` (float16 pushes summed in float32 on the servers,
        float32 pulls, :mod:`kvstore_ext.wire`).
+    5. :meth:`set_pull_compression` (the same on every worker, before the first :meth:`init`):
+       the pulls of the rounds every worker pulls carry ``C(W - x̂)``, float16 or int8
+       (:meth:`pull_compressed`, :mod:`kvstore_ext.pull_codecs`); :meth:`pull` stays exact.
 
     Configuration comes from ``MXDELAY_SLACK`` and ``MXDELAY_CHUNK_SIZE`` (README table) and
     can be changed with :meth:`configure` before the first :meth:`init`.
@@ -122,6 +126,8 @@ class DistDelay(KVStoreBase):
         # The codec (docs/design.md §2.8): compression.NONE, or set_gradient_compression's.
         self._codec = compression.NONE
         self._stateful = {}        # key -> its TensorCodec, where that keeps state (residuals)
+        # Compressed pulls (set_pull_compression, docs/design.md §2.12): the codec, or None.
+        self._pull_codec = None
         self._finite = {}          # {round: its all-finite flag} (set_finite_flag)
 
     # -- configuration and hand-shake ------------------------------------------------------
@@ -204,10 +210,13 @@ class DistDelay(KVStoreBase):
         """Prove the servers are mxdelay's and the workers agree; prepare the key placement."""
         slots = self._slack + 1
         codec = self._codec
+        schedule = self._pull_schedule()
         layout = KeyLayout(self._num_servers, slots, self._state_keys,
-                           pull_keys=slots if codec.pull_keys else 0)
+                           pull_keys=slots if codec.pull_keys else 0,
+                           model_keys=1 if schedule else 0)
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': slots,
                  'state_keys': self._state_keys, 'wire': self.wire_dtype,
+                 'model_keys': layout.model_keys,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': protocol.PROTOCOL_VERSION,
                  # The optimizer's description too: workers that set different optimizers
@@ -215,16 +224,46 @@ class DistDelay(KVStoreBase):
                  'config': dict(self._config, slack=self._slack, chunk_size=self._chunk_size,
                                 state_keys=self._state_keys,
                                 optimizer=describe_optimizer(self._optimizer),
-                                compression=codec.describe())}
+                                compression=codec.describe(),
+                                **({'pull_compression': self._pull_codec.describe()}
+                                   if schedule else {}))}
         replies = self._link.start(layout, hello, codec)
         self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
         self._placement = Placement(layout, self._chunk_size)
-        self._dense = codec.dense_keys(self._native, slots)
+        self._dense = (pull_codecs.PullModelDense(self._native, slots, codec, self._pull_codec,
+                                                  schedule)
+                       if schedule else codec.dense_keys(self._native, slots))
         self._rows = sparse.RowSparseKeys(self._native, slots, codec)
         self._counter_keys = DenseKeys(self._native, slots, compression.NONE)
         self._fetch = StateFetch(layout)
         _LOG.info('dist_delay: worker %d of %d, %d mxdelay server(s), slack %d, chunk size %d',
                   self.rank, self.num_workers, self._num_servers, self._slack, self._chunk_size)
+
+    def _pull_schedule(self):
+        """The pulled rounds of compressed pulls (None without), from the shared settings.
+
+        Raises
+        ------
+        ValueError
+            If the settings lack the schedule, or the pushes are float16.
+        """
+        if self._pull_codec is None:
+            return None
+        if self._codec.pull_keys:
+            raise ValueError("pull_compression=%r cannot be combined with compression_params=%r "
+                             "(float16 pushes pull from float32 pull keys of their own): use "
+                             "compression_params={'type': '2bit', ...} or None with it, or "
+                             "drop pull_compression" % (self._pull_codec.describe(),
+                                                        self._codec.describe()))
+        missing = [name for name in ('delay', 'warmup_steps') if name not in self._config]
+        if missing:
+            raise ValueError(
+                'pull_compression=%r needs the pull schedule, which the servers use to write '
+                'each pulled round\'s payload, but set_config() has no %s: DelayedTrainer sets '
+                'it; a bare dist_delay store must call set_config(delay=k, warmup_steps=W) '
+                '(every round up to W is pulled, then every k-th) before its first init'
+                % (self._pull_codec.describe(), ' and '.join(missing)))
+        return pull_codecs.PullSchedule(self._config['delay'], self._config['warmup_steps'])
 
     def _command(self, command, body, refusal=RuntimeError):
         """Run `command` on every server; return the servers' replies (raise `refusal` if a
@@ -314,8 +353,8 @@ class DistDelay(KVStoreBase):
         it, sends ``+t``, ``0`` or ``-t`` per value and keeps the rest (docs/design.md §2.8).
         ``'fp16'``: each worker casts its gradient to float16 in the copy into its send
         buffer; the servers sum every round in float32 and keep the weights and the optimizer
-        state in float32; pulls return float32 weights (docs/design.md §2.11). Pulls are never
-        compressed. Every worker must set the same, before the first :meth:`init` or command
+        state in float32; pulls return float32 weights (docs/design.md §2.11). Pulls are compressed
+        only by :meth:`set_pull_compression`. Every worker must set the same, before the first :meth:`init` or command
         (Gluon's trainers call this when they create the store); compressed tensors must be
         float32.
 
@@ -339,6 +378,39 @@ class DistDelay(KVStoreBase):
                              "mx.kv.create('dist_delay'), or pass compression_params to the "
                              'trainer')
         self._codec = compression.parse(compression_params) or compression.NONE
+
+    def set_pull_compression(self, pull_compression):
+        """Compress the pulls of the rounds every worker pulls (docs/design.md §2.12).
+
+        The servers keep, per chunk, the model they last sent, x̂, and at a pulled round send
+        ``C(W - x̂)`` (``'fp16'``: float16, 2 bytes a value; ``'int8'``: a level per value
+        and a float32 scale per block, about 1 byte a value); every worker adds the same
+        decoded values to its own x̂ (:meth:`pull_compressed`). What was not sent goes out
+        with the next pull. :meth:`pull` stays exact. The pulled rounds are those of
+        ``set_config(delay=k, warmup_steps=W)``: every round up to W, then every k-th.
+        Every worker must set the same, before the first :meth:`init` or command.
+
+        Parameters
+        ----------
+        pull_compression : dict or None
+            ``{'type': 'fp16'}`` or ``{'type': 'int8', 'block_size': 256}``.
+
+        Raises
+        ------
+        ValueError
+            For bad parameters, or if the store has started.
+        """
+        codec = pull_codecs.parse(pull_compression)
+        if self._link.channel is not None or self._tensors:
+            raise ValueError('set_pull_compression must be called before the first init() '
+                             '(and before any command), on every worker alike: this store '
+                             "has started; pass pull_compression to the trainer")
+        self._pull_codec = codec
+
+    @property
+    def pull_compression(self):
+        """The :class:`kvstore_ext.pull_codecs.PullCodec` of compressed pulls, or None."""
+        return self._pull_codec
 
     @property
     def compression(self):
@@ -379,6 +451,11 @@ class DistDelay(KVStoreBase):
             v = v[0] if isinstance(v, (list, tuple)) else v
             # The key's kind, once (chunks of rows: docs/design.md §2.10).
             kind = self._rows if sparse.is_row_sparse(v, self._param_of(k)) else self._dense
+            if kind is self._rows and self._pull_codec is not None:
+                raise ValueError('key %r is row_sparse, which pull_compression=%r does not '
+                                 'support (its pulls bring the rows asked for, not a model '
+                                 'every worker holds); use dense keys or no pull_compression'
+                                 % (k, self._pull_codec.describe()))
             tensor = self._tensors[k] = kind.place(self._placement, k, v)
             if tensor.codec.state_size():
                 self._stateful[k] = tensor.codec
@@ -528,6 +605,56 @@ class DistDelay(KVStoreBase):
             tensor = self._tensors[k]
             tensor.kind.pull(tensor, o if isinstance(o, (list, tuple)) else [o], priority,
                              ignore_sparse)
+
+    def pull_compressed(self, key, out=None, priority=0):
+        """Pull the weights after this worker's last pushed round t, compressed, into `out`.
+
+        Round t must be one that every worker pulls (:meth:`set_pull_compression`); `out`
+        then holds this worker's x̂ after round t: the same bits on every worker, and W up to
+        what the compression has not sent yet (docs/design.md §2.12). Without
+        pull_compression this is :meth:`pull`.
+
+        Raises
+        ------
+        ValueError
+            If round t is not pulled by every worker, or this worker skipped an earlier
+            pulled round.
+        """
+        if self._pull_codec is None:
+            return self.pull(key, out=out, priority=priority)
+        if out is None:
+            raise ArgumentTypeError('pull_compressed needs out=: the NDArray (or list of '
+                                    'NDArrays) to receive the weights of key %r' % (key,))
+        keys, outs = self._checked_lists(key, out, 'out', priority)
+        for k, o in zip(keys, outs):
+            tensor = self._tensors[k]
+            tensor.kind.pull_compressed(tensor, o if isinstance(o, (list, tuple)) else [o],
+                                        priority)
+        return None
+
+    def pulled_models(self):
+        """This worker's pulled models of compressed pulls: {key: (numpy x̂, the round it
+        was last pulled at)} (empty without)."""
+        if self._pull_codec is None:
+            return {}
+        return {k: pull_codecs.PullModelDense.state(t) for k, t in self._tensors.items()
+                if t.model is not None}
+
+    def set_pulled_models(self, models):
+        """Restore what :meth:`pulled_models` returned (a checkpoint's).
+
+        Raises
+        ------
+        ValueError
+            If the keys differ from this store's.
+        """
+        mine = self.pulled_models()
+        if set(models) != set(mine):
+            raise ValueError('pulled models of keys %s, this store has %s: saved with another '
+                             'pull_compression or model' % (sorted(models, key=str),
+                                                            sorted(mine, key=str)))
+        for key, state in models.items():
+            pull_codecs.PullModelDense.load_state(self._tensors[key], state)
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Pull rows `row_ids` of row_sparse `key` after this worker's last pushed round.

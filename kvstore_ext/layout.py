@@ -13,7 +13,10 @@ lands every key on the server it wants (:class:`KeyLayout`):
   read (:mod:`kvstore_ext.wire`, docs/design.md §2.11);
 - ``J`` *state* keys per chunk (``state_key(local, j, server)``; J = 0 unless a trainer's
   local rule fetches the servers' optimizer state, docs/design.md §2.9): a round of state
-  key j carries the j-th array of the chunk's optimizer state back to the workers.
+  key j carries the j-th array of the chunk's optimizer state back to the workers;
+- with compressed pulls, one *model* key per chunk (``model_key(local, server)``, M = 1,
+  else 0): the payload of a compressed pull (:mod:`kvstore_ext.pull_codecs`,
+  docs/design.md §2.12).
 
 A chunk's keys are numbered by its *local* index, its number among its own server's chunks,
 not by its job-wide chunk id: each server's keys are dense, so the job's chunks share the
@@ -50,16 +53,20 @@ class KeyLayout(object):
     pull_keys : int, default 0
         Pull keys per chunk (P): R with float16 pushes, else 0 (then every key is what it
         was without them).
+    model_keys : int, default 0
+        Model keys per chunk (M): 1 with compressed pulls, else 0 (then every key is what
+        it was without them). They follow the state keys.
     """
 
-    def __init__(self, num_servers, slots, state_keys=0, pull_keys=0):
+    def __init__(self, num_servers, slots, state_keys=0, pull_keys=0, model_keys=0):
         if not 1 <= num_servers < _MXNET_KEY_MULTIPLIER:
             raise ValueError('num_servers=%d is outside 1..%d' % (num_servers, _MXNET_KEY_MULTIPLIER - 1))
         self.num_servers = num_servers
         self.slots = slots
         self.state_keys = state_keys
         self.pull_keys = pull_keys
-        self._stride = slots + pull_keys + state_keys   # keys per chunk
+        self.model_keys = model_keys
+        self._stride = slots + pull_keys + state_keys + model_keys   # keys per chunk
         # residue[s]: the key residue modulo num_servers that MXNet sends to server s
         self._residue = [0] * num_servers
         for r in range(num_servers):
@@ -104,14 +111,24 @@ class KeyLayout(object):
                              % (j, local, self.state_keys))
         return self._key(1 + local * self._stride + self.slots + self.pull_keys + j, server)
 
+    def model_key(self, local, server):
+        """Key of the model key (compressed pulls) of the chunk with local index `local` on
+        server `server`."""
+        if not self.model_keys:
+            raise ValueError('model key of chunk %d: this layout has no model keys' % local)
+        return self._key(1 + local * self._stride + self.slots + self.pull_keys
+                         + self.state_keys, server)
+
     def decode(self, key):
         """Return ``('status', None, None)``, ``('slot', local, slot)``,
-        ``('pull', local, slot)`` or ``('state', local, j)`` for `key` (`local`: the
-        chunk's index among its server's chunks)."""
+        ``('pull', local, slot)``, ``('state', local, j)`` or ``('model', local, 0)`` for
+        `key` (`local`: the chunk's index among its server's chunks)."""
         index = key // self.num_servers
         if index == 0:
             return 'status', None, None
         local, slot = divmod(index - 1, self._stride)
+        if slot >= self.slots + self.pull_keys + self.state_keys:
+            return 'model', local, 0
         if slot >= self.slots + self.pull_keys:
             return 'state', local, slot - self.slots - self.pull_keys
         if slot >= self.slots:
@@ -131,13 +148,16 @@ def num_elements(shape):
 class Chunk(object):
     """One chunk of a tensor: elements ``[start, stop)`` of the flattened tensor (rows of a
     row_sparse one); `local` is its index among its server's chunks, which numbers its keys."""
-    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'local', 'keys', 'pull_keys')
+    __slots__ = ('chunk_id', 'start', 'stop', 'server', 'local', 'keys', 'pull_keys',
+                 'model_key')
 
-    def __init__(self, chunk_id, start, stop, server, local, keys, pull_keys=None):
+    def __init__(self, chunk_id, start, stop, server, local, keys, pull_keys=None,
+                 model_key=None):
         self.chunk_id, self.start, self.stop, self.server = chunk_id, start, stop, server
         self.local = local
         self.keys = keys          # one native key per slot: the pushes
         self.pull_keys = pull_keys or keys   # the keys that pulls read
+        self.model_key = model_key   # compressed pulls' payload (None without)
 
 
 class Tensor(object):
@@ -153,7 +173,8 @@ class Tensor(object):
     """
     __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
                  'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
-                 'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind')
+                 'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind',
+                 'model', 'payloads', 'model_round', 'model_pending')
 
     def __init__(self, key, shape, dtype, chunks, wire=None):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
@@ -168,6 +189,12 @@ class Tensor(object):
         # Set when placed (kvstore_ext.dense.DenseKeys.place): its codec's per-tensor object
         # (kvstore_ext.compression.TensorCodec) and its data path.
         self.codec = self.kind = None
+        # Compressed pulls (kvstore_ext.pull_codecs.PullModelDense): the pulled model x̂,
+        # one receive buffer per chunk, the last round pulled compressed, and whether a
+        # push must still wait for that pull.
+        self.model = self.payloads = None
+        self.model_round = -1
+        self.model_pending = False
 
     def make_pull_buffers(self, slots):
         """Make the `slots` float32 receive buffers of float16 pushes, on the CPU."""
@@ -264,7 +291,9 @@ class Placement(object):
         keys = [layout.slot_key(local, s, server) for s in range(layout.slots)]
         pull_keys = [layout.pull_key(local, s, server) for s in range(layout.slots)] \
             if wire else None
-        chunk = Chunk(self.next_chunk_id, start, stop, server, local, keys, pull_keys)
+        model_key = layout.model_key(local, server) if layout.model_keys else None
+        chunk = Chunk(self.next_chunk_id, start, stop, server, local, keys, pull_keys,
+                      model_key)
         self.next_chunk_id += 1
         self.server_load[server] += load
         self.server_chunks[server] += 1
@@ -282,9 +311,10 @@ class Placement(object):
             raise ValueError(
                 'too many chunks for MXNet\'s keys: the %d server(s) hold %d chunks, the most '
                 'they can (at most %d per server, %d keys per chunk: %d slots (slack + 1), %d '
-                'pull keys, %d state keys; MXNet places a key with (key * 9973) %% num_servers '
-                'in a C int, so keys stay at or below %d); %s'
+                'pull keys, %d state keys%s; MXNet places a key with (key * 9973) %% '
+                'num_servers in a C int, so keys stay at or below %d); %s'
                 % (layout.num_servers, sum(self.server_chunks), max(self.capacity),
-                   layout.slots + layout.pull_keys + layout.state_keys, layout.slots,
-                   layout.pull_keys, layout.state_keys, MAX_KEY, _FEWER_KEYS))
+                   layout.slots + layout.pull_keys + layout.state_keys + layout.model_keys,
+                   layout.slots, layout.pull_keys, layout.state_keys,
+                   ', 1 model key' if layout.model_keys else '', MAX_KEY, _FEWER_KEYS))
         return min(room, key=self.server_load.__getitem__)

@@ -23,7 +23,7 @@ import types
 
 import mxnet as mx
 
-from . import appliers
+from . import appliers, pull_codecs
 # The kernels are importable from here too (the test seam runs the servers' plain SGD).
 from .appliers import is_plain_sgd, sgd_step, store_counter  # noqa: F401
 from .optimizers import flatten_state
@@ -64,6 +64,11 @@ class RoundKeeper(object):
         # docs/design.md §2.11): W is written there instead of into the slot's own.
         self._pull_stores = {}
         self._multipliers = {}         # chunk id -> (lr_mult, wd_mult)
+        # Compressed pulls (docs/design.md §2.12): the codec and the pulled rounds, and per
+        # chunk its pulled model x̂ (pull_codecs.ServerModel) with the model key's array.
+        self._pull_codec = self._pull_schedule = None
+        self._models = {}              # chunk id -> ServerModel
+        self._model_stores = {}        # chunk id -> the model key's stored array
 
     # -- what arrives before the rounds -----------------------------------------------------
     def set_slots(self, slots):
@@ -89,6 +94,17 @@ class RoundKeeper(object):
         """`stored` is the stored array of `chunk`'s pull key `slot` (float16 pushes): W is
         written there from now on (its value, W_0, is kept)."""
         self._pull_stores[(chunk, slot)] = stored
+
+    def set_pull_model(self, codec, schedule):
+        """Compressed pulls: at every round `schedule` pulls, write `codec`'s payload into
+        each chunk's model key (the hand-shake's ``pull_compression``)."""
+        self._pull_codec, self._pull_schedule = codec, schedule
+
+    def set_model_store(self, chunk, stored):
+        """`stored` is the stored array of `chunk`'s model key: the payloads go there."""
+        self._model_stores[chunk] = stored
+        if chunk in self._models:
+            self._models[chunk].store = stored
 
     def has_pull_store(self, chunk, slot):
         """Whether :meth:`set_pull_store` was called for `chunk`'s `slot`."""
@@ -134,6 +150,8 @@ class RoundKeeper(object):
             self._weights[chunk] = stored
             self._kinds.setdefault(chunk, stored.stype)
             self._choose(chunk)
+            if chunk in self._model_stores and chunk not in self._models:
+                self._start_model(chunk, stored.asnumpy())
         rnd = self._slot_round.get((chunk, slot))
         if rnd is None:
             rnd = next_round + (slot - next_round) % self._slots
@@ -157,7 +175,17 @@ class RoundKeeper(object):
         # W_{t+1} goes into this round's `stored`, which becomes W (docs/design.md §3.5).
         self._appliers[chunk].apply(chunk, grad, self._weights[chunk], stored)
         self._weights[chunk] = stored
+        model = self._models.get(chunk)
+        if model is not None and self._pull_schedule.pulled(self._next_round[chunk]):
+            # Every worker pulls this round: its payload must be in the model key before
+            # the round is acknowledged (the native server answers pulls from it in C++).
+            model.broadcast(stored)
         self._next_round[chunk] += 1
+
+    def _start_model(self, chunk, initial):
+        model = pull_codecs.ServerModel(self._pull_codec, initial)
+        model.store = self._model_stores[chunk]
+        self._models[chunk] = model
 
     def copy_state(self, chunk, j, stored):
         """A round of `chunk`'s state key `j` completed: write array j of the chunk's
@@ -224,15 +252,26 @@ class RoundKeeper(object):
         """What a checkpoint saves of `chunk`: its weights (numpy, None before its first
         round) and their storage type, and its next round."""
         weight = self._weights.get(chunk)
-        return {'weight': None if weight is None else weight.asnumpy(),
-                'stype': 'default' if weight is None else weight.stype,
-                'next_round': self._next_round.get(chunk, 0),
-                'skipped': self._skipped.get(chunk, 0)}
+        state = {'weight': None if weight is None else weight.asnumpy(),
+                 'stype': 'default' if weight is None else weight.stype,
+                 'next_round': self._next_round.get(chunk, 0),
+                 'skipped': self._skipped.get(chunk, 0)}
+        if chunk in self._models:
+            state['model'] = self._models[chunk].model.copy()   # x̂ (compressed pulls)
+        return state
 
-    def restore_chunk(self, chunk, weight, next_round, skipped=0, stype='default'):
-        """Take `chunk`'s saved weights (numpy or None) of storage type `stype`, next round
-        and skipped rounds; drop held rounds."""
+    def model(self, chunk):
+        """`chunk`'s pulled model x̂ (numpy, to read; None without compressed pulls or
+        before its first round)."""
+        model = self._models.get(chunk)
+        return None if model is None else model.model
+
+    def restore_chunk(self, chunk, weight, next_round, skipped=0, stype='default', model=None):
+        """Take `chunk`'s saved weights (numpy or None) of storage type `stype`, next round,
+        skipped rounds and pulled model x̂ (compressed pulls); drop held rounds."""
         self._skipped[chunk] = skipped
+        if model is not None and chunk in self._model_stores:
+            self._start_model(chunk, model)
         if weight is not None:
             restored = mx.nd.array(weight, dtype=weight.dtype)
             if stype == 'row_sparse':

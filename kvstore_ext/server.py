@@ -19,7 +19,7 @@ import types
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import agreement, checkpoint, env, protocol, registry
+from . import agreement, checkpoint, env, protocol, pull_codecs, registry
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
                          optimizer_differences, whole_tensor_refusal)
@@ -168,6 +168,11 @@ class DelayServer(KVStoreServer):
             # keep the stored array, leave its value (W_0), write W into it from now on.
             self._rounds.set_pull_store(chunk, slot, stored)
             return
+        if kind == 'model':
+            # The workers' round of zeros at init (pull_codecs.PullModelDense.after_init):
+            # the compressed pulls' payloads go into this stored array.
+            self._rounds.set_model_store(chunk, stored)
+            return
         if self._layout.pull_keys and not self._chunks.is_counter(chunk) \
                 and not self._rounds.has_pull_store(chunk, slot):
             raise RuntimeError('chunk %d slot %d completed a round before its pull key '
@@ -196,6 +201,10 @@ class DelayServer(KVStoreServer):
         """`chunk`'s authoritative weights W (an NDArray to read; None before its first
         round)."""
         return self._rounds.weight(chunk)
+
+    def pulled_model(self, chunk):
+        """`chunk`'s pulled model x̂ of compressed pulls (numpy, to read; None without)."""
+        return self._rounds.model(chunk)
 
     def _on_stock_optimizer(self, cmd_body):
         # A stock MXNet worker ('dist_sync' without mxdelay) sends a pickled optimizer; serve
@@ -227,7 +236,8 @@ class DelayServer(KVStoreServer):
             slots = int(body['slots'])
             # float16 pushes: R pull keys per chunk, which hold W (docs/design.md §2.11)
             self._layout = KeyLayout(num_servers, slots, int(body.get('state_keys', 0)),
-                                     pull_keys=slots if body.get('wire') else 0)
+                                     pull_keys=slots if body.get('wire') else 0,
+                                     model_keys=int(body.get('model_keys', 0)))
             self._rounds.set_slots(self._layout.slots)
         self._hellos[int(body['rank'])] = body
         return None  # answered when the hand-shake round completes
@@ -247,6 +257,13 @@ class DelayServer(KVStoreServer):
         # DelayedTrainer with AMP divides an overflowed round's pushes by 0: skip such
         # rounds (docs/design.md §11). Off otherwise: stock dist_sync applies them.
         self._rounds.set_skip_nonfinite(reference['config'].get('amp'))
+        # Compressed pulls (docs/design.md §2.12): the servers write each pulled round's
+        # payload when they apply it, so they must know which rounds are pulled.
+        pulls = reference['config'].get('pull_compression')
+        if pulls is not None:
+            config = reference['config']
+            self._rounds.set_pull_model(pull_codecs.parse(pulls), pull_codecs.PullSchedule(
+                config['delay'], config['warmup_steps']))
         return True, {'server': self._server_rank, 'protocol': protocol.PROTOCOL_VERSION,
                       'num_workers': self._num_workers, 'rescale_grad': self._rescale_grad}
 
@@ -409,7 +426,8 @@ class DelayServer(KVStoreServer):
             self._rescale_grad = rounds.optimizer.rescale_grad
         for chunk, saved in state['chunks'].items():
             rounds.restore_chunk(chunk, saved['weight'], saved['next_round'],
-                                 saved.get('skipped', 0), saved.get('stype', 'default'))
+                                 saved.get('skipped', 0), saved.get('stype', 'default'),
+                                 saved.get('model'))
         return {'path': path, 'chunks': len(state['chunks'])}
 
     # -- updater: called by the native server when a key's round is complete ---------------

@@ -123,6 +123,17 @@ class Delayed(object):
         self._rule_gradient = _own_gradient if kv.compression is None else kv.sent_gradient
         self.amp.refuse([s.param.name for s in trainer._states
                          if s.param._grad_stype != 'default'], kv.compression)
+        if trainer._pull_codec is not None:
+            kv.set_pull_compression(trainer._pull_codec)
+        if kv.pull_compression is not None and self.amp.enabled:
+            # (Also when the store was given the setting itself.)
+            raise ValueError(
+                'pull_compression=%r cannot be combined with AMP (amp.init_trainer) yet: the '
+                'skipped rounds of an overflow have not been tested with compressed pulls; use '
+                'pull_compression=None with AMP' % (kv.pull_compression.describe(),))
+        # The pulls of the schedule (warm-up, switch, the end of each period): compressed
+        # with pull_compression (docs/design.md §2.12); sync_weights always pulls exactly.
+        self._scheduled_pull = kv.pull_compressed if kv.pull_compression else kv.pull
         kv.set_config(delay=trainer._schedule.delay,
                       warmup_steps=trainer._schedule.warmup_steps,
                       local_rule=repr(trainer._rule), local_lr=trainer._local_lr,
@@ -255,7 +266,7 @@ class Delayed(object):
                 continue
             datas = s.weights()
             before = datas[0].copy() if switch else None          # W_W
-            self._kv.pull(s.index, out=datas, priority=s.priority)
+            self._scheduled_pull(s.index, out=datas, priority=s.priority)
             trainer._observer.pull_received(s.param.name, t, datas[0])  # into the weights
             trainer._observer.pull_applied(s.param.name, t, datas[0])
             if switch:
@@ -305,7 +316,7 @@ class Delayed(object):
             if issues:
                 if s.pulled is None:
                     s.pulled = nd.zeros_like(weight)
-                self._kv.pull(s.index, out=s.pulled, priority=s.priority)
+                self._scheduled_pull(s.index, out=s.pulled, priority=s.priority)
                 observer.pull_received(param.name, t, s.pulled)
         if issues:
             self.amp.after_pulls(self._kv)
@@ -371,6 +382,7 @@ class Delayed(object):
                                         part_of))
         worker_state.restore_arrays(state, trainer._states, trainer._contexts[0])
         kv.set_residuals(state.get('residuals', {}))
+        kv.set_pulled_models(state.get('pulled_models', {}))
         if state.get('optimizer') is not None:
             # The servers apply the saved optimizer from now on; so does the local rule
             # (gluon.Trainer.load_states adopts the saved optimizer too).

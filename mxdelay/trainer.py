@@ -10,7 +10,7 @@ import logging
 from mxnet import gluon
 from mxnet.kvstore import KVStoreBase
 
-from kvstore_ext import compression
+from kvstore_ext import compression, pull_codecs
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
                                  check_real, check_rounds)
 from kvstore_ext.dist_delay import DistDelay
@@ -87,6 +87,14 @@ class DelayedTrainer(gluon.Trainer):
         ``'mirror'`` and ``'sgd'``, 0.04 for ``'dc'`` and ``'dc_adaptive'``).
     slack : int, optional
         Rounds a worker may run ahead of the slowest worker (default and minimum: delay).
+    pull_compression : dict, optional
+        Compress the pulls of the warm-up, the switch and every period's end:
+        ``{'type': 'fp16'}`` (2 bytes a value) or ``{'type': 'int8', 'block_size': 256}``
+        (a level per value and a float32 scale per block, about 1 byte a value). The
+        servers send the compressed difference between ``W`` and the model they last sent;
+        every worker then holds the same pulled model, which lags ``W`` by what was not sent
+        yet (it goes out with the next pull). ``sync_weights`` and checkpoints stay exact.
+        Not with float16 pushes, AMP or row_sparse parameters (docs/design.md §2.12).
 
     Raises
     ------
@@ -109,7 +117,8 @@ class DelayedTrainer(gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='dist_delay',
                  compression_params=None, update_on_kvstore=None, delay=4, warmup_steps=200,
-                 local_lr=None, local_rule='mirror', dc_lambda=None, slack=None):
+                 local_lr=None, local_rule='mirror', dc_lambda=None, slack=None,
+                 pull_compression=None):
         self._schedule = DelaySchedule(delay, warmup_steps)  # checks both
         delay = self._schedule.delay
         if local_lr is not None:
@@ -140,6 +149,9 @@ class DelayedTrainer(gluon.Trainer):
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
             _refuse_compressed_sparse_grads(params, compressed)
+        self._pull_codec = pull_codecs.parse(pull_compression)   # checks it
+        if self._pull_codec is not None:
+            _refuse_compressed_pulls(params, self._pull_codec, compressed)
         registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
@@ -421,6 +433,24 @@ def _refuse_compressed_sparse_grads(params, compressed):
                 '(Parameter %s has grad_stype=%r): row_sparse pushes are not compressed; '
                 'use compression_params=None, or dense gradients'
                 % (compressed.describe(), param.name, grad_stype))
+
+
+def _refuse_compressed_pulls(params, pull_codec, compressed):
+    """Refuse what compressed pulls do not support (docs/design.md §2.12)."""
+    if compressed is not None and compressed.pull_keys:
+        raise ValueError("pull_compression=%r cannot be combined with compression_params=%r: "
+                         "float16 pushes pull from float32 pull keys of their own; use "
+                         "compression_params=None or {'type': '2bit', ...} with "
+                         "pull_compression, or drop pull_compression"
+                         % (pull_codec.describe(), compressed.describe()))
+    for param in (params.values() if hasattr(params, 'values') else params):
+        stypes = (getattr(param, '_grad_stype', 'default'), getattr(param, '_stype', 'default'))
+        if stypes != ('default', 'default'):
+            raise ValueError(
+                'pull_compression=%r cannot be used with row_sparse parameters (Parameter %s '
+                'has stype=%r, grad_stype=%r): their pulls bring rows, not a model every '
+                'worker holds; use pull_compression=None, or dense parameters'
+                % (pull_codec.describe(), param.name, stypes[1], stypes[0]))
 
 
 def _is_dist_delay(kvstore):

@@ -47,6 +47,9 @@ def collect(kv, schedule, optimizer, base_lr, states, amp):
         # Gradient compression: the setting and this worker's residuals (per key).
         'compression': kv.compression and kv.compression.describe(),
         'residuals': kv.residuals(),
+        # Compressed pulls: the setting and this worker's pulled models x̂ (docs/design.md §2.12).
+        'pull_compression': kv.pull_compression and kv.pull_compression.describe(),
+        'pulled_models': kv.pulled_models(),
         # AMP: the loss scaler and the rounds it has seen (docs/design.md §11).
         'amp': amp.state_dict(),
     }
@@ -133,6 +136,11 @@ def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
     if set(state.get('residuals', {})) != set(kv.residuals()):
         raise ValueError('%s holds compression residuals of keys %s, this trainer has %s'
                          % (fname, sorted(state.get('residuals', {})), sorted(kv.residuals())))
+    current = kv.pull_compression and kv.pull_compression.describe()
+    if state.get('pull_compression') != current:
+        raise ValueError('%s was saved with pull_compression %r, this trainer has %r: resume '
+                         'with the same pull_compression'
+                         % (fname, state.get('pull_compression'), current))
     amp.check_saved(state.get('amp'), fname)
     saved = state.get('optimizer')
     types = saved is not None and type_difference(describe_optimizer(saved),

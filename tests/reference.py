@@ -30,6 +30,14 @@ gradient (weights and rule state), and rule 'mirror' starts from the server's op
 after round W for every optimizer (its momentum buffer included: rows outside round W keep a
 momentum that ``W_{W+1} - W_W`` does not show). Pulls bring every row.
 
+Compressed pulls (docs/design.md §2.12), ``pull_compression='fp16'`` or ``('int8', block,
+[chunk_size])``:
+the server keeps the model it last sent, x̂ (W_0 at first); at every pulled round (t <= W,
+and the last round of each period) it sends ``q = C(W_{t+1} - x̂)`` and sets ``x̂ += dec(q)``
+(:func:`pull_fp16`, :func:`pull_int8`). A worker's pulls then bring x̂, not W: the warm-up
+and switch set ``w' := x̂``, a delayed step that applies a pull sets ``w' := x̂`` of the
+round it pulled, and the mirror's momentum of SGD starts at ``x̂_{W+1} - x̂_W``.
+
 AMP (docs/design.md §11), with ``overflow`` the set of (rank, step) whose gradient was not
 finite: a round in which any worker overflowed is skipped by the server (weights, state and
 update count unchanged); a worker skips its own local step (4.) only when its own gradient
@@ -47,7 +55,8 @@ import math
 import numpy as np
 
 __all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step', 'adam_step',
-           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'LossScale', 'RowSparseGrad']
+           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'LossScale', 'RowSparseGrad',
+           'pull_fp16', 'pull_int8', 'pulled_round']
 
 F32 = np.float32
 DEFAULT_LAMBDA = {'sgd': 0.0, 'dc': 0.04, 'dc_adaptive': 0.04, 'mirror': 0.0, 'drift': 0.0}
@@ -110,6 +119,40 @@ def quantize_2bit(residual, raw, t):
     return sent, r - sent
 
 
+def pull_fp16(d):
+    """A compressed pull of ``d = W - x̂`` with 'fp16': ``dec(q) = float32(float16(d))``
+    (numpy's cast rounds to nearest even, as MXNet's)."""
+    return d.astype(np.float16).astype(F32)
+
+
+def pull_int8(d, block, chunk_size=None):
+    """A compressed pull of ``d`` with 'int8', blocks of `block` values in flat order within
+    each chunk of `chunk_size` values (None: one chunk): per block ``s = max|d| / 127``
+    (float32), ``l = clip(rint(d / s), -127, 127)`` (0 where s = 0), ``dec(q) = l * s`` in
+    float32."""
+    flat = d.reshape(-1)
+    out = np.empty_like(flat)
+    chunk_size = chunk_size or max(flat.size, 1)
+    starts = [c + b for c in range(0, flat.size, chunk_size)
+              for b in range(0, min(chunk_size, flat.size - c), block)]
+    for start in starts:
+        stop = min(start + block, (start // chunk_size + 1) * chunk_size, flat.size)
+        part = flat[start:stop]
+        s = F32(np.max(np.abs(part)) / F32(127))
+        if s == 0:
+            out[start:stop] = 0
+            continue
+        levels = np.clip(np.rint(part / s), -127, 127).astype(F32)
+        out[start:stop] = levels * s
+    return out.reshape(d.shape)
+
+
+def pulled_round(t, delay, warmup_steps):
+    """Whether every worker pulls round `t`: ``t <= W``, or the last round of a period."""
+    t0 = warmup_steps + 1
+    return t < t0 or (t - t0) % delay == delay - 1
+
+
 #: A row_sparse gradient: the (unique) row ids it holds and its dense values (zero elsewhere).
 RowSparseGrad = collections.namedtuple('RowSparseGrad', ['rows', 'values'])
 
@@ -158,6 +201,7 @@ class Trajectory:
     def __init__(self):
         self.local, self.glob, self.grads, self.pulls = [], [], [], []
         self.scales, self.skipped = [], []
+        self.xhat = []    # compressed pulls: the pulled model x̂ after round t
 
 
 def _copy(d):
@@ -168,7 +212,7 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
              epsilon=1e-8, fp16=False, compression_threshold=None, overflow=(),
-             scale_window=2000):
+             scale_window=2000, pull_compression=None):
     """Simulate docs/design.md §1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
@@ -202,6 +246,11 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
 
     `compression_threshold` t: each worker's raw gradient goes through
     :func:`quantize_2bit` with its own residual per tensor; ``grads`` then holds what was sent.
+
+    `pull_compression` ('fp16', ``('int8', block)`` or ``('int8', block, chunk_size)``):
+    compressed pulls (see the module's docstring); ``xhat`` then holds the pulled model
+    after every round. int8 blocks run over the flattened tensor, within chunks of
+    `chunk_size` elements (the store's, docs/design.md §2.5) if given.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError('optimizer must be one of %s, got %r' % (OPTIMIZERS, optimizer))
@@ -240,6 +289,17 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     overflowed = {t for _, t in overflow}          # rounds with a non-finite sum
     loss_scale, seen, seen_skipped = LossScale(scale_window), 0, 0
     u = 0                                          # the server's applied rounds
+    xhat = _copy(W)                                # compressed pulls: the pulled model
+    if pull_compression is None:
+        compress = None
+    elif pull_compression == 'fp16':
+        compress = pull_fp16
+    elif isinstance(pull_compression, tuple) and pull_compression[0] == 'int8':
+        compress = lambda d: pull_int8(d, *pull_compression[1:])  # noqa: E731
+    else:
+        raise ValueError("pull_compression must be None, 'fp16', ('int8', block) or ('int8', "
+                         "block, chunk_size), got %r"
+                         % (pull_compression,))
 
     def see(last):                                 # the loss scale learns rounds .. last
         nonlocal seen, seen_skipped
@@ -305,29 +365,35 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             W[n] = _lazy(rows, W[n], W_t[n])
             mom[n], var[n] = _lazy(rows, mom[n], kept[0]), _lazy(rows, var[n], kept[1])
 
+        xhat_t = xhat                                      # x̂ as pulled up to round t-1
+        if compress is not None and pulled_round(t, k, warm):
+            xhat = {n: xhat[n] + compress(W[n] - xhat[n]) for n in names}
         if t <= warm:
             see(t)                                         # synchronous: round t at once
         for i, wk in enumerate(workers):
             if t <= warm:
                 # S1 (t < W) and the first switch iteration (t == W): pull W_{t+1}.
-                wk['w'] = _copy(W)
+                w_before = wk['w']
+                wk['w'] = _copy(W if compress is None else xhat)
                 if t == warm:                              # S2: back up the pulled weights
-                    wk['pre'] = _copy(W)
+                    wk['pre'] = _copy(wk['w'])
                     # 'mirror': v := W_{W+1} - W_W, the server's last step (SGD), or a
                     # copy of the server's optimizer state after round W (Adam, NAG).
                     wk['v'] = {n: mom[n].copy() if n in masks[i] else W[n] - W_t[n]
                                for n in names}
+                    if compress is not None:               # the pulled weights' step
+                        wk['v'] = {n: xhat[n] - w_before[n] for n in names}
                     if optimizer != 'sgd':
                         wk['v'] = {n: mom[n].copy() for n in names}
                         wk['var'] = {n: var[n].copy() for n in names}
                     # 'drift': the correction d and the weights after the last local step.
                     wk['d'] = {n: np.zeros_like(W[n]) for n in names}
-                    wk['before'] = _copy(W)
+                    wk['before'] = _copy(wk['w'])
                 continue
             # S2 (t = t0) / S3: the push happened above; now the local update.
             pulled, w = wk['pending'], wk['w']
             if pulled:                                     # 1. apply the pull of t-1: W_t
-                w = _copy(W_t)
+                w = _copy(W_t if compress is None else xhat_t)
             for n in names:
                 gs = w[n] - wk['pre'][n]                   # 2. grad_sync := w' - pre_weight
                 if pulled:
@@ -360,6 +426,7 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
         traj.scales.append(loss_scale.scale)
         traj.local.append([_copy(wk['w']) for wk in workers])
         traj.glob.append(_copy(W))
+        traj.xhat.append(_copy(xhat))
         traj.grads.append(raws)
     return traj
 

@@ -23,7 +23,7 @@ AMP (docs/design.md §11): ``amp``, ``overflow``, ``scale_window`` as in
 trainer). The npz then also holds ``loss_scale``, the loss scale after every step. ``batch_sizes`` ({rank: size}) and
 ``last_batch`` (the size of every epoch's last batch) vary the batch size. ``sync_at_end``: ``trainer.sync_weights()`` after the last step, recorded as
 ``synced_<name>``. ``compression``: the trainer's ``compression_params`` (e.g.
-``{"type": "fp16"}``). ``codec_modules``: modules imported first, e.g. a test's codec that
+``{"type": "fp16"}``). ``pull_compression``: the DelayedTrainer's (docs/design.md §2.12). ``codec_modules``: modules imported first, e.g. a test's codec that
 registers itself (``["toy_codec"]``). ``record_grads``: also record each step's gradient (``grad_<name>``). ``end_marker``:
 write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
 """
@@ -77,7 +77,9 @@ def main():
             compression_params=compression,
             delay=config['delay'], warmup_steps=config['warmup_steps'],
             local_rule=config.get('local_rule', 'mirror'), dc_lambda=config.get('dc_lambda'),
-            local_lr=config.get('local_lr'), slack=config.get('slack'))
+            local_lr=config.get('local_lr'), slack=config.get('slack'),
+            **({'pull_compression': config['pull_compression']}
+               if config.get('pull_compression') else {}))
     else:
         trainer = (PushThenStockTrainer if config.get('push_then_pull') else StockTrainer)(
             net.collect_params(), optimizer, opt, kvstore=config.get('kvstore', 'dist_sync'),
