@@ -14,15 +14,18 @@ records of its processes (:func:`stock_check`, :func:`worker_env`).
 The scripts are run as files (``python benchmarks/NAME.py``), so this folder is first on
 ``sys.path`` and ``import harness`` finds this module; :data:`REPO` is the repository.
 """
+import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import NamedTuple, Optional, Tuple
 
 from cpu_monitor import CpuMonitor
@@ -32,7 +35,8 @@ from provenance import code_version, machine, now, read_records
 __all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
            'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'stop',
            'shaped_network', 'job_env', 'command_line', 'start_meta', 'finish_meta',
-           'read_roles', 'stock_check', 'worker_env']
+           'read_roles', 'stock_check', 'worker_env', 'run_method', 'parser', 'names', 'ints',
+           'ordered', 'Interrupted', 'handle_signals']
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -216,6 +220,21 @@ def run_worker(folder, worker_args, timeout, hostfile=None):
     return code, results, monitor, read_roles(folder)
 
 
+def run_method(folder, method, worker_args, timeout, hostfile=None):
+    """:func:`run_worker` of `method` (a :class:`Method`: its arguments first, then
+    `worker_args`), and what every row of such a run records.
+
+    Returns (exit code, worker results, CpuMonitor, info): `info` holds ``load_before``,
+    ``load_after`` (1-minute load average), ``job_s``, ``stock_check`` and ``worker_env``.
+    """
+    load, started = os.getloadavg()[0], time.time()
+    code, results, monitor, roles = run_worker(folder, method.args + list(worker_args), timeout,
+                                               hostfile)
+    return code, results, monitor, dict(
+        load_before=load, load_after=os.getloadavg()[0], job_s=time.time() - started,
+        stock_check=stock_check(method.stock, roles), worker_env=worker_env(roles))
+
+
 def stop(popen, grace=15.0):
     """End `popen`, the leader of its own process group (:meth:`Job.start`), if it still runs.
 
@@ -245,6 +264,64 @@ def shaped_network(nodes, rate, prefix='mxbench-'):
         hostfile = os.path.join(tmp, 'hosts')
         net.write_hostfile(hostfile)
         yield net, hostfile
+
+
+# -- arguments, run order, signals ------------------------------------------------------------
+def parser(doc, **kwargs):
+    """The argument parser of a benchmark: the first paragraph of `doc` as its description,
+    the whole docstring's layout kept in ``--help``."""
+    return argparse.ArgumentParser(description=doc.split('\n\n', maxsplit=1)[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+
+def names(known=None):
+    """An argparse type: a comma-separated list of names, each one of `known` (if given)."""
+    def parse(text):
+        chosen = [name for name in text.split(',') if name]
+        unknown = [name for name in chosen if known is not None and name not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError('unknown %s; choose from %s' % (
+                ', '.join(unknown), ', '.join(known)))
+        return chosen
+    return parse
+
+
+def ints(text):
+    """An argparse type: comma-separated integers."""
+    return [int(value) for value in names()(text)]
+
+
+def ordered(items, round_index):
+    """`items` in round `round_index` (1-based) of interleaved runs: odd rounds in their order,
+    even rounds reversed, so that slow drifts of the shared machine hit every item alike."""
+    return list(items) if round_index % 2 else list(items)[::-1]
+
+
+class Interrupted(Exception):
+    """A stop signal arrived; the clean-up runs while this propagates."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_STOPPING = []
+
+
+def _on_signal(signum, _frame):
+    if _STOPPING:  # the first one is being handled: let the clean-up finish
+        logging.getLogger('harness').warning('%s again: still cleaning up',
+                                             signal.Signals(signum).name)
+        return
+    _STOPPING.append(signum)
+    raise Interrupted(signum)
+
+
+def handle_signals(signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+    """Turn `signums` into :class:`Interrupted`, so that namespaces and jobs are cleaned up
+    (``with`` blocks and ``finally`` clauses run); a second signal during that is ignored."""
+    for signum in signums:
+        signal.signal(signum, _on_signal)
 
 
 # -- a run's record -------------------------------------------------------------------------

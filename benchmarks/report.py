@@ -1,11 +1,18 @@
-"""Tables (Markdown, CSV), target verdicts and plots of ``benchmarks/benchmark.py``."""
+"""The benchmarks' shared report code, and the tables and plots of ``benchmarks/benchmark.py``.
+
+Shared: the results files (:func:`write_csv`, :func:`read_csv`, :func:`write_json`,
+:func:`read_json`, :func:`write_lines`), Markdown tables (:func:`table`, :func:`fmt`), plots
+(:func:`pyplot`, :func:`save`), what a *noisy* run is (:data:`NOISE_CORES`) and the steady
+rate of a window run (:func:`steady_ms_per_step`). The rest is ``benchmark.py``'s report
+(issue 5's targets).
+"""
 import csv
+import json
 import os
 import statistics
 
-import json
-
-__all__ = ['write_csv', 'read_csv', 'write_all', 'summarize', 'is_noisy', 'run_name',
+__all__ = ['write_csv', 'read_csv', 'write_json', 'read_json', 'write_lines', 'table', 'fmt',
+           'pyplot', 'save', 'write_all', 'summarize', 'is_noisy', 'run_name',
            'steady_ms_per_step', 'NOISE_CORES']
 
 #: A run during which processes outside the job used more than this many cores on average
@@ -50,6 +57,55 @@ def read_csv(path):
                 for row in csv.DictReader(src)]
 
 
+def write_json(path, data, indent=1):
+    """Write `data` to `path` as JSON (`indent` None: one line)."""
+    with open(path, 'w', encoding='utf-8') as dst:
+        json.dump(data, dst, indent=indent)
+
+
+def read_json(path):
+    with open(path, encoding='utf-8') as src:
+        return json.load(src)
+
+
+def write_lines(path, lines):
+    """Write `lines` to `path`, one a line (a Markdown file)."""
+    with open(path, 'w', encoding='utf-8') as dst:
+        dst.write('\n'.join(lines) + '\n')
+
+
+def fmt(value, pattern='%.2f'):
+    """`value` formatted by `pattern`; '' for None."""
+    return '' if value is None else pattern % value
+
+
+def table(header, rows, align=None):
+    """The lines of a Markdown table: `header` (a list, or a string of cells separated by
+    ``' | '``), its rule (`align`: one ``l`` or ``r`` a column; default: the first column
+    left, the others right) and `rows` (lists of cells)."""
+    if isinstance(header, str):
+        header = header.split(' | ')
+    align = align or 'l' + 'r' * (len(header) - 1)
+    return ['| %s |' % ' | '.join(header),
+            '|%s|' % '|'.join('---:' if a == 'r' else '---' for a in align)] + [
+                '| %s |' % ' | '.join(str(cell) for cell in row) for row in rows]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display)."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    return plt
+
+
+def save(fig, path, dpi):
+    """Lay out `fig`, write it to `path` and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+
+
 def run_name(network, method, round_index, attempt=0):
     """The folder name of one throughput run under ``runs/``."""
     return '%s-%s-r%d%s' % (network, method, round_index, '-%d' % attempt if attempt else '')
@@ -70,8 +126,7 @@ def steady_ms_per_step(folder, period, num_workers=2):
         path = os.path.join(folder, 'worker-%d.json' % rank)
         if not os.path.exists(path):
             return None
-        with open(path, encoding='utf-8') as src:
-            ends = json.load(src)['step_ends']
+        ends = read_json(path)['step_ends']
         first = 2 * period - 1
         last = first + (len(ends) - 1 - first) // period * period
         if last - first < 2 * period:
@@ -122,17 +177,6 @@ def summarize(rows):
     return summary
 
 
-def _fmt(value, pattern='%.2f'):
-    return '' if value is None else pattern % value
-
-
-def _table(header, rows):
-    lines = ['| ' + ' | '.join(header) + ' |',
-             '|' + '|'.join('---' if i == 0 else '---:' for i in range(len(header))) + '|']
-    lines += ['| ' + ' | '.join(str(cell) for cell in row) + ' |' for row in rows]
-    return '\n'.join(lines)
-
-
 def _step_profile(rows, network, method, period):
     """Mean step time (ms) of worker 0 by position in the pull period, over all rounds."""
     sums, counts = [0.0] * period, [0] * period
@@ -150,6 +194,10 @@ def _accuracy_by_method(accuracy):
         if 'error' not in row:
             by_method.setdefault(row['method'], {})[row['epoch']] = row
     return by_method
+
+
+def _table(header, rows):
+    return '\n'.join(table(header, rows))
 
 
 def targets(summary, accuracy):
@@ -251,9 +299,9 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                     item['samples_per_s'], ' (noisy)' if item['noisy'] else '',
                     ', '.join('%.0f' % v for v in item['values']),
                     '; %d noisy left out' % item['excluded'] if item['excluded'] else ''),
-                    '%.1f' % item['ms_per_step'], _fmt(item['x_sync'], '%.2fx'),
-                    _fmt(item['x_compute'], '%.2fx'), _fmt(item['steady_ms'], '%.1f'),
-                    _fmt(item['steady_x_sync'], '%.2fx')])
+                    '%.1f' % item['ms_per_step'], fmt(item['x_sync'], '%.2fx'),
+                    fmt(item['x_compute'], '%.2fx'), fmt(item['steady_ms'], '%.1f'),
+                    fmt(item['steady_x_sync'], '%.2fx')])
             out += [_table(['method', 'samples/s', 'ms/step', 'x dist_sync', 'x compute-only',
                             'steady ms/step', 'steady x dist_sync'], table), '']
         out += ['### Where the CPU goes', '',
@@ -315,7 +363,7 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                 'examples/train_fashion_mnist.py on loopback, seed 1, warm-up %d steps for '
                 'the delayed runs.' % args.accuracy_warmup, '',
                 _table(['epoch'] + [accuracy_runs[name][0] for name in names],
-                       [[epoch] + [_fmt(by_method[name].get(epoch, {}).get('test_acc'), '%.4f')
+                       [[epoch] + [fmt(by_method[name].get(epoch, {}).get('test_acc'), '%.4f')
                                    for name in names] for epoch in epochs]), '']
     verdicts = targets(summary, accuracy)
     out += ['## Targets (issue 5)', '',
@@ -329,9 +377,7 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
 
 
 def plot_throughput(path, rows, methods, networks):
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    plt = pyplot()
     summary = summarize(rows)
     present = [n for n in networks if any(k[0] == n for k in summary)]
     if not present:
@@ -378,17 +424,12 @@ def plot_throughput(path, rows, methods, networks):
     for ax in list(axes.flat)[len(present):]:
         ax.set_visible(False)
     fig.suptitle('Throughput vs k (median over rounds; bars: min-max; in brackets: x dist_sync)')
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)
     return True
 
 
 def plot_accuracy(path, accuracy, accuracy_runs):
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    import matplotlib.ticker  # pylint: disable=import-outside-toplevel
+    plt = pyplot()
     by_method = _accuracy_by_method(accuracy)
     if not by_method:
         return False
@@ -413,14 +454,12 @@ def plot_accuracy(path, accuracy, accuracy_runs):
         axes[1].set_ylim(min(finals) - 0.01, max(finals) + 0.005)
     axes[1].set_title('zoom (the literal rule may be off the scale)')
     for ax in axes:
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_xlabel('epoch')
         ax.set_ylabel('test accuracy')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc='lower right')
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path, 110)
     return True
 
 
