@@ -62,7 +62,6 @@ import logging
 import os
 import platform
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -111,47 +110,16 @@ ACCURACY = {
 }
 
 
-class Interrupted(Exception):
-    """A stop signal arrived; the clean-up runs while this propagates."""
-
-    def __init__(self, signum):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-_STOPPING = []
-
-
-def _on_signal(signum, _frame):
-    if _STOPPING:  # the first one is being handled: let the clean-up finish
-        _LOG.warning('%s again: still cleaning up', signal.Signals(signum).name)
-        return
-    _STOPPING.append(signum)
-    raise Interrupted(signum)
-
-
-def _names(value, known, option):
-    names = [name for name in value.split(',') if name]
-    unknown = [name for name in names if name not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError('%s: unknown %s; choose from %s'
-                                         % (option, ', '.join(unknown), ', '.join(known)))
-    return names
-
-
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split('\n\n', maxsplit=1)[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog='Networks: %s. Methods: %s. Accuracy runs: %s.' % (
+    parser = harness.parser(__doc__, epilog='Networks: %s. Methods: %s. Accuracy runs: %s.' % (
             ', '.join(NETWORKS), ', '.join(METHODS), ', '.join(ACCURACY)))
     parser.add_argument('--out', default=os.path.join(REPO, 'bench_out'),
                         help='output folder (default: %(default)s)')
     parser.add_argument('--networks', default=','.join(DEFAULT_NETWORKS),
-                        type=lambda v: _names(v, NETWORKS, '--networks'),
+                        type=harness.names(NETWORKS),
                         help='comma-separated (default: %(default)s)')
     parser.add_argument('--methods', default=','.join(METHODS),
-                        type=lambda v: _names(v, METHODS, '--methods'),
+                        type=harness.names(METHODS),
                         help='comma-separated throughput methods (default: all)')
     parser.add_argument('--rounds', type=int, default=3,
                         help='rounds over all methods per network (default: %(default)s)')
@@ -171,7 +139,7 @@ def parse_args(argv=None):
                         help='the jitter network: per step and worker, sleep 0..MAX_MS ms with '
                              'probability PROB (default: %(default)s)')
     parser.add_argument('--accuracy', default=','.join(ACCURACY),
-                        type=lambda v: _names(v, ACCURACY, '--accuracy'),
+                        type=harness.names(ACCURACY),
                         help="comma-separated accuracy runs, '' for none (default: all)")
     parser.add_argument('--epochs', type=int, default=10,
                         help='epochs of every accuracy run (default: %(default)s)')
@@ -281,10 +249,7 @@ def run_window(row, folder, worker, network, hostfile, timeout, compute=False,
     if any(code != 0 for code in codes):
         row['error'] = 'exit %s; see %s' % (codes, log_path)
         return row, []
-    results = []
-    for rank in range(num_workers):
-        with open(out.format(rank=rank), encoding='utf-8') as src:
-            results.append(json.load(src))
+    results = [report.read_json(out.format(rank=rank)) for rank in range(num_workers)]
     start = min(result['start'] for result in results)
     end = max(result['end'] for result in results)
     row.update(samples_per_s=num_workers * steps * batch / (end - start),
@@ -299,8 +264,7 @@ def run_window(row, folder, worker, network, hostfile, timeout, compute=False,
     # position k-1 and waited for at position 0 of the next period).
     ends = [results[0]['start']] + results[0]['step_ends']
     row['step_ms'] = ' '.join('%.1f' % (1000 * (b - a)) for a, b in zip(ends, ends[1:]))
-    with open(os.path.join(folder, 'row.json'), 'w', encoding='utf-8') as dst:
-        json.dump(row, dst)
+    report.write_json(os.path.join(folder, 'row.json'), row, indent=None)
     return row, results
 
 
@@ -331,7 +295,7 @@ def run_all_throughput(args, rows, rows_path):
         with _network(names[0], NETWORKS[names[0]]) as hostfile:
             order = [(n, m) for m in args.methods for n in names]
             for round_index in range(1, args.rounds + 1):
-                for net_name, method in (order if round_index % 2 else order[::-1]):
+                for net_name, method in harness.ordered(order, round_index):
                     done += 1
                     attempt = 0
                     while True:
@@ -415,8 +379,7 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     meta_path = os.path.join(args.out, 'meta.json')
     if args.report_only:
-        with open(meta_path, encoding='utf-8') as src:
-            meta = json.load(src)
+        meta = report.read_json(meta_path)
         rows, accuracy = [], []
         for name, target in (('runs.csv', rows), ('accuracy.csv', accuracy)):
             if os.path.exists(os.path.join(args.out, name)):
@@ -425,8 +388,7 @@ def main(argv=None):
                          argparse.Namespace(**meta['settings']))
         _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
         return 0
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _on_signal)
+    harness.handle_signals()
     if os.geteuid() == 0 and netns.netns_available() is None:
         stale = netns.remove_stale()
         if stale:
@@ -445,7 +407,7 @@ def main(argv=None):
         for name in args.accuracy:
             accuracy += run_accuracy(args, name)
             report.write_csv(os.path.join(args.out, 'accuracy.csv'), accuracy)
-    except Interrupted as stop:
+    except harness.Interrupted as stop:
         _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
         code = 128 + stop.signum
     finally:
@@ -457,8 +419,7 @@ def main(argv=None):
                 if line.startswith('%s%d-' % (netns.PREFIX, os.getpid()))]
         if left:
             _LOG.error('namespaces left behind: %s', left)
-    with open(meta_path, 'w', encoding='utf-8') as dst:
-        json.dump(meta, dst, indent=1)
+    report.write_json(meta_path, meta)
     if rows or accuracy:
         report.write_all(args.out, meta, rows, accuracy, METHODS, NETWORKS, ACCURACY, args)
         _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))

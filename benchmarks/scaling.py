@@ -54,7 +54,7 @@ Procedure (fixed before the run; the defaults below are the full run's):
   ``--scratch``.
 
 Every namespace and process is cleaned up, also on failure, SIGINT, SIGTERM or SIGHUP
-(``benchmarks/benchmark.py``'s handlers). Needs root.
+(``harness.handle_signals``). Needs root.
 
 Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
 
@@ -71,7 +71,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -110,19 +109,6 @@ SMOKE = ['--workers', '2,4', '--servers', '2', '--warmup', '2', '--steps', 'mlp=
          '--scratch', os.path.join(REPO, 'bench_out', 'scaling-smoke', 'runs')]
 
 
-def _ints(text):
-    return [int(v) for v in text.split(',') if v]
-
-
-def _names(text, known):
-    names = [v for v in text.split(',') if v]
-    unknown = [v for v in names if v not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError('unknown %s; choose from %s' % (
-            ', '.join(unknown), ', '.join(known)))
-    return names
-
-
 def _steps(text):
     steps = {name: spec['steps'] for name, spec in MODELS.items()}
     for item in (v for v in text.split(',') if v):
@@ -135,8 +121,7 @@ def _steps(text):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'scaling'),
                         help='results folder (default: %(default)s)')
     parser.add_argument('--summary', default=os.path.join(REPO, 'docs', 'benchmarks',
@@ -145,11 +130,11 @@ def parse_args(argv):
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'scaling'),
                         help='raw per-run files and logs (default: %(default)s)')
     parser.add_argument('--models', default=','.join(MODELS),
-                        type=lambda v: _names(v, MODELS), help='(default: %(default)s)')
+                        type=harness.names(MODELS), help='(default: %(default)s)')
     parser.add_argument('--methods', default=','.join(METHODS),
-                        type=lambda v: _names(v, METHODS), help='(default: %(default)s)')
-    parser.add_argument('--workers', default='2,4,8', type=_ints, help='(default: %(default)s)')
-    parser.add_argument('--servers', default='1,2,4', type=_ints, help='(default: %(default)s)')
+                        type=harness.names(METHODS), help='(default: %(default)s)')
+    parser.add_argument('--workers', default='2,4,8', type=harness.ints, help='(default: %(default)s)')
+    parser.add_argument('--servers', default='1,2,4', type=harness.ints, help='(default: %(default)s)')
     parser.add_argument('--rate', default='1gbit', help='each link (default: %(default)s)')
     parser.add_argument('--rounds', type=int, default=1, help='(default: %(default)s)')
     parser.add_argument('--warmup', type=int, default=3,
@@ -280,8 +265,8 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
 
 
 def _order(methods, config_index, round_index):
-    order = methods[config_index % len(methods):] + methods[:config_index % len(methods)]
-    return order if round_index % 2 else order[::-1]
+    rotation = config_index % len(methods)
+    return harness.ordered(methods[rotation:] + methods[:rotation], round_index)
 
 
 def run_all(args, rows, rows_path):
@@ -352,15 +337,6 @@ def summarize(rows):
     return summary
 
 
-def _fmt(value, pattern='%.2f'):
-    return '' if value is None else pattern % value
-
-
-def _table(header, lines):
-    return ['| %s |' % ' | '.join(header), '|%s|' % '|'.join(['---'] + ['---:'] * (
-        len(header) - 1))] + ['| %s |' % ' | '.join(line) for line in lines]
-
-
 def verdicts(summary):
     """[(target text, measured text, 'met'/'missed'/'not run')] of the issue's targets."""
     out = []
@@ -369,7 +345,7 @@ def verdicts(summary):
         ratio = item['x_sync'] if item else None
         out.append(('%s N=%d S=%d: %s >= %.1fx dist_sync' % (model, workers, servers,
                                                              METHODS[method].label, required),
-                    _fmt(ratio, '%.2fx'),
+                    report.fmt(ratio, '%.2fx'),
                     'not run' if ratio is None else 'met' if ratio >= required else 'missed'))
     for model in MODELS:
         for servers in sorted({k[2] for k in summary if k[0] == model}):
@@ -416,20 +392,20 @@ def results_markdown(meta, rows, summary_link):
         if 'error' in r:
             body.append([r['model'], str(r['workers']), str(r['servers']), r['method'],
                          str(r['round'])] + ['FAILED: %s' % r['error']] + [''] * 11
-                        + [_fmt(r.get('load_before')), '', r.get('stock_check', '')])
+                        + [report.fmt(r.get('load_before')), '', r.get('stock_check', '')])
             continue
         body.append([r['model'], str(r['workers']), str(r['servers']), r['method'],
-                     str(r['round']), _fmt(r['samples_per_s'], '%.1f'),
-                     _fmt(r.get('steady_samples_per_s'), '%.1f'),
-                     _fmt(r['ms_per_step'], '%.0f'), _fmt(r['worker_tx_mb'], '%.1f'),
-                     _fmt(r['worker_rx_mb'], '%.1f'), _fmt(r['server_tx_mb'], '%.1f'),
-                     _fmt(r['server_rx_mb'], '%.1f'), _fmt(r['eth0_check'], '%.3f'),
-                     _fmt(r['server_cpu_s_per_round'], '%.3f'), _fmt(r['cpu_workers']),
-                     _fmt(r['cpu_other']) + (' noisy' if r.get('noisy') else ''),
+                     str(r['round']), report.fmt(r['samples_per_s'], '%.1f'),
+                     report.fmt(r.get('steady_samples_per_s'), '%.1f'),
+                     report.fmt(r['ms_per_step'], '%.0f'), report.fmt(r['worker_tx_mb'], '%.1f'),
+                     report.fmt(r['worker_rx_mb'], '%.1f'), report.fmt(r['server_tx_mb'], '%.1f'),
+                     report.fmt(r['server_rx_mb'], '%.1f'), report.fmt(r['eth0_check'], '%.3f'),
+                     report.fmt(r['server_cpu_s_per_round'], '%.3f'), report.fmt(r['cpu_workers']),
+                     report.fmt(r['cpu_other']) + (' noisy' if r.get('noisy') else ''),
                      '%.3g' % r['final_loss'], '%.1f / %.1f' % (r['load_before'],
                                                                  r['load_after']),
-                     _fmt(r['wall_s'], '%.0f'), r['stock_check']])
-    lines += _table(['model', 'N', 'S', 'method', 'round', 'samples/s', 'steady samples/s',
+                     report.fmt(r['wall_s'], '%.0f'), r['stock_check']])
+    lines += report.table(['model', 'N', 'S', 'method', 'round', 'samples/s', 'steady samples/s',
                      'ms/step', 'worker tx MB', 'worker rx MB', 'server tx MB',
                      'server rx MB', 'eth0 check', 'server CPU s/round', 'worker cores',
                      'cpu_other', 'last loss', 'load before / after', 'job s',
@@ -474,8 +450,8 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                  runs, len(failed), len(noisy), report.NOISE_CORES),
              '- The whole machine was busy during the timed windows: %s cores of %d used '
              '(median over the runs; min %s), of which other processes and the bridge %s.' % (
-                 _fmt(statistics.median(busy) if busy else None), meta['machine']['cores'],
-                 _fmt(min(busy, default=None)), _fmt(_median(rows, 'cpu_other'))),
+                 report.fmt(statistics.median(busy) if busy else None), meta['machine']['cores'],
+                 report.fmt(min(busy, default=None)), report.fmt(_median(rows, 'cpu_other'))),
              '', '**On 2 shared cores the absolute numbers mean little; the ratios measured '
              'side by side in one run are the result.** With 8 workers, 4 servers and a '
              'scheduler on 2 cores the runs are partly CPU-bound, not only link-bound.', '']
@@ -490,12 +466,12 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     if second:
         again = {target: (measured, verdict) for target, measured, verdict
                  in verdicts(second[2])}
-        lines += _table(['target', 'measured (1st)', 'verdict (1st)', 'measured (2nd)',
+        lines += report.table(['target', 'measured (1st)', 'verdict (1st)', 'measured (2nd)',
                          'verdict (2nd)'],
                         [[t, m, v] + list(again.get(t, ('', 'not run')))
                          for t, m, v in verdicts(summary)])
     else:
-        lines += _table(['target', 'measured', 'verdict'],
+        lines += report.table(['target', 'measured', 'verdict'],
                         [list(v) for v in verdicts(summary)])
     lines += ['', '## Throughput (samples/s) and ratio to dist_sync', '',
               'Job samples/s over the timed window (median over rounds; the range in brackets '
@@ -514,9 +490,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                     '' if not it else '%.1f%s%s' % (
                         it['samples_per_s'], ' [%.1f-%.1f]' % (it['min'], it['max'])
                         if it['runs'] > 1 else '', ' (noisy)' if it['noisy'] else '')
-                    for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
+                    for it in items] + [report.fmt(it and it['x_sync'], '%.2fx')
                                         for m, it in zip(methods, items) if m != 'sync'])
-    lines += _table(header, body)
+    lines += report.table(header, body)
     if second:
         lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
                   'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
@@ -530,12 +506,12 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                     pairs = [(summary.get((model, n, s, m)) or {},
                               second[2].get((model, n, s, m)) or {}) for m in methods]
                     body.append([model, str(s), str(n)] + [
-                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'), _fmt(b.get('x_sync'),
+                        '%s / %s' % (report.fmt(a.get('x_sync'), '%.2fx'), report.fmt(b.get('x_sync'),
                                                                            '%.2fx'))
                         for m, (a, b) in zip(methods, pairs) if m != 'sync'] + [
-                        '%s / %s' % (_fmt(a.get('efficiency')), _fmt(b.get('efficiency')))
+                        '%s / %s' % (report.fmt(a.get('efficiency')), report.fmt(b.get('efficiency')))
                         if n == max(workers) else '' for a, b in pairs])
-        lines += _table(header, body)
+        lines += report.table(header, body)
     lines += ['', '![samples/s against N](%s/throughput.png)' % out_link, '',
               '## Scaling efficiency relative to N=2', '',
               'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
@@ -546,9 +522,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     for model in models:
         for s in servers:
             body.append([model, str(s)] + [
-                _fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
+                report.fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
                 for m in methods for n in workers if n != 2])
-    lines += _table(header, body)
+    lines += report.table(header, body)
     lines += ['', '## Bytes per step per link', '',
               'MB (10^6 bytes) per timed step, from the bridge ports\' counters interpolated '
               'at the window\'s start and end (headers included): the mean over the worker '
@@ -556,11 +532,11 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'receives. k=4 pulls the weights once per period of 4 steps; in a short window '
               'a pull at the window\'s edge weighs more. Each node\'s eth0 counters agree '
               'with its port\'s over every job within %s (largest relative difference, '
-              'results.md).' % _fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
+              'results.md).' % report.fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
                                         default=None), '%.3f'), '']
     header = ['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
               'server rx']
-    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += report.table(header, _method_rows(summary, models, workers, servers, methods, (
         'worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb')))
     lines += ['', '## Server CPU seconds per round', '',
               'CPU time of all servers together in the timed window, divided by the timed '
@@ -573,8 +549,8 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                 items = [summary.get((model, n, s, m)) for m in methods]
                 if any(items):
                     body.append([model, str(n), str(s)] + [
-                        _fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
-    lines += _table(header, body)
+                        report.fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
+    lines += report.table(header, body)
     lines += ['', '## Where the CPU went', '',
               'Cores used on average in the timed window (median over rounds): the job\'s '
               'workers, its servers, and everything else (other sessions, and the kernel\'s '
@@ -582,7 +558,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'machine (%d cores), scheduler and launcher included. A busy machine means a '
               'run bound by the CPU, not only by its links.' % meta['machine']['cores'], '']
     header = ['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy']
-    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += report.table(header, _method_rows(summary, models, workers, servers, methods, (
         'cpu_workers', 'cpu_server', 'cpu_other', 'busy_cores')))
     if failed:
         lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
@@ -601,16 +577,14 @@ def _method_rows(summary, models, workers, servers, methods, keys):
                     it = summary.get((model, n, s, m))
                     if it:
                         body.append([model, str(n), str(s), METHODS[m].label]
-                                    + [_fmt(it[k]) for k in keys])
+                                    + [report.fmt(it[k]) for k in keys])
     return body
 
 
 def plot(path, summary, methods, second=None):
     """samples/s against N per method, one panel per model and S; `second`: the summary
     of a second invocation, dashed."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    plt = report.pyplot()
     models = [m for m in MODELS if any(k[0] == m for k in summary)]
     servers = sorted({k[2] for k in summary})
     fig, axes = plt.subplots(len(models), len(servers), squeeze=False,
@@ -635,9 +609,7 @@ def plot(path, summary, methods, second=None):
     axes[0][0].legend(fontsize=8)
     fig.suptitle('Throughput against workers, each node on its own link (grey: stock%s)'
                  % ('; dashed: second invocation' if second else ''), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    report.save(fig, path, 100)
 
 
 def write_reports(args, meta, rows):
@@ -647,8 +619,7 @@ def write_reports(args, meta, rows):
     here = os.path.dirname(os.path.abspath(args.summary))
     second = None
     if args.compare:
-        with open(os.path.join(args.compare, 'meta.json'), encoding='utf-8') as src:
-            meta2 = json.load(src)
+        meta2 = report.read_json(os.path.join(args.compare, 'meta.json'))
         rows2 = report.read_csv(os.path.join(args.compare, 'runs.csv'))
         second = (meta2, rows2, summarize(rows2), os.path.relpath(args.compare, here))
     with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
@@ -671,15 +642,12 @@ def main(argv=None):
     meta_path = os.path.join(args.out, 'meta.json')
     rows_path = os.path.join(args.out, 'runs.csv')
     if args.report_only:
-        with open(meta_path, encoding='utf-8') as src:
-            meta = json.load(src)
-        write_reports(args, meta, report.read_csv(rows_path))
+        write_reports(args, report.read_json(meta_path), report.read_csv(rows_path))
         return 0
     reason = netns.netns_available()
     if reason:
         sys.exit('scaling.py needs network namespaces: %s' % reason)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, benchmark._on_signal)  # pylint: disable=protected-access
+    harness.handle_signals()
     stale = netns.remove_stale()
     if stale:
         _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
@@ -692,13 +660,11 @@ def main(argv=None):
     rows, code = [], 0
     try:
         run_all(args, rows, rows_path)
-    except benchmark.Interrupted as stop:
+    except harness.Interrupted as stop:
         _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
         code = 128 + stop.signum
     finally:
-        harness.finish_meta(meta)
-        with open(meta_path, 'w', encoding='utf-8') as dst:
-            json.dump(meta, dst, indent=1)
+        report.write_json(meta_path, harness.finish_meta(meta))
     if rows:
         write_reports(args, meta, rows)
     return code or (1 if any('error' in r for r in rows) else 0)

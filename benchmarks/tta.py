@@ -45,7 +45,6 @@ Usage (as root for the shaped networks)::
     python benchmarks/tta.py --part phases
     python benchmarks/tta.py --part report
 """
-import argparse
 import hashlib
 import json
 import logging
