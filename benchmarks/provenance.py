@@ -4,7 +4,7 @@ is stock), and the commit, machine and dates of a run.
 Import this module and call :func:`record` *before* importing MXNet (and mxdelay). It writes
 ``role-<role>-<rank>.json`` into a folder: a record at the call and another at exit (a
 scheduler or server process leaves MXNet's import only to exit), each with whether
-``mxdelay`` or ``kvstore_ext`` were imported and the ``MXNET_*``, ``OMP_*`` and
+``mxdelay``, ``kvstore_ext`` or ``mxnet`` were imported and the ``MXNET_*``, ``OMP_*`` and
 ``MXDELAY_*`` variables of the process. With ``stock=True`` a process that already has
 mxdelay imported exits at once with code 3. This module imports only the standard library.
 """
@@ -29,6 +29,7 @@ def _snapshot(stage, mode, rank):
     return dict(stage=stage, role=os.environ.get('DMLC_ROLE', 'worker'), rank=rank,
                 pid=os.getpid(), mode=mode, mxdelay_imported='mxdelay' in sys.modules,
                 kvstore_ext_imported='kvstore_ext' in sys.modules,
+                mxnet_imported='mxnet' in sys.modules,
                 env={k: v for k, v in sorted(os.environ.items())
                      if k.startswith(('MXNET_', 'OMP_', 'MXDELAY_'))})
 
