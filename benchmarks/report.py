@@ -12,7 +12,7 @@ import os
 import statistics
 
 __all__ = ['write_csv', 'read_csv', 'write_json', 'read_json', 'write_lines', 'table', 'fmt',
-           'pyplot', 'save', 'write_all', 'summarize', 'is_noisy', 'run_name',
+           'pyplot', 'save', 'seconds', 'write_all', 'summarize', 'is_noisy', 'run_name',
            'steady_ms_per_step', 'NOISE_CORES']
 
 #: A run during which processes outside the job used more than this many cores on average
@@ -72,6 +72,13 @@ def write_lines(path, lines):
     """Write `lines` to `path`, one a line (a Markdown file)."""
     with open(path, 'w', encoding='utf-8') as dst:
         dst.write('\n'.join(lines) + '\n')
+
+
+def seconds(value):
+    """`value` seconds as ``'42 s'``, from 10 minutes ``'12.5 min'``; ``'-'`` for None."""
+    if value is None:
+        return '-'
+    return '%.0f s' % value if value < 600 else '%.1f min' % (value / 60)
 
 
 def fmt(value, pattern='%.2f'):

@@ -360,12 +360,6 @@ def build_report(out, command='python benchmarks/tta.py'):
     return result
 
 
-def _fmt_s(seconds):
-    if seconds is None:
-        return '-'
-    return '%.0f s' % seconds if seconds < 600 else '%.1f min' % (seconds / 60)
-
-
 def _cell(row, key, pattern):
     """`row`'s `key` by `pattern`, '-' where the run has none (a failed run)."""
     return pattern % row[key] if key in row else '-'
@@ -430,7 +424,7 @@ def write_markdown(out, result, methods, networks, phases, command):
             if per_seed is None or not reached:
                 cells.append('-' if per_seed is None else 'not reached')
                 continue
-            text = '%s, %s epochs' % (_spread([p['derived_s'] for p in reached], _fmt_s),
+            text = '%s, %s epochs' % (_spread([p['derived_s'] for p in reached], report_lib.seconds),
                                       '/'.join('%.2g' % p['epoch'] for p in reached))
             if len(reached) < len(per_seed):
                 text += ', %d of %d seeds' % (len(reached), len(per_seed))
@@ -440,7 +434,7 @@ def write_markdown(out, result, methods, networks, phases, command):
             real = {m: [p['real_s'] for p in result['tta'].get('loopback/%s' % m) or [] if p]
                     for m in methods}
             body.append(['loopback, real wall time of the full runs'] + [
-                _spread(real[m], _fmt_s) if real[m] else '-' for m in methods])
+                _spread(real[m], report_lib.seconds) if real[m] else '-' for m in methods])
     lines += table(['network'] + [label[m] for m in methods], body)
     lines += ['', 'Speed-up of time to accuracy over dist_sync (ratio of the means):', '']
     body = []
@@ -477,7 +471,7 @@ def write_markdown(out, result, methods, networks, phases, command):
             reached = [v for v in f['per_seed'] if v] if f else []
             cells.append('%s at epoch %s' % (_spread([v['test_acc'] for v in reached]), '/'.join(
                 '%.2g' % v['epoch'] for v in reached)) if reached else '-')
-        body.append([NETWORKS[net_name][0], _fmt_s(sync['budget_s'])] + cells)
+        body.append([NETWORKS[net_name][0], report_lib.seconds(sync['budget_s'])] + cells)
     lines += table(['network', 'budget'] + [label[m] for m in methods], body)
     if result['validation']:
         lines += ['', '## Check of the derivation on loopback', '',
