@@ -66,7 +66,6 @@ import subprocess
 import sys
 import time
 
-from cpu_monitor import CpuMonitor
 import harness
 import provenance
 import netns
@@ -157,36 +156,6 @@ def parse_args(argv=None):
     return args
 
 
-# -- processes -------------------------------------------------------------------------
-@contextlib.contextmanager
-def _started(argvs, log_path):
-    """Start each argv in a session of its own, output to `log_path`; stop them on exit."""
-    popens = []
-    with open(log_path, 'ab') as log:
-        try:
-            for argv in argvs:
-                log.write(('$ %s\n' % shlex.join(argv)).encode())
-                log.flush()
-                popens.append(subprocess.Popen(  # pylint: disable=consider-using-with
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                    env=harness.job_env(), cwd=REPO, start_new_session=True))
-            yield popens
-        finally:
-            for popen in popens:
-                harness.stop(popen)
-
-
-def _wait_all(popens, timeout):
-    deadline = time.monotonic() + timeout
-    codes = []
-    for popen in popens:
-        try:
-            codes.append(popen.wait(max(0.1, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            codes.append('timeout after %g s' % timeout)
-    return codes
-
-
 def _launcher(network, hostfile, timeout, num_workers=NUM_WORKERS, num_servers=1):
     """The launcher's argv up to and including ``--`` (harness.Job's)."""
     return harness.Job([], timeout, num_workers, num_servers,
@@ -208,64 +177,10 @@ def run_throughput(args, net_name, network, method, round_index, hostfile, attem
         '--data-dir', args.data_dir, '--jitter', args.jitter if network['jitter'] else '0,0']
     row = dict(network=net_name, method=method, round=round_index, attempt=attempt,
                warmup=warmup, steps=steps)
-    row, _ = run_window(row, folder, worker, network, hostfile,
-                        timeout=120 + (warmup + 1 + steps) * network['step_bound'],
-                        compute=method == 'compute')
+    row, _ = harness.run_window(row, folder, worker, hostfile if network['rate'] else None,
+                                timeout=120 + (warmup + 1 + steps) * network['step_bound'],
+                                compute=method == 'compute')
     return row
-
-
-def run_window(row, folder, worker, network, hostfile, timeout, compute=False,
-               num_workers=NUM_WORKERS, num_servers=1, batch=BATCH, monitor=None):
-    """Run one window job of bench_worker.py (`worker`: its argv without ``--out``).
-
-    `row` (with ``steps``) gains the load, the wall time, the job's samples/s over the
-    window (from the first worker's window start to the last one's end), the cores each
-    role and the rest of the machine used in the window, and worker 0's step times; or
-    ``error``. `compute`: the workers run without launcher (``--mode compute``).
-    `monitor`: another context manager entered for the job's duration (e.g. counters).
-    Returns ``(row, the workers' results)`` (no results after an error).
-    """
-    steps = row['steps']
-    os.makedirs(folder, exist_ok=True)
-    for stale in os.listdir(folder):
-        os.remove(os.path.join(folder, stale))
-    out = os.path.join(folder, 'worker-{rank}.json')
-    worker = worker + ['--out', out]
-    row['load_before'] = os.getloadavg()[0]
-    log_path = os.path.join(folder, 'log.txt')
-    if compute:
-        argvs = [worker + ['--rank', str(rank), '--num-workers', str(num_workers)]
-                 for rank in range(num_workers)]
-    else:
-        argvs = [_launcher(network, hostfile, timeout, num_workers, num_servers) + worker]
-    started = time.time()
-    with _started(argvs, log_path) as popens, (monitor or contextlib.nullcontext()):
-        roots = {os.getpid(): 'driver'}
-        if compute:
-            roots.update({popen.pid: 'worker %d' % rank for rank, popen in enumerate(popens)})
-        with CpuMonitor(roots) as cpu:
-            codes = _wait_all(popens, timeout + 30)
-    row['wall_s'] = time.time() - started
-    if any(code != 0 for code in codes):
-        row['error'] = 'exit %s; see %s' % (codes, log_path)
-        return row, []
-    results = [report.read_json(out.format(rank=rank)) for rank in range(num_workers)]
-    start = min(result['start'] for result in results)
-    end = max(result['end'] for result in results)
-    row.update(samples_per_s=num_workers * steps * batch / (end - start),
-               ms_per_step=1000 * (end - start) / steps, window_s=end - start)
-    usage = cpu.usage(start, end)
-    row.update(cpu_workers=sum(v for k, v in usage.items() if k.startswith('worker')),
-               cpu_server=sum((v for k, v in usage.items() if k.startswith('server')), 0.0),
-               cpu_scheduler=usage.get('scheduler', 0.0),
-               cpu_launcher=usage.get('launcher', 0.0) + usage.get('driver', 0.0),
-               cpu_other=usage['other'])
-    # Step times of worker 0 by position in the pull period (delayed: the pull is issued at
-    # position k-1 and waited for at position 0 of the next period).
-    ends = [results[0]['start']] + results[0]['step_ends']
-    row['step_ms'] = ' '.join('%.1f' % (1000 * (b - a)) for a, b in zip(ends, ends[1:]))
-    report.write_json(os.path.join(folder, 'row.json'), row, indent=None)
-    return row, results
 
 
 @contextlib.contextmanager
@@ -340,8 +255,8 @@ def run_accuracy(args, name):
     if args.accuracy_steps:
         argv += ['--max-steps-per-epoch', str(args.accuracy_steps)]
     started = time.time()
-    with _started([argv], os.path.join(folder, 'log.txt')) as popens:
-        codes = _wait_all(popens, timeout + 30)
+    with harness.started([argv], os.path.join(folder, 'log.txt')) as popens:
+        codes = harness.wait_all(popens, timeout + 30)
     records = []
     if os.path.exists(metrics):
         with open(metrics, encoding='utf-8') as src:

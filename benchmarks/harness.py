@@ -31,9 +31,11 @@ from typing import NamedTuple, Optional, Tuple
 from cpu_monitor import CpuMonitor
 import netns
 from provenance import code_version, machine, now, read_records
+import report
 
 __all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
            'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'stop',
+           'started', 'wait_all', 'run_window',
            'shaped_network', 'job_env', 'command_line', 'start_meta', 'finish_meta',
            'read_roles', 'stock_check', 'worker_env', 'run_method', 'parser', 'names', 'ints',
            'ordered', 'Interrupted', 'handle_signals']
@@ -204,9 +206,7 @@ def run_worker(folder, worker_args, timeout, hostfile=None):
 
     Returns (exit code, worker results, the CpuMonitor of the job, the role records).
     """
-    os.makedirs(folder, exist_ok=True)
-    for stale in os.listdir(folder):
-        os.remove(os.path.join(folder, stale))
+    _empty(folder)
     out = os.path.join(folder, 'worker-{rank}.json')
     job = Job([sys.executable, WORKER] + worker_args + ['--out', out], timeout,
               hostfile=hostfile)
@@ -218,6 +218,97 @@ def run_worker(folder, worker_args, timeout, hostfile=None):
             with open(out.format(rank=rank), encoding='utf-8') as src:
                 results.append(json.load(src))
     return code, results, monitor, read_roles(folder)
+
+
+@contextlib.contextmanager
+def started(argvs, log_path):
+    """Start each argv (a launcher job's, or a process of its own) with :func:`job_env` in a
+    session of its own, output to `log_path` (each preceded by its command line); yield the
+    Popens, and :func:`stop` them on exit."""
+    popens = []
+    with open(log_path, 'ab') as log:
+        try:
+            for argv in argvs:
+                log.write(('$ %s\n' % shlex.join(argv)).encode())
+                log.flush()
+                popens.append(subprocess.Popen(  # pylint: disable=consider-using-with
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=job_env(), cwd=REPO, start_new_session=True))
+            yield popens
+        finally:
+            for popen in popens:
+                stop(popen)
+
+
+def wait_all(popens, timeout):
+    """The exit codes of `popens` (or 'timeout after ...'), waiting `timeout` s in all."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    for popen in popens:
+        try:
+            codes.append(popen.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append('timeout after %g s' % timeout)
+    return codes
+
+
+def run_window(row, folder, worker, hostfile, timeout, compute=False,
+               num_workers=NUM_WORKERS, num_servers=1, batch=BATCH, monitor=None):
+    """Run one window job of bench_worker.py (`worker`: its argv without ``--out``) in the
+    emptied `folder`; `hostfile`: as :class:`Job`'s.
+
+    `row` (with ``steps``) gains the load, the wall time, the job's samples/s over the
+    window (from the first worker's window start to the last one's end), the cores each
+    role and the rest of the machine used in the window, and worker 0's step times; or
+    ``error``. `compute`: the workers run without launcher (``--mode compute``).
+    `monitor`: another context manager entered for the job's duration (e.g. counters).
+    Returns ``(row, the workers' results)`` (no results after an error).
+    """
+    steps = row['steps']
+    _empty(folder)
+    out = os.path.join(folder, 'worker-{rank}.json')
+    worker = worker + ['--out', out]
+    row['load_before'] = os.getloadavg()[0]
+    log_path = os.path.join(folder, 'log.txt')
+    if compute:
+        argvs = [worker + ['--rank', str(rank), '--num-workers', str(num_workers)]
+                 for rank in range(num_workers)]
+    else:
+        argvs = [Job(worker, timeout, num_workers, num_servers, hostfile).argv]
+    begun = time.time()
+    with started(argvs, log_path) as popens, (monitor or contextlib.nullcontext()):
+        roots = {os.getpid(): 'driver'}
+        if compute:
+            roots.update({popen.pid: 'worker %d' % rank for rank, popen in enumerate(popens)})
+        with CpuMonitor(roots) as cpu:
+            codes = wait_all(popens, timeout + 30)
+    row['wall_s'] = time.time() - begun
+    if any(code != 0 for code in codes):
+        row['error'] = 'exit %s; see %s' % (codes, log_path)
+        return row, []
+    results = [report.read_json(out.format(rank=rank)) for rank in range(num_workers)]
+    start = min(result['start'] for result in results)
+    end = max(result['end'] for result in results)
+    row.update(samples_per_s=num_workers * steps * batch / (end - start),
+               ms_per_step=1000 * (end - start) / steps, window_s=end - start)
+    usage = cpu.usage(start, end)
+    row.update(cpu_workers=sum(v for k, v in usage.items() if k.startswith('worker')),
+               cpu_server=sum((v for k, v in usage.items() if k.startswith('server')), 0.0),
+               cpu_scheduler=usage.get('scheduler', 0.0),
+               cpu_launcher=usage.get('launcher', 0.0) + usage.get('driver', 0.0),
+               cpu_other=usage['other'])
+    # Step times of worker 0 by position in the pull period (delayed: the pull is issued at
+    # position k-1 and waited for at position 0 of the next period).
+    ends = [results[0]['start']] + results[0]['step_ends']
+    row['step_ms'] = ' '.join('%.1f' % (1000 * (b - a)) for a, b in zip(ends, ends[1:]))
+    report.write_json(os.path.join(folder, 'row.json'), row, indent=None)
+    return row, results
+
+
+def _empty(folder):
+    os.makedirs(folder, exist_ok=True)
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
 
 
 def run_method(folder, method, worker_args, timeout, hostfile=None):

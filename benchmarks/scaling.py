@@ -76,7 +76,6 @@ import subprocess
 import sys
 import time
 
-import benchmark
 from cpu_monitor import Sampler
 import fp16_bytes
 import harness
@@ -236,8 +235,8 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
                round=round_index, warmup=args.warmup, steps=steps, batch=spec['batch'])
     eth0_before = fp16_bytes.counters(net)
     ports = PortCounters(net)
-    row, results = benchmark.run_window(
-        row, folder, worker, {'rate': args.rate}, hostfile, timeout, num_workers=workers,
+    row, results = harness.run_window(
+        row, folder, worker, hostfile if args.rate else None, timeout, num_workers=workers,
         num_servers=servers, batch=spec['batch'], monitor=ports)
     row['load_after'] = os.getloadavg()[0]
     roles = harness.read_roles(folder)
