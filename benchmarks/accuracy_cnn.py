@@ -101,9 +101,10 @@ def parse_args(argv=None):
 # -- runs ----------------------------------------------------------------------------------
 def worker_args(optimizer, seed, args):
     """bench_worker's arguments after the method's."""
-    return (OPTIMIZERS[optimizer][1] + ['--model', MODEL, '--epochs', str(args.epochs), '--seed', str(seed),
-               '--warmup-steps', str(WARMUP), '--eval-every', str(STEPS_PER_EPOCH),
-               '--global-model', '--data-dir', args.data_dir])
+    return OPTIMIZERS[optimizer][1] + [
+        '--model', MODEL, '--epochs', str(args.epochs), '--seed', str(seed), '--warmup-steps',
+        str(WARMUP), '--eval-every', str(STEPS_PER_EPOCH), '--global-model', '--data-dir',
+        args.data_dir]
 
 
 def _per_epoch_loss(losses):

@@ -90,6 +90,7 @@ REPO = harness.REPO
 
 METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16')
 PERIOD = 4  # k of the delayed methods: the windows hold whole periods
+_fmt, _table = report.fmt, report.table
 #: name -> label, bench_worker arguments, batch per worker, float32 MB of the gradient,
 #: timed steps of the full run
 MODELS = {
@@ -132,8 +133,10 @@ def parse_args(argv):
                         type=harness.names(MODELS), help='(default: %(default)s)')
     parser.add_argument('--methods', default=','.join(METHODS),
                         type=harness.names(METHODS), help='(default: %(default)s)')
-    parser.add_argument('--workers', default='2,4,8', type=harness.ints, help='(default: %(default)s)')
-    parser.add_argument('--servers', default='1,2,4', type=harness.ints, help='(default: %(default)s)')
+    parser.add_argument('--workers', default='2,4,8', type=harness.ints,
+                        help='(default: %(default)s)')
+    parser.add_argument('--servers', default='1,2,4', type=harness.ints,
+                        help='(default: %(default)s)')
     parser.add_argument('--rate', default='1gbit', help='each link (default: %(default)s)')
     parser.add_argument('--rounds', type=int, default=1, help='(default: %(default)s)')
     parser.add_argument('--warmup', type=int, default=3,
@@ -344,7 +347,7 @@ def verdicts(summary):
         ratio = item['x_sync'] if item else None
         out.append(('%s N=%d S=%d: %s >= %.1fx dist_sync' % (model, workers, servers,
                                                              METHODS[method].label, required),
-                    report.fmt(ratio, '%.2fx'),
+                    _fmt(ratio, '%.2fx'),
                     'not run' if ratio is None else 'met' if ratio >= required else 'missed'))
     for model in MODELS:
         for servers in sorted({k[2] for k in summary if k[0] == model}):
@@ -391,20 +394,20 @@ def results_markdown(meta, rows, summary_link):
         if 'error' in r:
             body.append([r['model'], str(r['workers']), str(r['servers']), r['method'],
                          str(r['round'])] + ['FAILED: %s' % r['error']] + [''] * 11
-                        + [report.fmt(r.get('load_before')), '', r.get('stock_check', '')])
+                        + [_fmt(r.get('load_before')), '', r.get('stock_check', '')])
             continue
         body.append([r['model'], str(r['workers']), str(r['servers']), r['method'],
-                     str(r['round']), report.fmt(r['samples_per_s'], '%.1f'),
-                     report.fmt(r.get('steady_samples_per_s'), '%.1f'),
-                     report.fmt(r['ms_per_step'], '%.0f'), report.fmt(r['worker_tx_mb'], '%.1f'),
-                     report.fmt(r['worker_rx_mb'], '%.1f'), report.fmt(r['server_tx_mb'], '%.1f'),
-                     report.fmt(r['server_rx_mb'], '%.1f'), report.fmt(r['eth0_check'], '%.3f'),
-                     report.fmt(r['server_cpu_s_per_round'], '%.3f'), report.fmt(r['cpu_workers']),
-                     report.fmt(r['cpu_other']) + (' noisy' if r.get('noisy') else ''),
+                     str(r['round']), _fmt(r['samples_per_s'], '%.1f'),
+                     _fmt(r.get('steady_samples_per_s'), '%.1f'),
+                     _fmt(r['ms_per_step'], '%.0f'), _fmt(r['worker_tx_mb'], '%.1f'),
+                     _fmt(r['worker_rx_mb'], '%.1f'), _fmt(r['server_tx_mb'], '%.1f'),
+                     _fmt(r['server_rx_mb'], '%.1f'), _fmt(r['eth0_check'], '%.3f'),
+                     _fmt(r['server_cpu_s_per_round'], '%.3f'), _fmt(r['cpu_workers']),
+                     _fmt(r['cpu_other']) + (' noisy' if r.get('noisy') else ''),
                      '%.3g' % r['final_loss'], '%.1f / %.1f' % (r['load_before'],
                                                                  r['load_after']),
-                     report.fmt(r['wall_s'], '%.0f'), r['stock_check']])
-    lines += report.table(['model', 'N', 'S', 'method', 'round', 'samples/s', 'steady samples/s',
+                     _fmt(r['wall_s'], '%.0f'), r['stock_check']])
+    lines += _table(['model', 'N', 'S', 'method', 'round', 'samples/s', 'steady samples/s',
                      'ms/step', 'worker tx MB', 'worker rx MB', 'server tx MB',
                      'server rx MB', 'eth0 check', 'server CPU s/round', 'worker cores',
                      'cpu_other', 'last loss', 'load before / after', 'job s',
@@ -449,8 +452,8 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                  runs, len(failed), len(noisy), report.NOISE_CORES),
              '- The whole machine was busy during the timed windows: %s cores of %d used '
              '(median over the runs; min %s), of which other processes and the bridge %s.' % (
-                 report.fmt(statistics.median(busy) if busy else None), meta['machine']['cores'],
-                 report.fmt(min(busy, default=None)), report.fmt(_median(rows, 'cpu_other'))),
+                 _fmt(statistics.median(busy) if busy else None), meta['machine']['cores'],
+                 _fmt(min(busy, default=None)), _fmt(_median(rows, 'cpu_other'))),
              '', '**On 2 shared cores the absolute numbers mean little; the ratios measured '
              'side by side in one run are the result.** With 8 workers, 4 servers and a '
              'scheduler on 2 cores the runs are partly CPU-bound, not only link-bound.', '']
@@ -465,12 +468,12 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     if second:
         again = {target: (measured, verdict) for target, measured, verdict
                  in verdicts(second[2])}
-        lines += report.table(['target', 'measured (1st)', 'verdict (1st)', 'measured (2nd)',
+        lines += _table(['target', 'measured (1st)', 'verdict (1st)', 'measured (2nd)',
                          'verdict (2nd)'],
                         [[t, m, v] + list(again.get(t, ('', 'not run')))
                          for t, m, v in verdicts(summary)])
     else:
-        lines += report.table(['target', 'measured', 'verdict'],
+        lines += _table(['target', 'measured', 'verdict'],
                         [list(v) for v in verdicts(summary)])
     lines += ['', '## Throughput (samples/s) and ratio to dist_sync', '',
               'Job samples/s over the timed window (median over rounds; the range in brackets '
@@ -489,9 +492,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                     '' if not it else '%.1f%s%s' % (
                         it['samples_per_s'], ' [%.1f-%.1f]' % (it['min'], it['max'])
                         if it['runs'] > 1 else '', ' (noisy)' if it['noisy'] else '')
-                    for it in items] + [report.fmt(it and it['x_sync'], '%.2fx')
+                    for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
                                         for m, it in zip(methods, items) if m != 'sync'])
-    lines += report.table(header, body)
+    lines += _table(header, body)
     if second:
         lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
                   'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
@@ -505,12 +508,12 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                     pairs = [(summary.get((model, n, s, m)) or {},
                               second[2].get((model, n, s, m)) or {}) for m in methods]
                     body.append([model, str(s), str(n)] + [
-                        '%s / %s' % (report.fmt(a.get('x_sync'), '%.2fx'), report.fmt(b.get('x_sync'),
+                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'), _fmt(b.get('x_sync'),
                                                                            '%.2fx'))
                         for m, (a, b) in zip(methods, pairs) if m != 'sync'] + [
-                        '%s / %s' % (report.fmt(a.get('efficiency')), report.fmt(b.get('efficiency')))
+                        '%s / %s' % (_fmt(a.get('efficiency')), _fmt(b.get('efficiency')))
                         if n == max(workers) else '' for a, b in pairs])
-        lines += report.table(header, body)
+        lines += _table(header, body)
     lines += ['', '![samples/s against N](%s/throughput.png)' % out_link, '',
               '## Scaling efficiency relative to N=2', '',
               'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
@@ -521,9 +524,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
     for model in models:
         for s in servers:
             body.append([model, str(s)] + [
-                report.fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
+                _fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
                 for m in methods for n in workers if n != 2])
-    lines += report.table(header, body)
+    lines += _table(header, body)
     lines += ['', '## Bytes per step per link', '',
               'MB (10^6 bytes) per timed step, from the bridge ports\' counters interpolated '
               'at the window\'s start and end (headers included): the mean over the worker '
@@ -531,11 +534,11 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'receives. k=4 pulls the weights once per period of 4 steps; in a short window '
               'a pull at the window\'s edge weighs more. Each node\'s eth0 counters agree '
               'with its port\'s over every job within %s (largest relative difference, '
-              'results.md).' % report.fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
+              'results.md).' % _fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
                                         default=None), '%.3f'), '']
     header = ['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
               'server rx']
-    lines += report.table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
         'worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb')))
     lines += ['', '## Server CPU seconds per round', '',
               'CPU time of all servers together in the timed window, divided by the timed '
@@ -548,8 +551,8 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                 items = [summary.get((model, n, s, m)) for m in methods]
                 if any(items):
                     body.append([model, str(n), str(s)] + [
-                        report.fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
-    lines += report.table(header, body)
+                        _fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
+    lines += _table(header, body)
     lines += ['', '## Where the CPU went', '',
               'Cores used on average in the timed window (median over rounds): the job\'s '
               'workers, its servers, and everything else (other sessions, and the kernel\'s '
@@ -557,7 +560,7 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'machine (%d cores), scheduler and launcher included. A busy machine means a '
               'run bound by the CPU, not only by its links.' % meta['machine']['cores'], '']
     header = ['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy']
-    lines += report.table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
         'cpu_workers', 'cpu_server', 'cpu_other', 'busy_cores')))
     if failed:
         lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
@@ -576,7 +579,7 @@ def _method_rows(summary, models, workers, servers, methods, keys):
                     it = summary.get((model, n, s, m))
                     if it:
                         body.append([model, str(n), str(s), METHODS[m].label]
-                                    + [report.fmt(it[k]) for k in keys])
+                                    + [_fmt(it[k]) for k in keys])
     return body
 
 

@@ -424,7 +424,8 @@ def write_markdown(out, result, methods, networks, phases, command):
             if per_seed is None or not reached:
                 cells.append('-' if per_seed is None else 'not reached')
                 continue
-            text = '%s, %s epochs' % (_spread([p['derived_s'] for p in reached], report_lib.seconds),
+            text = '%s, %s epochs' % (_spread([p['derived_s'] for p in reached],
+                                              report_lib.seconds),
                                       '/'.join('%.2g' % p['epoch'] for p in reached))
             if len(reached) < len(per_seed):
                 text += ', %d of %d seeds' % (len(reached), len(per_seed))
