@@ -226,7 +226,12 @@ class _Net:
 
 @pytest.fixture(name='launched')
 def fixture_launched(monkeypatch, driver_env):  # pylint: disable=unused-argument
-    monkeypatch.delenv('PYTHONUNBUFFERED', raising=False)
+    # The driver's environment: driver_env's variables, no other DMLC_/MXNET_/MXDELAY_ one
+    # (an earlier test's `import mxdelay` sets its MXNet defaults in this process).
+    for name in list(os.environ):
+        if name.startswith(('DMLC_', 'MXNET_', 'MXDELAY_', 'PYTHONUNBUFFERED')) and name not in (
+                'DMLC_ROLE', 'MXNET_ENGINE_TYPE', 'MXDELAY_RANK'):
+            monkeypatch.delenv(name)
     monkeypatch.setenv('PYTHONPATH', '/driver/path')
     launched = _Launched()
     monkeypatch.setattr(subprocess, 'run', launched.run)
