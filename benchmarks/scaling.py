@@ -479,54 +479,40 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'Job samples/s over the timed window (median over rounds; the range in brackets '
               'when there are several), and each method\'s ratio to `dist_sync` of the same '
               'model, N and S.', '']
-    header = ['model', 'S', 'N'] + ['%s samples/s' % METHODS[m].label for m in methods] + [
-        '%s / sync' % METHODS[m].label for m in methods if m != 'sync']
-    body = []
-    for model in models:
-        for s in servers:
-            for n in workers:
-                items = [summary.get((model, n, s, m)) for m in methods]
-                if not any(items):
-                    continue
-                body.append([model, str(s), str(n)] + [
-                    '' if not it else '%.1f%s%s' % (
-                        it['samples_per_s'], ' [%.1f-%.1f]' % (it['min'], it['max'])
-                        if it['runs'] > 1 else '', ' (noisy)' if it['noisy'] else '')
-                    for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
-                                        for m, it in zip(methods, items) if m != 'sync'])
-    lines += _table(header, body)
+    lines += _table(['model', 'S', 'N'] + ['%s samples/s' % METHODS[m].label for m in methods] + [
+        '%s / sync' % METHODS[m].label for m in methods if m != 'sync'], [
+            [model, str(s), str(n)] + [
+                '' if not it else '%.1f%s%s' % (
+                    it['samples_per_s'], ' [%.1f-%.1f]' % (it['min'], it['max'])
+                    if it['runs'] > 1 else '', ' (noisy)' if it['noisy'] else '')
+                for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
+                                    for m, it in zip(methods, items) if m != 'sync']
+            for model in models for s in servers for n in workers
+            for items in [[summary.get((model, n, s, m)) for m in methods]] if any(items)])
     if second:
         lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
                   'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
-        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m].label for m in methods
-                                        if m != 'sync'] + [
-            '%s efficiency' % METHODS[m].label for m in methods]
-        body = []
-        for model in models:
-            for s in servers:
-                for n in workers:
-                    pairs = [(summary.get((model, n, s, m)) or {},
-                              second[2].get((model, n, s, m)) or {}) for m in methods]
-                    body.append([model, str(s), str(n)] + [
-                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'), _fmt(b.get('x_sync'),
-                                                                           '%.2fx'))
+        lines += _table(['model', 'S', 'N'] + [
+            '%s / sync' % METHODS[m].label for m in methods if m != 'sync'] + [
+                '%s efficiency' % METHODS[m].label for m in methods], [
+                    [model, str(s), str(n)] + [
+                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'),
+                                     _fmt(b.get('x_sync'), '%.2fx'))
                         for m, (a, b) in zip(methods, pairs) if m != 'sync'] + [
                         '%s / %s' % (_fmt(a.get('efficiency')), _fmt(b.get('efficiency')))
-                        if n == max(workers) else '' for a, b in pairs])
-        lines += _table(header, body)
+                        if n == max(workers) else '' for a, b in pairs]
+                    for model in models for s in servers for n in workers
+                    for pairs in [[(summary.get((model, n, s, m)) or {},
+                                    second[2].get((model, n, s, m)) or {}) for m in methods]]])
     lines += ['', '![samples/s against N](%s/throughput.png)' % out_link, '',
               '## Scaling efficiency relative to N=2', '',
               'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
               'linear).', '']
-    header = ['model', 'S'] + ['%s N=%d' % (METHODS[m].label, n) for m in methods
-                               for n in workers if n != 2]
-    body = []
-    for model in models:
-        for s in servers:
-            body.append([model, str(s)] + [
-                _fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
-                for m in methods for n in workers if n != 2])
-    lines += _table(header, body)
+    lines += _table(['model', 'S'] + ['%s N=%d' % (METHODS[m].label, n) for m in methods
+                                      for n in workers if n != 2], [
+        [model, str(s)] + [_fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
+                           for m in methods for n in workers if n != 2]
+        for model in models for s in servers])
     lines += ['', '## Bytes per step per link', '',
               'MB (10^6 bytes) per timed step, from the bridge ports\' counters interpolated '
               'at the window\'s start and end (headers included): the mean over the worker '
@@ -536,31 +522,25 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'with its port\'s over every job within %s (largest relative difference, '
               'results.md).' % _fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
                                         default=None), '%.3f'), '']
-    header = ['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
-              'server rx']
-    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += _table(['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
+                     'server rx'], _method_rows(summary, models, workers, servers, methods, (
         'worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb')))
     lines += ['', '## Server CPU seconds per round', '',
               'CPU time of all servers together in the timed window, divided by the timed '
               'steps (one round of every key per step).', '']
-    header = ['model', 'N', 'S'] + [METHODS[m].label for m in methods]
-    body = []
-    for model in models:
-        for n in workers:
-            for s in servers:
-                items = [summary.get((model, n, s, m)) for m in methods]
-                if any(items):
-                    body.append([model, str(n), str(s)] + [
-                        _fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
-    lines += _table(header, body)
+    lines += _table(['model', 'N', 'S'] + [METHODS[m].label for m in methods], [
+        [model, str(n), str(s)] + [_fmt(it and it['server_cpu_s_per_round'], '%.3f')
+                                   for it in items]
+        for model in models for n in workers for s in servers
+        for items in [[summary.get((model, n, s, m)) for m in methods]] if any(items)])
     lines += ['', '## Where the CPU went', '',
               'Cores used on average in the timed window (median over rounds): the job\'s '
               'workers, its servers, and everything else (other sessions, and the kernel\'s '
               'packet work on the bridge, which is charged to no process); *busy*: the whole '
               'machine (%d cores), scheduler and launcher included. A busy machine means a '
               'run bound by the CPU, not only by its links.' % meta['machine']['cores'], '']
-    header = ['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy']
-    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += _table(['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy'],
+                    _method_rows(summary, models, workers, servers, methods, (
         'cpu_workers', 'cpu_server', 'cpu_other', 'busy_cores')))
     if failed:
         lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
@@ -571,16 +551,9 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
 
 def _method_rows(summary, models, workers, servers, methods, keys):
     """Table rows (model, N, S, method, then `keys` of its summary) of every run configuration."""
-    body = []
-    for model in models:
-        for n in workers:
-            for s in servers:
-                for m in methods:
-                    it = summary.get((model, n, s, m))
-                    if it:
-                        body.append([model, str(n), str(s), METHODS[m].label]
-                                    + [_fmt(it[k]) for k in keys])
-    return body
+    return [[model, str(n), str(s), METHODS[m].label] + [_fmt(it[k]) for k in keys]
+            for model in models for n in workers for s in servers for m in methods
+            for it in [summary.get((model, n, s, m))] if it]
 
 
 def plot(path, summary, methods, second=None):
