@@ -443,41 +443,32 @@ def markdown(meta, rows, accuracy, methods, networks, accuracy_runs, args):
                 'delayed runs up to slack rounds on a slow link); blank where the window is '
                 'too short.' % (args.rounds, settings, report.NOISE_CORES), '']
         for network in present_networks:
-            out += ['### %s' % networks[network]['label'], '']
-            table = []
-            for method in present_methods:
-                item = summary.get((network, method))
-                if not item:
-                    continue
-                table.append([methods[method].label, '%.0f%s [%s%s]' % (
+            items = [(m, summary[network, m]) for m in present_methods if (network, m) in summary]
+            out += ['### %s' % networks[network]['label'], '', _table(
+                ['method', 'samples/s', 'ms/step', 'x dist_sync', 'x compute-only',
+                 'steady ms/step', 'steady x dist_sync'],
+                [[methods[m].label, '%.0f%s [%s%s]' % (
                     item['samples_per_s'], ' (noisy)' if item['noisy'] else '',
                     ', '.join('%.0f' % v for v in item['values']),
                     '; %d noisy left out' % item['excluded'] if item['excluded'] else ''),
-                    '%.1f' % item['ms_per_step'], _fmt(item['x_sync'], '%.2fx'),
-                    _fmt(item['x_compute'], '%.2fx'), _fmt(item['steady_ms'], '%.1f'),
-                    _fmt(item['steady_x_sync'], '%.2fx')])
-            out += [_table(['method', 'samples/s', 'ms/step', 'x dist_sync', 'x compute-only',
-                            'steady ms/step', 'steady x dist_sync'], table), '']
+                  '%.1f' % item['ms_per_step'], _fmt(item['x_sync'], '%.2fx'),
+                  _fmt(item['x_compute'], '%.2fx'), _fmt(item['steady_ms'], '%.1f'),
+                  _fmt(item['steady_x_sync'], '%.2fx')] for m, item in items]), '']
         out += ['### Where the CPU goes', '',
                 'Cores used on average during the timed window (medians over rounds): the two '
                 'workers together, the server, the scheduler + launcher + benchmark driver, and '
                 "everything else on the machine ('other': other users' processes, and kernel "
                 'work not charged to a process of the job, such as bridged packets). '
                 'The machine has %d cores.' % meta['nproc'], '']
-        table = []
-        for network in present_networks:
-            for method in present_methods:
-                item = summary.get((network, method))
-                if item:
-                    used = (item['cpu_workers'] + item['cpu_server'] + item['cpu_other']
-                            + item['cpu_launcher'])
-                    table.append([networks[network]['label'], methods[method].label,
-                                  '%.2f' % item['cpu_workers'], '%.2f' % item['cpu_server'],
-                                  '%.2f' % item['cpu_launcher'], '%.2f' % item['cpu_other'],
-                                  '%.2f' % max(0.0, meta['nproc'] - used),
-                                  '%.2f' % item['load']])
         out += [_table(['network', 'method', 'workers', 'server', 'sched+launcher', 'other',
-                        'idle', 'load before'], table), '']
+                        'idle', 'load before'], [
+            [networks[network]['label'], methods[method].label] + ['%.2f' % item[k] for k in (
+                'cpu_workers', 'cpu_server', 'cpu_launcher', 'cpu_other')] + [
+                    '%.2f' % max(0.0, meta['nproc'] - (item['cpu_workers'] + item['cpu_server']
+                                                       + item['cpu_other'] + item['cpu_launcher'])),
+                    '%.2f' % item['load']]
+            for network in present_networks for method in present_methods
+            for item in [summary.get((network, method))] if item]), '']
         losses = jitter_losses(summary, present_methods)
         if losses:
             out += ['### What the jitter costs', '',
