@@ -219,29 +219,25 @@ def write_markdown(meta, runs, rows, fits, path):
         '(warm-up of %d steps, the switch and two whole periods, so every slot buffer was '
         'used); peak: VmHWM. Formula: the model\'s arrays only (docs/design.md §3.5), no '
         'process overhead. Stock baseline verified in every process of every dist_sync job '
-        '(no mxdelay import): **%s**.' % (WARMUP, 'yes' if meta['stock_ok'] else 'NO'), '',
-        '| model | store | k | process | steady MiB | peak MiB | formula MiB (floats/param) |',
-        '|---|---|---:|---|---:|---:|---:|']
-    for r in rows:
-        lines.append('| %s | %s | %s | %s | %.0f | %.0f | %.0f (%g) |' % (
-            r['model'], r['store'], r['k'] or '-', r['process'], r['steady_mib'], r['peak_mib'],
-            r['formula_mib'], r['formula_floats_per_param']))
-    for run_ in runs:
-        if run_.get('skipped'):
-            lines.append('| %s | %s | %s | skipped: %s | | | |' % (
-                run_['model'], run_['store'], run_['k'] or '-', run_['skipped']))
+        '(no mxdelay import): **%s**.' % (WARMUP, 'yes' if meta['stock_ok'] else 'NO'), '']
+    lines += report.table(
+        'model | store | k | process | steady MiB | peak MiB | formula MiB (floats/param)', [
+            [r['model'], r['store'], r['k'] or '-', r['process'], '%.0f' % r['steady_mib'],
+             '%.0f' % r['peak_mib'], '%.0f (%g)' % (r['formula_mib'],
+                                                   r['formula_floats_per_param'])]
+            for r in rows] + [[run_['model'], run_['store'], run_['k'] or '-', 'skipped: %s' % (
+                run_['skipped']), '', '', ''] for run_ in runs if run_.get('skipped')], 'llrlrrr')
     if fits:
         lines += ['', '## Per parameter, measured', '',
                   'Slope: (big model\'s mean steady RSS - MLP\'s) / (100,663,296 - 1,863,690) '
                   '/ 4 bytes, per process; for servers per server (each holds half the '
                   'parameters, so the formula column is per server too). Fixed: the MLP\'s '
-                  'steady RSS minus its formula (interpreter, MXNet, thread pools).', '',
-                  '| store | k | role | measured floats per parameter | formula | fixed MiB |',
-                  '|---|---:|---|---:|---:|---:|']
-        for f in fits:
-            lines.append('| %s | %s | %s | %.2f | %g | %.0f |' % (
-                f['store'], f['k'] or '-', f['role'], f['measured_floats_per_param'],
-                f['formula_floats_per_param'], f['fixed_mib']))
+                  'steady RSS minus its formula (interpreter, MXNet, thread pools).', '']
+        lines += report.table('store | k | role | measured floats per parameter | formula | '
+                              'fixed MiB', [[f['store'], f['k'] or '-', f['role'], '%.2f' % f[
+                                  'measured_floats_per_param'], '%g' % f[
+                                      'formula_floats_per_param'], '%.0f' % f['fixed_mib']]
+                                            for f in fits], 'lrlrrr')
     report.write_lines(path, lines)
 
 

@@ -252,15 +252,13 @@ def markdown(runs, meta):
             lines += ['## %s: quiet jobs only (other processes used at most %.2f cores)'
                       % (network, report.NOISE_CORES), '']
             lines += _network_tables(quiet, network, meta['bulk'])
-    lines += ['## Every job', '', '| round | network | mode | bulk | warm-up ms/step | delayed '
-              'ms/step | load before-after | other cores |',
-              '|---:|---|---|---:|---:|---:|---|---:|']
-    for rec in runs:
-        lines.append('| %d | %s | %s | %d | %.1f | %.1f | %.2f-%.2f | %.2f |' % (
-            rec['round'], rec['network'], rec['mode'], rec['bulk'],
-            1000 * np.mean([w['warmup_step_s'] for w in rec['workers']]),
-            1000 * np.mean([w['delayed_step_s'] for w in rec['workers']]),
-            rec['load_before'], rec['load_after'], rec['other_cores']))
+    lines += ['## Every job', ''] + report.table(
+        'round | network | mode | bulk | warm-up ms/step | delayed ms/step | load before-after | '
+        'other cores', [['%d' % rec['round'], rec['network'], rec['mode'], '%d' % rec['bulk']] + [
+            '%.1f' % (1000 * np.mean([w[key] for w in rec['workers']]))
+            for key in ('warmup_step_s', 'delayed_step_s')] + [
+                '%.2f-%.2f' % (rec['load_before'], rec['load_after']), '%.2f' % rec['other_cores']]
+            for rec in runs], 'rllrrrlr')
     return '\n'.join(lines) + '\n'
 
 
