@@ -41,13 +41,11 @@ Usage::
     python benchmarks/accuracy_cnn.py                  # every run, then the report
     python benchmarks/accuracy_cnn.py --report-only    # the report from the files in --out
 """
-import argparse
 import hashlib
 import json
 import logging
 import os
 import sys
-import time
 
 import harness
 import provenance
@@ -75,8 +73,7 @@ DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'cnn'),
                         help='results folder (default: %(default)s)')
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'cnn'),
@@ -102,11 +99,12 @@ def parse_args(argv=None):
 
 
 # -- runs ----------------------------------------------------------------------------------
-def worker_args(optimizer, method, seed, args):
-    return (METHODS[method].args + OPTIMIZERS[optimizer][1]
-            + ['--model', MODEL, '--epochs', str(args.epochs), '--seed', str(seed),
-               '--warmup-steps', str(WARMUP), '--eval-every', str(STEPS_PER_EPOCH),
-               '--global-model', '--data-dir', args.data_dir])
+def worker_args(optimizer, seed, args):
+    """bench_worker's arguments after the method's."""
+    return OPTIMIZERS[optimizer][1] + [
+        '--model', MODEL, '--epochs', str(args.epochs), '--seed', str(seed), '--warmup-steps',
+        str(WARMUP), '--eval-every', str(STEPS_PER_EPOCH), '--global-model', '--data-dir',
+        args.data_dir]
 
 
 def _per_epoch_loss(losses):
@@ -118,16 +116,12 @@ def run_one(optimizer, method, seed, args):
     """One job; returns (its row, its accuracy rows) and writes its per-run file."""
     name = '%s-%s-s%d' % (optimizer, method, seed)
     folder = os.path.join(args.scratch, name)
-    argv = worker_args(optimizer, method, seed, args)
-    load = os.getloadavg()[0]
-    started = time.time()
-    code, results, monitor, roles = harness.run_worker(folder, argv,
-                                                600 + args.epochs * STEPS_PER_EPOCH * 3.0)
-    # A 'sync' job is stock: none of its processes may have imported mxdelay.
-    row = dict(optimizer=optimizer, method=method, seed=seed, exit=code, load_before=load,
-               load_after=os.getloadavg()[0], job_s=round(time.time() - started, 1),
-               stock_check=harness.stock_check(METHODS[method].stock, roles),
-               worker_env=harness.worker_env(roles))
+    extra = worker_args(optimizer, seed, args)
+    # A 'sync' job is stock: none of its processes may have imported mxdelay (stock_check).
+    code, results, monitor, info = harness.run_method(
+        folder, METHODS[method], extra, 600 + args.epochs * STEPS_PER_EPOCH * 3.0)
+    info['job_s'] = round(info['job_s'], 1)
+    row = dict(optimizer=optimizer, method=method, seed=seed, exit=code, **info)
     evals, workers = [], []
     if code == 0:
         t0 = min(r['first'] for r in results)
@@ -156,9 +150,9 @@ def run_one(optimizer, method, seed, args):
     else:
         _LOG.error('%s FAILED (exit %s): see %s', name, code, folder)
     os.makedirs(os.path.join(args.out, 'runs'), exist_ok=True)
-    with open(os.path.join(args.out, 'runs', name + '.json'), 'w', encoding='utf-8') as dst:
-        json.dump(dict(row, worker_args=argv, evals=evals, workers=workers, roles=roles), dst,
-                  indent=1)
+    report_lib.write_json(os.path.join(args.out, 'runs', name + '.json'), dict(
+        row, worker_args=METHODS[method].args + extra, evals=evals, workers=workers,
+        roles=harness.read_roles(folder)))
     return row, evals
 
 
@@ -176,9 +170,7 @@ def run_all(args, meta):
 
 
 def write_meta(out, meta):
-    harness.finish_meta(meta)
-    with open(os.path.join(out, 'meta.json'), 'w', encoding='utf-8') as dst:
-        json.dump(meta, dst, indent=1)
+    report_lib.write_json(os.path.join(out, 'meta.json'), harness.finish_meta(meta))
 
 
 # -- report --------------------------------------------------------------------------------
@@ -272,32 +264,27 @@ def write_markdown(out, summary, runs, meta):
         methods = [m for m in METHODS if (optimizer, m) in summary]
         if not methods:
             continue
-        epochs = sorted(summary[optimizer, methods[0]]['acc'])
-        lines += ['', '## %s: test accuracy per epoch' % label, '',
-                  '| epoch | ' + ' | '.join(METHODS[m].label for m in methods) + ' |',
-                  '|---:|' + '---:|' * len(methods)]
-        for epoch in epochs:
-            cells = []
-            for m in methods:
-                cell = _acc(summary[optimizer, m], epoch)
-                gap = summary[optimizer, m].get('gaps', {}).get(epoch)
-                cells.append(cell if gap is None else '%s (%+.2f)' % (cell, gap))
-            lines.append('| %d | %s |' % (epoch, ' | '.join(cells)))
+        lines += ['', '## %s: test accuracy per epoch' % label, ''] + report_lib.table(
+            ['epoch'] + [METHODS[m].label for m in methods], [[epoch] + [
+                _acc(summary[optimizer, m], epoch) + ('' if gap is None else ' (%+.2f)' % gap)
+                for m in methods
+                for gap in [summary[optimizer, m].get('gaps', {}).get(epoch)]]
+                for epoch in sorted(summary[optimizer, methods[0]]['acc'])],
+            'r' * (len(methods) + 1))
     lines += ['', '## Runs', '',
               'Training wall time (evaluation excluded; the machine is shared, so wall times are '
               'not a speed comparison: see the time-to-accuracy benchmark), the CPU other '
               'processes used during the run (cores; *noisy* above %g: it changes wall time, '
-              'not accuracy), and the stock check.' % report_lib.NOISE_CORES, '',
-              '| optimizer | method | seed | exit | training s | other cores | load before/after '
-              '| stock check | MXNET_* seen by the workers |', '|---|---|---:|---:|---:|---:|---|---|---|']
-    for r in runs:
-        lines.append('| %s | %s | %s | %s | %s | %s | %.2f / %.2f | %s | %s |' % (
+              'not accuracy), and the stock check.' % report_lib.NOISE_CORES, '']
+    lines += report_lib.table(
+        'optimizer | method | seed | exit | training s | other cores | load before/after | stock '
+        'check | MXNET_* seen by the workers', [[
             r['optimizer'], METHODS[r['method']].label, r['seed'], r['exit'],
             r.get('train_s', '-'), '%s%s' % (r.get('cpu_other', '-'), ' (noisy)' if r.get(
-                'cpu_other', 0) > report_lib.NOISE_CORES else ''), r['load_before'], r['load_after'],
-            r['stock_check'], r['worker_env']))
-    with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as dst:
-        dst.write('\n'.join(lines) + '\n')
+                'cpu_other', 0) > report_lib.NOISE_CORES else ''),
+            '%.2f / %.2f' % (r['load_before'], r['load_after']), r['stock_check'],
+            r.get('worker_env', '')] for r in runs], 'llrrrrlll')
+    report_lib.write_lines(os.path.join(out, 'results.md'), lines)
 
 
 def readme_rows(summary, runs, out):
@@ -328,10 +315,7 @@ def readme_rows(summary, runs, out):
 
 
 def plot(path, summary):
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    import matplotlib.ticker  # pylint: disable=import-outside-toplevel
+    plt = report_lib.pyplot()
     styles = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
               'sgd-k4': ('C7', '-.')}
     fig, axes = plt.subplots(1, len(OPTIMIZERS), figsize=(12.8, 4.8))
@@ -354,29 +338,26 @@ def plot(path, summary):
             if literal and min(literal) < min(shown) - 0.01:
                 title += " (the literal rule is partly below the scale)"
         ax.set_title(title, fontsize=10)
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_xlabel('epoch')
         ax.set_ylabel('test accuracy, global model')
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc='lower right', title='epoch-10 accuracy', title_fontsize=8)
     fig.suptitle('Fashion-MNIST CNN with BatchNorm, 2 workers, batch 128 each, warm-up 200')
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report_lib.save(fig, path, 110)
 
 
 def build_report(out):
     evals = report_lib.read_csv(os.path.join(out, 'accuracy.csv'))
     runs = report_lib.read_csv(os.path.join(out, 'runs.csv'))
-    with open(os.path.join(out, 'meta.json'), encoding='utf-8') as src:
-        meta = json.load(src)
+    meta = report_lib.read_json(os.path.join(out, 'meta.json'))
     summary = summarize(evals)
     write_markdown(out, summary, runs, meta)
     plot(os.path.join(out, 'accuracy.png'), summary)
-    with open(os.path.join(out, 'readme-rows.md'), 'w', encoding='utf-8') as dst:
-        dst.write('Rows for the table of README.md\'s results section (generated by '
-                  '`python benchmarks/accuracy_cnn.py --report-only`):\n\n'
-                  + '\n'.join(readme_rows(summary, runs, out)) + '\n')
+    report_lib.write_lines(os.path.join(out, 'readme-rows.md'), [
+        'Rows for the table of README.md\'s results section (generated by '
+        '`python benchmarks/accuracy_cnn.py --report-only`):', ''] + (
+            readme_rows(summary, runs, out) or ['']))
 
 
 def main(argv=None):

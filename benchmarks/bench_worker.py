@@ -35,18 +35,18 @@ Gluon's ``pushpull`` is refused with compression on ``'dist_sync'``. Only ``dela
 mxdelay (before mxnet, so that its servers are mxdelay's); the other modes are stock MXNet in
 every process, servers and scheduler included.
 
-Provenance: every process (scheduler, servers, workers) writes ``role-<role>-<rank>.json``
-next to ``--out``, before it imports MXNet and again at exit (a scheduler or server leaves
-MXNet's import only to exit): whether ``mxdelay`` or ``kvstore_ext`` were imported, and the
-``MXNET_*`` and ``OMP_*`` variables it saw. A ``sync`` or ``compute`` process that finds
+Provenance (``benchmarks/provenance.py``): every process (scheduler, servers, workers)
+writes ``role-<role>-<rank>.json`` next to ``--out``, before it imports MXNet and again at
+exit (a scheduler or server leaves MXNet's import only to exit): whether ``mxdelay``,
+``kvstore_ext`` or ``mxnet`` were imported, and the ``MXNET_*``, ``OMP_*`` and ``MXDELAY_*``
+variables it saw. A ``sync`` or ``compute`` process that finds
 mxdelay imported exits with code 3 at once.
 """
-import atexit
 import json
 import os
 import sys
 
-_STOCK_VIOLATION = 3
+import provenance  # standard library only: first, before MXNet
 
 
 def _option(name, default=None):
@@ -60,42 +60,9 @@ def _option(name, default=None):
     return default
 
 
-def _provenance(stage):
-    role = os.environ.get('DMLC_ROLE', 'worker')
-    rank = os.environ.get('MXDELAY_RANK', _option('--rank', '0'))
-    return dict(stage=stage, role=role, rank=rank, pid=os.getpid(), mode=_option('--mode'),
-                mxdelay_imported='mxdelay' in sys.modules,
-                kvstore_ext_imported='kvstore_ext' in sys.modules,
-                mxnet_imported='mxnet' in sys.modules,
-                env={k: v for k, v in sorted(os.environ.items())
-                     if k.startswith(('MXNET_', 'OMP_', 'MXDELAY_'))})
-
-
-def _record_provenance():
-    out = _option('--out')
-    if not out:
-        return
-    path = os.path.join(os.path.dirname(os.path.abspath(out)), 'role-%s-%s.json' % (
-        os.environ.get('DMLC_ROLE', 'worker'), os.environ.get('MXDELAY_RANK',
-                                                              _option('--rank', '0'))))
-    records = [_provenance('start')]
-
-    def write():
-        with open(path, 'w', encoding='utf-8') as dst:
-            json.dump(records, dst, indent=1)
-
-    def at_exit():
-        records.append(_provenance('exit'))
-        write()
-    write()
-    atexit.register(at_exit)
-    if _option('--mode') != 'delayed' and (records[0]['mxdelay_imported']
-                                           or records[0]['kvstore_ext_imported']):
-        sys.stderr.write('bench_worker: a stock run found mxdelay imported\n')
-        os._exit(_STOCK_VIOLATION)
-
-
-_record_provenance()
+if _option('--out'):
+    provenance.record(os.path.dirname(os.path.abspath(_option('--out'))), _option('--mode'),
+                      stock=_option('--mode') != 'delayed', rank=_option('--rank', '0'))
 # The servers of a job run what their `import` makes of them: mxdelay's server if mxdelay is
 # imported before mxnet, else MXNet's stock one. The baseline is stock MXNet throughout.
 if _option('--mode') == 'delayed':

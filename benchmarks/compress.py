@@ -126,8 +126,7 @@ def part_sparse(args):
                         str(steps), str(args.tokens), timing]
             load = os.getloadavg()[0]
             row = fp16_bytes.traffic(net, hostfile, command_of, args.steps, timeout=900)
-            with open(timing, encoding='utf-8') as src:
-                ends = json.load(src)['step_ends']
+            ends = report_lib.read_json(timing)['step_ends']
             row.update(variant=variant, load_before=load, load_after=os.getloadavg()[0],
                        samples_per_s=fp16_bytes.NUM_WORKERS * 128 * (len(ends) - 1)
                        / (ends[-1] - ends[0]))
@@ -138,40 +137,40 @@ def part_sparse(args):
     result = dict(meta=meta, vocab=VOCAB, dim=DIM, tokens=args.tokens, batch=128,
                   workers=fp16_bytes.NUM_WORKERS, steps=[args.steps, 3 * args.steps],
                   rows=rows)
-    with open(os.path.join(args.out, 'sparse-bytes.json'), 'w', encoding='utf-8') as dst:
-        json.dump(result, dst, indent=1)
+    report_lib.write_json(os.path.join(args.out, 'sparse-bytes.json'), result)
+    print('\n'.join(write_sparse(args.out, result)))
+
+
+def write_sparse(out, result):
+    """``sparse-bytes.md`` in `out` from `result` (``sparse-bytes.json``'s content)."""
+    steps, rows = result['steps'][0], result['rows']
     dense = rows[0]
-    lines = ['# Bytes per step of a sparse model (`%s`)' % command, '',
-             '- %s' % provenance.meta_line(meta),
+    lines = ['# Bytes per step of a sparse model (`%s`)' % result['meta']['command'], '',
+             '- %s' % provenance.meta_line(result['meta']),
              '', 'Embedding(%d x %d) (mean of %d tokens per sample) + Dense(%d), batch 128 per '
              'worker, `gluon.Trainer` SGD on `dist_delay`, %d workers, 1 server, each role in its '
              'own network namespace (unshaped); bytes from the kernel counters of each node\'s '
              '`eth0` (headers included), per step = difference between a %d-step and a %d-step '
              'job / %d, mean of the workers. Samples/s: the %d-step job\'s steps after its '
              'first, worker 0\'s step ends, on this loaded machine.' % (
-                 VOCAB, DIM, args.tokens, CLASSES, fp16_bytes.NUM_WORKERS, 3 * args.steps,
-                 args.steps, 2 * args.steps, 3 * args.steps), '',
-             '| variant | worker sends | worker receives | sends + receives | dense / this '
-             '(sends) | dense / this (sends + receives) | samples/s | load before/after |',
-             '|---|---:|---:|---:|---:|---:|---:|---|']
-    for row in rows:
-        total = row['worker_tx'] + row['worker_rx']
-        lines.append('| %s | %.0f | %.0f | %.0f | %.1fx | %.1fx | %.1f | %.2f / %.2f |' % (
-            row['variant'], row['worker_tx'], row['worker_rx'], total,
-            dense['worker_tx'] / row['worker_tx'],
-            (dense['worker_tx'] + dense['worker_rx']) / total, row['samples_per_s'],
-            row['load_before'], row['load_after']))
-    with open(os.path.join(args.out, 'sparse-bytes.md'), 'w', encoding='utf-8') as dst:
-        dst.write('\n'.join(lines) + '\n')
-    print('\n'.join(lines))
+                 VOCAB, DIM, result['tokens'], CLASSES, fp16_bytes.NUM_WORKERS, 3 * steps,
+                 steps, 2 * steps, 3 * steps), '']
+    lines += report_lib.table(
+        'variant | worker sends | worker receives | sends + receives | dense / this (sends) | '
+        'dense / this (sends + receives) | samples/s | load before/after', [[
+            row['variant'], '%.0f' % row['worker_tx'], '%.0f' % row['worker_rx'],
+            '%.0f' % (row['worker_tx'] + row['worker_rx']),
+            '%.1fx' % (dense['worker_tx'] / row['worker_tx']), '%.1fx' % (
+                (dense['worker_tx'] + dense['worker_rx']) / (row['worker_tx'] + row['worker_rx'])),
+            '%.1f' % row['samples_per_s'], '%.2f / %.2f' % (row['load_before'], row['load_after'])]
+            for row in rows], 'lrrrrrrl')
+    report_lib.write_lines(os.path.join(out, 'sparse-bytes.md'), lines)
+    return lines
 
 
 def part_plot(out):
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-    with open(os.path.join(out, 'tta.json'), encoding='utf-8') as src:
-        times = json.load(src)['times']
+    plt = report_lib.pyplot()
+    times = report_lib.read_json(os.path.join(out, 'tta.json'))['times']
     networks = [n for n in tta.NETWORKS if any(k.startswith(n + '/') for k in times)]
     fig, axes = plt.subplots(1, len(networks), figsize=(5 * len(networks), 4), squeeze=False)
     for axis, net_name in zip(axes[0], networks):
@@ -191,8 +190,7 @@ def part_plot(out):
         axis.set_title(tta.NETWORKS[net_name][0])
         axis.set_ylabel('steady-state samples/s (median, min-max)')
     fig.suptitle('Compression vs stock dist_sync (grey: stock MXNet)', fontsize=10)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, 'throughput.png'), dpi=100)
+    report_lib.save(fig, os.path.join(out, 'throughput.png'), 100)
 
 
 def part_steady(out):
@@ -200,17 +198,15 @@ def part_steady(out):
     steady-state samples/s per link and method, median and range over rounds, and the ratio
     of the medians to stock ``dist_sync``'s."""
     rows = report_lib.read_csv(os.path.join(out, 'phases-runs.csv'))
-    with open(os.path.join(out, 'meta-phases.json'), encoding='utf-8') as src:
-        meta = json.load(src)
+    meta = report_lib.read_json(os.path.join(out, 'meta-phases.json'))
     lines = ['# Steady-state samples/s with compression (phases runs only)', '',
              'Generated by `python benchmarks/compress.py --part steady --out %s` from '
              '[phases-runs.csv](phases-runs.csv) (do not edit). Runs: `%s`, %s to %s, commit '
              '`%s`; load average (1 min) %.2f before, %.2f after.' % (
                  os.path.relpath(out, harness.REPO), meta['command'], meta['started'],
                  meta['finished'], meta['code_start']['commit'][:10], meta['load_before'][0],
-                 meta['load_after'][0]), '',
-             '| link | method | samples/s, median (runs) | / `dist_sync` | noisy runs |',
-             '|---|---|---:|---:|---:|']
+                 meta['load_after'][0]), '']
+    body = []
     for net_name in [n for n in tta.NETWORKS if any(r['network'] == n for r in rows)]:
         medians = {}
         for method in METHODS:
@@ -220,14 +216,13 @@ def part_steady(out):
                 medians[method] = (statistics.median(r['window_samples_per_s'] for r in runs),
                                    runs)
         base = medians.get('sync', (None,))[0]
-        for method, (median, runs) in medians.items():
-            lines.append('| %s | %s | %.0f (%s) | %s | %d of %d |' % (
-                tta.NETWORKS[net_name][0], METHODS[method].label, median,
-                ' '.join('%.0f' % r['window_samples_per_s'] for r in runs),
-                '%.2fx' % (median / base) if base else '-',
-                sum(r.get('noisy') in (True, 'True') for r in runs), len(runs)))
-    with open(os.path.join(out, 'steady.md'), 'w', encoding='utf-8') as dst:
-        dst.write('\n'.join(lines) + '\n')
+        body += [[tta.NETWORKS[net_name][0], METHODS[method].label, '%.0f (%s)' % (
+            median, ' '.join('%.0f' % r['window_samples_per_s'] for r in runs)),
+                  '%.2fx' % (median / base) if base else '-', '%d of %d' % (
+                      sum(r.get('noisy') in (True, 'True') for r in runs), len(runs))]
+                 for method, (median, runs) in medians.items()]
+    report_lib.write_lines(os.path.join(out, 'steady.md'), lines + report_lib.table(
+        'link | method | samples/s, median (runs) | / `dist_sync` | noisy runs', body, 'llrrr'))
 
 
 def main(argv=None):

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-__all__ = ['CpuMonitor', 'Sampler']
+__all__ = ['CpuMonitor', 'Sampler', 'children']
 
 _TICK = os.sysconf('SC_CLK_TCK')
 
@@ -29,6 +29,17 @@ def _stat(pid):
         return None
     # After the command name: state ppid ... utime (14th field overall) stime (15th).
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def children():
+    """``{parent pid: [pids]}`` of every process now."""
+    found = {}
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                found.setdefault(stat[0], []).append(int(entry))
+    return found
 
 
 def _label(pid):
@@ -100,17 +111,11 @@ class CpuMonitor(Sampler):
         self._last = {}  # pid -> last cpu seconds seen (a process that exits keeps its total)
 
     def _descendants(self):
-        children = {}
-        for entry in os.listdir('/proc'):
-            if entry.isdigit():
-                stat = _stat(int(entry))
-                if stat is not None:
-                    children.setdefault(stat[0], []).append(int(entry))
-        found, todo = [], list(self.roots)
+        tree, found, todo = children(), [], list(self.roots)
         while todo:
             pid = todo.pop()
             found.append(pid)
-            todo.extend(children.get(pid, []))
+            todo.extend(tree.get(pid, []))
         return found
 
     def sample(self):

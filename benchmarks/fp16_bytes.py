@@ -26,6 +26,7 @@ import sys
 import time
 
 import harness
+import report
 
 NUM_WORKERS = 2
 REPO = harness.REPO
@@ -118,24 +119,20 @@ def main():
                          % (args.steps, args.size),
               'size': args.size, 'float32_bytes': payload, 'workers': NUM_WORKERS,
               'steps': [args.steps, 3 * args.steps], 'rows': rows}
-    with open(args.out + '.json', 'w', encoding='utf-8') as out:
-        json.dump(result, out, indent=1)
+    report.write_json(args.out + '.json', result)
     lines = ['# Bytes per step: float16 pushes (`%s`)' % result['command'], '',
              'One tensor of %d float32 elements (%d bytes), pushed and pulled every step; %d '
              'workers, 1 server, each role in its own network namespace; bytes from the '
              'kernel counters of each node\'s `eth0` (headers included), per step = '
              'difference between a %d-step and a %d-step job / %d. Worker columns: the mean '
              'of the workers.' % (args.size, payload, NUM_WORKERS, 3 * args.steps,
-                                  args.steps, 2 * args.steps), '',
-             '| method | worker sends (push) | worker receives (pull) | server receives | '
-             'push / stock |', '|---|---|---|---|---|']
-    stock = rows[0]['worker_tx']
-    for row in rows:
-        lines.append('| %s | %.0f | %.0f | %.0f | %.3f |' % (
-            row['method'], row['worker_tx'], row['worker_rx'], row['server_rx'],
-            row['worker_tx'] / stock))
-    with open(args.out + '.md', 'w', encoding='utf-8') as out:
-        out.write('\n'.join(lines) + '\n')
+                                  args.steps, 2 * args.steps), '']
+    lines += report.table('method | worker sends (push) | worker receives (pull) | server '
+                          'receives | push / stock', [[row['method']] + ['%.0f' % row[k] for k in (
+                              'worker_tx', 'worker_rx', 'server_rx')] + [
+                                  '%.3f' % (row['worker_tx'] / rows[0]['worker_tx'])]
+                                                      for row in rows], 'lllll')
+    report.write_lines(args.out + '.md', lines)
     print('\n'.join(lines))
 
 

@@ -14,25 +14,31 @@ records of its processes (:func:`stock_check`, :func:`worker_env`).
 The scripts are run as files (``python benchmarks/NAME.py``), so this folder is first on
 ``sys.path`` and ``import harness`` finds this module; :data:`REPO` is the repository.
 """
+import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from typing import NamedTuple, Optional, Tuple
 
 from cpu_monitor import CpuMonitor
 import netns
 from provenance import code_version, machine, now, read_records
+import report
 
 __all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
            'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'Job', 'run_worker', 'stop',
+           'started', 'wait_all', 'run_window',
            'shaped_network', 'job_env', 'command_line', 'start_meta', 'finish_meta',
-           'read_roles', 'stock_check', 'worker_env']
+           'read_roles', 'stock_check', 'worker_env', 'run_method', 'parser', 'names', 'ints',
+           'ordered', 'Interrupted', 'handle_signals']
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -200,9 +206,7 @@ def run_worker(folder, worker_args, timeout, hostfile=None):
 
     Returns (exit code, worker results, the CpuMonitor of the job, the role records).
     """
-    os.makedirs(folder, exist_ok=True)
-    for stale in os.listdir(folder):
-        os.remove(os.path.join(folder, stale))
+    _empty(folder)
     out = os.path.join(folder, 'worker-{rank}.json')
     job = Job([sys.executable, WORKER] + worker_args + ['--out', out], timeout,
               hostfile=hostfile)
@@ -214,6 +218,112 @@ def run_worker(folder, worker_args, timeout, hostfile=None):
             with open(out.format(rank=rank), encoding='utf-8') as src:
                 results.append(json.load(src))
     return code, results, monitor, read_roles(folder)
+
+
+@contextlib.contextmanager
+def started(argvs, log_path):
+    """Start each argv (a launcher job's, or a process of its own) with :func:`job_env` in a
+    session of its own, output to `log_path` (each preceded by its command line); yield the
+    Popens, and :func:`stop` them on exit."""
+    popens = []
+    with open(log_path, 'ab') as log:
+        try:
+            for argv in argvs:
+                log.write(('$ %s\n' % shlex.join(argv)).encode())
+                log.flush()
+                popens.append(subprocess.Popen(  # pylint: disable=consider-using-with
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    env=job_env(), cwd=REPO, start_new_session=True))
+            yield popens
+        finally:
+            for popen in popens:
+                stop(popen)
+
+
+def wait_all(popens, timeout):
+    """The exit codes of `popens` (or 'timeout after ...'), waiting `timeout` s in all."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    for popen in popens:
+        try:
+            codes.append(popen.wait(max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append('timeout after %g s' % timeout)
+    return codes
+
+
+def run_window(row, folder, worker, hostfile, timeout, compute=False,
+               num_workers=NUM_WORKERS, num_servers=1, batch=BATCH, monitor=None):
+    """Run one window job of bench_worker.py (`worker`: its argv without ``--out``) in the
+    emptied `folder`; `hostfile`: as :class:`Job`'s.
+
+    `row` (with ``steps``) gains the load, the wall time, the job's samples/s over the
+    window (from the first worker's window start to the last one's end), the cores each
+    role and the rest of the machine used in the window, and worker 0's step times; or
+    ``error``. `compute`: the workers run without launcher (``--mode compute``).
+    `monitor`: another context manager entered for the job's duration (e.g. counters).
+    Returns ``(row, the workers' results)`` (no results after an error).
+    """
+    steps = row['steps']
+    _empty(folder)
+    out = os.path.join(folder, 'worker-{rank}.json')
+    worker = worker + ['--out', out]
+    row['load_before'] = os.getloadavg()[0]
+    log_path = os.path.join(folder, 'log.txt')
+    if compute:
+        argvs = [worker + ['--rank', str(rank), '--num-workers', str(num_workers)]
+                 for rank in range(num_workers)]
+    else:
+        argvs = [Job(worker, timeout, num_workers, num_servers, hostfile).argv]
+    begun = time.time()
+    with started(argvs, log_path) as popens, (monitor or contextlib.nullcontext()):
+        roots = {os.getpid(): 'driver'}
+        if compute:
+            roots.update({popen.pid: 'worker %d' % rank for rank, popen in enumerate(popens)})
+        with CpuMonitor(roots) as cpu:
+            codes = wait_all(popens, timeout + 30)
+    row['wall_s'] = time.time() - begun
+    if any(code != 0 for code in codes):
+        row['error'] = 'exit %s; see %s' % (codes, log_path)
+        return row, []
+    results = [report.read_json(out.format(rank=rank)) for rank in range(num_workers)]
+    start = min(result['start'] for result in results)
+    end = max(result['end'] for result in results)
+    row.update(samples_per_s=num_workers * steps * batch / (end - start),
+               ms_per_step=1000 * (end - start) / steps, window_s=end - start)
+    usage = cpu.usage(start, end)
+    row.update(cpu_workers=sum(v for k, v in usage.items() if k.startswith('worker')),
+               cpu_server=sum((v for k, v in usage.items() if k.startswith('server')), 0.0),
+               cpu_scheduler=usage.get('scheduler', 0.0),
+               cpu_launcher=usage.get('launcher', 0.0) + usage.get('driver', 0.0),
+               cpu_other=usage['other'])
+    # Step times of worker 0 by position in the pull period (delayed: the pull is issued at
+    # position k-1 and waited for at position 0 of the next period).
+    ends = [results[0]['start']] + results[0]['step_ends']
+    row['step_ms'] = ' '.join('%.1f' % (1000 * (b - a)) for a, b in zip(ends, ends[1:]))
+    report.write_json(os.path.join(folder, 'row.json'), row, indent=None)
+    return row, results
+
+
+def _empty(folder):
+    os.makedirs(folder, exist_ok=True)
+    for stale in os.listdir(folder):
+        os.remove(os.path.join(folder, stale))
+
+
+def run_method(folder, method, worker_args, timeout, hostfile=None):
+    """:func:`run_worker` of `method` (a :class:`Method`: its arguments first, then
+    `worker_args`), and what every row of such a run records.
+
+    Returns (exit code, worker results, CpuMonitor, info): `info` holds ``load_before``,
+    ``load_after`` (1-minute load average), ``job_s``, ``stock_check`` and ``worker_env``.
+    """
+    load, started = os.getloadavg()[0], time.time()
+    code, results, monitor, roles = run_worker(folder, method.args + list(worker_args), timeout,
+                                               hostfile)
+    return code, results, monitor, dict(
+        load_before=load, load_after=os.getloadavg()[0], job_s=time.time() - started,
+        stock_check=stock_check(method.stock, roles), worker_env=worker_env(roles))
 
 
 def stop(popen, grace=15.0):
@@ -245,6 +355,64 @@ def shaped_network(nodes, rate, prefix='mxbench-'):
         hostfile = os.path.join(tmp, 'hosts')
         net.write_hostfile(hostfile)
         yield net, hostfile
+
+
+# -- arguments, run order, signals ------------------------------------------------------------
+def parser(doc, **kwargs):
+    """The argument parser of a benchmark: the first paragraph of `doc` as its description,
+    the whole docstring's layout kept in ``--help``."""
+    return argparse.ArgumentParser(description=doc.split('\n\n', maxsplit=1)[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+
+def names(known=None):
+    """An argparse type: a comma-separated list of names, each one of `known` (if given)."""
+    def parse(text):
+        chosen = [name for name in text.split(',') if name]
+        unknown = [name for name in chosen if known is not None and name not in known]
+        if unknown:
+            raise argparse.ArgumentTypeError('unknown %s; choose from %s' % (
+                ', '.join(unknown), ', '.join(known)))
+        return chosen
+    return parse
+
+
+def ints(text):
+    """An argparse type: comma-separated integers."""
+    return [int(value) for value in names()(text)]
+
+
+def ordered(items, round_index):
+    """`items` in round `round_index` (1-based) of interleaved runs: odd rounds in their order,
+    even rounds reversed, so that slow drifts of the shared machine hit every item alike."""
+    return list(items) if round_index % 2 else list(items)[::-1]
+
+
+class Interrupted(Exception):
+    """A stop signal arrived; the clean-up runs while this propagates."""
+
+    def __init__(self, signum):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_STOPPING = []
+
+
+def _on_signal(signum, _frame):
+    if _STOPPING:  # the first one is being handled: let the clean-up finish
+        logging.getLogger('harness').warning('%s again: still cleaning up',
+                                             signal.Signals(signum).name)
+        return
+    _STOPPING.append(signum)
+    raise Interrupted(signum)
+
+
+def handle_signals(signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+    """Turn `signums` into :class:`Interrupted`, so that namespaces and jobs are cleaned up
+    (``with`` blocks and ``finally`` clauses run); a second signal during that is ignored."""
+    for signum in signums:
+        signal.signal(signum, _on_signal)
 
 
 # -- a run's record -------------------------------------------------------------------------

@@ -38,7 +38,6 @@ Examples::
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import signal
 import subprocess
@@ -51,6 +50,7 @@ import numpy as np
 from cpu_monitor import CpuMonitor
 import harness
 import netns
+import report
 
 HERE, ROOT = harness.HERE, harness.REPO
 
@@ -63,39 +63,17 @@ MODE_LABELS = {'layerwise': 'per layer, during backward',
 NETWORKS = {name: (harness.NETWORKS[name].rate, warmup)
             for name, warmup in (('loopback', 30), ('1gbit', 20), ('100mbit', 8))}
 BULK = 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD'
-#: A job during which other processes used more cores than this is *disturbed* (as in
-#: benchmarks/report.py); the report gives the tables of the quiet jobs too.
-NOISE_CORES = 0.25
 JOB = os.path.join(ROOT, 'tests', 'scripts', 'timeline_job.py')
-
-
-class Interrupted(Exception):
-    """A stop signal arrived: unwind, so that the namespaces and the job are removed."""
-
-
-def _on_signal(signum, _frame):
-    signal.signal(signum, signal.SIG_IGN)  # a second one must not interrupt the clean-up
-    raise Interrupted(signal.Signals(signum).name)
-
-
-def _list(value, known=None):
-    names = [name for name in value.split(',') if name]
-    if known is not None:
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            raise argparse.ArgumentTypeError('unknown %s; choose from %s'
-                                             % (', '.join(unknown), ', '.join(known)))
-    return names
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
-    parser.add_argument('--network', default='loopback', type=lambda v: _list(v, NETWORKS),
+    parser.add_argument('--network', default='loopback', type=harness.names(NETWORKS),
                         help='comma-separated: %s (default: %%(default)s)' % ', '.join(NETWORKS))
     parser.add_argument('--modes', default=','.join(DEFAULT_MODES),
-                        type=lambda v: _list(v, MODES),
+                        type=harness.names(MODES),
                         help='comma-separated, of %s (default: %%(default)s)' % ', '.join(MODES))
-    parser.add_argument('--bulk', default='4', type=lambda v: [int(x) for x in _list(v)],
+    parser.add_argument('--bulk', default='4', type=harness.ints,
                         help='comma-separated values of %s (default: %%(default)s)' % BULK)
     parser.add_argument('--rounds', type=int, default=2)
     parser.add_argument('--warmup', type=int,
@@ -144,8 +122,8 @@ def run_job(network, mode, bulk, warmup, hostfile, log_path):
         if code != 0:
             raise RuntimeError('%s %s bulk %d: exit %s; see %s' % (network, mode, bulk, code,
                                                                     log_path))
-        record['workers'] = [json.load(open(os.path.join(folder, 'timeline%d.json' % rank),
-                                            encoding='utf-8')) for rank in (0, 1)]
+        record['workers'] = [report.read_json(os.path.join(folder, 'timeline%d.json' % rank))
+                             for rank in (0, 1)]
     return record
 
 
@@ -162,10 +140,8 @@ def networks(names):
             reason = netns.netns_available()
             if reason:
                 raise SystemExit('--network %s needs network namespaces: %s' % (name, reason))
-            net = stack.enter_context(netns.ShapedNetwork(4, rate))
-            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix='mxoverlap-net-'))
-            hostfiles[name] = os.path.join(folder, 'hosts')
-            net.write_hostfile(hostfiles[name])
+            net, hostfiles[name] = stack.enter_context(
+                harness.shaped_network(4, rate, 'mxoverlap-net-'))
             print('%s: namespaces %s, every link shaped to %s each way'
                   % (name, ', '.join(n for n, _ in net.nodes), rate), flush=True)
         yield hostfiles
@@ -254,7 +230,7 @@ def _network_tables(runs, network, bulks):
 
 
 def markdown(runs, meta):
-    quiet = [r for r in runs if r['other_cores'] <= NOISE_CORES]
+    quiet = [r for r in runs if r['other_cores'] <= report.NOISE_CORES]
     lines = ['# Overlap benchmark: per-layer pushes during backward vs after backward', '',
              'Command: `%s`' % meta['command'], '',
              '- Started %s, ended %s; %d jobs.' % (meta['start'], meta['end'], len(runs)),
@@ -264,7 +240,7 @@ def markdown(runs, meta):
              'processes during a job: median %.2f, max %.2f; %d of %d jobs quiet (at most %.2f).'
              % (min(r['load_before'] for r in runs), max(r['load_after'] for r in runs),
                 np.median([r['other_cores'] for r in runs]),
-                max(r['other_cores'] for r in runs), len(quiet), len(runs), NOISE_CORES),
+                max(r['other_cores'] for r in runs), len(quiet), len(runs), report.NOISE_CORES),
              '', 'ms/step: median over rounds (min-max), each the mean of both workers. '
              'bulk: %s. Timeline columns: 7 of the 8 recorded steps per worker and round '
              '(sync: 3 warm-up + the switch; delayed: the first 3; the 8th is cut short by the '
@@ -274,24 +250,20 @@ def markdown(runs, meta):
         lines += ['## %s: all jobs' % network, ''] + _network_tables(runs, network, meta['bulk'])
         if quiet and len(quiet) < len(runs):
             lines += ['## %s: quiet jobs only (other processes used at most %.2f cores)'
-                      % (network, NOISE_CORES), '']
+                      % (network, report.NOISE_CORES), '']
             lines += _network_tables(quiet, network, meta['bulk'])
-    lines += ['## Every job', '', '| round | network | mode | bulk | warm-up ms/step | delayed '
-              'ms/step | load before-after | other cores |',
-              '|---:|---|---|---:|---:|---:|---|---:|']
-    for rec in runs:
-        lines.append('| %d | %s | %s | %d | %.1f | %.1f | %.2f-%.2f | %.2f |' % (
-            rec['round'], rec['network'], rec['mode'], rec['bulk'],
-            1000 * np.mean([w['warmup_step_s'] for w in rec['workers']]),
-            1000 * np.mean([w['delayed_step_s'] for w in rec['workers']]),
-            rec['load_before'], rec['load_after'], rec['other_cores']))
+    lines += ['## Every job', ''] + report.table(
+        'round | network | mode | bulk | warm-up ms/step | delayed ms/step | load before-after | '
+        'other cores', [['%d' % rec['round'], rec['network'], rec['mode'], '%d' % rec['bulk']] + [
+            '%.1f' % (1000 * np.mean([w[key] for w in rec['workers']]))
+            for key in ('warmup_step_s', 'delayed_step_s')] + [
+                '%.2f-%.2f' % (rec['load_before'], rec['load_after']), '%.2f' % rec['other_cores']]
+            for rec in runs], 'rllrrrlr')
     return '\n'.join(lines) + '\n'
 
 
 def plot(path, runs, meta):
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    plt = report.pyplot()
     stats = summary(runs)
     configs = sorted({(mode, bulk) for _, mode, bulk in stats},
                      key=lambda c: (c[1], MODES.index(c[0])))
@@ -322,20 +294,16 @@ def plot(path, runs, meta):
     axes[0][0].legend(fontsize=7, loc='lower left')
     fig.suptitle('6-layer MLP, 2 workers + 1 server, every job; bars: median over rounds, '
                  'whiskers: min-max; labels: communication hidden behind backward', fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save(fig, path, 110)
 
 
 def main():
     args = parse_args()
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _on_signal)
+    harness.handle_signals((signal.SIGTERM, signal.SIGHUP))
     os.makedirs(args.out, exist_ok=True)
     if args.report_only:
-        with open(os.path.join(args.out, 'runs.json'), encoding='utf-8') as src:
-            saved = json.load(src)
-        report(args.out, saved.pop('runs'), saved)
+        saved = report.read_json(os.path.join(args.out, 'runs.json'))
+        write_report(args.out, saved.pop('runs'), saved)
         return
     log_path = os.path.join(args.out, 'jobs.log')
     configs = [(network, mode, bulk) for network in args.network for bulk in args.bulk
@@ -354,8 +322,7 @@ def main():
                 record = run_job(network, mode, bulk, warmup, hostfiles[network], log_path)
                 record['round'] = round_index
                 runs.append(record)
-                with open(os.path.join(args.out, 'runs.json'), 'w', encoding='utf-8') as dst:
-                    json.dump(dict(meta, runs=runs), dst)
+                report.write_json(os.path.join(args.out, 'runs.json'), dict(meta, runs=runs), None)
                 print('round %d %s %s bulk %d: warm-up %.1f ms/step, delayed %.1f ms/step; '
                       'load %.2f-%.2f, other cores %.2f' % (
                           round_index, network, mode, bulk,
@@ -367,12 +334,11 @@ def main():
     meta['uptime_after'] = subprocess.run(['uptime'], capture_output=True, text=True,
                                           check=False).stdout.strip()
     print('uptime after:', meta['uptime_after'], flush=True)
-    with open(os.path.join(args.out, 'runs.json'), 'w', encoding='utf-8') as dst:
-        json.dump(dict(meta, runs=runs), dst)
-    report(args.out, runs, meta)
+    report.write_json(os.path.join(args.out, 'runs.json'), dict(meta, runs=runs), None)
+    write_report(args.out, runs, meta)
 
 
-def report(out, runs, meta):
+def write_report(out, runs, meta):
     """Write results.md and overlap.png into `out`; print the tables."""
     text = markdown(runs, meta)
     with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as dst:

@@ -17,13 +17,13 @@ Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if
 differs from what would be written, and write nothing).
 """
 import argparse
-import json
 import os
 import statistics
 import sys
 import textwrap
 
 import harness
+import report
 
 REPO = harness.REPO
 BEGIN, END = '<!-- results:begin -->', '<!-- results:end -->'
@@ -38,16 +38,7 @@ WIDTH = 95
 
 
 def _load(*parts):
-    with open(os.path.join(REPO, *parts), encoding='utf-8') as src:
-        return json.load(src)
-
-
-def _s(seconds):
-    return '%.0f s' % seconds if seconds < 600 else '%.1f min' % (seconds / 60)
-
-
-def _mean(values):
-    return statistics.mean(values)
+    return report.read_json(os.path.join(REPO, *parts))
 
 
 def _tta_cells(tta, network):
@@ -55,8 +46,8 @@ def _tta_cells(tta, network):
     if not per['sync'] or not all(per['sync']):
         return None
     key = 'real_s' if network == 'loopback' else 'derived_s'
-    base = _mean(p[key] for p in per['sync'])
-    cells = ['`dist_sync` %s' % _s(base)]
+    base = statistics.mean(p[key] for p in per['sync'])
+    cells = ['`dist_sync` %s' % report.seconds(base)]
     for method in DELAYED:
         values = per[method]
         if not values:
@@ -64,14 +55,13 @@ def _tta_cells(tta, network):
         if not all(values):
             cells.append('k=%s not reached by every seed' % method[1:])
             continue
-        mean = _mean(p[key] for p in values)
-        cells.append('k=%s %s (**%.2fx**)' % (method[1:], _s(mean), base / mean))
+        mean = statistics.mean(p[key] for p in values)
+        cells.append('k=%s %s (**%.2fx**)' % (method[1:], report.seconds(mean), base / mean))
     return '; '.join(cells)
 
 
 def scaling_rows():
     """The scaling targets (ResNet-18, N=4, S=2) of both invocations of scaling.py."""
-    import report  # pylint: disable=import-outside-toplevel
     import scaling  # pylint: disable=import-outside-toplevel
     runs = []
     for folder in ('scaling', 'scaling-run2'):
@@ -145,7 +135,6 @@ def compression_rows():
                             for m in methods), len(data['seeds']), link))
     after = os.path.join('docs', 'benchmarks', 'compress-after-cpu')
     if os.path.exists(os.path.join(REPO, after, 'phases-runs.csv')):
-        import report  # pylint: disable=import-outside-toplevel
         runs = [r for r in report.read_csv(os.path.join(REPO, after, 'phases-runs.csv'))
                 if r['network'] == '1gbit' and r['exit'] == 0]
         medians = {m: statistics.median(r['window_samples_per_s'] for r in runs
@@ -207,10 +196,10 @@ def section():
                 else []
             if values:
                 cells.append('%s %.4f' % ('`dist_sync`' if method == 'sync' else
-                                          'k=%s' % method[1:], _mean(values)))
+                                          'k=%s' % method[1:], statistics.mean(values)))
         rows.append('| test accuracy after %s of training, %s | %s | the budget is `dist_sync`\'s '
                     'time to epoch 5 there; warm-up included; mean of %d seeds; derived as above '
-                    '| [tta/results.md](%s) |' % (_s(fixed['sync']['budget_s']), label,
+                    '| [tta/results.md](%s) |' % (report.seconds(fixed['sync']['budget_s']), label,
                                                    '; '.join(cells), seeds, link))
     accuracy = tta['accuracy']
     for epoch in (5, 10):

@@ -54,7 +54,7 @@ Procedure (fixed before the run; the defaults below are the full run's):
   ``--scratch``.
 
 Every namespace and process is cleaned up, also on failure, SIGINT, SIGTERM or SIGHUP
-(``benchmarks/benchmark.py``'s handlers). Needs root.
+(``harness.handle_signals``). Needs root.
 
 Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
 
@@ -71,13 +71,11 @@ import argparse
 import json
 import logging
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
 
-import benchmark
 from cpu_monitor import Sampler
 import fp16_bytes
 import harness
@@ -92,6 +90,7 @@ REPO = harness.REPO
 
 METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16')
 PERIOD = 4  # k of the delayed methods: the windows hold whole periods
+_fmt, _table = report.fmt, report.table
 #: name -> label, bench_worker arguments, batch per worker, float32 MB of the gradient,
 #: timed steps of the full run
 MODELS = {
@@ -110,19 +109,6 @@ SMOKE = ['--workers', '2,4', '--servers', '2', '--warmup', '2', '--steps', 'mlp=
          '--scratch', os.path.join(REPO, 'bench_out', 'scaling-smoke', 'runs')]
 
 
-def _ints(text):
-    return [int(v) for v in text.split(',') if v]
-
-
-def _names(text, known):
-    names = [v for v in text.split(',') if v]
-    unknown = [v for v in names if v not in known]
-    if unknown:
-        raise argparse.ArgumentTypeError('unknown %s; choose from %s' % (
-            ', '.join(unknown), ', '.join(known)))
-    return names
-
-
 def _steps(text):
     steps = {name: spec['steps'] for name, spec in MODELS.items()}
     for item in (v for v in text.split(',') if v):
@@ -135,8 +121,7 @@ def _steps(text):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'scaling'),
                         help='results folder (default: %(default)s)')
     parser.add_argument('--summary', default=os.path.join(REPO, 'docs', 'benchmarks',
@@ -145,11 +130,13 @@ def parse_args(argv):
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'scaling'),
                         help='raw per-run files and logs (default: %(default)s)')
     parser.add_argument('--models', default=','.join(MODELS),
-                        type=lambda v: _names(v, MODELS), help='(default: %(default)s)')
+                        type=harness.names(MODELS), help='(default: %(default)s)')
     parser.add_argument('--methods', default=','.join(METHODS),
-                        type=lambda v: _names(v, METHODS), help='(default: %(default)s)')
-    parser.add_argument('--workers', default='2,4,8', type=_ints, help='(default: %(default)s)')
-    parser.add_argument('--servers', default='1,2,4', type=_ints, help='(default: %(default)s)')
+                        type=harness.names(METHODS), help='(default: %(default)s)')
+    parser.add_argument('--workers', default='2,4,8', type=harness.ints,
+                        help='(default: %(default)s)')
+    parser.add_argument('--servers', default='1,2,4', type=harness.ints,
+                        help='(default: %(default)s)')
     parser.add_argument('--rate', default='1gbit', help='each link (default: %(default)s)')
     parser.add_argument('--rounds', type=int, default=1, help='(default: %(default)s)')
     parser.add_argument('--warmup', type=int, default=3,
@@ -251,8 +238,8 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
                round=round_index, warmup=args.warmup, steps=steps, batch=spec['batch'])
     eth0_before = fp16_bytes.counters(net)
     ports = PortCounters(net)
-    row, results = benchmark.run_window(
-        row, folder, worker, {'rate': args.rate}, hostfile, timeout, num_workers=workers,
+    row, results = harness.run_window(
+        row, folder, worker, hostfile if args.rate else None, timeout, num_workers=workers,
         num_servers=servers, batch=spec['batch'], monitor=ports)
     row['load_after'] = os.getloadavg()[0]
     roles = harness.read_roles(folder)
@@ -280,8 +267,8 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
 
 
 def _order(methods, config_index, round_index):
-    order = methods[config_index % len(methods):] + methods[:config_index % len(methods)]
-    return order if round_index % 2 else order[::-1]
+    rotation = config_index % len(methods)
+    return harness.ordered(methods[rotation:] + methods[:rotation], round_index)
 
 
 def run_all(args, rows, rows_path):
@@ -350,15 +337,6 @@ def summarize(rows):
         item['efficiency'] = (item['samples_per_s'] / (workers / 2 * base['samples_per_s'])
                               if base else None)
     return summary
-
-
-def _fmt(value, pattern='%.2f'):
-    return '' if value is None else pattern % value
-
-
-def _table(header, lines):
-    return ['| %s |' % ' | '.join(header), '|%s|' % '|'.join(['---'] + ['---:'] * (
-        len(header) - 1))] + ['| %s |' % ' | '.join(line) for line in lines]
 
 
 def verdicts(summary):
@@ -501,54 +479,40 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'Job samples/s over the timed window (median over rounds; the range in brackets '
               'when there are several), and each method\'s ratio to `dist_sync` of the same '
               'model, N and S.', '']
-    header = ['model', 'S', 'N'] + ['%s samples/s' % METHODS[m].label for m in methods] + [
-        '%s / sync' % METHODS[m].label for m in methods if m != 'sync']
-    body = []
-    for model in models:
-        for s in servers:
-            for n in workers:
-                items = [summary.get((model, n, s, m)) for m in methods]
-                if not any(items):
-                    continue
-                body.append([model, str(s), str(n)] + [
-                    '' if not it else '%.1f%s%s' % (
-                        it['samples_per_s'], ' [%.1f-%.1f]' % (it['min'], it['max'])
-                        if it['runs'] > 1 else '', ' (noisy)' if it['noisy'] else '')
-                    for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
-                                        for m, it in zip(methods, items) if m != 'sync'])
-    lines += _table(header, body)
+    lines += _table(['model', 'S', 'N'] + ['%s samples/s' % METHODS[m].label for m in methods] + [
+        '%s / sync' % METHODS[m].label for m in methods if m != 'sync'], [
+            [model, str(s), str(n)] + [
+                '' if not it else '%.1f%s%s' % (
+                    it['samples_per_s'], ' [%.1f-%.1f]' % (it['min'], it['max'])
+                    if it['runs'] > 1 else '', ' (noisy)' if it['noisy'] else '')
+                for it in items] + [_fmt(it and it['x_sync'], '%.2fx')
+                                    for m, it in zip(methods, items) if m != 'sync']
+            for model in models for s in servers for n in workers
+            for items in [[summary.get((model, n, s, m)) for m in methods]] if any(items)])
     if second:
         lines += ['', 'The ratios to `dist_sync` in both invocations (1st / 2nd), and the '
                   'scaling efficiency N=2 -> 8 (1st / 2nd):', '']
-        header = ['model', 'S', 'N'] + ['%s / sync' % METHODS[m].label for m in methods
-                                        if m != 'sync'] + [
-            '%s efficiency' % METHODS[m].label for m in methods]
-        body = []
-        for model in models:
-            for s in servers:
-                for n in workers:
-                    pairs = [(summary.get((model, n, s, m)) or {},
-                              second[2].get((model, n, s, m)) or {}) for m in methods]
-                    body.append([model, str(s), str(n)] + [
-                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'), _fmt(b.get('x_sync'),
-                                                                           '%.2fx'))
+        lines += _table(['model', 'S', 'N'] + [
+            '%s / sync' % METHODS[m].label for m in methods if m != 'sync'] + [
+                '%s efficiency' % METHODS[m].label for m in methods], [
+                    [model, str(s), str(n)] + [
+                        '%s / %s' % (_fmt(a.get('x_sync'), '%.2fx'),
+                                     _fmt(b.get('x_sync'), '%.2fx'))
                         for m, (a, b) in zip(methods, pairs) if m != 'sync'] + [
                         '%s / %s' % (_fmt(a.get('efficiency')), _fmt(b.get('efficiency')))
-                        if n == max(workers) else '' for a, b in pairs])
-        lines += _table(header, body)
+                        if n == max(workers) else '' for a, b in pairs]
+                    for model in models for s in servers for n in workers
+                    for pairs in [[(summary.get((model, n, s, m)) or {},
+                                    second[2].get((model, n, s, m)) or {}) for m in methods]]])
     lines += ['', '![samples/s against N](%s/throughput.png)' % out_link, '',
               '## Scaling efficiency relative to N=2', '',
               'samples/s(N) / (N/2 x samples/s(N=2)), same model, S and method (1.00: '
               'linear).', '']
-    header = ['model', 'S'] + ['%s N=%d' % (METHODS[m].label, n) for m in methods
-                               for n in workers if n != 2]
-    body = []
-    for model in models:
-        for s in servers:
-            body.append([model, str(s)] + [
-                _fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
-                for m in methods for n in workers if n != 2])
-    lines += _table(header, body)
+    lines += _table(['model', 'S'] + ['%s N=%d' % (METHODS[m].label, n) for m in methods
+                                      for n in workers if n != 2], [
+        [model, str(s)] + [_fmt((summary.get((model, n, s, m)) or {}).get('efficiency'))
+                           for m in methods for n in workers if n != 2]
+        for model in models for s in servers])
     lines += ['', '## Bytes per step per link', '',
               'MB (10^6 bytes) per timed step, from the bridge ports\' counters interpolated '
               'at the window\'s start and end (headers included): the mean over the worker '
@@ -558,31 +522,25 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
               'with its port\'s over every job within %s (largest relative difference, '
               'results.md).' % _fmt(max((r['eth0_check'] for r in rows if 'eth0_check' in r),
                                         default=None), '%.3f'), '']
-    header = ['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
-              'server rx']
-    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += _table(['model', 'N', 'S', 'method', 'worker tx', 'worker rx', 'server tx',
+                     'server rx'], _method_rows(summary, models, workers, servers, methods, (
         'worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb')))
     lines += ['', '## Server CPU seconds per round', '',
               'CPU time of all servers together in the timed window, divided by the timed '
               'steps (one round of every key per step).', '']
-    header = ['model', 'N', 'S'] + [METHODS[m].label for m in methods]
-    body = []
-    for model in models:
-        for n in workers:
-            for s in servers:
-                items = [summary.get((model, n, s, m)) for m in methods]
-                if any(items):
-                    body.append([model, str(n), str(s)] + [
-                        _fmt(it and it['server_cpu_s_per_round'], '%.3f') for it in items])
-    lines += _table(header, body)
+    lines += _table(['model', 'N', 'S'] + [METHODS[m].label for m in methods], [
+        [model, str(n), str(s)] + [_fmt(it and it['server_cpu_s_per_round'], '%.3f')
+                                   for it in items]
+        for model in models for n in workers for s in servers
+        for items in [[summary.get((model, n, s, m)) for m in methods]] if any(items)])
     lines += ['', '## Where the CPU went', '',
               'Cores used on average in the timed window (median over rounds): the job\'s '
               'workers, its servers, and everything else (other sessions, and the kernel\'s '
               'packet work on the bridge, which is charged to no process); *busy*: the whole '
               'machine (%d cores), scheduler and launcher included. A busy machine means a '
               'run bound by the CPU, not only by its links.' % meta['machine']['cores'], '']
-    header = ['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy']
-    lines += _table(header, _method_rows(summary, models, workers, servers, methods, (
+    lines += _table(['model', 'N', 'S', 'method', 'workers', 'servers', 'other', 'busy'],
+                    _method_rows(summary, models, workers, servers, methods, (
         'cpu_workers', 'cpu_server', 'cpu_other', 'busy_cores')))
     if failed:
         lines += ['', '## Failed runs', ''] + ['- %s N=%d S=%d %s round %d: %s' % (
@@ -593,24 +551,15 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
 
 def _method_rows(summary, models, workers, servers, methods, keys):
     """Table rows (model, N, S, method, then `keys` of its summary) of every run configuration."""
-    body = []
-    for model in models:
-        for n in workers:
-            for s in servers:
-                for m in methods:
-                    it = summary.get((model, n, s, m))
-                    if it:
-                        body.append([model, str(n), str(s), METHODS[m].label]
-                                    + [_fmt(it[k]) for k in keys])
-    return body
+    return [[model, str(n), str(s), METHODS[m].label] + [_fmt(it[k]) for k in keys]
+            for model in models for n in workers for s in servers for m in methods
+            for it in [summary.get((model, n, s, m))] if it]
 
 
 def plot(path, summary, methods, second=None):
     """samples/s against N per method, one panel per model and S; `second`: the summary
     of a second invocation, dashed."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    plt = report.pyplot()
     models = [m for m in MODELS if any(k[0] == m for k in summary)]
     servers = sorted({k[2] for k in summary})
     fig, axes = plt.subplots(len(models), len(servers), squeeze=False,
@@ -635,9 +584,7 @@ def plot(path, summary, methods, second=None):
     axes[0][0].legend(fontsize=8)
     fig.suptitle('Throughput against workers, each node on its own link (grey: stock%s)'
                  % ('; dashed: second invocation' if second else ''), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    report.save(fig, path, 100)
 
 
 def write_reports(args, meta, rows):
@@ -647,8 +594,7 @@ def write_reports(args, meta, rows):
     here = os.path.dirname(os.path.abspath(args.summary))
     second = None
     if args.compare:
-        with open(os.path.join(args.compare, 'meta.json'), encoding='utf-8') as src:
-            meta2 = json.load(src)
+        meta2 = report.read_json(os.path.join(args.compare, 'meta.json'))
         rows2 = report.read_csv(os.path.join(args.compare, 'runs.csv'))
         second = (meta2, rows2, summarize(rows2), os.path.relpath(args.compare, here))
     with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
@@ -671,15 +617,12 @@ def main(argv=None):
     meta_path = os.path.join(args.out, 'meta.json')
     rows_path = os.path.join(args.out, 'runs.csv')
     if args.report_only:
-        with open(meta_path, encoding='utf-8') as src:
-            meta = json.load(src)
-        write_reports(args, meta, report.read_csv(rows_path))
+        write_reports(args, report.read_json(meta_path), report.read_csv(rows_path))
         return 0
     reason = netns.netns_available()
     if reason:
         sys.exit('scaling.py needs network namespaces: %s' % reason)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, benchmark._on_signal)  # pylint: disable=protected-access
+    harness.handle_signals()
     stale = netns.remove_stale()
     if stale:
         _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
@@ -692,13 +635,11 @@ def main(argv=None):
     rows, code = [], 0
     try:
         run_all(args, rows, rows_path)
-    except benchmark.Interrupted as stop:
+    except harness.Interrupted as stop:
         _LOG.error('stopped by %s; namespaces and processes cleaned up', stop)
         code = 128 + stop.signum
     finally:
-        harness.finish_meta(meta)
-        with open(meta_path, 'w', encoding='utf-8') as dst:
-            json.dump(meta, dst, indent=1)
+        report.write_json(meta_path, harness.finish_meta(meta))
     if rows:
         write_reports(args, meta, rows)
     return code or (1 if any('error' in r for r in rows) else 0)

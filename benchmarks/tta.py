@@ -45,14 +45,12 @@ Usage (as root for the shaped networks)::
     python benchmarks/tta.py --part phases
     python benchmarks/tta.py --part report
 """
-import argparse
 import hashlib
 import json
 import logging
 import os
 import statistics
 import sys
-import time
 
 import harness
 import provenance
@@ -74,8 +72,7 @@ EVAL_EVERY = 78        # a third of an epoch (234 steps)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__)
     parser.add_argument('--part', choices=('full', 'phases', 'report'), required=True)
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'tta'),
                         help='results folder (default: %(default)s)')
@@ -115,9 +112,10 @@ def is_stock(method):
     return METHODS[method].stock
 
 
-def stock_check(method, roles):
-    """'ok' if the job of `method` imported mxdelay exactly when it should; else why not."""
-    return harness.stock_check(is_stock(method), roles)
+def _step_ends(results):
+    """The first worker's first step start, and each step's end on the slower worker after it."""
+    t0 = min(r['first'] for r in results)
+    return t0, [max(pair) - t0 for pair in zip(*(r['all_step_ends'] for r in results))]
 
 
 def _meta(args, argv, command):
@@ -131,33 +129,24 @@ def _meta(args, argv, command):
 def part_full(args, meta):
     evals, runs = [], []
     for index, seed in enumerate(args.seeds):
-        order = args.methods if index % 2 == 0 else args.methods[::-1]
-        for method in order:
+        for method in harness.ordered(args.methods, index + 1):
             folder = os.path.join(args.scratch, 'full', '%s-s%d' % (method, seed))
             worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
                            '--warmup-steps', str(FULL_WARMUP), '--eval-every', str(EVAL_EVERY),
                            '--data-dir', args.data_dir]
-            load = os.getloadavg()[0]
-            started = time.time()
-            code, results, monitor, roles = harness.run_worker(
-                folder, METHODS[method].args + worker_args, 300 + args.epochs * 234 * 1.0)
-            row = dict(method=method, seed=seed, exit=code, load_before=load,
-                       load_after=os.getloadavg()[0], job_s=time.time() - started,
-                       stock_check=stock_check(method, roles),
-                       worker_env=harness.worker_env(roles))
+            code, results, monitor, info = harness.run_method(
+                folder, METHODS[method], worker_args, 300 + args.epochs * 234 * 1.0)
+            row = dict(method=method, seed=seed, exit=code, **info)
+            runs.append(row)
             if code != 0:
                 _LOG.error('full %s seed %d FAILED (exit %s): see %s', method, seed, code, folder)
-                runs.append(row)
                 continue
-            t0 = min(r['first'] for r in results)
-            ends = [max(pair) - t0 for pair in zip(*(r['all_step_ends'] for r in results))]
+            t0, ends = _step_ends(results)
             end = max(r['end'] for r in results) - t0
-            usage = monitor.usage(t0, t0 + end)
             per_epoch = results[0]['steps_per_epoch']
             row.update(steps=len(ends), train_s=end, first_step_s=ends[0],
-                       eval_s=results[0]['eval_s'], cpu_other=usage['other'],
+                       eval_s=results[0]['eval_s'], cpu_other=monitor.usage(t0, t0 + end)['other'],
                        mean_loss=results[0]['mean_loss'])
-            runs.append(row)
             for record in results[0]['evals']:
                 evals.append(dict(method=method, seed=seed, step=record['step'],
                                   epoch=round(record['epoch'], 4),
@@ -173,23 +162,20 @@ def part_full(args, meta):
 
 
 # -- phase runs ----------------------------------------------------------------------------
-def phase_row(results, method, warmup, steps):
+def phase_row(results, warmup, steps):
     """Per-phase step times of one short run, from both workers' step ends."""
-    t0 = min(r['first'] for r in results)
-    ends = [max(pair) - t0 for pair in zip(*(r['all_step_ends'] for r in results))]
+    t0, ends = _step_ends(results)
     durations = [b - a for a, b in zip(ends, ends[1:])]
     switch = warmup + 1  # steps 1..switch are synchronous (the switch step included)
-    row = dict(first_step_s=ends[0], sync_steps=switch - 1,
-               sync_step_ms=1000 * statistics.mean(durations[:switch - 1]),
-               delayed_steps=steps,
-               delayed_step_ms=1000 * (ends[switch + steps - 1] - ends[switch - 1]) / steps,
-               drain_s=max(r['end'] for r in results) - t0 - ends[-1])
     start = min(r['start'] for r in results)
     end = max(r['end'] for r in results)
-    row['window_samples_per_s'] = NUM_WORKERS * steps * BATCH / (end - start)
-    row['losses'] = results[0]['losses']
-    row['window'] = (start - t0, end - t0)
-    return row
+    return dict(first_step_s=ends[0], sync_steps=switch - 1,
+                sync_step_ms=1000 * statistics.mean(durations[:switch - 1]),
+                delayed_steps=steps,
+                delayed_step_ms=1000 * (ends[switch + steps - 1] - ends[switch - 1]) / steps,
+                drain_s=end - t0 - ends[-1],
+                window_samples_per_s=NUM_WORKERS * steps * BATCH / (end - start),
+                losses=results[0]['losses'], window=(start - t0, end - t0))
 
 
 def part_phases(args, meta):
@@ -207,29 +193,24 @@ def part_phases(args, meta):
     for net_name, (label, rate, warmup, steps, bound), rounds in plan:
         with harness.shaped_network(2 + NUM_WORKERS, rate, 'mxtta-') as (_, hostfile):
             for round_index in range(1, rounds + 1):
-                order = args.methods if round_index % 2 else args.methods[::-1]
-                for method in order:
+                for method in harness.ordered(args.methods, round_index):
                     folder = os.path.join(args.scratch, 'phases',
                                           '%s-%s-r%d' % (net_name, method, round_index))
                     worker_args = ['--warmup-steps', str(warmup), '--steps', str(steps),
                                    '--seed', '1', '--data-dir', args.data_dir]
-                    load = os.getloadavg()[0]
-                    code, results, monitor, roles = harness.run_worker(
-                        folder, METHODS[method].args + worker_args,
+                    code, results, monitor, info = harness.run_method(
+                        folder, METHODS[method], worker_args,
                         120 + (warmup + 1 + steps) * bound, hostfile)
+                    info.pop('job_s')
                     row = dict(network=net_name, method=method, round=round_index, exit=code,
-                               warmup=warmup, steps=steps, load_before=load,
-                               load_after=os.getloadavg()[0],
-                               stock_check=stock_check(method, roles),
-                               worker_env=harness.worker_env(roles))
+                               warmup=warmup, steps=steps, **info)
                     if code == 0:
-                        detail = phase_row(results, method, warmup, steps)
+                        detail = phase_row(results, warmup, steps)
                         losses = detail.pop('losses')
-                        window = detail.pop('window')
+                        start, end = detail.pop('window')
                         t0 = min(r['first'] for r in results)
-                        usage = monitor.usage(t0 + window[0], t0 + window[1])
-                        row.update(detail, cpu_other=usage['other'],
-                                   noisy=usage['other'] > report_lib.NOISE_CORES,
+                        other = monitor.usage(t0 + start, t0 + end)['other']
+                        row.update(detail, cpu_other=other, noisy=other > report_lib.NOISE_CORES,
                                    loss_digest=hashlib.sha1(json.dumps(losses).encode())
                                    .hexdigest()[:12])
                         _LOG.info('%s %s r%d: first %.2f s, sync %.1f ms, delayed %.1f ms, '
@@ -260,12 +241,9 @@ def build_report(out, command='python benchmarks/tta.py'):
     phases_file = os.path.join(out, 'phases-runs.csv')
     # A folder of accuracy runs alone (no phases part) reports accuracy only.
     phases = report_lib.read_csv(phases_file) if os.path.exists(phases_file) else []
-    metas = {}
-    for part in ('full', 'phases'):
-        path = os.path.join(out, 'meta-%s.json' % part)
-        if os.path.exists(path):
-            with open(path, encoding='utf-8') as src:
-                metas[part] = json.load(src)
+    metas = {part: report_lib.read_json(os.path.join(out, 'meta-%s.json' % part))
+             for part in ('full', 'phases') if os.path.exists(os.path.join(out, 'meta-%s.json'
+                                                                           % part))}
     methods = [m for m in METHODS if any(e['method'] == m for e in evals)]
     seeds = sorted({e['seed'] for e in evals})
     epochs = sorted({int(e['epoch']) for e in evals if e['epoch_end'] in (True, 'True')})
@@ -377,20 +355,23 @@ def build_report(out, command='python benchmarks/tta.py'):
                   tta={'%s/%s' % k: v for k, v in tta.items()},
                   fixed_time={'%s/%s' % k: v for k, v in fixed.items()},
                   validation=validation, runs=runs, metas=metas, steps_of=len(steps_of))
-    with open(os.path.join(out, 'tta.json'), 'w', encoding='utf-8') as dst:
-        json.dump(result, dst, indent=1)
+    report_lib.write_json(os.path.join(out, 'tta.json'), result)
     write_markdown(out, result, methods, networks, phases, command)
     return result
 
 
-def _fmt_s(seconds):
-    if seconds is None:
-        return '-'
-    return '%.0f s' % seconds if seconds < 600 else '%.1f min' % (seconds / 60)
+def _cell(row, key, pattern):
+    """`row`'s `key` by `pattern`, '-' where the run has none (a failed run)."""
+    return pattern % row[key] if key in row else '-'
+
+
+def _spread(values, text=lambda v: '%.4f' % v):
+    return '%s (%s-%s)' % (text(statistics.mean(values)), text(min(values)), text(max(values)))
 
 
 def write_markdown(out, result, methods, networks, phases, command):
     label = {m: METHODS[m].label for m in METHODS}
+    table = report_lib.table
     lines = ['# Time to accuracy, accuracy over seeds, per-phase step times',
              '', 'Generated by `%s --part report` from the CSV files in this ' % command +
              'folder; do not edit. How they were made: `benchmarks/tta.py` (docstring) and '
@@ -398,82 +379,66 @@ def write_markdown(out, result, methods, networks, phases, command):
     for part in ('full', 'phases'):
         if part in result['metas']:
             lines.append('- %s: %s' % (part, provenance.meta_line(result['metas'][part])))
+    accuracy = result['accuracy']
     lines += ['', '## Test accuracy over %d seeds (loopback, real runs, 10 epochs)' % len(
         result['seeds']), '',
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
         'seeds %s. Delayed methods: rule `mirror`, warm-up 200 steps.' % ', '.join(
-            str(s) for s in result['seeds']), '',
-        '| epoch | ' + ' | '.join(label[m] for m in methods) + ' |',
-        '|---:|' + '---:|' * len(methods)]
-    for index, row in enumerate(result['accuracy']['sync']):
-        cells = []
-        for method in methods:
-            a = result['accuracy'][method][index]
-            cells.append('%.4f (%.4f-%.4f)' % (a['mean'], a['min'], a['max']))
-        lines.append('| %d | %s |' % (row['epoch'], ' | '.join(cells)))
-    lines += ['', 'Mean minus dist_sync\'s mean, in points (the targets: within 0.5):', '',
-              '| epoch | ' + ' | '.join(label[m] for m in methods[1:]) + ' |',
-              '|---:|' + '---:|' * (len(methods) - 1)]
-    for index, row in enumerate(result['accuracy']['sync']):
-        lines.append('| %d | %s |' % (row['epoch'], ' | '.join(
-            '%+.2f' % (100 * (result['accuracy'][m][index]['mean'] - row['mean']))
-            for m in methods[1:])))
+            str(s) for s in result['seeds']), '']
+    lines += table(['epoch'] + [label[m] for m in methods], [
+        [row['epoch']] + ['%.4f (%.4f-%.4f)' % (accuracy[m][index]['mean'], accuracy[m][index][
+            'min'], accuracy[m][index]['max']) for m in methods]
+        for index, row in enumerate(accuracy['sync'])], 'r' * (len(methods) + 1))
+    lines += ['', 'Mean minus dist_sync\'s mean, in points (the targets: within 0.5):', '']
+    lines += table(['epoch'] + [label[m] for m in methods[1:]], [
+        [row['epoch']] + ['%+.2f' % (100 * (accuracy[m][index]['mean'] - row['mean']))
+                          for m in methods[1:]]
+        for index, row in enumerate(accuracy['sync'])], 'r' * len(methods))
     lines += ['', '## Per-phase step times (median over rounds)', '',
               'Short runs with seed 1, interleaved; synchronous = stock steps of dist_sync or '
               'the warm-up steps of a delayed method; first step includes the kvstore\'s '
-              'initial push.', '',
-              '| network | method | rounds | first step | synchronous ms/step | delayed ms/step '
-              '| steady-state samples/s (delayed window; min-max) |',
-              '|---|---|---:|---:|---:|---:|---:|']
-    for net_name in networks:
-        for method in METHODS:
-            t = result['times'].get('%s/%s' % (net_name, method))
-            if not t:
-                continue
-            lines.append('| %s | %s | %d%s | %.2f s | %.1f | %s | %.0f (%.0f-%.0f) |' % (
-                NETWORKS[net_name][0], label[method], t['rounds'],
-                ' (%d noisy)' % t['noisy'] if t['noisy'] else '', t['first_step_s'],
-                t['sync_step_ms'], '-' if is_stock(method) else '%.1f' % t['delayed_step_ms'],
-                t['window_samples_per_s'], t['window_min'], t['window_max']))
+              'initial push.', '']
+    times = [(n, m, result['times'].get('%s/%s' % (n, m))) for n in networks for m in METHODS]
+    lines += table('network | method | rounds | first step | synchronous ms/step | delayed '
+                   'ms/step | steady-state samples/s (delayed window; min-max)', [[
+                       NETWORKS[n][0], label[m], '%d%s' % (t['rounds'], ' (%d noisy)' % t[
+                           'noisy'] if t['noisy'] else ''), '%.2f s' % t['first_step_s'],
+                       '%.1f' % t['sync_step_ms'],
+                       '-' if is_stock(m) else '%.1f' % t['delayed_step_ms'],
+                       '%.0f (%.0f-%.0f)' % (t['window_samples_per_s'], t['window_min'],
+                                             t['window_max'])] for n, m, t in times if t],
+                   'llrrrrr')
     lines += ['', '## Time to accuracy %.4f (dist_sync\'s mean epoch-5 accuracy)' % result[
         'target'], '',
         'Wall time of training (evaluation excluded) until the first evaluation (every %d '
         'steps, a third of an epoch) at or above the target; mean (min-max) over seeds; '
         '*derived* from the real runs\' steps and the per-phase step times, the warm-up of '
         '200 synchronous steps included. Loopback also gives the real time of the full runs.'
-        % result['eval_every'], '',
-        '| network | ' + ' | '.join(label[m] for m in methods) + ' |',
-        '|---|' + '---:|' * len(methods)]
+        % result['eval_every'], '']
+    body = []
     for net_name in networks:
         cells = []
         for method in methods:
             per_seed = result['tta'].get('%s/%s' % (net_name, method))
-            if per_seed is None:
-                cells.append('-')
+            reached = [p for p in per_seed or [] if p]
+            if per_seed is None or not reached:
+                cells.append('-' if per_seed is None else 'not reached')
                 continue
-            reached = [p for p in per_seed if p]
-            if not reached:
-                cells.append('not reached')
-                continue
-            derived = [p['derived_s'] for p in reached]
-            text = '%s (%s-%s), %s epochs' % (
-                _fmt_s(statistics.mean(derived)), _fmt_s(min(derived)), _fmt_s(max(derived)),
-                '/'.join('%.2g' % p['epoch'] for p in per_seed if p))
+            text = '%s, %s epochs' % (_spread([p['derived_s'] for p in reached],
+                                              report_lib.seconds),
+                                      '/'.join('%.2g' % p['epoch'] for p in reached))
             if len(reached) < len(per_seed):
                 text += ', %d of %d seeds' % (len(reached), len(per_seed))
             cells.append(text)
-        lines.append('| %s | %s |' % (NETWORKS[net_name][0], ' | '.join(cells)))
+        body.append([NETWORKS[net_name][0]] + cells)
         if net_name == 'loopback':
-            cells = []
-            for method in methods:
-                real = [p['real_s'] for p in result['tta'].get('loopback/%s' % method) or []
-                        if p]
-                cells.append('%s (%s-%s)' % (_fmt_s(statistics.mean(real)), _fmt_s(min(real)),
-                                             _fmt_s(max(real))) if real else '-')
-            lines.append('| loopback, real wall time of the full runs | %s |' % ' | '.join(cells))
-    lines += ['', 'Speed-up of time to accuracy over dist_sync (ratio of the means):', '',
-              '| network | ' + ' | '.join(label[m] for m in methods[1:]) + ' |',
-              '|---|' + '---:|' * (len(methods) - 1)]
+            real = {m: [p['real_s'] for p in result['tta'].get('loopback/%s' % m) or [] if p]
+                    for m in methods}
+            body.append(['loopback, real wall time of the full runs'] + [
+                _spread(real[m], report_lib.seconds) if real[m] else '-' for m in methods])
+    lines += table(['network'] + [label[m] for m in methods], body)
+    lines += ['', 'Speed-up of time to accuracy over dist_sync (ratio of the means):', '']
+    body = []
     for net_name in networks:
         base = result['tta'].get('%s/sync' % net_name)
         if not base or not all(base):
@@ -482,24 +447,21 @@ def write_markdown(out, result, methods, networks, phases, command):
         cells = []
         for method in methods[1:]:
             per_seed = result['tta'].get('%s/%s' % (net_name, method))
-            if not per_seed or not all(per_seed):
-                cells.append('-')
-            else:
-                cells.append('%.2fx' % (base_mean / statistics.mean(p['derived_s']
-                                                                    for p in per_seed)))
-        lines.append('| %s | %s |' % (NETWORKS[net_name][0], ' | '.join(cells)))
+            cells.append('%.2fx' % (base_mean / statistics.mean(p['derived_s'] for p in per_seed))
+                         if per_seed and all(per_seed) else '-')
+        body.append([NETWORKS[net_name][0]] + cells)
         if net_name == 'loopback':
             real = {m: [p['real_s'] for p in result['tta'].get('loopback/%s' % m) or [] if p]
                     for m in methods}
             if real['sync'] and all(len(real[m]) == len(real['sync']) for m in methods):
-                lines.append('| loopback, real wall time of the full runs | %s |' % ' | '.join(
+                body.append(['loopback, real wall time of the full runs'] + [
                     '%.2fx' % (statistics.mean(real['sync']) / statistics.mean(real[m]))
-                    for m in methods[1:]))
+                    for m in methods[1:]])
+    lines += table(['network'] + [label[m] for m in methods[1:]], body)
     lines += ['', '## Accuracy at a fixed wall time', '',
               "The budget on each network is dist_sync's derived time to the end of epoch 5; "
-              'accuracy of the last evaluation within it, mean (min-max) over seeds.', '',
-              '| network | budget | ' + ' | '.join(label[m] for m in methods) + ' |',
-              '|---|---:|' + '---:|' * len(methods)]
+              'accuracy of the last evaluation within it, mean (min-max) over seeds.', '']
+    body = []
     for net_name in networks:
         sync = result['fixed_time'].get('%s/sync' % net_name)
         if not sync:
@@ -507,67 +469,54 @@ def write_markdown(out, result, methods, networks, phases, command):
         cells = []
         for method in methods:
             f = result['fixed_time'].get('%s/%s' % (net_name, method))
-            values = [v['test_acc'] for v in f['per_seed'] if v] if f else []
-            epochs = [v['epoch'] for v in f['per_seed'] if v] if f else []
-            cells.append('%.4f (%.4f-%.4f) at epoch %s' % (
-                statistics.mean(values), min(values), max(values),
-                '/'.join('%.2g' % e for e in epochs)) if values else '-')
-        lines.append('| %s | %s | %s |' % (NETWORKS[net_name][0], _fmt_s(sync['budget_s']),
-                                           ' | '.join(cells)))
+            reached = [v for v in f['per_seed'] if v] if f else []
+            cells.append('%s at epoch %s' % (_spread([v['test_acc'] for v in reached]), '/'.join(
+                '%.2g' % v['epoch'] for v in reached)) if reached else '-')
+        body.append([NETWORKS[net_name][0], report_lib.seconds(sync['budget_s'])] + cells)
+    lines += table(['network', 'budget'] + [label[m] for m in methods], body)
     if result['validation']:
         lines += ['', '## Check of the derivation on loopback', '',
                   'Derived time (from the loopback per-phase times) against the real training '
                   'wall time of the full runs (mean and min-max over seeds), and against the '
                   'quiet full runs only (other processes used at most %g cores during the run; '
-                  'all runs are in the tables).' % report_lib.NOISE_CORES, '',
-                  '| method | epoch | real, all seeds | derived | derived / real | quiet seeds '
-                  '| derived / real, quiet seeds |',
-                  '|---|---:|---:|---:|---:|---|---:|']
-        for v in result['validation']:
-            lines.append('| %s | %d | %.1f s (%.1f-%.1f) | %.1f s | %.2f | %s | %s |' % (
-                label[v['method']], v['epoch'], v['real_mean_s'], v['real_min_s'],
-                v['real_max_s'], v['derived_s'], v['ratio'],
-                ', '.join(str(s) for s in v['quiet_seeds']) or 'none',
-                '%.2f' % v['quiet_ratio'] if v['quiet_ratio'] else '-'))
+                  'all runs are in the tables).' % report_lib.NOISE_CORES, '']
+        lines += table('method | epoch | real, all seeds | derived | derived / real | quiet '
+                       'seeds | derived / real, quiet seeds', [[
+                           label[v['method']], v['epoch'], '%.1f s (%.1f-%.1f)' % (
+                               v['real_mean_s'], v['real_min_s'], v['real_max_s']),
+                           '%.1f s' % v['derived_s'], '%.2f' % v['ratio'],
+                           ', '.join(str(s) for s in v['quiet_seeds']) or 'none',
+                           '%.2f' % v['quiet_ratio'] if v['quiet_ratio'] else '-']
+                           for v in result['validation']], 'lrrrrlr')
     lines += ['', '## Does timing change training?', '',
               'Per-step losses of worker 0 (a SHA-1 of the list) of the phase runs with the same '
               'method and steps, on different links, rounds, and loopback runs with the shaped '
               "links' steps (`loopback-as-...`). One digest for a group: bit-identical training "
-              'whatever the link and timing.', '',
-              '| method | warm-up | delayed steps | runs | distinct loss digests |',
-              '|---|---:|---:|---|---|']
-    for d in result['determinism']:
-        lines.append('| %s | %d | %d | %s | %s |' % (label[d['method']], d['warmup'], d['steps'],
-                                                    ', '.join(d['runs']), ' '.join(d['digests'])))
-    lines += ['', '## Runs', '', '### Full runs (loopback)', '',
-              '| method | seed | exit | training s | first step s | other cores | load before/after '
-              '| stock check | MXNET_* seen by the workers |',
-              '|---|---:|---:|---:|---:|---:|---|---|---|']
-    for r in result['runs']:
-        lines.append('| %s | %s | %s | %s | %s | %s | %.2f / %.2f | %s | %s |' % (
-            label[r['method']], r['seed'], r['exit'],
-            '%.1f' % r['train_s'] if 'train_s' in r else '-',
-            '%.2f' % r['first_step_s'] if 'first_step_s' in r else '-',
-            '%.2f' % r['cpu_other'] if 'cpu_other' in r else '-',
-            r['load_before'], r['load_after'], r['stock_check'], r['worker_env']))
-    lines += ['', '### Phase runs', '',
-              '| network | method | round | exit | first s | sync ms | delayed ms | window '
-              'samples/s | other cores | load before/after | stock check | MXNET_* seen by '
-              'the workers | loss sum (seed 1) |',
-              '|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|']
-    for r in phases:
-        lines.append('| %s | %s | %s | %s | %s | %s | %s | %s | %s%s | %.2f / %.2f | %s | %s | %s |'
-                     % (r['network'], label[r['method']], r['round'], r['exit'],
-                        '%.2f' % r['first_step_s'] if 'first_step_s' in r else '-',
-                        '%.1f' % r['sync_step_ms'] if 'sync_step_ms' in r else '-',
-                        '%.1f' % r['delayed_step_ms'] if 'delayed_step_ms' in r else '-',
-                        '%.0f' % r['window_samples_per_s'] if 'window_samples_per_s' in r
-                        else '-', '%.2f' % r['cpu_other'] if 'cpu_other' in r else '-',
-                        ' (noisy)' if r.get('noisy') in (True, 'True') else '',
-                        r['load_before'], r['load_after'], r['stock_check'], r['worker_env'],
-                        r.get('loss_digest', '-')))
-    with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as dst:
-        dst.write('\n'.join(lines) + '\n')
+              'whatever the link and timing.', '']
+    lines += table('method | warm-up | delayed steps | runs | distinct loss digests', [
+        [label[d['method']], d['warmup'], d['steps'], ', '.join(d['runs']),
+         ' '.join(d['digests'])] for d in result['determinism']], 'lrrll')
+    lines += ['', '## Runs', '', '### Full runs (loopback)', '']
+    lines += table('method | seed | exit | training s | first step s | other cores | load '
+                   'before/after | stock check | MXNET_* seen by the workers', [[
+                       label[r['method']], r['seed'], r['exit'], _cell(r, 'train_s', '%.1f'),
+                       _cell(r, 'first_step_s', '%.2f'), _cell(r, 'cpu_other', '%.2f'),
+                       '%.2f / %.2f' % (r['load_before'], r['load_after']), r['stock_check'],
+                       r['worker_env']] for r in result['runs']], 'lrrrrrlll')
+    lines += ['', '### Phase runs', '']
+    lines += table('network | method | round | exit | first s | sync ms | delayed ms | window '
+                   'samples/s | other cores | load before/after | stock check | MXNET_* seen by '
+                   'the workers | loss sum (seed 1)', [[
+                       r['network'], label[r['method']], r['round'], r['exit'],
+                       _cell(r, 'first_step_s', '%.2f'), _cell(r, 'sync_step_ms', '%.1f'),
+                       _cell(r, 'delayed_step_ms', '%.1f'),
+                       _cell(r, 'window_samples_per_s', '%.0f'),
+                       _cell(r, 'cpu_other', '%.2f') + (
+                           ' (noisy)' if r.get('noisy') in (True, 'True') else ''),
+                       '%.2f / %.2f' % (r['load_before'], r['load_after']), r['stock_check'],
+                       r['worker_env'], r.get('loss_digest', '-')] for r in phases],
+                   'llrrrrrrrllll')
+    report_lib.write_lines(os.path.join(out, 'results.md'), lines)
 
 
 def main(argv=None, command='python benchmarks/tta.py'):
@@ -592,10 +541,8 @@ def main(argv=None, command='python benchmarks/tta.py'):
     try:
         rows = (part_full if args.part == 'full' else part_phases)(args, meta)
     finally:
-        harness.finish_meta(meta)
-        with open(os.path.join(args.out, 'meta-%s.json' % args.part), 'w',
-                  encoding='utf-8') as dst:
-            json.dump(meta, dst, indent=1)
+        report_lib.write_json(os.path.join(args.out, 'meta-%s.json' % args.part),
+                              harness.finish_meta(meta))
     failed = [row for row in rows if row['exit'] != 0]
     return 1 if failed else 0
 

@@ -2,23 +2,34 @@
 
 The expected values were captured from the scripts before they moved onto the harness.
 """
+import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
 
-import accuracy_cnn  # noqa: E402  pylint: disable=wrong-import-position
-import benchmark  # noqa: E402  pylint: disable=wrong-import-position
-import compress  # noqa: E402  pylint: disable=wrong-import-position
-import faults  # noqa: E402  pylint: disable=wrong-import-position
-import harness  # noqa: E402  pylint: disable=wrong-import-position
-import provenance  # noqa: E402  pylint: disable=wrong-import-position
-import scaling  # noqa: E402  pylint: disable=wrong-import-position
-import tta  # noqa: E402  pylint: disable=wrong-import-position
+# pylint: disable=wrong-import-position
+import accuracy_cnn  # noqa: E402
+import amp_cost  # noqa: E402
+import benchmark  # noqa: E402
+import compress  # noqa: E402
+import faults  # noqa: E402
+import fp16_bytes  # noqa: E402
+import harness  # noqa: E402
+import kvstore_roundtrip  # noqa: E402
+import memory  # noqa: E402
+import netns as bench_netns  # noqa: E402
+import overlap  # noqa: E402
+import provenance  # noqa: E402
+import scaling  # noqa: E402
+import tta  # noqa: E402
+import worker_cpu  # noqa: E402
+# pylint: enable=wrong-import-position
 
 LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
 WORKER = os.path.join(REPO, 'benchmarks', 'bench_worker.py')
@@ -158,3 +169,224 @@ def test_meta(driver_env):  # pylint: disable=unused-argument
 def test_loopback_needs_no_namespaces():
     with harness.shaped_network(4, None) as (net, hostfile):
         assert (net, hostfile) == (None, None)
+
+
+# -- every scenario's jobs, as each script builds them (captured before the scripts shrank) ---
+class _Launched:
+    """Records what the scripts would start: subprocess.run and Popen do nothing, exit 1."""
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, argv, **kwargs):
+        if argv[0] in ('git', 'uname'):
+            return subprocess.CompletedProcess(argv, 0, stdout='', stderr='')
+        if argv[0] == 'ip':  # scaling's port counters: one idle port per node
+            return subprocess.CompletedProcess(argv, 0, stdout=json.dumps([
+                {'ifname': 'p%d' % i, 'stats64': {'rx': {'bytes': 0}, 'tx': {'bytes': 0}}}
+                for i in range(16)]))
+        self.calls.append((list(argv), kwargs))
+        return subprocess.CompletedProcess(argv, 1 if LAUNCHER in argv else 0, stdout=json.dumps(
+            {'cpu_ms': 1.0, 'check': 0.5}) + '\n', stderr='')
+
+    def popen(self, argv, **kwargs):
+        self.calls.append((list(argv), kwargs))
+        return mock.Mock(pid=2 ** 22 - 7, returncode=1, poll=lambda: 1, wait=lambda *a, **k: 1)
+
+    def only(self):
+        """The argv and the environment's changes of the one job started."""
+        (argv, kwargs), = self.calls
+        return argv, _changes(kwargs.get('env'))
+
+
+def _changes(env):
+    """What `env` sets differently from the driver's environment, and what it drops."""
+    return ({k: v for k, v in env.items() if os.environ.get(k) != v},
+            sorted(k for k in os.environ if k not in env))
+
+
+class _Net:
+    """A shaped network without namespaces (netns.ShapedNetwork's interface)."""
+    switch = 'sw'
+
+    def __init__(self, count=4, rate=None):
+        self.nodes = [('ns%d' % i, '10.77.0.%d' % (i + 1)) for i in range(count)]
+        self.rate = rate
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def write_hostfile(self, path):
+        with open(path, 'w', encoding='ascii') as dst:
+            dst.write('\n')
+
+
+@pytest.fixture(name='launched')
+def fixture_launched(monkeypatch, driver_env):  # pylint: disable=unused-argument
+    # The driver's environment: driver_env's variables, no other DMLC_/MXNET_/MXDELAY_ one
+    # (an earlier test's `import mxdelay` sets its MXNet defaults in this process).
+    for name in list(os.environ):
+        if name.startswith(('DMLC_', 'MXNET_', 'MXDELAY_', 'PYTHONUNBUFFERED')) and name not in (
+                'DMLC_ROLE', 'MXNET_ENGINE_TYPE', 'MXDELAY_RANK'):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv('PYTHONPATH', '/driver/path')
+    launched = _Launched()
+    monkeypatch.setattr(subprocess, 'run', launched.run)
+    monkeypatch.setattr(subprocess, 'Popen', launched.popen)
+    monkeypatch.setattr(bench_netns, 'ShapedNetwork', _Net)
+    monkeypatch.setattr(bench_netns, 'netns_available', lambda: None)
+    monkeypatch.setattr(bench_netns, 'remove_stale', lambda: [])
+    return launched
+
+
+CLEAN = ({'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1'},
+         ['DMLC_ROLE', 'MXDELAY_RANK', 'MXNET_ENGINE_TYPE'])
+DATA = ['--data-dir', '/usr/share/datasets/fashion-mnist']
+
+
+def _launch(*args):
+    return [sys.executable, LAUNCHER, '-n'] + [str(a) for a in args] + ['--']
+
+
+def test_tta_full_and_phases_jobs(tmp_path, launched):
+    out, scratch = str(tmp_path / 'out'), str(tmp_path / 's')
+    assert tta.main(['--part', 'full', '--out', out, '--scratch', scratch, '--seeds', '1,2',
+                     '--epochs', '3', '--methods', 'sync,k4']) == 1
+    full = [(argv, kwargs['timeout']) for argv, kwargs in launched.calls]
+    assert [argv[argv.index('--mode'):argv.index('--epochs')] for argv, _ in full] == [
+        ['--mode', 'sync'], DELAYED + ['4'], DELAYED + ['4'], ['--mode', 'sync']]
+    assert full[0] == (_launch(2, '-s', 1, '--timeout', 1002) + [
+        sys.executable, WORKER, '--mode', 'sync', '--epochs', '3', '--seed', '1',
+        '--warmup-steps', '200', '--eval-every', '78'] + DATA + [
+            '--out', os.path.join(scratch, 'full', 'sync-s1', 'worker-{rank}.json')], 1062)
+    launched.calls.clear()
+    assert tta.main(['--part', 'phases', '--out', out, '--scratch', scratch, '--rounds', '2',
+                     '--networks', 'loopback,1gbit', '--methods', 'sync,k8']) == 1
+    names = [argv[-1].split(os.sep)[-2] for argv, _ in launched.calls]
+    assert names == ['loopback-sync-r1', 'loopback-k8-r1', 'loopback-k8-r2', 'loopback-sync-r2',
+                     'loopback-as-1gbit-sync-r1', 'loopback-as-1gbit-k8-r1', '1gbit-sync-r1',
+                     '1gbit-k8-r1', '1gbit-k8-r2', '1gbit-sync-r2']
+    argv, kwargs = launched.calls[7]
+    hosts = argv[argv.index('-H') + 1]
+    assert argv == _launch(2, '-s', 1, '--timeout', 362, '--launcher', 'netns', '-H', hosts) + [
+        sys.executable, WORKER] + DELAYED + ['8', '--warmup-steps', '40', '--steps', '80',
+                                             '--seed', '1'] + DATA + [
+            '--out', os.path.join(scratch, 'phases', '1gbit-k8-r1', 'worker-{rank}.json')]
+    assert kwargs['timeout'] == 422 and _changes(kwargs['env']) == CLEAN
+    assert launched.calls[4][0][6:8] == ['--timeout', '241']  # loopback with 1gbit's steps
+
+
+def test_accuracy_cnn_job(tmp_path, launched):
+    args = accuracy_cnn.parse_args(['--out', str(tmp_path / 'o'), '--scratch', str(tmp_path)])
+    row, evals = accuracy_cnn.run_one('adam', 'k8', 2, args)
+    assert (row['exit'], evals) == (1, [])
+    argv, env = launched.only()
+    assert argv == _launch(2, '-s', 1, '--timeout', 7620) + [
+        sys.executable, WORKER] + DELAYED + ['8', '--optimizer', 'adam', '--lr', '0.001', '--wd',
+                                             '0', '--model', 'cnn-bn', '--epochs', '10',
+                                             '--seed', '2', '--warmup-steps', '200',
+                                             '--eval-every', '234', '--global-model'] + DATA + [
+        '--out', str(tmp_path / 'adam-k8-s2' / 'worker-{rank}.json')]
+    assert env == CLEAN
+
+
+def test_scaling_job(tmp_path, launched, monkeypatch):
+    monkeypatch.setattr(scaling.fp16_bytes, 'counters',
+                        lambda net: {name: (0, 0) for name, _ in net.nodes})
+    args = scaling.parse_args(['--scratch', str(tmp_path)])
+    row = scaling.run_one(args, _Net(7), '/tmp/h', 'resnet18', 4, 2, 'k4-fp16', 1)
+    assert row['error'].startswith('exit [1]')
+    argv, env = launched.only()
+    assert argv == _launch(4, '-s', 2, '--timeout', 272, '--launcher', 'netns', '-H',
+                           '/tmp/h') + [
+        sys.executable, WORKER] + DELAYED + ['4', '--local-rule', 'mirror', '--compression',
+                                             'fp16', '--model', 'resnet18', '--batch-size',
+                                             '32', '--lr', '0.01', '--warmup-steps', '3',
+                                             '--steps', '8', '--seed', '1'] + DATA + [
+        '--out', str(tmp_path / 'resnet18-n4-s2-k4-fp16-r1' / 'worker-{rank}.json')]
+    assert env == CLEAN and launched.calls[0][1]['start_new_session']
+
+
+def test_benchmark_jobs(tmp_path, launched):
+    args = benchmark.parse_args(['--out', str(tmp_path)])
+    benchmark.run_throughput(args, 'jitter', benchmark.NETWORKS['jitter'], 'compute', 2, None)
+    worker = [sys.executable, WORKER, '--mode', 'compute', '--warmup-steps', '200', '--steps',
+              '304'] + DATA + ['--jitter', '0.3,40', '--out', str(
+                  tmp_path / 'runs' / 'jitter-compute-r2' / 'worker-{rank}.json')]
+    assert [argv for argv, _ in launched.calls] == [
+        worker + ['--rank', '0', '--num-workers', '2'],
+        worker + ['--rank', '1', '--num-workers', '2']]
+    launched.calls.clear()
+    benchmark.run_throughput(args, '100mbit', benchmark.NETWORKS['100mbit'], 'k8', 1, '/h')
+    argv, env = launched.only()
+    assert argv == _launch(2, '-s', 1, '--timeout', 240, '--launcher', 'netns', '-H', '/h') + [
+        sys.executable, WORKER] + DELAYED + ['8', '--warmup-steps', '3', '--steps', '8'] + DATA + [
+            '--jitter', '0,0', '--out', str(tmp_path / 'runs' / '100mbit-k8-r1' /
+                                            'worker-{rank}.json')]
+    assert env == CLEAN
+    launched.calls.clear()
+    benchmark.run_accuracy(args, 'sgd-k4')
+    argv, env = launched.only()
+    metrics = str(tmp_path / 'runs' / 'accuracy-sgd-k4' / 'metrics.jsonl')
+    assert argv == _launch(2, '-s', 1, '--timeout', 2640) + [
+        sys.executable, os.path.join(REPO, 'examples', 'train_fashion_mnist.py'), '--epochs',
+        '10', '--seed', '1', '--warmup-steps', '200', '--metrics-file', metrics,
+        '--no-progress'] + DATA + ['--trainer', 'delayed', '--delay', '4', '--local-rule', 'sgd']
+    assert env == CLEAN
+
+
+def test_other_jobs(tmp_path, launched, monkeypatch):
+    """overlap, memory, faults, kvstore_roundtrip, fp16_bytes, amp_cost, worker_cpu."""
+    with pytest.raises(RuntimeError):
+        overlap.run_job('1gbit', 'after_grads', 15, 20, '/h', str(tmp_path / 'log'))
+    (argv, kwargs), = launched.calls
+    assert argv[:-2] == _launch(2, '-s', 1, '--timeout', 180, '--launcher', 'netns', '-H',
+                                '/h') + [sys.executable, os.path.join(
+                                    REPO, 'tests', 'scripts', 'timeline_job.py'), 'after_grads']
+    # overlap keeps the driver's MXNET_* settings but the worker threads, sets the bulk size.
+    assert _changes(kwargs['env']) == ({'OMP_NUM_THREADS': '1', 'PYTHONUNBUFFERED': '1',
+                                        'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '15'},
+                                       ['DMLC_ROLE', 'MXDELAY_RANK'])
+    launched.calls.clear()
+    with pytest.raises(RuntimeError):
+        memory.run('big', 'delay', 8, str(tmp_path))
+    assert launched.only() == (_launch(2, '-s', 2, '--timeout', 1500) + [
+        sys.executable, os.path.join(REPO, 'benchmarks', 'memory_worker.py'), 'delay', '8',
+        'big', '21', str(tmp_path)], CLEAN)
+    launched.calls.clear()
+    faults.run_case('misuse', str(tmp_path / 'misuse'))
+    argv, (env, dropped) = launched.only()
+    assert argv[:11] == _launch(2, '-s', 1, '--timeout', 60) + ['sh', '-c']
+    assert argv[12:15] == ['sh', sys.executable, os.path.join(REPO, 'tests', 'scripts',
+                                                              'mlp_job.py')]
+    assert json.loads(argv[15]) == faults.MISUSE and argv[16] == str(tmp_path / 'misuse')
+    assert (env['PYTHONPATH'], dropped) == (REPO + os.pathsep + '/driver/path', CLEAN[1])
+    launched.calls.clear()
+    with pytest.raises(RuntimeError):
+        kvstore_roundtrip.run('dist_delay', 30, str(tmp_path), 'sgd', 'big')
+    assert launched.only() == (_launch(2, '-s', 1, '--timeout', 600) + [
+        sys.executable, os.path.join(REPO, 'benchmarks', 'kv_worker.py'), 'dist_delay', '30',
+        str(tmp_path / 'rank0.json'), 'sgd', 'big'], CLEAN)
+    launched.calls.clear()
+    monkeypatch.setattr(fp16_bytes, 'counters', lambda net: {n: (0, 0) for n, _ in net.nodes})
+    fp16_bytes.run(_Net(4), '/h', ['x'])
+    argv, (env, dropped) = launched.only()
+    assert argv == _launch(2, '-s', 1, '--launcher', 'netns', '-H', '/h') + ['x']
+    assert (env['PYTHONPATH'], dropped) == (REPO, ['MXNET_ENGINE_TYPE'])
+    launched.calls.clear()
+    with pytest.raises(OSError):
+        amp_cost.run('delay4-amp', 80, str(tmp_path))
+    assert launched.only() == (_launch(2, '-s', 1) + [
+        sys.executable, os.path.join(REPO, 'benchmarks', 'mlp_speed.py'), 'delay4-amp', '80',
+        str(tmp_path / 'delay4-amp')], ({'DMLC_NODE_HOST': '127.0.0.1', 'OMP_NUM_THREADS': '1',
+                                         'PYTHONPATH': REPO}, []))
+    launched.calls.clear()
+    worker_cpu.main(['--trees', 'a=/x/old,b=/y', '--rounds', '2', '--modes', 'fp16',
+                     '--out', str(tmp_path / 'cpu')])
+    assert [(argv[3], kwargs['env']['PYTHONPATH']) for argv, kwargs in launched.calls] == [
+        ('fp16', '/x/old'), ('fp16', '/y'), ('fp16', '/y'), ('fp16', '/x/old')]
+    assert launched.calls[0][0] == [sys.executable, os.path.join(
+        REPO, 'benchmarks', 'worker_cpu.py'), '--run', 'fp16', '--skip', '8', '--steps', '48']
