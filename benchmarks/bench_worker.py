@@ -26,21 +26,19 @@ Two kinds of run:
   steps then start from them (docs/design.md §1.5). Stock ``dist_sync``'s worker 0 holds the
   global weights after every step anyway.
 
-Modes: ``compute`` trains with ``kvstore=None`` in a process of its own (no launcher; give
-``--rank`` and ``--num-workers``); ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``;
-``delayed`` is ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. ``--compression`` (``fp16``,
+Modes: ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``; ``delayed`` is
+``mxdelay.DelayedTrainer`` on ``'dist_delay'``. ``--compression`` (``fp16``,
 ``2bit:THRESHOLD``) passes ``compression_params``; in ``sync`` mode the trainer is then the
 tests' ``PushThenPullTrainer`` (``tests/scripts/mlp_model.py``, stock MXNet only): stock
 Gluon's ``pushpull`` is refused with compression on ``'dist_sync'``. Only ``delayed`` imports
-mxdelay (before mxnet, so that its servers are mxdelay's); the other modes are stock MXNet in
-every process, servers and scheduler included.
+mxdelay (before mxnet, so that its servers are mxdelay's); ``sync`` is stock MXNet in every
+process, servers and scheduler included.
 
 Provenance (``benchmarks/provenance.py``): every process (scheduler, servers, workers)
 writes ``role-<role>-<rank>.json`` next to ``--out``, before it imports MXNet and again at
 exit (a scheduler or server leaves MXNet's import only to exit): whether ``mxdelay``,
 ``kvstore_ext`` or ``mxnet`` were imported, and the ``MXNET_*``, ``OMP_*`` and ``MXDELAY_*``
-variables it saw. A ``sync`` or ``compute`` process that finds
-mxdelay imported exits with code 3 at once.
+variables it saw. A ``sync`` process that finds mxdelay imported exits with code 3 at once.
 """
 import json
 import os
@@ -62,7 +60,7 @@ def _option(name, default=None):
 
 if _option('--out'):
     provenance.record(os.path.dirname(os.path.abspath(_option('--out'))), _option('--mode'),
-                      stock=_option('--mode') != 'delayed', rank=_option('--rank', '0'))
+                      stock=_option('--mode') != 'delayed')
 # The servers of a job run what their `import` makes of them: mxdelay's server if mxdelay is
 # imported before mxnet, else MXNet's stock one. The baseline is stock MXNet throughout.
 if _option('--mode') == 'delayed':
@@ -71,7 +69,6 @@ if _option('--mode') == 'delayed':
 import argparse  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import ast  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import contextlib  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
-import random  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import time  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 
 import mxnet as mx  # noqa: E402  pylint: disable=wrong-import-position
@@ -134,7 +131,7 @@ class SyntheticShard:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--mode', choices=('compute', 'sync', 'delayed'), required=True)
+    parser.add_argument('--mode', choices=('sync', 'delayed'), required=True)
     parser.add_argument('--delay', type=int, default=4)
     parser.add_argument('--local-rule', default='mirror')
     parser.add_argument('--warmup-steps', type=int, default=200)
@@ -156,17 +153,10 @@ def parse_args(argv=None):
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--compression', default='none', metavar='none|fp16|2bit:THRESHOLD',
                         help='compression_params of the trainer (default: %(default)s)')
-    parser.add_argument('--jitter', default='0,0', metavar='PROB,MAX_MS',
-                        help='before each step, with probability PROB, sleep a uniformly random '
-                             '0..MAX_MS milliseconds (seeded by seed and rank)')
-    parser.add_argument('--rank', type=int, default=0, help='compute mode: this worker')
-    parser.add_argument('--num-workers', type=int, default=1, help='compute mode: how many')
     parser.add_argument('--data-dir', default=data.DEFAULT_DATA_DIR)
     parser.add_argument('--out', required=True,
                         help='output JSON file; {rank} is replaced by the worker rank')
     args = parser.parse_args(argv)
-    prob, max_ms = (float(value) for value in args.jitter.split(','))
-    args.jitter = (prob, max_ms)
     args.compression = compression_params(args.compression)
     if args.model == 'resnet18' and args.epochs is not None:
         parser.error('--model resnet18 trains on synthetic data: no --epochs (accuracy) runs, '
@@ -202,11 +192,8 @@ def main(argv=None):
     opt = {'learning_rate': args.lr, 'wd': args.wd}
     if args.optimizer == 'sgd':
         opt['momentum'] = args.momentum
-    if args.mode == 'compute':
-        kvstore, rank, num_workers = None, args.rank, args.num_workers
-    else:
-        kvstore = mx.kv.create('dist_delay' if args.mode == 'delayed' else 'dist_sync')
-        rank, num_workers = kvstore.rank, kvstore.num_workers
+    kvstore = mx.kv.create('dist_delay' if args.mode == 'delayed' else 'dist_sync')
+    rank, num_workers = kvstore.rank, kvstore.num_workers
     if args.mode != 'delayed':
         assert 'mxdelay' not in sys.modules and 'kvstore_ext' not in sys.modules
     mx.random.seed(args.seed)
@@ -240,8 +227,6 @@ def main(argv=None):
     else:
         shard = data.WorkerShard(train_images, train_labels, args.batch_size, rank,
                                  num_workers, args.seed)
-    jitter_rng = random.Random(args.seed * 1000 + rank)
-    prob, max_ms = args.jitter
 
     full = args.epochs is not None
     skip = 0 if full else args.warmup_steps + 1  # window runs: warm-up and switch not timed
@@ -254,8 +239,6 @@ def main(argv=None):
         for x, y in shard.batches(epoch):
             if step == skip:
                 start, cpu_start = time.time(), time.process_time()
-            if prob and jitter_rng.random() < prob:
-                time.sleep(jitter_rng.uniform(0, max_ms) / 1000)
             x, y = nd.array(x), nd.array(y)
             with autograd.record():
                 loss = loss_fn(net(x), y)

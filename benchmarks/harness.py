@@ -54,7 +54,7 @@ class Method:
     """One method of ``bench_worker.py``: its label and what it runs; :attr:`args` are the
     worker arguments it implies."""
     label: str
-    trainer: str = 'delayed'          # bench_worker's --mode: compute, sync or delayed
+    trainer: str = 'delayed'          # bench_worker's --mode: sync or delayed
     delay: Optional[int] = None
     extra: Tuple[str, ...] = ()       # further worker arguments (e.g. the local rule)
     compression: Optional[str] = None
@@ -71,20 +71,14 @@ class Method:
         """Whether this is a stock baseline: no process of its job may import mxdelay."""
         return self.trainer == 'sync'
 
-    def relabel(self, label):
-        """This method under another label (the scripts' tables name some differently)."""
-        return dataclasses.replace(self, label=label)
-
 
 TWO_BIT_THRESHOLD = 0.5
 _TWO_BIT = '2bit:%g' % TWO_BIT_THRESHOLD
 _MIRROR = ('--local-rule', 'mirror')
 #: name -> Method: every method of every benchmark, declared once.
 METHODS = {
-    'compute': Method('compute-only', trainer='compute'),
     'sync': Method('dist_sync (stock)', trainer='sync'),
     'sync-2bit': Method('dist_sync + 2bit (stock)', trainer='sync', compression=_TWO_BIT),
-    'k1': Method('k=1', delay=1),
     'k2': Method('k=2', delay=2),
     'k4': Method('k=4', delay=4),
     'k8': Method('k=8', delay=8),
@@ -110,19 +104,16 @@ def methods(*names):
 
 
 class Network(NamedTuple):
-    """One network of the benchmarks: label, ``tc`` rate (None: loopback), jitter."""
+    """One network of the benchmarks: label and ``tc`` rate (None: loopback)."""
     label: str
     rate: Optional[str] = None
-    jitter: bool = False
 
 
 #: name -> Network: every link the benchmarks shape (benchmarks/netns.py).
 NETWORKS = {
     'loopback': Network('loopback'),
-    'jitter': Network('loopback + jitter', jitter=True),
     '1gbit': Network('1 Gbit/s links', '1gbit'),
     '100mbit': Network('100 Mbit/s links', '100mbit'),
-    'jitter-1gbit': Network('1 Gbit/s links + jitter', '1gbit', jitter=True),
 }
 
 
@@ -222,7 +213,7 @@ def run_worker(folder, worker_args, timeout, hostfile=None):
 
 @contextlib.contextmanager
 def started(argvs, log_path):
-    """Start each argv (a launcher job's, or a process of its own) with :func:`job_env` in a
+    """Start each argv (a launcher job's) with :func:`job_env` in a
     session of its own, output to `log_path` (each preceded by its command line); yield the
     Popens, and :func:`stop` them on exit."""
     popens = []
@@ -252,7 +243,7 @@ def wait_all(popens, timeout):
     return codes
 
 
-def run_window(row, folder, worker, hostfile, timeout, compute=False,
+def run_window(row, folder, worker, hostfile, timeout,
                num_workers=NUM_WORKERS, num_servers=1, batch=BATCH, monitor=None):
     """Run one window job of bench_worker.py (`worker`: its argv without ``--out``) in the
     emptied `folder`; `hostfile`: as :class:`Job`'s.
@@ -260,8 +251,7 @@ def run_window(row, folder, worker, hostfile, timeout, compute=False,
     `row` (with ``steps``) gains the load, the wall time, the job's samples/s over the
     window (from the first worker's window start to the last one's end), the cores each
     role and the rest of the machine used in the window, and worker 0's step times; or
-    ``error``. `compute`: the workers run without launcher (``--mode compute``).
-    `monitor`: another context manager entered for the job's duration (e.g. counters).
+    ``error``. `monitor`: another context manager entered for the job's duration (e.g. counters).
     Returns ``(row, the workers' results)`` (no results after an error).
     """
     steps = row['steps']
@@ -270,17 +260,10 @@ def run_window(row, folder, worker, hostfile, timeout, compute=False,
     worker = worker + ['--out', out]
     row['load_before'] = os.getloadavg()[0]
     log_path = os.path.join(folder, 'log.txt')
-    if compute:
-        argvs = [worker + ['--rank', str(rank), '--num-workers', str(num_workers)]
-                 for rank in range(num_workers)]
-    else:
-        argvs = [Job(worker, timeout, num_workers, num_servers, hostfile).argv]
+    argvs = [Job(worker, timeout, num_workers, num_servers, hostfile).argv]
     begun = time.time()
     with started(argvs, log_path) as popens, (monitor or contextlib.nullcontext()):
-        roots = {os.getpid(): 'driver'}
-        if compute:
-            roots.update({popen.pid: 'worker %d' % rank for rank, popen in enumerate(popens)})
-        with CpuMonitor(roots) as cpu:
+        with CpuMonitor({os.getpid(): 'driver'}) as cpu:
             codes = wait_all(popens, timeout + 30)
     row['wall_s'] = time.time() - begun
     if any(code != 0 for code in codes):
@@ -330,7 +313,7 @@ def stop(popen, grace=15.0):
     """End `popen`, the leader of its own process group (:meth:`Job.start`), if it still runs.
 
     The launcher stops its job on SIGTERM (and its roles die with it on SIGKILL: they have
-    a parent-death signal); a worker of a compute-only run has no children.
+    a parent-death signal).
     """
     if popen.poll() is not None:
         return

@@ -34,9 +34,9 @@ def _snapshot(stage, mode, rank):
                      if k.startswith(('MXNET_', 'OMP_', 'MXDELAY_'))})
 
 
-def record(folder, mode, stock, rank='0'):
+def record(folder, mode, stock):
     """Write this process's records into `folder`; exit(3) if `stock` and mxdelay is loaded."""
-    rank = os.environ.get('MXDELAY_RANK', rank)
+    rank = os.environ.get('MXDELAY_RANK', '0')
     path = os.path.join(folder, 'role-%s-%s.json' % (os.environ.get('DMLC_ROLE', 'worker'), rank))
     records = [_snapshot('start', mode, rank)]
 

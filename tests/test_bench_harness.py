@@ -16,7 +16,6 @@ sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
 # pylint: disable=wrong-import-position
 import accuracy_cnn  # noqa: E402
 import amp_cost  # noqa: E402
-import benchmark  # noqa: E402
 import compress  # noqa: E402
 import faults  # noqa: E402
 import fp16_bytes  # noqa: E402
@@ -55,14 +54,9 @@ EXPECTED = {
         'k4': ('k=4', DELAYED + ['4', '--local-rule', 'mirror']),
         'k4-fp16': ('k=4 + fp16', DELAYED + ['4', '--local-rule', 'mirror',
                                              '--compression', 'fp16'])},
-    'benchmark': {
-        'compute': ('compute-only', ['--mode', 'compute']),
-        'sync': ('dist_sync (stock)', ['--mode', 'sync']),
-        'k1': ('delayed k=1', DELAYED + ['1']), 'k2': ('delayed k=2', DELAYED + ['2']),
-        'k4': ('delayed k=4', DELAYED + ['4']), 'k8': ('delayed k=8', DELAYED + ['8'])},
 }
 SCENARIOS = {'tta': tta, 'compress': compress, 'accuracy_cnn': accuracy_cnn,
-             'scaling': scaling, 'benchmark': benchmark}
+             'scaling': scaling}
 
 
 @pytest.fixture(name='driver_env')
@@ -119,13 +113,7 @@ def test_run_worker(tmp_path, monkeypatch, driver_env):  # pylint: disable=unuse
         assert src.readline().startswith('$ %s %s -n 2' % (sys.executable, LAUNCHER))
 
 
-def test_benchmark_launcher_and_faults_env(driver_env):  # pylint: disable=unused-argument
-    launcher = benchmark._launcher  # pylint: disable=protected-access
-    assert launcher(benchmark.NETWORKS['1gbit'], '/h', 322.5) == [
-        sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', '322', '--launcher',
-        'netns', '-H', '/h', '--']
-    assert launcher(benchmark.NETWORKS['jitter'], '/h', 60) == [
-        sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', '60', '--']
+def test_faults_env(driver_env):  # pylint: disable=unused-argument
     env = harness.Job([], 60, env={'PYTHONPATH': REPO}).env
     _assert_clean(env)
     assert env['PYTHONPATH'] == REPO
@@ -136,12 +124,6 @@ def test_networks():
     assert tta.NETWORKS == {'loopback': ('loopback', None, 100, 304, 1.0),
                             '1gbit': ('1 Gbit/s links', '1gbit', 40, 80, 2.0),
                             '100mbit': ('100 Mbit/s links', '100mbit', 12, 32, 10.0)}
-    assert benchmark.NETWORKS['100mbit'] == dict(
-        label='100 Mbit/s links', group='100mbit', rate='100mbit', jitter=False, warmup=3,
-        steps=8, step_bound=10.0)
-    assert benchmark.NETWORKS['jitter-1gbit'] == dict(
-        label='1 Gbit/s links + jitter', group='1gbit', rate='1gbit', jitter=True, warmup=20,
-        steps=80, step_bound=2.0)
 
 
 def test_stock_check():
@@ -308,34 +290,6 @@ def test_scaling_job(tmp_path, launched, monkeypatch):
                                              '--steps', '8', '--seed', '1'] + DATA + [
         '--out', str(tmp_path / 'resnet18-n4-s2-k4-fp16-r1' / 'worker-{rank}.json')]
     assert env == CLEAN and launched.calls[0][1]['start_new_session']
-
-
-def test_benchmark_jobs(tmp_path, launched):
-    args = benchmark.parse_args(['--out', str(tmp_path)])
-    benchmark.run_throughput(args, 'jitter', benchmark.NETWORKS['jitter'], 'compute', 2, None)
-    worker = [sys.executable, WORKER, '--mode', 'compute', '--warmup-steps', '200', '--steps',
-              '304'] + DATA + ['--jitter', '0.3,40', '--out', str(
-                  tmp_path / 'runs' / 'jitter-compute-r2' / 'worker-{rank}.json')]
-    assert [argv for argv, _ in launched.calls] == [
-        worker + ['--rank', '0', '--num-workers', '2'],
-        worker + ['--rank', '1', '--num-workers', '2']]
-    launched.calls.clear()
-    benchmark.run_throughput(args, '100mbit', benchmark.NETWORKS['100mbit'], 'k8', 1, '/h')
-    argv, env = launched.only()
-    assert argv == _launch(2, '-s', 1, '--timeout', 240, '--launcher', 'netns', '-H', '/h') + [
-        sys.executable, WORKER] + DELAYED + ['8', '--warmup-steps', '3', '--steps', '8'] + DATA + [
-            '--jitter', '0,0', '--out', str(tmp_path / 'runs' / '100mbit-k8-r1' /
-                                            'worker-{rank}.json')]
-    assert env == CLEAN
-    launched.calls.clear()
-    benchmark.run_accuracy(args, 'sgd-k4')
-    argv, env = launched.only()
-    metrics = str(tmp_path / 'runs' / 'accuracy-sgd-k4' / 'metrics.jsonl')
-    assert argv == _launch(2, '-s', 1, '--timeout', 2640) + [
-        sys.executable, os.path.join(REPO, 'examples', 'train_fashion_mnist.py'), '--epochs',
-        '10', '--seed', '1', '--warmup-steps', '200', '--metrics-file', metrics,
-        '--no-progress'] + DATA + ['--trainer', 'delayed', '--delay', '4', '--local-rule', 'sgd']
-    assert env == CLEAN
 
 
 def test_other_jobs(tmp_path, launched, monkeypatch):
