@@ -216,7 +216,7 @@ def part_phases(args, meta):
                     load = os.getloadavg()[0]
                     code, results, monitor, roles = harness.run_worker(
                         folder, METHODS[method].args + worker_args,
-                        120 + (warmup + 1 + steps) * bound, hostfile)
+                        120 + (warmup + 1 + steps) * bound, hostfile, dict(METHODS[method].env))
                     row = dict(network=net_name, method=method, round=round_index, exit=code,
                                warmup=warmup, steps=steps, load_before=load,
                                load_after=os.getloadavg()[0],
