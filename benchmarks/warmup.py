@@ -50,9 +50,12 @@ def write_report(out):
              'Median over interleaved rounds; ratio = stock time / method time (above 1: '
              'faster than stock). Synchronous step: mean step time of the warm-up steps after '
              'the first (per run), first step: from the first worker\'s start of training to '
-             'the end of step 1 (includes the kvstore init).', '',
+             'the end of step 1 (includes the kvstore init). Other cores: CPU of other '
+             'processes during the timed window (min-max over rounds; above %.2f: noisy).'
+             % report_lib.NOISE_CORES, '',
              '| network | method | rounds | first step (s) | vs stock | synchronous ms/step '
-             '| vs stock | per round (ms/step) |', '|---|---|---:|---:|---:|---:|---:|---|']
+             '| vs stock | per round (ms/step) | other cores |',
+             '|---|---|---:|---:|---:|---:|---:|---|---|']
     for net in [n for n in tta.NETWORKS if any(r['network'] == n for r in rows)]:
         medians = {}
         for method in METHODS:
@@ -62,11 +65,19 @@ def write_report(out):
                                    statistics.median(r['sync_step_ms'] for r in mine), mine)
         stock = medians.get('sync')
         for method, (first, sync_ms, mine) in medians.items():
-            lines.append('| %s | %s | %d | %.2f | %s | %.1f | %s | %s |' % (
+            other = [r['cpu_other'] for r in mine]
+            lines.append('| %s | %s | %d | %.2f | %s | %.1f | %s | %s | %.2f-%.2f |' % (
                 tta.NETWORKS[net][0], labels[method], len(mine), first,
                 '%.2fx' % (stock[0] / first) if stock else '-', sync_ms,
                 '%.2fx' % (stock[1] / sync_ms) if stock else '-',
-                ', '.join('%.0f' % r['sync_step_ms'] for r in mine)))
+                ', '.join('%.0f' % r['sync_step_ms'] for r in mine), min(other), max(other)))
+    lines += ['', "Loss digests (worker 0's losses of every step, every run, every network, "
+              'loopback-as-* runs included): the same digest for every run of a method means '
+              'timing and the change left training bit for bit unchanged.', '']
+    for method in METHODS:
+        digests = sorted({r['loss_digest'] for r in rows if r['method'] == method})
+        lines.append('- %s: %s (%d runs)' % (labels[method], ', '.join(digests),
+                                             sum(r['method'] == method for r in rows)))
     with open(os.path.join(out, 'results.md'), 'w', encoding='utf-8') as dst:
         dst.write('\n'.join(lines) + '\n')
 
