@@ -58,6 +58,7 @@ class Method:
     delay: Optional[int] = None
     extra: Tuple[str, ...] = ()       # further worker arguments (e.g. the local rule)
     compression: Optional[str] = None
+    env: Tuple[Tuple[str, str], ...] = ()   # variables added to the job's environment
 
     @property
     def args(self):
@@ -191,16 +192,17 @@ class Job:
             self.argv, stdin=subprocess.DEVNULL, env=self.env, **popen_args)
 
 
-def run_worker(folder, worker_args, timeout, hostfile=None):
+def run_worker(folder, worker_args, timeout, hostfile=None, env=None):
     """Run one launcher job of bench_worker.py with `worker_args` (``--out`` added) in the
-    emptied `folder` (its log, the workers' results and the role records go there).
+    emptied `folder` (its log, the workers' results and the role records go there); `env`:
+    variables added to the job's environment (:attr:`Method.env`).
 
     Returns (exit code, worker results, the CpuMonitor of the job, the role records).
     """
     _empty(folder)
     out = os.path.join(folder, 'worker-{rank}.json')
     job = Job([sys.executable, WORKER] + worker_args + ['--out', out], timeout,
-              hostfile=hostfile)
+              hostfile=hostfile, env=env)
     monitor = CpuMonitor({os.getpid(): 'driver'})
     code = job.run(os.path.join(folder, 'log.txt'), monitor)
     results = []
@@ -303,7 +305,7 @@ def run_method(folder, method, worker_args, timeout, hostfile=None):
     """
     load, started = os.getloadavg()[0], time.time()
     code, results, monitor, roles = run_worker(folder, method.args + list(worker_args), timeout,
-                                               hostfile)
+                                               hostfile, dict(method.env) or None)
     return code, results, monitor, dict(
         load_before=load, load_after=os.getloadavg()[0], job_s=time.time() - started,
         stock_check=stock_check(method.stock, roles), worker_env=worker_env(roles))

@@ -529,12 +529,17 @@ class DistDelay(KVStoreBase):
         """
         keys, values = self._checked_lists(key, value, 'value', priority)
         for k, v in zip(keys, values):
-            tensor = self._tensors[k]
-            finite = self._finite.get(tensor.next_round)
-            if self._finish is not None:
-                self._finish.flag_round(tensor.next_round, finite)  # once per round: "I have data"
-            tensor.kind.push(tensor, v if isinstance(v, (list, tuple)) else [v], priority,
-                             self._gradient_factor(), finite)
+            tensor, finite = self._next_round(k)
+            tensor.kind.push(tensor, _listed(v), priority, self._gradient_factor(), finite)
+
+    def _next_round(self, key):
+        """`key`'s tensor and the all-finite flag of its next round, flagged on the finish
+        counter ("this worker has data", once per round) before the round's first push."""
+        tensor = self._tensors[key]
+        finite = self._finite.get(tensor.next_round)
+        if self._finish is not None:
+            self._finish.flag_round(tensor.next_round, finite)
+        return tensor, finite
 
     def set_finite_flag(self, flag):
         """Mark this worker's next round with its all-finite flag (AMP, docs/design.md §11).
@@ -603,8 +608,7 @@ class DistDelay(KVStoreBase):
         keys, outs = self._checked_lists(key, out, 'out', priority)
         for k, o in zip(keys, outs):
             tensor = self._tensors[k]
-            tensor.kind.pull(tensor, o if isinstance(o, (list, tuple)) else [o], priority,
-                             ignore_sparse)
+            tensor.kind.pull(tensor, _listed(o), priority, ignore_sparse)
 
     def pull_compressed(self, key, out=None, priority=0):
         """Pull the weights after this worker's last pushed round t, compressed, into `out`.
@@ -693,11 +697,22 @@ class DistDelay(KVStoreBase):
                                             r if isinstance(r, (list, tuple)) else [r], priority)
 
     def pushpull(self, key, value, out=None, priority=0):
-        """Push a round of `value` and pull the weights after it into `out` (or `value`)."""
-        if out is not None:
-            self._checked_lists(key, out, 'out', priority)  # before the push is issued
-        self.push(key, value, priority)
-        self.pull(key, out=value if out is None else out, priority=priority)
+        """Push a round of `value` and pull the weights after it into `out` (or `value`).
+
+        The same as :meth:`push` then :meth:`pull`, but without compression each chunk's
+        round and weights travel in one request (MXNet's ``pushpull``): the weights of a
+        chunk come back as soon as its round is applied, while the pushes of other keys
+        still arrive (docs/design.md §8). The round is sent once this worker's earlier rounds
+        of the key are acknowledged.
+        """
+        if out is None:
+            out = value
+        _, outs = self._checked_lists(key, out, 'out', priority)  # before the push is issued
+        keys, values = self._checked_lists(key, value, 'value', priority)
+        for k, v, o in zip(keys, values, outs):
+            tensor, finite = self._next_round(k)
+            tensor.kind.push_pull(tensor, _listed(v), _listed(o), priority,
+                                  self._gradient_factor(), finite)
 
     def _checked_lists(self, key, value, name, priority):
         """:func:`kvstore_ext.arguments.as_lists`, and each value's size against its
@@ -959,6 +974,11 @@ class DistDelay(KVStoreBase):
         # The servers apply the saved job's rescale_grad from now on (its optimizer).
         self._job_rescale_grad = state['rescale_grad']
 
+
+
+def _listed(value):
+    """`value` as a list (one array per device)."""
+    return value if isinstance(value, (list, tuple)) else [value]
 
 
 class _OptimizerHolder(object):

@@ -174,7 +174,7 @@ class Tensor(object):
     __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
                  'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
                  'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind',
-                 'model', 'payloads', 'model_round', 'model_pending')
+                 'model', 'payloads', 'model_round', 'model_pending', 'exchange')
 
     def __init__(self, key, shape, dtype, chunks, wire=None):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
@@ -184,6 +184,8 @@ class Tensor(object):
         self.last_pulled = -1
         self.buffers = self.chunk_views = self.heads = self.zero = None
         self.pull_buffers = self.pull_heads = None
+        # Send/receive buffers of chunks 1.. for kvstore_ext.dense.DenseKeys.exchange.
+        self.exchange = None
         self.pulled_slots = set()
         self.views = {}           # handle of a user array -> (array, its chunk views, flat)
         # Set when placed (kvstore_ext.dense.DenseKeys.place): its codec's per-tensor object

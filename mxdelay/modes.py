@@ -134,6 +134,10 @@ class Delayed(object):
         # The pulls of the schedule (warm-up, switch, the end of each period): compressed
         # with pull_compression (docs/design.md §2.12); sync_weights always pulls exactly.
         self._scheduled_pull = kv.pull_compressed if kv.pull_compression else kv.pull
+        # A synchronous step's exchange: one pushpull per tensor, whose weights come back
+        # while later tensors' pushes still arrive (docs/design.md §8); with compressed pulls
+        # the push and the compressed pull of the same round (§2.12).
+        self._exchange = self._push_and_pull_compressed if kv.pull_compression else kv.pushpull
         kv.set_config(delay=trainer._schedule.delay,
                       warmup_steps=trainer._schedule.warmup_steps,
                       local_rule=repr(trainer._rule), local_lr=trainer._local_lr,
@@ -214,9 +218,11 @@ class Delayed(object):
         schedule = self._trainer._schedule
         t = schedule.step
         self._log_phase(t)
+        synchronous = schedule.is_synchronous(t)
+        before = self._weights_before_switch(t) if synchronous else None
         self._trainer._push_all()
-        if schedule.is_synchronous(t):
-            self._synchronous_step(t)
+        if synchronous:
+            self._synchronous_step(t, before)
         else:
             self._local_step(t)
         schedule.step = t + 1
@@ -242,19 +248,39 @@ class Delayed(object):
     def push_all(self):
         # Issued at once, last layer first: MXNet's engine starts each push as soon as its
         # gradient is written (backward runs in segments of a few operators, see env.py),
-        # and the priority lets the layers the next forward needs first overtake.
+        # and the priority lets the layers the next forward needs first overtake. A
+        # synchronous step pulls W_{t+1} into the weights with the same request
+        # (DistDelay.pushpull): each chunk's weights come back once its round is applied,
+        # while later chunks' pushes still arrive (docs/design.md §8).
         trainer = self._trainer
         order = [trainer._states[i] for i in trainer._order.push_order]
         grads = [s.reduced_grad() for s in order]
         self.amp.before_pushes(grads, self._kv)
         t = trainer._schedule.step
+        synchronous = trainer._schedule.is_synchronous(t)
         for s, grad in zip(order, grads):
-            self._kv.push(s.index, grad, priority=s.priority)
+            if synchronous:
+                self._exchange(s.index, grad, out=s.weights(), priority=s.priority)
+            else:
+                self._kv.push(s.index, grad, priority=s.priority)
             trainer._observer.gradient_written(s.param.name, t, grad)
             trainer._observer.push_acknowledged(s.param.name, t, self._kv.send_buffer(s.index))
 
-    def _synchronous_step(self, t):
-        # Warm-up (S1) and switch (S2): pull exactly W_{t+1} into the weights.
+    def _push_and_pull_compressed(self, key, grad, out, priority):
+        self._kv.push(key, grad, priority=priority)
+        self._kv.pull_compressed(key, out=out, priority=priority)
+
+    def _weights_before_switch(self, t):
+        """At the switch, before its pushes (whose pulls overwrite the weights): a copy of
+        W_W per trained parameter index; else None."""
+        if self._trainer._schedule.phase(t) != SWITCH:
+            return None
+        return {s.index: s.weights()[0].copy() for s in self._trainer._states if s.trained}
+
+    def _synchronous_step(self, t, before):
+        # Warm-up (S1) and switch (S2): push_all pulled exactly W_{t+1} (x̂ with compressed
+        # pulls) into the weights;
+        # `before`: W_W at the switch (_weights_before_switch).
         trainer = self._trainer
         rule = trainer._rule
         switch = trainer._schedule.phase(t) == SWITCH
@@ -265,13 +291,12 @@ class Delayed(object):
             if not s.trained:
                 continue
             datas = s.weights()
-            before = datas[0].copy() if switch else None          # W_W
-            self._scheduled_pull(s.index, out=datas, priority=s.priority)
             trainer._observer.pull_received(s.param.name, t, datas[0])  # into the weights
             trainer._observer.pull_applied(s.param.name, t, datas[0])
             if switch:
                 s.pre_weight = datas[0].copy()                    # pre_weight := W_{W+1}
-                s.rule_state = rule.create_state_for(s.index, datas[0], datas[0] - before)
+                s.rule_state = rule.create_state_for(s.index, datas[0],
+                                                     datas[0] - before[s.index])
                 arrays = rule.server_state(datas[0], s.rule_state, s.index)
                 if arrays:
                     fetch[s.index] = arrays

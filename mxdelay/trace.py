@@ -6,7 +6,10 @@ needs no MXNet: :func:`summarize` gives one row per step, :func:`totals` sums th
 Definitions. Times are in ms from the first recorded event. *Communication* is this worker's
 push and pull operations (``KVStoreDistDefaultPush``, ``KVStoreDistDefaultStoragePull``:
 MXNet's engine runs one from the request to the server's answer, so a push lasts until its
-round is complete on the server, a pull until the weights have arrived). *Local work* is
+round is complete on the server, a pull until the weights have arrived). A synchronous step
+sends each chunk's round and receives its weights in one ``KVStoreDistDefaultStoragePushPull``
+(docs/design.md §8), which counts as both a push and a pull; its ``MXKVStorePushPull`` calls
+are the step's pull calls. *Local work* is
 every other engine operator (forward, backward segments, copies, the local update), except
 ``WaitForVar`` and ``DeleteVariable`` (bookkeeping, they compute nothing). A step's *span*
 runs from its first push's start to the next step's: it holds the step's backward tail,
@@ -75,9 +78,11 @@ __all__ = ['MARKER_DOMAIN', 'summarize', 'parameter_rows', 'totals', 'format_tab
 MARKER_DOMAIN = 'mxdelay'
 _PUSH = 'KVStoreDistDefaultPush'
 _PULL = 'KVStoreDistDefaultStoragePull'
+_PUSHPULL = 'KVStoreDistDefaultStoragePushPull'   # a push and a pull in one request
 _PUSH_CALL = 'MXKVStorePush'
 _BACKWARD_CALL = 'MXAutogradBackwardEx'
-_PULL_CALLS = ('MXKVStorePullWithSparse', 'MXKVStorePull', 'MXKVStorePullEx')
+_PULL_CALLS = ('MXKVStorePullWithSparse', 'MXKVStorePull', 'MXKVStorePullEx',
+               'MXKVStorePushPull')
 # Engine bookkeeping: they run no computation (WaitForVar "runs" while Python waits).
 _NOT_WORK = ('WaitForVar', 'DeleteVariable')
 
@@ -139,7 +144,7 @@ def _is_compute(name):
 
 
 def _is_local(name):
-    return name not in (_PUSH, _PULL) and name not in _NOT_WORK and \
+    return name not in (_PUSH, _PULL, _PUSHPULL) and name not in _NOT_WORK and \
         not name.startswith('KVStore')
 
 
@@ -260,8 +265,8 @@ def summarize(path, pushes_per_step, schedule=None, first_step=0):
         raise ValueError('summarize: pushes_per_step must be a positive int (the trainer\'s '
                          'keys_per_step), got %r' % (pushes_per_step,))
     events, origin, trace_end = _read_trace(path)
-    pushes = _intervals(events, lambda name: name == _PUSH)
-    pulls = _intervals(events, lambda name: name == _PULL)
+    pushes = _intervals(events, lambda name: name in (_PUSH, _PUSHPULL))
+    pulls = _intervals(events, lambda name: name in (_PULL, _PUSHPULL))
     compute = _intervals(events, _is_compute)
     local = _union(_intervals(events, _is_local))
     comm = _union(pushes + pulls)

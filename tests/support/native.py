@@ -57,7 +57,7 @@ class InProcessNative(object):
     servers : list of DelayServer
         Server s of the job, real and in process.
     calls : list of (str, list of int, int)
-        ``(op, native keys, priority)`` of every init, push and pull call (a
+        ``(op, native keys, priority)`` of every init, push, pull and pushpull call (a
         ``row_sparse_pull`` is a pull), in issue order; :func:`events` names their tensors.
     compression : dict or None
         What ``set_gradient_compression`` was given.
@@ -107,6 +107,19 @@ class InProcessNative(object):
         for key, targets in zip(keys, outs):
             for target in targets if isinstance(targets, (list, tuple)) else [targets]:
                 self._stored[key].copyto(target)
+
+    def pushpull(self, keys, values, out=None, priority=0):
+        # MXNet's: one request per key; the server answers the push with the stored value
+        # once the round is applied, which lands in the pushed array and then in `out`.
+        keys, values = _pairs(keys, values)
+        _, outs = _pairs(keys, out)
+        self.calls.append(('pushpull', list(keys), priority))
+        for key, value, targets in zip(keys, values, outs):
+            value = value if isinstance(value, (list, tuple)) else [value]
+            self._complete_round(key, value)
+            self._stored[key].copyto(value[0])
+            for target in targets if isinstance(targets, (list, tuple)) else [targets]:
+                value[0].copyto(target)
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         keys, outs = _pairs(key, out)
@@ -192,10 +205,10 @@ def events(store, kinds=('slot', 'pull')):
 
 
 def pushes(store):
-    """``(key, priority)`` of every push of a tensor's round, in issue order (the finish
+    """``(key, priority)`` of every push (or pushpull) of a tensor's round, in issue order (the finish
     counter's left out)."""
     return [(key, priority) for op, kind, key, priority in _tensor_calls(store)
-            if op == 'push' and kind == 'slot' and key != 'finish']
+            if op in ('push', 'pushpull') and kind == 'slot' and key != 'finish']
 
 
 def server_optimizer(store, server=0):

@@ -1,0 +1,83 @@
+"""``DistDelay.pushpull``: one native ``pushpull`` per chunk without compression, a push and
+a pull with a codec (docs/design.md §8), in one process with mxdelay's real servers.
+
+- Without compression each chunk of the round travels as one ``pushpull`` request, and the
+  weights received are exactly those that a push and a separate pull give (a second store,
+  the same rounds; rounds pushed without a pull in between included, and a tensor split into
+  chunks over two servers). Chunks 1.. are sent from buffers of their own, not from views of
+  the slot buffer (MXNet's engine would serialise pushpulls that write one array).
+- With float16 pushes (pulls read other keys) and 2bit (MXNet refuses ``pushpull`` with its
+  compression) ``pushpull`` is a push and a pull.
+"""
+import numpy as np
+import pytest
+import mxnet as mx
+from mxnet import nd
+
+from support.native import delay_store, server_weights
+
+SHAPE = (7, 6)        # 42 elements: 3 chunks of at most 16, over two servers
+CHUNK = 16
+
+
+def _store(compression=None):
+    store = delay_store(num_servers=2)
+    store.configure(chunk_size=CHUNK)
+    if compression:
+        store.set_gradient_compression(compression)
+    store.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+    return store
+
+
+def test_pushpull_is_one_request_per_chunk_with_the_weights_of_push_and_pull():
+    rs = np.random.RandomState(3)
+    init = rs.randn(*SHAPE).astype(np.float32)
+    exchanged, separate = _store(), _store()
+    for store in (exchanged, separate):
+        store.init(0, nd.array(init))
+    tensor = exchanged._tensors[0]
+    assert len(tensor.chunks) == 3 and len({c.server for c in tensor.chunks}) == 2
+    out_a, out_b = nd.zeros(SHAPE), nd.zeros(SHAPE)
+    # pushpull, pushpull, push, push, pushpull: rounds without a pull in between included
+    for rnd, pulls in enumerate([True, True, False, False, True]):
+        grad = nd.array(rs.randn(*SHAPE).astype(np.float32))
+        if pulls:
+            before = len(exchanged._native.calls)
+            exchanged.pushpull(0, grad, out=out_a)
+            new = exchanged._native.calls[before:]
+            assert [op for op, _, _ in new if op != 'push'] == ['pushpull'], rnd
+            assert len(new[-1][1]) == 3, rnd           # every chunk in the one call
+            separate.push(0, grad)
+            separate.pull(0, out=out_b)
+            np.testing.assert_array_equal(out_a.asnumpy(), out_b.asnumpy(), err_msg=str(rnd))
+            np.testing.assert_array_equal(out_a.asnumpy(), server_weights(exchanged, 0))
+        else:
+            exchanged.push(0, grad)
+            separate.push(0, grad)
+    assert exchanged.rounds(0) == separate.rounds(0) == 5
+    # Chunks 1 and 2 were sent from arrays of their own, of their sizes.
+    assert [own.size for own in tensor.exchange] == [c.stop - c.start for c in tensor.chunks[1:]]
+    for own, chunk in zip(tensor.exchange, tensor.chunks[1:]):   # no view of a slot buffer
+        own[:] = 1e9
+        assert all((buf[chunk.start:chunk.stop].asnumpy() != 1e9).all() for buf in tensor.buffers)
+
+
+def test_pushpull_into_its_value_returns_the_weights_there():
+    store = _store()
+    store.init(0, nd.ones(SHAPE))
+    grad = nd.ones(SHAPE)
+    store.pushpull(0, grad)
+    np.testing.assert_array_equal(grad.asnumpy(), server_weights(store, 0))
+
+
+@pytest.mark.parametrize('compression', [{'type': 'fp16'}, {'type': '2bit', 'threshold': 0.5}])
+def test_with_a_codec_pushpull_is_a_push_and_a_pull(compression):
+    store = _store(compression)
+    store.init(0, nd.zeros(SHAPE))
+    before = len(store._native.calls)
+    out = nd.zeros(SHAPE)
+    store.pushpull(0, nd.ones(SHAPE), out=out)
+    ops = [op for op, _, _ in store._native.calls[before:]]
+    assert 'pushpull' not in ops and 'push' in ops and ops[-1] == 'pull'
+    assert store._tensors[0].exchange is None
+    np.testing.assert_array_equal(out.asnumpy(), server_weights(store, 0).astype(np.float32))
