@@ -99,7 +99,11 @@ def command_rank(text):
         text = text.decode('utf-8', 'replace')
     try:
         body = json.loads(text.partition(' ')[2])
-        return int(body['rank']), int(body.get('seq', 0))
+        rank, seq = body['rank'], body.get('seq', 0)
+        # Only an integer names a reply segment (not '0', 0.0 or true).
+        if type(rank) is not int:  # pylint: disable=unidiomatic-typecheck
+            return None, 0
+        return rank, seq if type(seq) is int else 0  # pylint: disable=unidiomatic-typecheck
     except (ValueError, KeyError, TypeError, AttributeError):
         return None, 0
 
