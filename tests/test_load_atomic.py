@@ -9,11 +9,11 @@ shape, a float64 weight (no silent cast), a server file whose chunk weight has o
 less than registered. Each makes ``load_states`` raise the same ValueError on every worker,
 naming the file and the field, with nothing changed: the job then trains from step 0 bit
 for bit as a job whose load found no file (no half-apply anywhere). And a server that refuses
-the
-apply after every check passed (worker 0 sends it another save id) makes every worker raise,
+the apply after every check passed (worker 0 sends it another save id) makes every worker raise,
 not only worker 0 (before, worker 1 waited in the barrier until the job's timeout).
 
-Offline: the residual and AMP fields and the collective apply on a stand-in store.
+Offline: the worker file's arrays and AMP fields, and the collective apply on a stand-in
+store. (A PermissionError case is not run: the tests run as root, which reads any file.)
 """
 import numpy as np
 import pytest
