@@ -238,8 +238,8 @@ def check_paths(body, server_rank, num_servers):
     if (not index or '\0' in mine or index.endswith(os.sep) or not os.path.isabs(mine)
             or paths != ['%s.server%d' % (index, j) for j in range(num_servers)]):
         raise ValueError('command field \'paths\' must be <index>.server0 .. <index>.server%d '
-                         'of one absolute checkpoint index path (this server reads and writes only its '
-                         'own file %r of a checkpoint), got %.200r'
+                         'of one absolute checkpoint index path (this server reads and writes '
+                         'only its own file %r of a checkpoint), got %.200r'
                          % (num_servers - 1, '<index>' + suffix, paths))
     return mine
 

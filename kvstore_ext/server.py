@@ -314,7 +314,8 @@ class DelayServer(KVStoreServer):
         # that needs whole-tensor norms for a tensor split into chunks, before anything of
         # this registration is kept (docs/design.md §3.4).
         self._chunks.add(
-            registry.parse_entries(_checked_entries(field(body, 'chunks', list))), self._server_rank, body.get('rank'),
+            registry.parse_entries(_checked_entries(field(body, 'chunks', list))),
+            self._server_rank, body.get('rank'),
             lambda tensors: self._check_whole_tensor(self._rounds.optimizer, tensors),
             lambda chunk, info: self._rounds.register(
                 chunk, info['lr_mult'], info['wd_mult'],

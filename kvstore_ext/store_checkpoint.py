@@ -170,8 +170,9 @@ def apply(store, state):
     if store.rank == 0:
         # Each server applies the state it validated in check (the same save's files).
         try:
+            optimizer = describe_optimizer(store._optimizer)  # pylint: disable=W0212
             store._command(Command.LOAD, dict(  # pylint: disable=protected-access
-                state['load'], optimizer=describe_optimizer(store._optimizer)))  # pylint: disable=W0212
+                state['load'], optimizer=optimizer))
         except Exception as err:  # pylint: disable=broad-except
             error = str(err)
     # Collective: a server that failed to apply makes every worker raise, not only rank 0
