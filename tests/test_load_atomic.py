@@ -12,16 +12,26 @@ for bit as a job whose load found no file (no half-apply anywhere). And a server
 the apply after every check passed (worker 0 sends it another save id) makes every worker raise,
 not only worker 0 (before, worker 1 waited in the barrier until the job's timeout).
 
-Offline: the worker file's arrays and AMP fields, and the collective apply on a stand-in
-store. (A PermissionError case is not run: the tests run as root, which reads any file.)
+Offline: the worker file's arrays and AMP fields, the collective apply on a stand-in store,
+and a server's check of every field of its file (weight dtype and size, counters, storage
+type, optimizer states of another shape or chunk) with nothing changed, and its apply of the
+objects it validated even when the file is gone by then. (A PermissionError case is not run: the tests run as root, which reads any file.)
 """
+import json
+import os
+import re
+
 import numpy as np
 import pytest
 
+import mxdelay  # noqa: F401
+import mxnet as mx
+
 from kvstore_ext import checkpoint, store_checkpoint
+from kvstore_ext.layout import KeyLayout
 from mxdelay import worker_state
-from test_checkpoint_format import (BASE, copy_parts, histories, load_outcome, rehash,
-                                    run_ckpt_job)
+from test_checkpoint_format import (BASE, copy_parts, histories, install, load_outcome,
+                                    one_round, registered_server, rehash, run_ckpt_job)
 
 
 @pytest.fixture(scope='module')
@@ -48,7 +58,7 @@ def untouched(tmp_path_factory):
 def forge(path, kind, change):
     """Rewrite the archive `path` with `change(body)` applied, keeping its save id."""
     with np.load(path) as archive:
-        save_id = __import__('json').loads(archive['header'].tobytes().decode())['save_id']
+        save_id = json.loads(archive['header'].tobytes().decode())['save_id']
     body = checkpoint.read_archive(path, kind)
     change(body)
     checkpoint.write_archive(path, kind, body, save_id)
@@ -98,7 +108,6 @@ def test_a_bad_part_refuses_the_load_on_every_worker_and_changes_nothing(tmp_pat
     prefix = str(tmp_path / 'ckpt')
     copy_parts(str(fresh / 'ckpt' / 'latest'), prefix)
     if change is None:
-        import os
         os.remove(prefix + part)
         os.mkdir(prefix + part)
     else:
@@ -107,7 +116,6 @@ def test_a_bad_part_refuses_the_load_on_every_worker_and_changes_nothing(tmp_pat
     out = tmp_path / 'job'
     run_ckpt_job(out, dict(BASE, steps=6, save_after=[], resume_from=prefix,
                            train_after_refusal=True))
-    import re
     for rank in range(2):
         outcome = load_outcome(out, rank)
         assert outcome['type'] == 'ValueError', (rank, outcome)
@@ -203,3 +211,52 @@ def test_apply_is_collective(rank):
         store_checkpoint.apply(store, state)
     assert store.votes == ([failures[0][1]] if rank == 0 else [None])
     assert not store.restored
+
+
+def saved_server(tmp_path):
+    """A registered offline server after one SGD-momentum round, and the file it saved."""
+    server = registered_server()
+    install(server, mx.optimizer.create('sgd', learning_rate=0.1, momentum=0.9))
+    one_round(server)
+    path = str(tmp_path / 'ckpt.server0')
+    server.command('save', {'paths': [path], 'save_id': 's'})
+    return server, path
+
+
+@pytest.mark.parametrize('change,pattern', [
+    (lambda b: b['chunks'][0].update(weight=b['chunks'][0]['weight'].astype(np.int32)),
+     "field 'weight' is int32, not a float array"),
+    (lambda b: b['chunks'][0].update(weight=b['chunks'][0]['weight'].astype(np.float64)),
+     r"field 'weight' is float64 \(3,\), this server holds float32 \(3,\) \(no silent cast\)"),
+    (lambda b: b['chunks'][0].update(next_round=-1), "field 'next_round' must be an integer"),
+    (lambda b: b['chunks'][0].update(stype='csr'), "field 'stype' is 'csr'"),
+    (lambda b: b['updater']['states'].update({0: mx.nd.zeros(2)}),
+     r"chunk 0's optimizer state has an array of shape \(2,\), its weight \(3,\)"),
+    (lambda b: b['updater']['states'].update({5: None}), 'a state of chunk 5'),
+    (lambda b: b.pop('chunks'), "field 'chunks' is missing"),
+])
+def test_a_server_checks_every_field_before_it_applies(tmp_path, change, pattern):
+    server, path = saved_server(tmp_path)
+    before = server.weight(0).asnumpy().copy()
+    forge(path, checkpoint.SERVER, change)
+    for check_only in (True, False):
+        with pytest.raises(ValueError, match=pattern):
+            server.command('load', {'rank': 0, 'paths': [path], 'check_only': check_only})
+    np.testing.assert_array_equal(server.weight(0).asnumpy(), before)
+    assert server.applied_rounds(0) == 1
+
+
+def test_a_server_applies_the_objects_it_validated(tmp_path):
+    server, path = saved_server(tmp_path)
+    saved = server.weight(0).asnumpy().copy()
+    (tmp_path / 'other').mkdir()
+    other = saved_server(tmp_path / 'other')[0]
+    other.complete_round(KeyLayout(1, 2).slot_key(0, 1, 0), mx.nd.array([9.0, 9.0, 9.0]),
+                         other.weight(0))   # its round 1: it differs from the file now
+    body = {'rank': 0, 'paths': [path], 'save_id': 's'}
+    assert other.command('load', dict(body, check_only=True))['valid']
+    # The file is gone between check and apply: the apply takes what was validated.
+    os.remove(path)
+    assert other.command('load', body) == {'path': path, 'chunks': 1}
+    np.testing.assert_array_equal(other.weight(0).asnumpy(), saved)
+    assert other.applied_rounds(0) == 1
