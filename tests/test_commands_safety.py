@@ -289,3 +289,21 @@ def test_forged_commands_in_a_real_job_are_refused_and_the_job_trains_on(tmp_pat
     for rank in range(2):
         assert outcome[rank]['lr'] == 0.5
         np.testing.assert_array_equal(outcome[rank]['pulled'], [-1.5] * 4)   # 0 - 0.5 * 3
+
+
+@pytest.mark.jobs
+def test_a_stock_client_without_the_opt_in_ends_its_job_with_the_reason(tmp_path):
+    # tests/scripts/sparse_gluon_job.py's stock_client: a stock gluon.Trainer on 'dist_sync'
+    # with mxdelay's servers, which sends its optimizer pickled; here the servers are told
+    # MXDELAY_ALLOW_PICKLE=0 (the script opts in only where unset).
+    from test_sparse_gluon import CASES, JOB
+    case = sorted(CASES)[0]
+    config = dict(CASES[case], kind='weight', steps=2)
+    config.pop('chunk_size', None)
+    pids = PidFile(tmp_path / 'pids')
+    result = run_job(pids.wrap([sys.executable, JOB, 'stock_client', json.dumps(config),
+                                str(tmp_path)]), num_workers=2, timeout=75,
+                     env={'MXDELAY_ALLOW_PICKLE': '0'}, extra_launcher_args=('--timeout', '60'))
+    pids.assert_all_dead()
+    assert result.returncode not in (0, 124), result   # failed, and not by the timeout
+    assert 'unpickles only with MXDELAY_ALLOW_PICKLE=1' in result.stderr + result.stdout
