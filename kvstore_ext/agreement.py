@@ -92,15 +92,20 @@ class Ballots(object):
 
     def vote(self, body):
         """Record one worker's outcome (``body``: rank, ballot, error or None)."""
-        ballot = int(body['ballot'])
-        self._ballots.setdefault(ballot, {})[int(body['rank'])] = body.get('error')
+        ballot, rank = body['ballot'], body['rank']   # checked by the server
+        votes = self._ballots.setdefault(ballot, {})
+        if rank in votes:
+            # ps-lite does not say who sent a command: a second vote for one rank is
+            # another process speaking for it, refused (the first vote stands).
+            raise ValueError('worker rank %d has already voted on ballot %d' % (rank, ballot))
+        votes[rank] = body.get('error')
         for old in [b for b in self._ballots if b < ballot - 1]:
             del self._ballots[old]   # every worker has tallied those
         return {'ballot': ballot}
 
     def tally(self, body, num_workers):
         """Every failure of ballot ``body['ballot']`` by rank, once all `num_workers` voted."""
-        votes = self._ballots.get(int(body['ballot']), {})
+        votes = self._ballots.get(body['ballot'], {})
         if len(votes) != num_workers:
             raise ValueError('ballot %s has votes from workers %s only'
                              % (body['ballot'], sorted(votes)))

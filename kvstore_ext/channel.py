@@ -183,7 +183,9 @@ class ServerLink(object):
         # learning rate changes later through SET_HYPER, legitimately), except rescale_grad:
         # the servers apply the job's (DistDelay.scale_gradients).
         mine = describe_optimizer(optimizer)
-        replies = self.command(Command.OPTIMIZER, {'optimizer': protocol.pack_object(optimizer)},
+        # By registry name and fields (no pickle): the servers build it from MXNet's registry.
+        replies = self.command(Command.OPTIMIZER,
+                               {'optimizer': protocol.encode_optimizer(optimizer)},
                                refusal=ValueError)
         for server, reply in enumerate(replies):
             differences = optimizer_differences(reply.get('optimizer'), mine, PER_STEP_FIELDS)

@@ -40,6 +40,11 @@ VARIABLES = {
         '1000000', "MXNet's: keys of at least this many elements are split over all servers. "
                    'mxdelay keeps every key below it (chunks, status keys); set it alike on '
                    'every worker and server.'),
+    'MXDELAY_ALLOW_PICKLE': ('0', "Servers only: '1' lets a server unpickle what a command "
+                                  "brings it: a stock MXNet worker's optimizer (a stock "
+                                  "dist_sync script under mxdelay-run) and version-1 "
+                                  'server files of load_states(..., trusted=True). Otherwise '
+                                  'both are refused with an error (unpickling runs code).'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0, then it kills '
                                     'them: a finite number >= 0.'),

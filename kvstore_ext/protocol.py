@@ -7,10 +7,10 @@ worker's segment of the server's status key and read back with a pull; it carrie
 command's sequence number, so that a worker never mistakes an older reply for the answer
 (docs/design.md §4).
 """
-import base64
 import enum
 import json
-import pickle
+import math
+import os
 
 import numpy as np
 
@@ -20,7 +20,7 @@ __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN'
            'MIN_REPLY_LEN', 'BYTES_PER_ENTRY', 'bigarray_bound', 'reply_len', 'reply_capacity',
            'encode_command', 'decode_command',
            'command_rank', 'encode_reply', 'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
-           'pack_object', 'unpack_object']
+           'encode_optimizer', 'decode_optimizer', 'field', 'check_rank', 'check_paths']
 
 PROTOCOL_VERSION = 3  # 2: state keys (the hello's state_keys); 3: 3 reply bytes an entry
 #: First two entries of every reply; a stock MXNet server leaves the status key at zero.
@@ -50,8 +50,9 @@ class Command(str, enum.Enum):
     #                            lr_mult, wd_mult, size, codec]]}: codec is a dict of codec
     #                            settings, {} or {'sum_scale': s} (kvstore_ext.appliers);
     #                            an entry of 7 (no codec) means {}
-    OPTIMIZER = 'optimizer'    # {rank, optimizer: pack_object(Optimizer)}: reply describes
-    #                            the installed optimizer (describe_optimizer)
+    OPTIMIZER = 'optimizer'    # {rank, optimizer: encode_optimizer(Optimizer)}: registry
+    #                            name and fields as JSON, no pickle; reply describes the
+    #                            installed optimizer (describe_optimizer)
     SET_HYPER = 'set_hyper'    # {rank, lr}: change the servers' learning rate
     SAVE = 'save'              # {rank, paths}: server i writes paths[i] (weights, optimizer, rounds)
     LOAD = 'load'              # {rank, paths, check_only?, optimizer?}: server i validates
@@ -98,19 +99,149 @@ def command_rank(text):
         text = text.decode('utf-8', 'replace')
     try:
         body = json.loads(text.partition(' ')[2])
-        return int(body['rank']), int(body.get('seq', 0))
+        rank, seq = body['rank'], body.get('seq', 0)
+        # Only an integer names a reply segment (not '0', 0.0 or true).
+        if type(rank) is not int:  # pylint: disable=unidiomatic-typecheck
+            return None, 0
+        return rank, seq if type(seq) is int else 0  # pylint: disable=unidiomatic-typecheck
     except (ValueError, KeyError, TypeError, AttributeError):
         return None, 0
 
 
-def pack_object(obj):
-    """Pickle `obj` into NUL-free ASCII text (base64) for a command body."""
-    return base64.b64encode(pickle.dumps(obj, protocol=4)).decode('ascii')
+def encode_optimizer(optimizer):
+    """`optimizer` as a JSON-able dict for the OPTIMIZER command: its MXNet registry name and
+    fields, as a checkpoint holds it (:func:`kvstore_ext.optimizers.optimizer_record` through
+    :func:`kvstore_ext.checkpoint.encode`), with its few arrays (numpy scalars, say) inline
+    as ``[dtype, shape, values]``. No pickle: the server rebuilds it from the registry
+    (:func:`decode_optimizer`).
+
+    Raises
+    ------
+    ValueError
+        If the optimizer's class is not registered with MXNet under its name (the message
+        names the fix), as for a checkpoint.
+    """
+    from . import checkpoint  # pylint: disable=import-outside-toplevel
+    arrays = []
+    tree = checkpoint.encode(optimizer, arrays, 'optimizer')
+    return {'tree': tree, 'arrays': [[a.dtype.str, list(a.shape), a.ravel().tolist()]
+                                     for a in arrays]}
 
 
-def unpack_object(text):
-    """Inverse of :func:`pack_object`."""
-    return pickle.loads(base64.b64decode(text.encode('ascii')))
+def decode_optimizer(encoded):
+    """The optimizer that :func:`encode_optimizer` encoded, built from MXNet's registry.
+
+    Raises
+    ------
+    ValueError
+        If `encoded` is not such a dict (a pickle, another object, a bad array), or names an
+        optimizer this process does not know.
+    """
+    from . import checkpoint  # pylint: disable=import-outside-toplevel
+    import mxnet as mx  # pylint: disable=import-outside-toplevel
+    if not isinstance(encoded, dict) or set(encoded) != {'tree', 'arrays'} \
+            or not isinstance(encoded['arrays'], list) \
+            or not isinstance(encoded['tree'], dict) or set(encoded['tree']) != {'$optimizer'}:
+        raise ValueError("field 'optimizer' must be {'tree': {'$optimizer': ...}, 'arrays': "
+                         "[...]} (an optimizer by registry name and fields, as "
+                         "encode_optimizer makes it), got %.80r" % (encoded,))
+    arrays = encoded['arrays']
+
+    def load_array(index):
+        if index >= len(arrays):
+            raise ValueError('it refers to array %d of %d' % (index, len(arrays)))
+        entry = arrays[index]
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                and isinstance(entry[1], list) and isinstance(entry[2], list)):
+            raise ValueError('array %d is not [dtype, shape, values]: %.60r' % (index, entry))
+        dtype = np.dtype(entry[0])
+        if dtype.hasobject or dtype.kind not in 'biuf':
+            raise ValueError('array %d has dtype %s, not a number type' % (index, dtype))
+        return np.array(entry[2], dtype=dtype).reshape(
+            [field({'shape': n}, 'shape', int, minimum=0) for n in entry[1]])
+
+    try:
+        optimizer = checkpoint.decode(encoded['tree'], load_array)
+    except (TypeError, KeyError, AttributeError, IndexError) as err:
+        raise ValueError("field 'optimizer' cannot be rebuilt (%s: %s)"
+                         % (type(err).__name__, err)) from None
+    if not isinstance(optimizer, mx.optimizer.Optimizer):
+        raise ValueError("field 'optimizer' holds a %s, not an mx.optimizer.Optimizer"
+                         % type(optimizer).__name__)
+    return optimizer
+
+
+_KIND_NAMES = {int: 'an integer', float: 'a number', str: 'a string', bool: 'true or false',
+               list: 'a list', dict: 'a JSON object'}
+
+
+def field(body, name, kind, minimum=None, maximum=None, optional=False, default=None,
+          finite=False):
+    """Command field `name` of `body`, checked: of type `kind` (int: not a bool; float: an
+    int or a float), within ``[minimum, maximum]``, finite if `finite`.
+
+    Raises
+    ------
+    ValueError
+        Naming the field, what it must be and the value received; also for a missing
+        field unless `optional` (then `default`).
+    """
+    if not isinstance(body, dict):
+        raise ValueError('a command body must be a JSON object, got %.60r' % (body,))
+    if name not in body or (optional and body[name] is None):
+        if optional:
+            return default
+        raise ValueError('command field %r is missing' % name)
+    value = body[name]
+    if kind is float:
+        good = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif kind is int:
+        good = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        good = isinstance(value, kind)
+    bad = None
+    if not good:
+        bad = 'must be %s' % _KIND_NAMES.get(kind, kind.__name__)
+    elif finite and not math.isfinite(value):
+        bad = 'must be finite'
+    elif minimum is not None and not value >= minimum:   # not >=: NaN fails it
+        bad = 'must be >= %s' % minimum
+    elif maximum is not None and not value <= maximum:
+        bad = 'must be <= %s' % maximum
+    if bad is not None:
+        raise ValueError('command field %r %s, got %.60r' % (name, bad, value))
+    return value
+
+
+def check_rank(body, num_workers, optional=False):
+    """The sender's claimed ``rank`` of `body`, checked to be a worker rank of this job.
+
+    MXNet hands a server's controller the command's head and body only (no sender id), so
+    the rank is the one the body claims; it is checked against the job's range here, and
+    against what that rank already did by the commands that keep per-rank state (one hello,
+    one vote per ballot). See docs/design.md §4.1.
+    """
+    return field(body, 'rank', int, minimum=0, maximum=num_workers - 1, optional=optional)
+
+
+def check_paths(body, server_rank, num_servers):
+    """SAVE's and LOAD's ``paths``: one per server, all ``<index>.server<j>`` of one kvstore
+    index path; return this server's. A server reads and writes only its own file of a
+    checkpoint, never a path a command names freely (docs/design.md §4.1)."""
+    paths = field(body, 'paths', list)
+    if len(paths) != num_servers or not all(isinstance(p, str) for p in paths):
+        raise ValueError('command field \'paths\' must list %d paths (one per server), got '
+                         '%.120r' % (num_servers, paths))
+    suffix = '.server%d' % server_rank
+    mine = paths[server_rank]
+    index = mine[:-len(suffix)] if mine.endswith(suffix) else ''
+    if (not index or '\0' in mine or index.endswith(os.sep) or not os.path.isabs(mine)
+            or paths != ['%s.server%d' % (index, j) for j in range(num_servers)]):
+        raise ValueError('command field \'paths\' must be <index>.server0 .. <index>.server%d '
+                         'of one absolute checkpoint index path (this server reads and writes '
+                         'only its own file %r of a checkpoint), got %.200r'
+                         % (num_servers - 1, '<index>' + suffix, paths))
+    return mine
 
 
 def bigarray_bound():

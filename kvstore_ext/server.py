@@ -11,24 +11,33 @@ which applies the optimizer once per chunk per round, in order (docs/design.md �
 A worker that never says hello (stock ``dist_sync`` without mxdelay) is served as MXNet's
 own server would.
 """
+import json
 import logging
 import os
 import pickle
 import types
+
+import numpy as np
 
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
 from . import agreement, checkpoint, env, protocol, pull_codecs, registry
 from .layout import KeyLayout
-from .optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
-                         optimizer_differences, whole_tensor_refusal)
-from .protocol import Command
+from .optimizers import (PER_STEP_FIELDS, describe_optimizer, flatten_state,
+                         format_differences, optimizer_differences, whole_tensor_refusal)
+from .protocol import Command, check_rank, field
 from .rounds import RoundKeeper
 
 __all__ = ['DelayServer', 'serve']
 
 _LOG = logging.getLogger(__name__)
+
+#: The most slots, state keys or pull keys per chunk a hello may ask for (MXDELAY_SLACK is
+#: at most 256): a bound, so that a forged hello cannot make the layout absurd.
+_MAX_KEYS_PER_CHUNK = 1024
+#: The env variable that lets a server unpickle what a command brings (kvstore_ext.env).
+_ALLOW_PICKLE = 'MXDELAY_ALLOW_PICKLE'
 
 
 class DelayServer(KVStoreServer):
@@ -65,6 +74,8 @@ class DelayServer(KVStoreServer):
         self._chunks = registry.ChunkRegistry()
         self._stock_updater = None     # for stock MXNet workers that never say hello
         self._ballots = agreement.Ballots()
+        self._stock_refusal = None     # why a stock client's pickled optimizer was refused
+        self._validated = None         # (LOAD body key, its validated file), until applied
         self._handlers = {
             Command.HELLO: self._on_hello,
             Command.REGISTER: self._on_register,
@@ -82,6 +93,8 @@ class DelayServer(KVStoreServer):
         def server_controller(cmd_id, cmd_body, _):
             self._start()
             rank, seq = protocol.command_rank(cmd_body)
+            if rank is not None and not 0 <= rank < self._num_workers:
+                rank = None   # never write into another worker's reply segment, nor past them
             try:
                 if cmd_id != 0:
                     raise ValueError('command id %d is not mxdelay\'s (only id 0 reaches '
@@ -133,7 +146,17 @@ class DelayServer(KVStoreServer):
             The command's refusal, which the controller sends to the worker as an error reply.
         """
         self._start()
-        return self._handlers[protocol.Command(command)](body)
+        command = protocol.Command(command)
+        if not isinstance(body, dict):
+            raise ValueError('command %s: its body must be a JSON object, got %.60r'
+                             % (command.value, body))
+        if command != Command.HELLO:   # the hello checks its own (protocol version first)
+            # Required where per-rank state is kept (the hello, votes, optimizers); where
+            # present, always a rank of this job.
+            check_rank(body, self._num_workers,
+                       optional=command not in (Command.VOTE, Command.OPTIMIZER))
+        field(body, 'seq', int, minimum=0, optional=True)
+        return self._handlers[command](body)
 
     def complete_round(self, key, merged, stored):
         """What the native server's updater call does when `key`'s round completes with sum
@@ -144,6 +167,10 @@ class DelayServer(KVStoreServer):
         merged.wait_to_read()
         if self._layout is None:
             # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
+            if self._stock_refusal is not None:
+                # Its optimizer was refused: applying its gradients as weights (MXNet's
+                # server without an updater) would train silently wrong; stop the job.
+                raise RuntimeError(self._stock_refusal)
             if self._stock_updater is None:
                 merged.copyto(stored)  # MXNet's CopyFromTo, row_sparse too
             else:
@@ -208,12 +235,24 @@ class DelayServer(KVStoreServer):
 
     def _on_stock_optimizer(self, cmd_body):
         # A stock MXNet worker ('dist_sync' without mxdelay) sends a pickled optimizer; serve
-        # it exactly as MXNet's server would, so `import mxdelay` breaks no stock script.
+        # it exactly as MXNet's server would, but only when this server's environment opts
+        # in: unpickling runs whatever code the bytes name, and any peer can send them.
+        if not env.get_bool(_ALLOW_PICKLE):
+            self._stock_refusal = (
+                'server %s refused a command that is not mxdelay\'s (%.40r...): a stock MXNet '
+                'worker\'s pickled optimizer (a stock dist_sync script with an optimizer on '
+                'the kvstore), which an mxdelay server unpickles only with %s=1 in its '
+                'environment (unpickling runs code: set it only on a trusted network), or '
+                'use kvstore=\'dist_delay\'' % (self._server_rank, cmd_body[:40], _ALLOW_PICKLE))
+            raise ValueError(self._stock_refusal)
         try:
             optimizer = pickle.loads(cmd_body)
         except Exception:  # pylint: disable=broad-except
             raise ValueError('unknown command %.60r: neither an mxdelay command nor a pickled '
                              'optimizer' % (cmd_body,)) from None
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise ValueError('a stock command carried a %s, not an mx.optimizer.Optimizer'
+                             % type(optimizer).__name__)
         self._stock_updater = mx.optimizer.get_updater(optimizer)
         _LOG.info('server %d: stock MXNet client; optimizer %s installed', self._server_rank,
                   type(optimizer).__name__)
@@ -231,16 +270,37 @@ class DelayServer(KVStoreServer):
             raise ValueError('worker speaks protocol %s, this server %d: install the same '
                              'mxdelay version everywhere' % (body.get('protocol'),
                                                              protocol.PROTOCOL_VERSION))
+        rank = self._check_hello(body)
         num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         if self._layout is None:
-            slots = int(body['slots'])
+            slots = body['slots']
             # float16 pushes: R pull keys per chunk, which hold W (docs/design.md §2.11)
-            self._layout = KeyLayout(num_servers, slots, int(body.get('state_keys', 0)),
+            self._layout = KeyLayout(num_servers, slots, body.get('state_keys', 0),
                                      pull_keys=slots if body.get('wire') else 0,
-                                     model_keys=int(body.get('model_keys', 0)))
+                                     model_keys=body.get('model_keys', 0))
             self._rounds.set_slots(self._layout.slots)
-        self._hellos[int(body['rank'])] = body
+        self._hellos[rank] = body
         return None  # answered when the hand-shake round completes
+
+    def _check_hello(self, body):
+        """The hello's rank, once every field is checked: one hello per rank (ps-lite does
+        not tell the controller who sent a command, docs/design.md §4.1)."""
+        rank = check_rank(body, self._num_workers)
+        if rank in self._hellos:
+            raise ValueError('worker rank %d said hello twice: a second process claims rank %d '
+                             '(only one hello per rank is taken)' % (rank, rank))
+        if field(body, 'num_workers', int, optional=True,
+                 default=self._num_workers) != self._num_workers:
+            raise ValueError('command field \'num_workers\' is %d, this job has %d workers'
+                             % (body['num_workers'], self._num_workers))
+        field(body, 'slots', int, minimum=1, maximum=_MAX_KEYS_PER_CHUNK)
+        field(body, 'state_keys', int, minimum=0, maximum=_MAX_KEYS_PER_CHUNK, optional=True)
+        field(body, 'model_keys', int, minimum=0, maximum=1, optional=True)
+        field(body, 'wire', str, optional=True)
+        field(body, 'launcher_rank', str, optional=True)
+        config = field(body, 'config', dict)
+        field(config, 'optimizer', dict, optional=True)
+        return rank
 
     def handshake_reply(self):
         """``(ok, payload)``: what the hand-shake round answers every worker now (§4.3); on
@@ -272,7 +332,8 @@ class DelayServer(KVStoreServer):
         # that needs whole-tensor norms for a tensor split into chunks, before anything of
         # this registration is kept (docs/design.md §3.4).
         self._chunks.add(
-            registry.parse_entries(body['chunks']), self._server_rank, body.get('rank'),
+            registry.parse_entries(_checked_entries(field(body, 'chunks', list))),
+            self._server_rank, body.get('rank'),
             lambda tensors: self._check_whole_tensor(self._rounds.optimizer, tensors),
             lambda chunk, info: self._rounds.register(
                 chunk, info['lr_mult'], info['wd_mult'],
@@ -280,15 +341,13 @@ class DelayServer(KVStoreServer):
         return {'chunks': len(self._chunks)}
 
     def _on_optimizer(self, body):
-        optimizer = protocol.unpack_object(body['optimizer'])
-        if not isinstance(optimizer, mx.optimizer.Optimizer):
-            raise TypeError('optimizer command carried a %s, not an mx.optimizer.Optimizer'
-                            % type(optimizer).__name__)
+        # The optimizer by registry name and fields, built without pickle.
+        optimizer = protocol.decode_optimizer(field(body, 'optimizer', dict))
         # One optimizer per job: a worker whose optimizer differs from another's is refused
         # (the hand-shake catches this already when the optimizer is set before it; this
         # catches an optimizer set later, e.g. on a bare kvstore).
         self._check_whole_tensor(optimizer, self._chunks.tensors())
-        rank, described = int(body['rank']), describe_optimizer(optimizer)
+        rank, described = body['rank'], describe_optimizer(optimizer)
         for other, theirs in sorted(self._sent_optimizers.items()):
             differences = optimizer_differences(theirs, described, PER_STEP_FIELDS)
             if other != rank and differences:
@@ -330,14 +389,18 @@ class DelayServer(KVStoreServer):
         if rounds.optimizer is None:
             raise ValueError('cannot change the optimizer: no optimizer installed on server %d '
                              '(call set_optimizer first)' % self._server_rank)
-        if 'lr' in body:
-            rounds.optimizer.set_learning_rate(float(body['lr']))
+        lr = field(body, 'lr', float, minimum=0, finite=True, optional=True)
+        if lr is not None:
+            rounds.optimizer.set_learning_rate(float(lr))
         return {'lr': rounds.optimizer.learning_rate}
 
     def _on_vote(self, body):
+        field(body, 'ballot', int, minimum=1)
+        field(body, 'error', str, optional=True)
         return self._ballots.vote(body)
 
     def _on_tally(self, body):
+        field(body, 'ballot', int, minimum=1)
         return self._ballots.tally(body, self._num_workers)
 
     def _on_stats(self, _):
@@ -352,7 +415,8 @@ class DelayServer(KVStoreServer):
                 'finish_rounds': {str(c): rounds.applied_rounds(c) for c in counters}}
 
     def _on_save(self, body):
-        path = body['paths'][self._server_rank]
+        path = protocol.check_paths(body, self._server_rank, self._layout_servers())
+        field(body, 'save_id', str, optional=True)
         rounds = self._rounds
         if rounds.in_flight():
             raise ValueError('cannot save server %d while rounds are in flight; save after a '
@@ -367,29 +431,69 @@ class DelayServer(KVStoreServer):
         }, body.get('save_id'))
         return {'path': path, 'chunks': len(self._chunks), 'sha256': digest}
 
+    def _layout_servers(self):
+        if self._layout is not None:
+            return self._layout.num_servers
+        return env.get_int('DMLC_NUM_SERVER') or 1
+
+    def _load_request(self, body):
+        """LOAD's `body`, every field checked; return this server's path."""
+        path = protocol.check_paths(body, self._server_rank, self._layout_servers())
+        version = field(body, 'version', int, optional=True, default=checkpoint.VERSION)
+        if version not in (checkpoint.VERSION, checkpoint.LEGACY_VERSION):
+            raise ValueError('command field \'version\' must be %d or %d, got %r'
+                             % (checkpoint.VERSION, checkpoint.LEGACY_VERSION, version))
+        for name in ('trusted', 'check_only'):
+            field(body, name, bool, optional=True)
+        field(body, 'optimizer', dict, optional=True)
+        field(body, 'save_id', str, optional=True)
+        digests = field(body, 'sha256', list, optional=True, default=[])
+        if not all(isinstance(d, str) for d in digests):
+            raise ValueError('command field \'sha256\' must list strings, got %.120r'
+                             % (digests,))
+        rounds = field(body, 'rounds', dict, optional=True, default={})
+        for key, value in rounds.items():
+            field(rounds, key, int, minimum=0)
+        field(body, 'finish_rounds', int, minimum=0, optional=True)
+        return path
+
     def _read_saved(self, path, body):
         """Server file `path` of a LOAD (`body`), validated as far as this file alone can be:
         ``(state, states, optimizer)`` with the updater's saved states and optimizer (None
         when saved without)."""
         rank = self._server_rank
         if body.get('version', checkpoint.VERSION) == checkpoint.LEGACY_VERSION:
-            # A pickle: only when the user asked for it (load_states(..., trusted=True)).
+            # A pickle: only when the user asked for it (load_states(..., trusted=True)) and
+            # this server's own environment allows it (a command alone may not make a
+            # server unpickle a file: any peer can send one).
             if body.get('trusted') is not True:
                 raise ValueError('%s would be a version-1 (pickled) server state, which is read '
                                  'only with trusted=True' % path)
+            if not env.get_bool(_ALLOW_PICKLE):
+                raise ValueError('%s would be a version-1 (pickled) server state: server %d '
+                                 'reads one only with %s=1 in its environment, besides '
+                                 'trusted=True (unpickling runs code). Start the job with '
+                                 '%s=1 (mxdelay-launch passes the environment on) to convert '
+                                 'a checkpoint you trust' % (path, rank, _ALLOW_PICKLE,
+                                                            _ALLOW_PICKLE))
             state = checkpoint.read_pickle(path, checkpoint.SERVER)
-            states, optimizer = checkpoint.legacy_updater(path, state['updater'])
+            states, optimizer = checkpoint.legacy_updater(path, state.get('updater'))
         else:
             digests = body.get('sha256')
             state = checkpoint.read_archive(
                 path, checkpoint.SERVER, body.get('save_id'),
                 digests[rank] if isinstance(digests, list) and len(digests) > rank else None)
             saved = state.get('updater')
+            if saved is not None and (not isinstance(saved, dict)
+                                      or set(saved) != {'states', 'optimizer'}):
+                raise ValueError('%s: field \'updater\' is not {states, optimizer}' % path)
             states, optimizer = (None, None) if saved is None else (saved['states'],
                                                                    saved['optimizer'])
-        if state['server'] != rank:
-            raise ValueError('%s holds the state of server %d, not of server %d'
-                             % (path, state['server'], rank))
+        if state.get('server') != rank:
+            raise ValueError('%s holds the state of server %r, not of server %d'
+                             % (path, state.get('server'), rank))
+        if not isinstance(state.get('chunks'), dict):
+            raise ValueError('%s: field \'chunks\' is missing or not a dict' % path)
         return state, states, optimizer
 
     def _check_saved_rounds(self, path, chunks, body):
@@ -406,16 +510,96 @@ class DelayServer(KVStoreServer):
                                  % (path, chunk, saved.get('name'), saved['next_round'],
                                     expected))
 
-    def _on_load(self, body):
-        path = body['paths'][self._server_rank]
+    def _check_saved_arrays(self, path, chunks, states, optimizer):
+        """Every field the apply uses, checked before anything changes: each chunk's weight
+        (size as registered, a float dtype, the dtype this server holds), rounds and storage
+        type; the optimizer; the updater's states (known chunks, arrays of the weight's
+        shape)."""
         rounds = self._rounds
-        state, states, optimizer = self._read_saved(path, body)
-        self._chunks.check_saved(path, state['chunks'])
-        self._check_saved_rounds(path, state['chunks'], body)
-        self._check_saved_optimizer(path, optimizer, body.get('optimizer'),
-                                    warn=not body.get('check_only'))
+        for chunk, saved in sorted(chunks.items()):
+            where = '%s: chunk %d' % (path, chunk)
+            weight = saved.get('weight')
+            if weight is not None:
+                if not isinstance(weight, np.ndarray) or weight.dtype.kind != 'f':
+                    raise ValueError('%s: field \'weight\' is %s, not a float array'
+                                     % (where, type(weight).__name__ if not isinstance(
+                                         weight, np.ndarray) else weight.dtype))
+                # check_saved has compared the saved size with the registered one
+                if weight.size != saved['size']:
+                    raise ValueError('%s: field \'weight\' has %d elements, the registered '
+                                     'chunk %d' % (where, weight.size, saved['size']))
+                held = rounds.weight(chunk)
+                if held is not None and (np.dtype(held.dtype) != weight.dtype
+                                         or tuple(held.shape) != weight.shape):
+                    raise ValueError('%s: field \'weight\' is %s %s, this server holds %s %s '
+                                     '(no silent cast)' % (where, weight.dtype, weight.shape,
+                                                           np.dtype(held.dtype), held.shape))
+            for name in ('next_round', 'skipped'):
+                value = saved.get(name, 0)
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise ValueError('%s: field %r must be an integer >= 0, got %.60r'
+                                     % (where, name, value))
+            if saved.get('stype', 'default') not in ('default', 'row_sparse'):
+                raise ValueError('%s: field \'stype\' is %.60r' % (where, saved.get('stype')))
+        if optimizer is not None and not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise ValueError('%s: the saved optimizer is a %s, not an mx.optimizer.Optimizer'
+                             % (path, type(optimizer).__name__))
+        if states is None:
+            return
+        if not isinstance(states, dict):
+            raise ValueError('%s: the updater\'s states are a %s, not a dict by chunk'
+                             % (path, type(states).__name__))
+        for chunk, state in sorted(states.items(), key=lambda item: str(item[0])):
+            if chunk not in chunks:
+                raise ValueError('%s: the updater holds a state of chunk %r, which the file '
+                                 'does not hold' % (path, chunk))
+            weight = chunks[chunk].get('weight')
+            try:
+                arrays = flatten_state(state)
+            except TypeError as err:
+                raise ValueError('%s: chunk %d\'s optimizer state: %s' % (path, chunk, err)) \
+                    from None
+            for array in arrays:
+                if weight is not None and tuple(array.shape) != weight.shape:
+                    raise ValueError('%s: chunk %d\'s optimizer state has an array of shape %s, '
+                                     'its weight %s' % (path, chunk, tuple(array.shape),
+                                                        weight.shape))
+
+    def _validate_load(self, path, body):
+        """LOAD's check phase: read `path` and validate every field, changing nothing."""
+        try:
+            state, states, optimizer = self._read_saved(path, body)
+            self._chunks.check_saved(path, state['chunks'])
+            self._check_saved_rounds(path, state['chunks'], body)
+            self._check_saved_arrays(path, state['chunks'], states, optimizer)
+            self._check_saved_optimizer(path, optimizer, body.get('optimizer'),
+                                        warn=not body.get('check_only'))
+        except ValueError:
+            raise
+        except Exception as err:  # pylint: disable=broad-except
+            # Any failure of the check phase is a refusal naming the file (the workers turn
+            # it into the collective ValueError), never an error that skips the vote.
+            raise ValueError('%s cannot be loaded (%s: %s)' % (path, type(err).__name__, err)) \
+                from None
+        return state, states, optimizer
+
+    def _on_load(self, body):
+        path = self._load_request(body)
+        rounds = self._rounds
+        # The apply takes the very objects its check validated (not the file read again),
+        # when the bodies name the same files of the same save.
+        key = json.dumps({k: v for k, v in body.items()
+                          if k not in ('check_only', 'optimizer', 'seq', 'rank')},
+                         sort_keys=True)
         if body.get('check_only'):
+            self._validated = (key, self._validate_load(path, body))
             return {'path': path, 'valid': True}
+        validated, self._validated = self._validated, None
+        if validated is not None and validated[0] == key:
+            state, states, optimizer = validated[1]
+            self._check_saved_optimizer(path, optimizer, body.get('optimizer'), warn=True)
+        else:
+            state, states, optimizer = self._validate_load(path, body)
         # Validated: now replace the state.
         if states is not None:
             # As Updater.set_states: the saved optimizer (if saved) and its states.
@@ -438,6 +622,26 @@ class DelayServer(KVStoreServer):
             # Raising into ctypes would only print; a wrong server must stop the job.
             _LOG.exception('server %d: updater failed on key %d; stopping', self._server_rank, key)
             os._exit(3)
+
+
+def _checked_entries(entries):
+    """REGISTER's `entries`, each field's type and range checked (before
+    :func:`registry.parse_entries` reads them): ``[chunk_id, server, param_index, name,
+    lr_mult, wd_mult, size(, codec)]``."""
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) not in (7, 8):
+            continue   # parse_entries refuses it, with the form expected
+        body = dict(zip(('chunk_id', 'server', 'param_index', 'name', 'lr_mult', 'wd_mult',
+                         'size'), entry))
+        field(body, 'chunk_id', int, minimum=0)
+        field(body, 'server', int, minimum=0)
+        if body['param_index'] != protocol.FINISH_KEY:
+            field(body, 'param_index', int, minimum=0)
+        field(body, 'name', str)
+        for name in ('lr_mult', 'wd_mult'):
+            field(body, name, float, finite=True)
+        field(body, 'size', int, minimum=1)   # the codec: parse_entries checks it
+    return entries
 
 
 def serve():

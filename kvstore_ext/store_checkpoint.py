@@ -13,6 +13,8 @@ The functions work on a :class:`DistDelay <kvstore_ext.dist_delay.DistDelay>` th
 collectives (``rank``, ``barrier``, ``agree``, ``_command``) and its job record
 (``_job_index()``, ``_restore_job_index(state)``).
 """
+import math
+
 from mxnet import nd
 
 from . import checkpoint
@@ -20,7 +22,7 @@ from .checks import ArgumentTypeError
 from .optimizers import describe_optimizer, optimizer_record
 from .protocol import Command
 
-__all__ = ['shared_save_id', 'save', 'check', 'apply']
+__all__ = ['shared_save_id', 'save', 'check', 'apply', 'failure_message']
 
 #: The job's settings that a checkpoint must have been saved with.
 _LAYOUT = ('num_servers', 'slack', 'chunk_size')
@@ -93,6 +95,7 @@ def check(store, fname, error, trusted=False, part_of=None):
         if set(state['rounds']) != set(mine['rounds']):
             raise ValueError('%s holds keys %s, this kvstore has %s: the model differs'
                              % (fname, sorted(state['rounds']), sorted(mine['rounds'])))
+        _check_counters(fname, state)
         state['servers'] = checkpoint.server_files(fname, mine['num_servers'])
         state['load'] = _load_body(fname, state, trusted)
         if store.rank == 0:
@@ -100,13 +103,46 @@ def check(store, fname, error, trusted=False, part_of=None):
             store._command(Command.LOAD, dict(  # pylint: disable=protected-access
                 state['load'], check_only=True,
                 optimizer=describe_optimizer(store._optimizer)))  # pylint: disable=W0212
-    except (ValueError, RuntimeError) as err:
-        error = error or str(err)
+    except Exception as err:  # pylint: disable=broad-except
+        # Any failure (a KeyError for a missing field, an OSError, ...) is voted, so that
+        # every worker raises the same ValueError; one that escaped would leave the others
+        # waiting in the vote.
+        error = error or failure_message(fname, err)
     failures = store.agree(error)
     if failures:
         raise ValueError('cannot load %s, nothing was changed: %s' % (fname, '; '.join(
             'worker %d: %s' % failure for failure in failures)))
     return state
+
+
+def failure_message(fname, err):
+    """The vote's message for `err`, raised while checking the file `fname`: a ValueError's
+    own message (which names the file and the field), or the error's type and message after
+    the file's name."""
+    if isinstance(err, ValueError):
+        return str(err)
+    detail = ('field %s is missing' % err) if isinstance(err, KeyError) else str(err)
+    return '%s cannot be loaded (%s: %s)' % (fname, type(err).__name__, detail)
+
+
+def _is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_counters(fname, state):
+    """The fields that apply gives the round counters, checked before anything changes."""
+    bad = sorted(k for k, v in state['rounds'].items() if not _is_count(v))
+    if bad:
+        raise ValueError('%s: field rounds of key %s is %r, not an integer >= 0'
+                         % (fname, bad[0], state['rounds'][bad[0]]))
+    if state.get('finish_rounds') is not None and not _is_count(state['finish_rounds']):
+        raise ValueError('%s: field finish_rounds is %.60r, not an integer >= 0'
+                         % (fname, state['finish_rounds']))
+    scale = state.get('rescale_grad')
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError('%s: field rescale_grad is %.60r, not a finite number > 0'
+                         % (fname, scale))
 
 
 def _load_body(fname, state, trusted):
@@ -130,9 +166,22 @@ def apply(store, state):
     if not isinstance(state, dict) or 'load' not in state or 'rounds' not in state:
         raise ArgumentTypeError('state must be the dict that check_states returned, got '
                                 '%.80r (%s)' % (state, type(state).__name__))
+    error = None
     if store.rank == 0:
-        # The same checks again: the servers apply only files of the save they validated.
-        store._command(Command.LOAD, dict(  # pylint: disable=protected-access
-            state['load'], optimizer=describe_optimizer(store._optimizer)))  # pylint: disable=W0212
-    store.barrier()
+        # Each server applies the state it validated in check (the same save's files).
+        try:
+            optimizer = describe_optimizer(store._optimizer)  # pylint: disable=W0212
+            store._command(Command.LOAD, dict(  # pylint: disable=protected-access
+                state['load'], optimizer=optimizer))
+        except Exception as err:  # pylint: disable=broad-except
+            error = str(err)
+    # Collective: a server that failed to apply makes every worker raise, not only rank 0
+    # (the others would train on; the vote's barrier is the one the apply needs anyway).
+    failures = store.agree(error)
+    if failures:
+        raise ValueError('the servers could not apply %s after validating it: %s. Servers '
+                         'that did apply hold the checkpoint\'s state and the others their '
+                         'own: restart the job' % (state['servers'][0].rsplit('.server', 1)[0],
+                                                   '; '.join('worker %d: %s' % failure
+                                                             for failure in failures)))
     store._restore_job_index(state)  # pylint: disable=protected-access

@@ -18,7 +18,7 @@ import numpy as np
 
 from mxnet import autograd, gluon, nd
 
-from kvstore_ext import checkpoint
+from kvstore_ext import checkpoint, store_checkpoint
 from . import worker_state
 from .loss_scaling import amp_policy
 from .rules import RuleContext
@@ -400,8 +400,10 @@ class Delayed(object):
         try:
             state, part_of = worker_state.read(fname, kv, trainer._schedule, trainer._params,
                                                trainer._optimizer, self.amp, trusted)
-        except ValueError as err:
-            error = str(err)
+        except Exception as err:  # pylint: disable=broad-except
+            # Any error, not only ValueError, goes to the vote: one that escaped here would
+            # leave the other workers waiting in it (read turns them into ValueErrors).
+            error = store_checkpoint.failure_message(fname, err)
         # Collective: if any worker's or server's file is bad, every worker raises here.
         kv.apply_states(kv.check_states(checkpoint.kvstore_file(fname), error, trusted,
                                         part_of))

@@ -8,12 +8,16 @@ Every part carries the save's id (rank 0's, shared through the vote); worker 0 w
 index last, with the sha256 of every worker file and of the kvstore index, which lists the
 servers' files' sha256 in turn.
 """
+import math
 import os
 
-from mxnet import nd
+import numpy as np
+from mxnet import nd, optimizer as mx_optimizer
 
 from kvstore_ext import checkpoint, store_checkpoint
 from kvstore_ext.optimizers import describe_optimizer, type_difference
+
+from .loss_scaling import _STATE as _SCALER_FIELDS
 
 __all__ = ['collect', 'write', 'read', 'restore_arrays']
 
@@ -77,6 +81,11 @@ def write(fname, kv, body, schedule):
 def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
     """Read and validate this worker's files of checkpoint `fname`; change nothing.
 
+    Every field that :func:`restore_arrays` and the trainer's load apply is checked here
+    (types, shapes, dtypes, keys), so that the apply cannot fail halfway; any error of
+    another type met while checking (a missing field, a directory, a permission) becomes a
+    ValueError naming the file, so that the load's vote sees it (docs/design.md §6.3).
+
     Parameters
     ----------
     trusted : bool
@@ -94,6 +103,16 @@ def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
         For a missing, truncated or foreign file, one saved by another configuration, or
         one of another save than the index.
     """
+    try:
+        return _read(fname, kv, schedule, params, optimizer, amp, trusted)
+    except ValueError:
+        raise
+    except Exception as err:  # pylint: disable=broad-except
+        raise ValueError(store_checkpoint.failure_message(
+            checkpoint.worker_file(fname, kv.rank), err)) from None
+
+
+def _read(fname, kv, schedule, params, optimizer, amp, trusted):
     index = checkpoint.read_json(fname, checkpoint.TRAINER_INDEX, trusted=trusted)
     if index['num_workers'] != kv.num_workers:
         raise ValueError('%s was saved by %d workers, this job has %d'
@@ -118,31 +137,56 @@ def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
             raise ValueError('%s was saved at step %s, but its index %s at step %s: the files '
                              'are of different saves' % (path, state['schedule']['step'],
                                                          fname, index['schedule']['step']))
-    saved = state['schedule']
+    saved = _field(path, state, 'schedule', dict)
+    for name in ('step', 'delay', 'warmup_steps'):
+        if not store_checkpoint._is_count(saved.get(name)):  # pylint: disable=protected-access
+            raise ValueError('%s: field schedule.%s is %.60r, not an integer >= 0'
+                             % (path, name, saved.get(name)))
     if (saved['delay'], saved['warmup_steps']) != (schedule.delay, schedule.warmup_steps):
         raise ValueError('%s was saved with delay=%d warmup_steps=%d; this trainer has '
                          'delay=%d warmup_steps=%d' % (fname, saved['delay'],
                                                        saved['warmup_steps'],
                                                        schedule.delay, schedule.warmup_steps))
-    for i, param in enumerate(params):
-        if state['weights'][i].shape != param.shape:
-            raise ValueError('%s: parameter %s has shape %s, saved %s' % (
-                fname, param.name, param.shape, state['weights'][i].shape))
+    _check_arrays(path, state, params)
     current = kv.compression and kv.compression.describe()
     if state.get('compression') != current:
         raise ValueError('%s was saved with compression_params %r, this trainer has %r: '
                          'resume with the same compression'
                          % (fname, state.get('compression'), current))
-    if set(state.get('residuals', {})) != set(kv.residuals()):
+    residuals = _field(path, state, 'residuals', dict, default={})
+    if set(residuals) != set(kv.residuals()):
         raise ValueError('%s holds compression residuals of keys %s, this trainer has %s'
-                         % (fname, sorted(state.get('residuals', {})), sorted(kv.residuals())))
+                         % (fname, sorted(residuals), sorted(kv.residuals())))
+    for key, mine in kv.residuals().items():
+        theirs = residuals[key]
+        if not isinstance(theirs, np.ndarray) or np.shape(theirs) != np.shape(mine) \
+                or theirs.dtype != np.asarray(mine).dtype:
+            raise ValueError('%s: field residuals[%r] is %s, this trainer\'s residual is %s %s'
+                             % (path, key, _describe(theirs), np.asarray(mine).dtype,
+                                np.shape(mine)))
     current = kv.pull_compression and kv.pull_compression.describe()
     if state.get('pull_compression') != current:
         raise ValueError('%s was saved with pull_compression %r, this trainer has %r: resume '
                          'with the same pull_compression'
                          % (fname, state.get('pull_compression'), current))
+    models = _field(path, state, 'pulled_models', dict, default={})
+    mine = kv.pulled_models()
+    if set(models) != set(mine):
+        raise ValueError('%s holds pulled models of keys %s, this trainer has %s'
+                         % (path, sorted(models, key=str), sorted(mine, key=str)))
+    for key, (model, _) in mine.items():
+        theirs = models[key]
+        if not (isinstance(theirs, (tuple, list)) and len(theirs) == 2
+                and isinstance(theirs[0], np.ndarray) and theirs[0].shape == model.shape
+                and theirs[0].dtype == model.dtype and isinstance(theirs[1], int)):
+            raise ValueError('%s: field pulled_models[%r] is %.60r, not (%s %s, round)'
+                             % (path, key, theirs, model.dtype, model.shape))
     amp.check_saved(state.get('amp'), fname)
-    saved = state.get('optimizer')
+    if amp.enabled:
+        _check_amp(path, state.get('amp'))
+    saved = _field(path, state, 'optimizer', mx_optimizer.Optimizer, default=None)
+    _field(path, state, 'base_lr', (int, float), default=0.0, finite=True)
+    _field(path, state, 'rescale_grad', (int, float), finite=True)
     types = saved is not None and type_difference(describe_optimizer(saved),
                                                   describe_optimizer(optimizer))
     if types:
@@ -150,6 +194,84 @@ def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
                          'trainer with the checkpoint\'s optimizer to resume from it'
                          % ((fname,) + tuple(types)))
     return state, part_of
+
+
+def _describe(value):
+    if isinstance(value, np.ndarray):
+        return '%s %s' % (value.dtype, value.shape)
+    return 'a %s' % type(value).__name__
+
+
+def _field(path, state, name, kind, default=KeyError, finite=False):
+    """Field `name` of the worker file `path`'s `state`, of type `kind` (finite if asked)."""
+    if name not in state or (default is not KeyError and state[name] is None):
+        if default is KeyError:
+            raise ValueError('%s: field %s is missing' % (path, name))
+        return default
+    value = state[name]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool \
+            or (finite and not math.isfinite(value)):
+        raise ValueError('%s: field %s is %.60r, not %s%s' % (
+            path, name, value, 'a finite ' if finite else 'a ',
+            kind.__name__ if isinstance(kind, type) else 'number'))
+    return value
+
+
+def _arrays_of(value):
+    # A rule state: None, an array, or a (nested) tuple or list of those.
+    if value is None:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [a for part in value for a in _arrays_of(part)]
+    return [value]
+
+
+def _check_arrays(path, state, params):
+    """The weights (one per parameter, its shape and dtype: no silent cast), and each
+    ``pre_weight``, ``pulled`` and rule state array (a parameter's, of its shape)."""
+    weights = _field(path, state, 'weights', dict)
+    indexes = set(range(len(params)))
+    if set(weights) != indexes:
+        raise ValueError('%s: field weights holds parameters %s, this trainer has %d '
+                         '(0..%d): the model differs from the one that was saved'
+                         % (path, sorted(weights, key=str), len(params), len(params) - 1))
+    for i, param in enumerate(params):
+        saved = weights[i]
+        if not isinstance(saved, np.ndarray) or saved.shape != param.shape \
+                or saved.dtype != np.dtype(param.dtype):
+            raise ValueError('%s: field weights[%d]: parameter %s is %s %s, saved %s' % (
+                path, i, param.name, np.dtype(param.dtype), param.shape, _describe(saved)))
+    for name, same_dtype in (('pre_weight', True), ('pulled', True), ('rule_state', False)):
+        entries = _field(path, state, name, dict)
+        for i, value in entries.items():
+            if i not in indexes:
+                raise ValueError('%s: field %s holds parameter %r, this trainer has %d'
+                                 % (path, name, i, len(params)))
+            param = params[i]
+            arrays = _arrays_of(value) if name == 'rule_state' else [value]
+            for array in arrays:
+                if not isinstance(array, np.ndarray) or array.shape != param.shape \
+                        or (same_dtype and array.dtype != np.dtype(param.dtype)):
+                    raise ValueError('%s: field %s[%d]: parameter %s is %s %s, saved %s' % (
+                        path, name, i, param.name, np.dtype(param.dtype), param.shape,
+                        _describe(array)))
+
+
+def _check_amp(path, saved):
+    """AMP's saved state (the loss scaler's fields and the rounds it has seen)."""
+    scaler = saved.get('scaler') if isinstance(saved, dict) else None
+    overflows = saved.get('overflows') if isinstance(saved, dict) else None
+    names = [name.lstrip('_') for name in _SCALER_FIELDS]
+    if not isinstance(scaler, dict) or set(scaler) != set(names) or any(
+            isinstance(scaler[n], bool) or not isinstance(scaler[n], (int, float))
+            for n in names):
+        raise ValueError('%s: field amp.scaler is %.120r, not the loss scaler\'s %s'
+                         % (path, scaler, ', '.join(names)))
+    if not isinstance(overflows, dict) or set(overflows) != {'applied', 'skipped'} or any(
+            not store_checkpoint._is_count(overflows[n])  # pylint: disable=protected-access
+            for n in overflows):
+        raise ValueError('%s: field amp.overflows is %.120r, not {applied, skipped} counts'
+                         % (path, overflows))
 
 
 def restore_arrays(state, states, ctx):

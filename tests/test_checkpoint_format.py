@@ -141,7 +141,7 @@ def registered_server(num_workers=1):
 
 
 def install(server, optimizer):
-    server.command(Command.OPTIMIZER, {'rank': 0, 'optimizer': protocol.pack_object(optimizer)})
+    server.command(Command.OPTIMIZER, {'rank': 0, 'optimizer': protocol.encode_optimizer(optimizer)})
 
 
 def one_round(server, grad=(0.5, 0.5, 0.5), weight=(1.0, 2.0, 3.0)):
@@ -164,7 +164,11 @@ def test_pickle_bomb_server_files_are_refused_unread(tmp_path):
         # A version-1 load asked for without trusted=True: the server does not read it.
         ({'paths': [legacy], 'version': 1}, r'version-1 \(pickled\) server state, which is read '
                                             r'only with trusted=True'),
-        ({'paths': [legacy], 'version': 1, 'trusted': 'yes'}, r'only with trusted=True'),
+        ({'paths': [legacy], 'version': 1, 'trusted': 'yes'},
+         r"command field 'trusted' must be true or false, got 'yes'"),
+        # trusted=True, but the server's own environment does not allow unpickling.
+        ({'paths': [legacy], 'version': 1, 'trusted': True},
+         r'reads one only with MXDELAY_ALLOW_PICKLE=1 in its environment'),
         ({'paths': [forged], 'save_id': 'forged',
           'sha256': [checkpoint.file_sha256(forged)]},
          r'forged.server0 is not a readable mxdelay server state \(ValueError: .*allow_pickle'),
@@ -177,7 +181,8 @@ def test_pickle_bomb_server_files_are_refused_unread(tmp_path):
     assert server.applied_rounds(0) == 0
 
 
-def test_a_version1_server_file_loads_with_trusted(tmp_path):
+def test_a_version1_server_file_loads_with_trusted(tmp_path, monkeypatch):
+    monkeypatch.setenv('MXDELAY_ALLOW_PICKLE', '1')   # the server's own opt-in
     # A server file as mxdelay before version 2 wrote it (the updater's own pickle inside).
     source = registered_server()
     install(source, mx.optimizer.create('sgd', learning_rate=0.1, momentum=0.9))
@@ -419,11 +424,11 @@ BASE = {'steps': 14, 'batch': 6, 'lr': 0.1, 'momentum': 0.9, 'delay': 3, 'warmup
 JOB_TIMEOUT = 60
 
 
-def run_ckpt_job(out, config, expect_ok=True):
+def run_ckpt_job(out, config, expect_ok=True, env=None):
     out.mkdir(parents=True, exist_ok=True)
     pids = PidFile(out / 'pids')
     result = run_job(pids.wrap([sys.executable, SCRIPT, json.dumps(config), str(out)]),
-                     num_workers=2, timeout=JOB_TIMEOUT + 15,
+                     num_workers=2, timeout=JOB_TIMEOUT + 15, env=env,
                      extra_launcher_args=('--timeout', str(JOB_TIMEOUT)))
     pids.assert_all_dead()
     if expect_ok:
@@ -531,7 +536,9 @@ def test_a_version1_checkpoint_resumes_bit_for_bit_only_with_trusted(tmp_path, u
         assert ('%s is an mxdelay trainer state file of version 1, a pickle' % old
                 in outcome['message']) and 'trusted=True' in outcome['message']
     resumed = tmp_path / 'resumed'
-    run_ckpt_job(resumed, dict(BASE, save_after=[], resume_from=old, trusted=True))
+    # trusted=True, and the servers' own opt-in to unpickle version-1 server files
+    run_ckpt_job(resumed, dict(BASE, save_after=[], resume_from=old, trusted=True),
+                 env={'MXDELAY_ALLOW_PICKLE': '1'})
     got = histories(resumed)
     for rank in range(2):
         assert int(got[rank]['first']) == 6

@@ -59,6 +59,7 @@ OPTIMIZERS = {
 MAX_DIFFERENCE = {}
 
 
+@mx.optimizer.register   # the servers build it by name (commands hold no pickles)
 class MyAdam(mx.optimizer.Adam):
     """A subclass of a mirrored optimizer (module level: the servers unpickle it)."""
 

@@ -181,7 +181,7 @@ def test_module_init_optimizer_gives_the_servers_dist_syncs_rescale_and_multipli
     assert optimizer is store._optimizer and optimizer.rescale_grad == rescale
     assert channel.hello['config']['optimizer']['rescale_grad'] == rescale
     [body] = [body for command, body in sent if command == Command.OPTIMIZER]
-    assert protocol.unpack_object(body['optimizer']).rescale_grad == rescale
+    assert protocol.decode_optimizer(body['optimizer']).rescale_grad == rescale
     registered = {chunk[3]: tuple(chunk[4:6]) for command, body in sent
                   if command == Command.REGISTER for chunk in body['chunks']}
     assert registered == {'l1_weight': (0.5, 1.0), 'l1_bias': (1.0, 0.0),

@@ -117,7 +117,7 @@ def test_the_servers_get_dist_syncs_rescale_grad_and_modules_multipliers(
     assert mod.trainer.optimizer.rescale_grad == expected
     assert channel.hello['config']['optimizer']['rescale_grad'] == expected
     [body] = [body for command, body in sent if command == Command.OPTIMIZER]
-    assert protocol.unpack_object(body['optimizer']).rescale_grad == expected
+    assert protocol.decode_optimizer(body['optimizer']).rescale_grad == expected
     registered = {chunk[3]: tuple(chunk[4:6]) for command, body in sent
                   if command == Command.REGISTER for chunk in body['chunks']}
     assert registered == {'l1_weight': (0.5, 1.0), 'l1_bias': (1.0, 0.0),

@@ -129,7 +129,7 @@ def hello(server, rank, config, **fields):
 
 
 def optimizer_command(rank, optimizer):
-    return {'rank': rank, 'optimizer': protocol.pack_object(optimizer)}
+    return {'rank': rank, 'optimizer': protocol.encode_optimizer(optimizer)}
 
 
 def test_server_refuses_a_second_workers_different_optimizer():
@@ -180,12 +180,18 @@ def test_hand_shake_refuses_workers_with_different_optimizers():
     assert re.search(r"workers disagree on the optimizer: momentum: worker 0 \(mxdelay-launch's "
                      r"worker 1\) has 0\.9, worker 1 \(mxdelay-launch's worker 0\) has 0\.5",
                      message), message
-    hello(server, 1, {'delay': 2, 'optimizer': describe_optimizer(sgd())}, launcher_rank='0')
-    assert server.handshake_reply()[0]
+    # (A fresh server each: one hello per rank, a second one is refused.)
     # A worker that has not stepped yet (trainer.join() first) still has rescale_grad 1.0.
-    hello(server, 1, {'delay': 2, 'optimizer': describe_optimizer(sgd(rescale_grad=1 / 6.))},
-          launcher_rank='0')
-    assert server.handshake_reply()[0]
+    for second in (sgd(), sgd(rescale_grad=1 / 6.)):
+        server = make_server()
+        hello(server, 0, {'delay': 2, 'optimizer': describe_optimizer(sgd())},
+              launcher_rank='1')
+        hello(server, 1, {'delay': 2, 'optimizer': describe_optimizer(second)},
+              launcher_rank='0')
+        assert server.handshake_reply()[0]
+    with pytest.raises(ValueError, match='worker rank 1 said hello twice'):
+        hello(server, 1, {'delay': 2, 'optimizer': describe_optimizer(sgd())},
+              launcher_rank='0')
 
 
 def saved_server_state(tmp_path, optimizer):

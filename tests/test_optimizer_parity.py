@@ -133,6 +133,7 @@ def test_synchronous_phase_equals_stock_dist_sync(tmp_path, case):
 
 # -- whole-tensor optimizers on chunks (docs/design.md §3.4) ---------------------------------
 
+@mx.optimizer.register   # the servers build it by name (commands hold no pickles)
 class MyLamb(mx.optimizer.LAMB):
     """A user's subclass: refused like LAMB."""
 
@@ -154,7 +155,7 @@ def _server(chunk_size, rank=0):
 
 
 def _optimizer(optimizer):
-    return {'rank': 0, 'optimizer': protocol.pack_object(optimizer)}
+    return {'rank': 0, 'optimizer': protocol.encode_optimizer(optimizer)}
 
 
 def _chunks():

@@ -4,7 +4,8 @@ What is tested: commands (round trip of every :class:`Command`, NUL-free text, r
 of unknown names, of text without the ``'mxdelay:'`` prefix, of bad JSON and of a stock
 MXNet client's pickled optimizer), replies (round trip, an all-zero segment decodes to None
 i.e. "not an mxdelay server", the length limit and the error reply that replaces a payload
-that is too long), ``pack_object``/``unpack_object`` of an ``mx.optimizer.SGD``, and
+that is too long), ``encode_optimizer``/``decode_optimizer`` of an ``mx.optimizer.SGD``
+(registry name and JSON fields, no pickle; a pickle or another object is refused), and
 :class:`KeyLayout`: for 1..7 servers and several slot counts every status and slot key
 lands on the intended server by MXNet's placement formula ``(key * 9973) % num_servers``
 (src/kvstore/kvstore_dist.h, ``EncodeDefaultKey``, evaluated with C ``int`` arithmetic)
@@ -12,6 +13,7 @@ and decodes back; all keys are distinct.
 
 Tolerance: none; everything is exact (replies carry bytes as float32 values 0..255).
 """
+import base64
 import json
 import pickle
 
@@ -27,7 +29,7 @@ from kvstore_ext.server import DelayServer
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.protocol import (SEQ_MODULUS, Command, COMMAND_PREFIX, MAGIC, REPLY_LEN,
                                   encode_command, decode_command, encode_reply, decode_reply,
-                                  pack_object, unpack_object)
+                                  encode_optimizer, decode_optimizer)
 
 INT_MAX = 2 ** 31 - 1
 
@@ -200,16 +202,17 @@ def test_command_rank():
 
 
 # -- objects -----------------------------------------------------------------------------
-def test_pack_unpack_sgd():
+def test_encode_decode_sgd():
     opt = mx.optimizer.SGD(learning_rate=0.05, momentum=0.9, wd=1e-4, rescale_grad=1.0 / 128,
                            clip_gradient=5.0)
     opt.param_dict = {0: 'not sent'}
-    text = pack_object(opt)
-    assert isinstance(text, str) and text.isascii() and '\x00' not in text
-    # it travels inside a command
-    command, body = decode_command(encode_command(Command.OPTIMIZER, {'optimizer': text}))
+    encoded = encode_optimizer(opt)
+    text = encode_command(Command.OPTIMIZER, {'optimizer': encoded})
+    assert text.isascii() and '\x00' not in text
+    # it travels inside a command, as JSON
+    command, body = decode_command(text)
     assert command is Command.OPTIMIZER
-    copy = unpack_object(body['optimizer'])
+    copy = decode_optimizer(body['optimizer'])
     assert type(copy) is mx.optimizer.SGD
     assert (copy.learning_rate, copy.momentum, copy.wd, copy.rescale_grad,
             copy.clip_gradient) == (0.05, 0.9, 1e-4, 1.0 / 128, 5.0)
@@ -229,11 +232,26 @@ def test_pack_unpack_sgd():
     assert not np.array_equal(results[0], w0)
 
 
-def test_pack_unpack_plain_objects():
-    for obj in ({'a': [1, 2.5, None]}, np.arange(5, dtype=np.float32)):
-        text = pack_object(obj)
-        assert '\x00' not in text
-        np.testing.assert_equal(unpack_object(text), obj)
+def test_decode_optimizer_refuses_what_is_no_optimizer():
+    pickled = base64.b64encode(pickle.dumps(mx.optimizer.SGD())).decode('ascii')
+    for bad, pattern in [
+            (pickled, "field 'optimizer' must be"),                        # the old pickle
+            ({'tree': {'a': 1}, 'arrays': []}, "field 'optimizer' must be"),
+            ({'tree': {'$optimizer': {'name': 'nope', 'fields': {}}}, 'arrays': []},
+             "optimizer 'nope' is not registered"),
+            ({'tree': {'$optimizer': {'name': 'sgd', 'fields': {'x': {'$array': 0}}}},
+              'arrays': [['|O', [1], [None]]]}, 'not a number type'),
+            ({'tree': {'$optimizer': {'name': 'sgd', 'fields': {'x': {'$array': 3}}}},
+              'arrays': []}, 'refers to array 3 of 0')]:
+        with pytest.raises(ValueError, match=pattern):
+            decode_optimizer(bad)
+
+
+def test_an_optimizer_with_numpy_scalars_travels_exactly():
+    opt = mx.optimizer.Adam(learning_rate=0.01)
+    opt.beta1 = np.float32(0.8)
+    copy = decode_optimizer(json.loads(json.dumps(encode_optimizer(opt))))
+    assert type(copy.beta1) is np.float32 and copy.beta1 == np.float32(0.8)
 
 
 # -- keys --------------------------------------------------------------------------------

@@ -12,7 +12,10 @@ which ``trainer.save_states(OUT_DIR/ckpt/latest)`` runs), ``kill`` (``{'rank', '
 ``'after_own_part'`` (right after its worker file is written), ``'after_servers'`` (rank 0:
 after the servers wrote theirs, before the kvstore index)), ``resume_from`` (a checkpoint
 index given to ``load_states`` before training, with ``trusted`` (default False); its outcome
-is recorded).
+is recorded), ``train_after_refusal`` (after a refused load, train from step 0 instead of
+stopping: what a refused load left must be the fresh job's state), ``break_apply`` (worker 0
+sends the servers' apply of the load another save id than their check: a server refuses the
+apply after every check passed).
 
 Files in OUT_DIR (written atomically): ``worker<rank>.npz`` (``first``, the first step run,
 and every parameter after every step from ``first`` on), ``load.worker<rank>.json`` (the
@@ -29,6 +32,8 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 
 import kvstore_ext.checkpoint
+import kvstore_ext.dist_delay
+import kvstore_ext.protocol
 import kvstore_ext.store_checkpoint
 from mlp_model import NAMES, batch
 import mlp_model
@@ -94,6 +99,15 @@ def main():
     saves = [0]
     arm_kill(config.get('kill'), rank, saves)
     first = 0
+    if config.get('break_apply') and rank == 0:
+        store_class = kvstore_ext.dist_delay.DistDelay
+        command = store_class._command  # pylint: disable=protected-access
+
+        def broken(self, name, body, *args, **kwargs):
+            if name == kvstore_ext.protocol.Command.LOAD and not body.get('check_only'):
+                body = dict(body, save_id='another-save')
+            return command(self, name, body, *args, **kwargs)
+        store_class._command = broken  # pylint: disable=protected-access
     if config.get('resume_from'):
         try:
             trainer.load_states(config['resume_from'], trusted=config.get('trusted', False))
@@ -102,7 +116,7 @@ def main():
             outcome = {'type': type(err).__name__, 'message': str(err)}
         atomic_bytes(os.path.join(out_dir, 'load.worker%d.json' % rank),
                      json.dumps(outcome).encode())
-        if outcome['type'] is not None:
+        if outcome['type'] is not None and not config.get('train_after_refusal'):
             return
         first = trainer.schedule.step
     loss_fn = gluon.loss.L2Loss()

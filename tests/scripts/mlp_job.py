@@ -27,7 +27,18 @@ trainer). The npz then also holds ``loss_scale``, the loss scale after every ste
 registers itself (``["toy_codec"]``). ``record_grads``: also record each step's gradient (``grad_<name>``). ``end_marker``:
 write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
 """
-import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
+import json as _json
+import os as _os
+import sys as _sys
+
+# A stock trainer on 'dist_sync' is a stock MXNet client of mxdelay's servers: it sends its
+# optimizer pickled, which the servers (this same script) unpickle only with the opt-in.
+_CONFIG = _json.loads(_sys.argv[1])
+if _CONFIG.get('trainer', 'delayed') != 'delayed' \
+        and _CONFIG.get('kvstore', 'dist_sync') == 'dist_sync':
+    _os.environ.setdefault('MXDELAY_ALLOW_PICKLE', '1')
+
+import mxdelay  # noqa: F401,E402  before mxnet: servers become mxdelay's
 
 import importlib
 import json

@@ -42,6 +42,10 @@ import sys
 
 CONFIG = json.loads(sys.argv[1])
 if CONFIG['mode'] == 'import':
+    if 'dist_delay' not in CONFIG['kvstore']:
+        # A stock Module on mxdelay's servers sends its optimizer pickled; the servers (this
+        # same script) unpickle it only with the opt-in.
+        os.environ.setdefault('MXDELAY_ALLOW_PICKLE', '1')
     import mxdelay  # noqa: F401  pylint: disable=unused-import  before mxnet
 elif CONFIG['mode'] == 'stock':
     import stock_job  # noqa: E402  refuses mxdelay, records every role; imports mxnet

@@ -17,6 +17,10 @@ import os
 import sys
 
 STORE = sys.argv[1]
+if STORE == 'stock_client':
+    # It sends its optimizer pickled; the servers (this same script) unpickle it only with
+    # the opt-in.
+    os.environ.setdefault('MXDELAY_ALLOW_PICKLE', '1')
 if STORE in ('dist_delay', 'stock_client'):
     import mxdelay  # noqa: F401  before mxnet: the servers are mxdelay's
 else:

@@ -67,7 +67,7 @@ def servers():
     def answer(command, body):
         sent.append((command, body))
         if command == Command.OPTIMIZER:
-            return {'optimizer': describe_optimizer(protocol.unpack_object(body['optimizer']))}
+            return {'optimizer': describe_optimizer(protocol.decode_optimizer(body['optimizer']))}
         return {}
     return FakeChannel(answer), sent
 
