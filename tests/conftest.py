@@ -19,6 +19,11 @@ def pytest_configure(config):
                                        'workers); deselect with -m "not jobs"')
     config.addinivalue_line('markers', 'big: needs several GB of memory and minutes; runs only '
                                        'when asked for by name: -m big')
+    # pytest-xdist registers it too; registered here so that a run without xdist (-p no:xdist,
+    # or a Python without it) does not warn about tests that share a module-scoped job.
+    config.addinivalue_line('markers', 'xdist_group(name): pytest-xdist runs the tests of one '
+                                       'group in one worker, in order (./dev test: --dist '
+                                       'loadgroup)')
 
 
 def pytest_collection_modifyitems(config, items):
