@@ -54,9 +54,6 @@ def first_job(tmp_path_factory):
 
 
 @pytest.mark.jobs
-# One xdist worker runs both tests of `first_job`, in order: the second resumes the first's
-# checkpoint, and the fixture runs once.
-@pytest.mark.xdist_group('first_job')
 def test_one_epoch_learns_and_checkpoints(first_job):
     out, result = first_job
     assert 'rank 0 INFO DelayedTrainer: step 21 enters the delayed phase' in result.stderr
@@ -74,7 +71,6 @@ def test_one_epoch_learns_and_checkpoints(first_job):
 
 
 @pytest.mark.jobs
-@pytest.mark.xdist_group('first_job')
 def test_resume_continues_at_epoch_2(first_job):
     out, _ = first_job
     result = _train(out, PidFile(out / 'pids-resumed'), '--epochs', '2', '--resume')

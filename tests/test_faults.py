@@ -52,10 +52,6 @@ RTOL, ATOL = 1e-5, 1e-6
 
 FAULT_ROWS = []
 
-# One pytest-xdist worker runs the whole module (./dev test runs `--dist loadgroup`): the
-# module-scoped `reference_run` then runs once, and `fault_table` sees every row.
-pytestmark = pytest.mark.xdist_group('test_faults')
-
 
 def command(config, out):
     return [sys.executable, SCRIPT, json.dumps(config), str(out)]

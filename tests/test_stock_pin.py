@@ -107,7 +107,6 @@ def plain_sgd_runs(tmp_path_factory):
 
 
 @pytest.mark.jobs
-@pytest.mark.xdist_group('plain_sgd_runs')  # one xdist worker runs both: the fixture once
 def test_plain_sgd_with_weight_decay_is_stock_up_to_rounding(plain_sgd_runs):
     # Without momentum mxdelay's server runs nd.sgd_update, which computes
     # (1 - lr*wd)*w - (lr*rg)*g; MXNet's own server runs optimizer.SGD's multi_sgd_update,
@@ -124,7 +123,6 @@ def test_plain_sgd_with_weight_decay_is_stock_up_to_rounding(plain_sgd_runs):
 
 
 @pytest.mark.jobs
-@pytest.mark.xdist_group('plain_sgd_runs')
 def test_plain_sgd_with_weight_decay_is_stock_bit_for_bit(plain_sgd_runs):
     _, stock, delay = plain_sgd_runs
     for rank in range(2):
