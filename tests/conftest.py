@@ -9,6 +9,10 @@ Two kinds of tests (``./dev test -m "not jobs"`` runs the fast kind alone):
   workers over sockets. :func:`support.jobs.run_job` refuses to run in a test that is not
   marked ``jobs``: :func:`pytest_runtest_setup` records the mark before each test.
 """
+import contextlib
+import fcntl
+import os
+
 import mxdelay  # noqa: F401  before any test module imports mxnet, as the job scripts do
 import pytest
 
@@ -28,6 +32,8 @@ def pytest_configure(config):
                                        'workers); deselect with -m "not jobs"')
     config.addinivalue_line('markers', 'big: needs several GB of memory and minutes; runs only '
                                        'when asked for by name: -m big')
+    config.addinivalue_line('markers', 'alone: asserts on wall time within a few ms; under '
+                                       'pytest-xdist no other test runs meanwhile')
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,6 +49,28 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_setup(item):
     # Before any of the item's fixtures, module-scoped ones included, are set up.
     _CURRENT['jobs'] = item.get_closest_marker('jobs') is not None
+
+
+@pytest.fixture(autouse=True)
+def _cores(request, tmp_path_factory):
+    """Under pytest-xdist, an ``alone`` test runs while no other test does (its bounds, e.g.
+    a step that must not wait takes < 20 ms, assume the job has the cores to itself): a
+    readers-writer lock over the workers, ``alone`` tests the writers. The writer takes the
+    gate first and keeps new readers out until it has the cores, so that it is not starved.
+    """
+    if 'PYTEST_XDIST_WORKER' not in os.environ:
+        yield
+        return
+    alone = request.node.get_closest_marker('alone') is not None
+    shared = tmp_path_factory.getbasetemp().parent   # one folder for every worker
+    with contextlib.ExitStack() as stack:
+        gate, cores = (stack.enter_context(open(shared / name, 'a', encoding='ascii'))
+                       for name in ('gate.lock', 'cores.lock'))
+        mode = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+        fcntl.flock(gate, mode)
+        fcntl.flock(cores, mode)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield      # closing the files releases the lock
 
 
 @pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist's: unknown to pytest without it
