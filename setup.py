@@ -17,7 +17,7 @@ setup(
     install_requires=['numpy<1.24'],
     extras_require={
         'cpu': ['mxnet==1.9.1'],
-        'test': ['pytest>=7', 'pytest-timeout'],
+        'test': ['pytest>=7', 'pytest-timeout', 'pytest-xdist'],
         'examples': ['tqdm', 'matplotlib'],
     },
     entry_points={

@@ -39,6 +39,7 @@ def test_every_round_holds_one_gradient_of_each_worker(num_workers, num_servers)
 
 
 @pytest.mark.jobs
+@pytest.mark.alone   # its 5 free rounds take < 50 ms: not while another test's job runs
 def test_fast_worker_runs_ahead_only_within_the_slack():
     # slack 3: worker 0 prepares rounds 0..4 without waiting (round t's buffer is free until
     # round t - 4 must be acknowledged), then waits for the slow worker (0.25 s per round).

@@ -45,6 +45,7 @@ def test_two_devices_equal_one_device_with_double_batch(tmp_path):
     assert_matches_reference(histories, simulate(config, 2))
 
 
+@pytest.mark.alone   # free steps take < 20 ms: not while another test's job runs
 def test_straggler_waits_only_at_pull_applications(tmp_path):
     # Worker 1 sleeps 60 ms before every step. Worker 0's steps (trainer.step plus reading
     # the new weights) must not wait for it except where a pull is applied; and the
