@@ -148,11 +148,7 @@ def _read(fname, kv, schedule, params, optimizer, amp, trusted):
                                                        saved['warmup_steps'],
                                                        schedule.delay, schedule.warmup_steps))
     _check_arrays(path, state, params)
-    current = kv.compression and kv.compression.describe()
-    if state.get('compression') != current:
-        raise ValueError('%s was saved with compression_params %r, this trainer has %r: '
-                         'resume with the same compression'
-                         % (fname, state.get('compression'), current))
+    _check_setting(fname, state, 'compression', 'compression_params', kv.compression)
     residuals = _field(path, state, 'residuals', dict, default={})
     if set(residuals) != set(kv.residuals()):
         raise ValueError('%s holds compression residuals of keys %s, this trainer has %s'
@@ -164,11 +160,7 @@ def _read(fname, kv, schedule, params, optimizer, amp, trusted):
             raise ValueError('%s: field residuals[%r] is %s, this trainer\'s residual is %s %s'
                              % (path, key, _describe(theirs), np.asarray(mine).dtype,
                                 np.shape(mine)))
-    current = kv.pull_compression and kv.pull_compression.describe()
-    if state.get('pull_compression') != current:
-        raise ValueError('%s was saved with pull_compression %r, this trainer has %r: resume '
-                         'with the same pull_compression'
-                         % (fname, state.get('pull_compression'), current))
+    _check_setting(fname, state, 'pull_compression', 'pull_compression', kv.pull_compression)
     models = _field(path, state, 'pulled_models', dict, default={})
     mine = kv.pulled_models()
     if set(models) != set(mine):
@@ -194,6 +186,15 @@ def _read(fname, kv, schedule, params, optimizer, amp, trusted):
                          'trainer with the checkpoint\'s optimizer to resume from it'
                          % ((fname,) + tuple(types)))
     return state, part_of
+
+
+def _check_setting(fname, state, name, argument, codec):
+    """Refuse a file saved with another `codec` setting (field `name`, the trainer's
+    `argument`) than this trainer's."""
+    current = codec and codec.describe()
+    if state.get(name) != current:
+        raise ValueError('%s was saved with %s %r, this trainer has %r: resume with the same '
+                         '%s' % (fname, argument, state.get(name), current, argument))
 
 
 def _describe(value):
