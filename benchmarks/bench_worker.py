@@ -30,7 +30,9 @@ Modes: ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``; ``delayed`` is
 ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. ``--compression`` (``fp16``,
 ``2bit:THRESHOLD``) passes ``compression_params``; in ``sync`` mode the trainer is then the
 tests' ``PushThenPullTrainer`` (``tests/scripts/mlp_model.py``, stock MXNet only): stock
-Gluon's ``pushpull`` is refused with compression on ``'dist_sync'``. Only ``delayed`` imports
+Gluon's ``pushpull`` is refused with compression on ``'dist_sync'``. ``--pull-compression``
+(``fp16``, ``int8`` or ``int8:BLOCK``; ``delayed`` only) passes ``pull_compression``
+(docs/design.md §2.12). Only ``delayed`` imports
 mxdelay (before mxnet, so that its servers are mxdelay's); ``sync`` is stock MXNet in every
 process, servers and scheduler included.
 
@@ -153,11 +155,19 @@ def parse_args(argv=None):
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--compression', default='none', metavar='none|fp16|2bit:THRESHOLD',
                         help='compression_params of the trainer (default: %(default)s)')
+    parser.add_argument('--pull-compression', default='none', metavar='none|fp16|int8[:BLOCK]',
+                        help='pull_compression of DelayedTrainer, delayed only '
+                             '(default: %(default)s)')
     parser.add_argument('--data-dir', default=data.DEFAULT_DATA_DIR)
     parser.add_argument('--out', required=True,
                         help='output JSON file; {rank} is replaced by the worker rank')
     args = parser.parse_args(argv)
     args.compression = compression_params(args.compression)
+    args.pull_compression = pull_compression(args.pull_compression)
+    if args.pull_compression and args.mode != 'delayed':
+        parser.error('--pull-compression %s needs --mode delayed (stock dist_sync has no '
+                     'compressed pulls); drop it for --mode %s'
+                     % (args.pull_compression['type'], args.mode))
     if args.model == 'resnet18' and args.epochs is not None:
         parser.error('--model resnet18 trains on synthetic data: no --epochs (accuracy) runs, '
                      'got --epochs %d; drop --epochs for a window run' % args.epochs)
@@ -174,6 +184,21 @@ def compression_params(text):
     if kind == '2bit' and threshold:
         return {'type': '2bit', 'threshold': float(threshold)}
     raise ValueError("--compression must be 'none', 'fp16' or '2bit:THRESHOLD', got %r" % text)
+
+
+def pull_compression(text):
+    """``pull_compression`` of `text`: 'none', 'fp16', 'int8' or 'int8:BLOCK'."""
+    kind, colon, block = text.partition(':')
+    if kind == 'none' and not colon:
+        return None
+    if kind == 'fp16' and not colon:
+        return {'type': 'fp16'}
+    if kind == 'int8' and not colon:
+        return {'type': 'int8'}
+    if kind == 'int8' and block.isdigit():
+        return {'type': 'int8', 'block_size': int(block)}
+    raise ValueError("--pull-compression must be 'none', 'fp16', 'int8' or 'int8:BLOCK' "
+                     "(BLOCK a positive integer), got %r" % text)
 
 
 def evaluate(net, images, labels):
@@ -211,7 +236,7 @@ def main(argv=None):
         trainer = sys.modules['mxdelay'].DelayedTrainer(
             net.collect_params(), args.optimizer, opt, kvstore=kvstore, delay=args.delay,
             warmup_steps=args.warmup_steps, local_rule=args.local_rule,
-            compression_params=args.compression)
+            compression_params=args.compression, pull_compression=args.pull_compression)
     elif args.compression and args.mode == 'sync':
         sys.path.insert(0, os.path.join(os.path.dirname(EXAMPLES), 'tests', 'scripts'))
         from mlp_model import PushThenPullTrainer  # pylint: disable=import-outside-toplevel
@@ -266,7 +291,8 @@ def main(argv=None):
                                         if p.grad_req != 'null'),
               'delay': args.delay if args.mode == 'delayed' else None,
               'warmup_steps': args.warmup_steps if args.mode == 'delayed' else None,
-              'compression': args.compression, 'seed': args.seed,
+              'compression': args.compression, 'pull_compression': args.pull_compression,
+              'seed': args.seed,
               'batch_size': args.batch_size, 'steps': total - skip,
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],

@@ -91,6 +91,12 @@ METHODS = {
     'sgd-k4': Method("literal 'sgd' rule, k=4", delay=4, extra=('--local-rule', 'sgd')),
     'drift-k4': Method("rule 'drift', k=4", delay=4, extra=('--local-rule', 'drift')),
     'drift-k8': Method("rule 'drift', k=8", delay=8, extra=('--local-rule', 'drift')),
+    # Compressed pulls (docs/design.md §2.12); 2bit at 0.05, the best fixed threshold for
+    # SGD-momentum measured earlier (0.5, the stock default above, trained to 0.38).
+    'k4-pull-fp16': Method('k=4 + pull fp16', delay=4, extra=('--pull-compression', 'fp16')),
+    'k4-pull-int8': Method('k=4 + pull int8', delay=4, extra=('--pull-compression', 'int8')),
+    'k4-2bit-pull-int8': Method('k=4 + 2bit 0.05 + pull int8', delay=4,
+                                extra=('--pull-compression', 'int8'), compression='2bit:0.05'),
 }
 
 

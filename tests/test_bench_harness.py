@@ -344,3 +344,45 @@ def test_other_jobs(tmp_path, launched, monkeypatch):
         ('fp16', '/x/old'), ('fp16', '/y'), ('fp16', '/y'), ('fp16', '/x/old')]
     assert launched.calls[0][0] == [sys.executable, os.path.join(
         REPO, 'benchmarks', 'worker_cpu.py'), '--run', 'fp16', '--skip', '8', '--steps', '48']
+
+
+# -- compressed pulls (issue 20): methods of harness.METHODS only, run through tta.py ---------
+#: method -> (label, worker arguments), written down when the methods were added
+PULL = {
+    'k4-pull-fp16': ('k=4 + pull fp16', DELAYED + ['4', '--pull-compression', 'fp16']),
+    'k4-pull-int8': ('k=4 + pull int8', DELAYED + ['4', '--pull-compression', 'int8']),
+    'k4-2bit-pull-int8': ('k=4 + 2bit 0.05 + pull int8', DELAYED + [
+        '4', '--pull-compression', 'int8', '--compression', '2bit:0.05'])}
+
+
+def test_pull_compression_methods(tmp_path, launched, monkeypatch):
+    for name, (label, args) in PULL.items():
+        method = harness.METHODS[name]
+        assert (method.label, method.args, method.stock, method.env) == (label, args, False, ())
+    # tta.py runs them with its table extended (docs/benchmarks/tta-pull/procedure.md).
+    monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS, **harness.methods(*PULL)))
+    scratch = str(tmp_path / 's')
+    assert tta.main(['--part', 'full', '--out', str(tmp_path / 'out'), '--scratch', scratch,
+                     '--seeds', '1', '--epochs', '5', '--methods', ','.join(PULL)]) == 1
+    for (argv, kwargs), (name, (_, args)) in zip(launched.calls, PULL.items()):
+        assert argv == _launch(2, '-s', 1, '--timeout', 1470) + [
+            sys.executable, WORKER] + args + ['--epochs', '5', '--seed', '1',
+                                              '--warmup-steps', '200', '--eval-every', '78'] + (
+            DATA + ['--out', os.path.join(scratch, 'full', name + '-s1', 'worker-{rank}.json')])
+        assert _changes(kwargs['env']) == CLEAN
+    assert len(launched.calls) == len(PULL)
+
+
+def test_worker_pull_compression_option():
+    import bench_worker  # pylint: disable=import-outside-toplevel
+    base = ['--mode', 'delayed', '--out', 'x.json']
+    parsed = {text: bench_worker.parse_args(base + ['--pull-compression', text]).pull_compression
+              for text in ('none', 'fp16', 'int8', 'int8:64')}
+    assert parsed == {'none': None, 'fp16': {'type': 'fp16'}, 'int8': {'type': 'int8'},
+                      'int8:64': {'type': 'int8', 'block_size': 64}}
+    assert bench_worker.parse_args(base).pull_compression is None
+    for bad in ('int8:', 'int8:x', 'fp16:2', 'int4'):
+        with pytest.raises(ValueError, match=r"--pull-compression must be .*got %r" % bad):
+            bench_worker.parse_args(base + ['--pull-compression', bad])
+    with pytest.raises(SystemExit):  # stock dist_sync has no compressed pulls
+        bench_worker.parse_args(['--mode', 'sync', '--out', 'x', '--pull-compression', 'fp16'])
