@@ -35,6 +35,10 @@ What it adds to MXNet's launcher:
    ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT``,
    ``DMLC_NODE_HOST``, ``MXDELAY_RANK``).
 
+Every worker also gets ``MXDELAY_LOCAL_RANK`` and ``MXDELAY_LOCAL_SIZE``: its index among
+the workers of its host (a hostfile destination; all of them in local mode) and their
+number, for choosing a GPU (``mx.gpu(mxdelay.local_rank() % GPUS)``).
+
 ``--launcher ssh`` (the default with ``-H``): the scheduler runs here; servers, then
 workers, are assigned round-robin over the hostfile's hosts (lines ``host`` or
 ``host:port``; blank lines and ``#`` comments are ignored) and started with
@@ -122,6 +126,8 @@ _OWN_VARIABLES = {
     'DMLC_PS_ROOT_PORT': 'use --port',
     'DMLC_NODE_HOST': "it is each process's host (the hostfile's with ssh and netns)",
     'MXDELAY_RANK': "it is each process's index within its role",
+    'MXDELAY_LOCAL_RANK': "it is each worker's index among the workers of its host",
+    'MXDELAY_LOCAL_SIZE': "it is the number of workers on each worker's host",
 }
 
 # The remote side of one ssh role (see the module docstring), one line so that any login
@@ -435,6 +441,22 @@ class _Role:  # pylint: disable=too-few-public-methods
             pass
 
 
+def _local_ranks(roles):
+    """Return ``{worker rank: (local rank, local size)}``: each worker's index among the
+    workers of its host, in rank order, and their number.
+
+    A host is a hostfile destination (ssh: name and port; netns: namespace); local roles
+    all share this machine. Two names of one machine (``127.0.0.1`` and ``localhost``)
+    count as two hosts: the launcher cannot tell, and ssh may well reach two machines.
+    """
+    by_host = {}
+    for role in roles:
+        if role.role == 'worker':
+            by_host.setdefault(role.host or role.netns, []).append(role.rank)
+    return {rank: (index, len(ranks)) for ranks in by_host.values()
+            for index, rank in enumerate(ranks)}
+
+
 def _describe(status):
     if status < 0:
         return 'died with signal %s (exit %d)' % (signal.Signals(-status).name, status)
@@ -515,6 +537,7 @@ class _Job:
             host = hosts[index % len(hosts)] if hosts else None
             self.roles.append(_Role(role, rank, netns=host) if config.launcher == 'netns'
                               else _Role(role, rank, host))
+        self._local = _local_ranks(self.roles)
         self.output = _Output()
         self._signal = None
         self._libc = ctypes.CDLL(None, use_errno=True)
@@ -536,6 +559,9 @@ class _Job:
         if role.role == 'server':
             variables.update(config.env_server)
         elif role.role == 'worker':
+            local_rank, local_size = self._local[role.rank]
+            variables['MXDELAY_LOCAL_RANK'] = str(local_rank)
+            variables['MXDELAY_LOCAL_SIZE'] = str(local_size)
             variables.update(config.env_worker)
         return variables
 
