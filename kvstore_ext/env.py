@@ -45,6 +45,10 @@ VARIABLES = {
         '1000000', "MXNet's: keys of at least this many elements are split over all servers. "
                    'mxdelay keeps every key below it (chunks, status keys); set it alike on '
                    'every worker and server.'),
+    'MXDELAY_TIMELINE': (None, 'Path prefix: every DelayedTrainer records MXDELAY_TIMELINE_STEPS steps, '
+                               'from its second (the first sends the initial weights), with MXNet\'s profiler into PREFIX.rank<i>.json (i: the '
+                               "trainer's rank); read them with python -m mxdelay.trace. Unset: off."),
+    'MXDELAY_TIMELINE_STEPS': ('20', 'Steps that MXDELAY_TIMELINE records (an integer >= 1).'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0, then it kills '
                                     'them: a finite number >= 0.'),
@@ -63,6 +67,7 @@ MINIMUMS = {
     'MXDELAY_LOCAL_RANK': (0, 'an index among the workers of one host; mxdelay-launch sets it'),
     'MXDELAY_LOCAL_SIZE': (1, 'the number of workers on this host; mxdelay-launch sets it'),
     'MXNET_KVSTORE_BIGARRAY_BOUND': (1, 'elements'),
+    'MXDELAY_TIMELINE_STEPS': (1, 'steps to record'),
     'MXDELAY_SHUTDOWN_WAIT': (0, 'seconds; 0 kills the servers as soon as the workers are done'),
 }
 
