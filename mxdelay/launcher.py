@@ -310,12 +310,12 @@ def _refuse_own_variable(option, value, name, fail):
              % (option, value, name, _OWN_VARIABLES[name], option, value))
 
 
-def _check_host_name(path, number, host, fail):
+def _check_host_name(path, number, host, fail, hint=''):
     """Refuse a name that ssh or ip would take for an option, or that is not one word."""
     if not host or host.startswith('-') or any(c.isspace() or not c.isprintable() for c in host):
         fail('-H/--hostfile %r line %d: %r is not a host name (it is empty, starts with "-" '
-             'or holds a space or control character); write one host name or address a line'
-             % (path, number, host))
+             'or holds a space or control character); write one host name or address a line%s'
+             % (path, number, host, hint))
 
 
 def _check_port(port, fail):
@@ -368,8 +368,11 @@ def _read_hostfile(path, fail):
     form = "host, host:port or 'host slots=N'"
     for number, line in _hostfile_lines(path, fail, form):
         fields = line.split()
+        hint = "; for N processes on one host write 'host slots=N'"
+        if len(fields) > 1 and not fields[1].startswith(('slots=', 'max_slots=')):
+            _check_host_name(path, number, line, fail, hint)  # 'two words': not one host
         host, colon, port = fields[0].partition(':')
-        _check_host_name(path, number, host, fail)
+        _check_host_name(path, number, host, fail, hint)
         if colon and not (port.isdigit() and 0 < int(port) < 65536):
             fail('-H/--hostfile %r line %d: %r is not host or host:port (port 1..65535); write '
                  "'host', 'host:PORT' or 'host slots=N'" % (path, number, line))

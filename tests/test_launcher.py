@@ -286,7 +286,11 @@ BAD_INPUT = {
                    "line 1: '127.0.0.1 slots=0' is not 'host slots=N' (N a positive integer); "
                    "write e.g. '127.0.0.1 slots=4'"),
     'two words': (['-n', '2', '-H', '{tmp}/two-words'], {},
-                  "line 2: 'localhost:2222 4' is not 'host slots=N'"),
+                  "line 2: 'localhost:2222 4' is not a host name (it is empty, starts with "
+                  '"-" or holds a space or control character); write one host name or address '
+                  "a line; for N processes on one host write 'host slots=N'"),
+    'bad slots word': (['-n', '2', '-H', '{tmp}/bad-slots'], {},
+                       "line 1: 'localhost:2222 slots=4 slots=5' is not 'host slots=N'"),
     'max_slots': (['-n', '2', '-H', '{tmp}/max-slots'], {},
                   "line 1: 'localhost max_slots=2': max_slots is not supported"),
     'pair without colon': (['-n', '2', '--env-worker', 'FOO'], {},
@@ -320,6 +324,7 @@ def test_bad_input_fails_at_once(tmp_path, case):
     (tmp_path / 'zero-slots').write_text('127.0.0.1 slots=0\n')
     (tmp_path / 'two-words').write_text('127.0.0.1\nlocalhost:2222 4\n')
     (tmp_path / 'max-slots').write_text('localhost max_slots=2\n')
+    (tmp_path / 'bad-slots').write_text('localhost:2222 slots=4 slots=5\n')
     args, env, message = BAD_INPUT[case]
     args = [arg.format(tmp=tmp_path) for arg in args]
     started = time.monotonic()
