@@ -124,14 +124,33 @@ def parse_args(argv=None):
                         help='worker 0 appends one JSON line per epoch: epoch, loss, train_acc, '
                              'test_acc, samples_per_s (whole job), comm_wait_s, time, steps')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar')
+    parser.add_argument('--gpus', type=int, default=0, metavar='N',
+                        help='GPUs per host: each worker trains on mx.gpu(local rank %% N), the '
+                             'local rank being its index among the workers of its host '
+                             '(mxdelay.local_rank()); 0: the CPU (default: %(default)s)')
     args = parser.parse_args(argv)
     for name in ('epochs', 'batch_size', 'max_steps_per_epoch'):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error('--%s must be at least 1, got %d' % (name.replace('_', '-'), value))
+    if args.gpus < 0:
+        parser.error('--gpus must be 0 (train on the CPU) or the number of GPUs per host, got %d'
+                     % args.gpus)
     if args.resume and not args.checkpoint_dir:
         parser.error('--resume needs --checkpoint-dir DIR (the folder of the checkpoints)')
     return args
+
+
+def choose_context(gpus, local_rank):
+    """Return the context one worker trains on: ``mx.gpu(local_rank % gpus)``, or the CPU
+    when `gpus` is 0.
+
+    The local rank, not the job-wide rank, keeps the GPUs of one host distinct: the launcher
+    assigns workers round-robin over the hosts, so with two hosts of 2 GPUs and 4 workers,
+    host A runs ranks 0 and 2 and ``rank % 2`` gives both GPU 0; their local ranks (0 and 1)
+    give GPUs 0 and 1.
+    """
+    return mx.gpu(local_rank % gpus) if gpus > 0 else mx.cpu()
 
 
 def build_net(model):
@@ -284,7 +303,7 @@ def main(argv=None):
         _LOG.warning("DMLC_ROLE is not set: training in this single process with kvstore='local', "
                      'where DelayedTrainer is exactly gluon.Trainer (--delay has no effect). For '
                      'a distributed job with the delayed update run: %s', LAUNCH)
-    ctx = mx.cpu()
+    ctx = choose_context(args.gpus, mxdelay.local_rank())  # mxdelay: one GPU per local worker
     mx.random.seed(args.seed)
 
     shard = data.WorkerShard(train_images, train_labels, args.batch_size, rank, num_workers,

@@ -26,6 +26,11 @@ VARIABLES = {
                                   'DEBUG, INFO, WARNING, ERROR or CRITICAL (any case); another '
                                   'value is refused.'),
     'MXDELAY_RANK': (None, 'Rank of this process within its role; set by mxdelay-launch for log prefixes.'),
+    'MXDELAY_LOCAL_RANK': (None, "A worker's index among the workers on its host (0 first); set by "
+                                 'mxdelay-launch; mxdelay.local_rank() reads it (0 when unset), '
+                                 'e.g. for mx.gpu(local_rank % GPUs).'),
+    'MXDELAY_LOCAL_SIZE': (None, 'Number of workers on this worker\'s host; set by mxdelay-launch; '
+                                 'mxdelay.local_size() reads it (1 when unset).'),
     # Why 4 (docs/benchmarks/overlap.md, per-layer pushes): on 1 Gbit/s links 15 is faster
     # in the synchronous warm-up (520 vs 554 ms/step: all gradients ready at once, sent
     # first layer first) and ties in the delayed phase (331 vs 331); on loopback 4 is
@@ -45,6 +50,10 @@ VARIABLES = {
                                   "dist_sync script under mxdelay-run) and version-1 "
                                   'server files of load_states(..., trusted=True). Otherwise '
                                   'both are refused with an error (unpickling runs code).'),
+    'MXDELAY_TIMELINE': (None, 'Path prefix: every DelayedTrainer records MXDELAY_TIMELINE_STEPS steps, '
+                               'from its second (the first sends the initial weights), with MXNet\'s profiler into PREFIX.rank<i>.json (i: the '
+                               "trainer's rank); read them with python -m mxdelay.trace. Unset: off."),
+    'MXDELAY_TIMELINE_STEPS': ('20', 'Steps that MXDELAY_TIMELINE records (an integer >= 1).'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0, then it kills '
                                     'them: a finite number >= 0.'),
@@ -60,7 +69,10 @@ MINIMUMS = {
     'MXDELAY_CHUNK_SIZE': (1, 'elements per key'),
     'MXDELAY_SLACK': (1, 'rounds a worker may run ahead of the slowest'),
     'MXDELAY_RANK': (0, "an index within the role; mxdelay-launch sets it"),
+    'MXDELAY_LOCAL_RANK': (0, 'an index among the workers of one host; mxdelay-launch sets it'),
+    'MXDELAY_LOCAL_SIZE': (1, 'the number of workers on this host; mxdelay-launch sets it'),
     'MXNET_KVSTORE_BIGARRAY_BOUND': (1, 'elements'),
+    'MXDELAY_TIMELINE_STEPS': (1, 'steps to record'),
     'MXDELAY_SHUTDOWN_WAIT': (0, 'seconds; 0 kills the servers as soon as the workers are done'),
 }
 

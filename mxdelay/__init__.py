@@ -11,7 +11,7 @@ import importlib
 import kvstore_ext  # noqa: F401  prepares MXNet's import; runs the scheduler and server roles
 
 __all__ = ['DelayedTrainer', 'DelayedModule', 'DistDelay', 'StepObserver', 'ArgumentTypeError',
-           'timeline', '__version__']
+           'timeline', 'local_rank', 'local_size', '__version__']
 __version__ = '0.1.0'
 
 _LAZY = {'DelayedTrainer': 'mxdelay.trainer', 'DelayedModule': 'mxdelay.module',
@@ -19,6 +19,55 @@ _LAZY = {'DelayedTrainer': 'mxdelay.trainer', 'DelayedModule': 'mxdelay.module',
          'StepObserver': 'mxdelay.observer', 'ArgumentTypeError': 'kvstore_ext.checks'}
 _SUBMODULES = ('timeline', 'trace', 'trainer', 'rules', 'schedule', 'observer',
                'module')
+
+
+def local_rank():
+    """Return this worker's index among the workers on its host (0 when not launched).
+
+    ``mxdelay-launch`` sets it (``MXDELAY_LOCAL_RANK``) for every worker: unlike
+    ``trainer.rank % GPUS``, ``mx.gpu(mxdelay.local_rank() % GPUS)`` gives the workers of
+    one host distinct GPUs whatever the number of workers per host.
+
+    Returns
+    -------
+    int
+        0 to ``local_size() - 1``.
+
+    Raises
+    ------
+    ValueError
+        If ``MXDELAY_LOCAL_RANK`` or ``MXDELAY_LOCAL_SIZE`` is not an integer, is below its
+        minimum, or the rank is not below the size.
+    """
+    rank = _env().get_int('MXDELAY_LOCAL_RANK')
+    size = local_size()
+    rank = 0 if rank is None else rank
+    if rank >= size:
+        raise ValueError('environment variable MXDELAY_LOCAL_RANK=%d must be below '
+                         'MXDELAY_LOCAL_SIZE=%d (it indexes the workers of one host); launch '
+                         'with mxdelay-launch, which sets both, or unset both' % (rank, size))
+    return rank
+
+
+def local_size():
+    """Return the number of workers on this worker's host (1 when not launched).
+
+    Returns
+    -------
+    int
+        ``MXDELAY_LOCAL_SIZE``, which ``mxdelay-launch`` sets, at least 1.
+
+    Raises
+    ------
+    ValueError
+        If ``MXDELAY_LOCAL_SIZE`` is not an integer >= 1.
+    """
+    size = _env().get_int('MXDELAY_LOCAL_SIZE')
+    return 1 if size is None else size
+
+
+def _env():
+    return importlib.import_module('kvstore_ext.env')
 
 
 def __getattr__(name):

@@ -35,10 +35,18 @@ What it adds to MXNet's launcher:
    ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT``,
    ``DMLC_NODE_HOST``, ``MXDELAY_RANK``).
 
+Every worker also gets ``MXDELAY_LOCAL_RANK`` and ``MXDELAY_LOCAL_SIZE``: its index among
+the workers of its host (a hostfile destination; all of them in local mode) and their
+number, for choosing a GPU (``mx.gpu(mxdelay.local_rank() % GPUS)``).
+
 ``--launcher ssh`` (the default with ``-H``): the scheduler runs here; servers, then
-workers, are assigned round-robin over the hostfile's hosts (lines ``host`` or
-``host:port``; blank lines and ``#`` comments are ignored) and started with
-``ssh -o StrictHostKeyChecking=no -o BatchMode=yes [-p port] -- host 'sh -c ...'`` (a host
+workers, are assigned round-robin over the hostfile's slots (lines ``host``,
+``host:port`` with ``port`` the ssh port, 22 or above, or either followed by ``slots=N``,
+which counts as the line written N times; blank lines and ``#`` comments are ignored) and
+started with
+``ssh -o StrictHostKeyChecking=no -o BatchMode=yes [-p port] -- host 'sh -c ...'``
+(``--ssh-option KEY=VALUE`` adds options and replaces either default of the same key, e.g.
+``--ssh-option StrictHostKeyChecking=yes`` to check host keys; a host
 name that starts with ``-`` or holds a space or control character is refused). The remote
 shell ``cd``\\ s to the launcher's working directory and starts the command under ``env``
 with the role's variables, the ``--env`` variables and the role's pairs. Remote hosts need
@@ -122,6 +130,8 @@ _OWN_VARIABLES = {
     'DMLC_PS_ROOT_PORT': 'use --port',
     'DMLC_NODE_HOST': "it is each process's host (the hostfile's with ssh and netns)",
     'MXDELAY_RANK': "it is each process's index within its role",
+    'MXDELAY_LOCAL_RANK': "it is each worker's index among the workers of its host",
+    'MXDELAY_LOCAL_SIZE': "it is the number of workers on each worker's host",
 }
 
 # The remote side of one ssh role (see the module docstring), one line so that any login
@@ -136,6 +146,13 @@ _REMOTE_SCRIPT = ('cd {cwd} || exit 127; exec 3<&0 </dev/null; setsid {command} 
                   "setsid sh -c 'cat; kill -TERM -$0; sleep 3; kill -KILL -$0' $pid "
                   '<&3 >/dev/null 2>&1 & watcher=$!; exec 3<&- >/dev/null 2>&1; '
                   'wait $pid; rc=$?; kill -KILL -$watcher; exit $rc')
+
+
+#: The ssh options every remote role gets unless --ssh-option sets the same key. Host keys
+#: are not checked (a first connection to a new host would otherwise stop at a prompt that
+#: nobody answers; pass --ssh-option StrictHostKeyChecking=yes to check them) and ssh never
+#: asks for a password (BatchMode: a key is needed).
+_SSH_DEFAULTS = ('StrictHostKeyChecking=no', 'BatchMode=yes')
 
 
 def build_parser():
@@ -158,7 +175,8 @@ def build_parser():
     parser.add_argument('-s', '--num-servers', type=int, metavar='S',
                         help='number of server processes (at least 1; default: N)')
     parser.add_argument('-H', '--hostfile', metavar='FILE',
-                        help="hosts for --launcher ssh, one 'host' or 'host:port' a line; for "
+                        help="hosts for --launcher ssh, one 'host', 'host:port' (ssh port) or "
+                             "'host slots=N' (N process slots) a line; for "
                              "--launcher netns, one 'NETNS_NAME IP' a line")
     parser.add_argument('--launcher', metavar='|'.join(_LAUNCHERS),
                         help='where to run the servers and workers (default: ssh with -H, '
@@ -181,7 +199,8 @@ def build_parser():
                              'that reaches the first host)')
     parser.add_argument('--ssh-option', action='append', default=[], metavar='KEY=VALUE',
                         help='ssh: pass -o KEY=VALUE to ssh (repeatable), e.g. '
-                             'IdentityFile=~/.ssh/id_ed25519')
+                             'IdentityFile=~/.ssh/id_ed25519; it replaces the default '
+                             'StrictHostKeyChecking=no or BatchMode=yes of the same key')
     parser.add_argument('command', nargs=argparse.REMAINDER, metavar='COMMAND',
                         help='the command every role runs, e.g. mxdelay-run python train.py')
     return parser
@@ -291,12 +310,12 @@ def _refuse_own_variable(option, value, name, fail):
              % (option, value, name, _OWN_VARIABLES[name], option, value))
 
 
-def _check_host_name(path, number, host, fail):
+def _check_host_name(path, number, host, fail, hint=''):
     """Refuse a name that ssh or ip would take for an option, or that is not one word."""
     if not host or host.startswith('-') or any(c.isspace() or not c.isprintable() for c in host):
         fail('-H/--hostfile %r line %d: %r is not a host name (it is empty, starts with "-" '
-             'or holds a space or control character); write one host name or address a line'
-             % (path, number, host))
+             'or holds a space or control character); write one host name or address a line%s'
+             % (path, number, host, hint))
 
 
 def _check_port(port, fail):
@@ -332,15 +351,50 @@ def _hostfile_lines(path, fail, form):
     return lines
 
 
+#: Below this, ``host:N`` is refused as ambiguous: no ssh server listens on ports 1-21,
+#: and ``horovodrun -H host:4`` means 4 process slots, so such a line is most likely a slot
+#: count written the Horovod way.
+_LOWEST_SSH_PORT = 22
+
+
 def _read_hostfile(path, fail):
+    """Return the ssh destinations ``(host, port or None)``, one per process slot.
+
+    A line is ``host``, ``host:port`` (ssh port) or either followed by ``slots=N``
+    (OpenMPI/Horovod style: the host appears N times in a row in the round-robin list, as
+    if the line were written N times).
+    """
     hosts = []
-    for number, line in _hostfile_lines(path, fail, 'host or host:port'):
-        host, colon, port = line.partition(':')
-        _check_host_name(path, number, host, fail)
+    form = "host, host:port or 'host slots=N'"
+    for number, line in _hostfile_lines(path, fail, form):
+        fields = line.split()
+        hint = "; for N processes on one host write 'host slots=N'"
+        if len(fields) > 1 and not fields[1].startswith(('slots=', 'max_slots=')):
+            _check_host_name(path, number, line, fail, hint)  # 'two words': not one host
+        host, colon, port = fields[0].partition(':')
+        _check_host_name(path, number, host, fail, hint)
         if colon and not (port.isdigit() and 0 < int(port) < 65536):
-            fail('-H/--hostfile %r line %d: %r is not host or host:port (port 1..65535)'
-                 % (path, number, line))
-        hosts.append((host, int(port) if colon else None))
+            fail('-H/--hostfile %r line %d: %r is not host or host:port (port 1..65535); write '
+                 "'host', 'host:PORT' or 'host slots=N'" % (path, number, line))
+        if colon and int(port) < _LOWEST_SSH_PORT:
+            fail("-H/--hostfile %r line %d: %r is ambiguous: here host:N is ssh port N, while "
+                 "Horovod reads it as N process slots; write '%s slots=%s' for %s processes on "
+                 "%s, or 'host:PORT' with the ssh port (%d or above)"
+                 % (path, number, line, host, port, port, host, _LOWEST_SSH_PORT))
+        slots = 1
+        if len(fields) > 1:
+            key, equals, value = fields[1].partition('=')
+            if (len(fields) > 2 or key not in ('slots', 'max_slots') or not equals
+                    or not (value.isdigit() and int(value) > 0)):
+                fail("-H/--hostfile %r line %d: %r is not 'host slots=N' (N a positive integer); "
+                     "write e.g. '%s slots=4' for 4 processes on %s, or just '%s'"
+                     % (path, number, line, fields[0], host, fields[0]))
+            if key == 'max_slots':
+                fail("-H/--hostfile %r line %d: %r: max_slots is not supported (processes are "
+                     "assigned round-robin over the slots); write '%s slots=%s'"
+                     % (path, number, line, fields[0], value))
+            slots = int(value)
+        hosts.extend([(host, int(port) if colon else None)] * slots)
     return hosts
 
 
@@ -435,6 +489,22 @@ class _Role:  # pylint: disable=too-few-public-methods
             pass
 
 
+def _local_ranks(roles):
+    """Return ``{worker rank: (local rank, local size)}``: each worker's index among the
+    workers of its host, in rank order, and their number.
+
+    A host is a hostfile destination (ssh: name and port; netns: namespace); local roles
+    all share this machine. Two names of one machine (``127.0.0.1`` and ``localhost``)
+    count as two hosts: the launcher cannot tell, and ssh may well reach two machines.
+    """
+    by_host = {}
+    for role in roles:
+        if role.role == 'worker':
+            by_host.setdefault(role.host or role.netns, []).append(role.rank)
+    return {rank: (index, len(ranks)) for ranks in by_host.values()
+            for index, rank in enumerate(ranks)}
+
+
 def _describe(status):
     if status < 0:
         return 'died with signal %s (exit %d)' % (signal.Signals(-status).name, status)
@@ -515,6 +585,7 @@ class _Job:
             host = hosts[index % len(hosts)] if hosts else None
             self.roles.append(_Role(role, rank, netns=host) if config.launcher == 'netns'
                               else _Role(role, rank, host))
+        self._local = _local_ranks(self.roles)
         self.output = _Output()
         self._signal = None
         self._libc = ctypes.CDLL(None, use_errno=True)
@@ -536,6 +607,9 @@ class _Job:
         if role.role == 'server':
             variables.update(config.env_server)
         elif role.role == 'worker':
+            local_rank, local_size = self._local[role.rank]
+            variables['MXDELAY_LOCAL_RANK'] = str(local_rank)
+            variables['MXDELAY_LOCAL_SIZE'] = str(local_size)
             variables.update(config.env_worker)
         return variables
 
@@ -553,7 +627,12 @@ class _Job:
                                  + config.command)
             script = _REMOTE_SCRIPT.format(cwd=shlex.quote(os.getcwd()), command=command)
             host, port = role.host
-            argv = ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']
+            # ssh keeps the first value of an option: a default the user sets is left out.
+            given = {option.split('=', 1)[0].strip().lower() for option in config.ssh_options}
+            argv = ['ssh']
+            for option in _SSH_DEFAULTS:
+                if option.split('=', 1)[0].lower() not in given:
+                    argv += ['-o', option]
             for option in config.ssh_options:
                 argv += ['-o', option]
             # '--': the host is never read as an option (the hostfile refuses '-' names too).

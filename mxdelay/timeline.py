@@ -7,18 +7,29 @@ steps inside pay only MXNet's per-operation timestamps). Given the trainer, it a
 per parameter when its gradient, push and pull were done: it is the trainer's
 :class:`mxdelay.observer.StepObserver` for the block. :mod:`mxdelay.trace` reads the trace
 back (and needs no MXNet); its functions are re-exported here.
+
+Without code changes: with ``MXDELAY_TIMELINE=PREFIX`` set, every
+:class:`mxdelay.DelayedTrainer` records its first ``MXDELAY_TIMELINE_STEPS`` steps (with the
+per-parameter marks) into ``PREFIX.rank<i>.json``, from its second step (:func:`record_from_env`), with what
+``python -m mxdelay.trace`` needs to summarize it (keys per step, schedule) in the trace's
+``otherData``.
 """
+import atexit
 import concurrent.futures
 import contextlib
+import json
 import logging
+import os
 
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
+from kvstore_ext import env
+
 from .observer import StepObserver
 from .trace import MARKER_DOMAIN, format_table, parameter_rows, summarize, totals
 
-__all__ = ['recording', 'summarize', 'parameter_rows', 'totals', 'format_table']
+__all__ = ['recording', 'record_from_env', 'summarize', 'parameter_rows', 'totals', 'format_table']
 
 _LOG = logging.getLogger(__name__)
 
@@ -117,3 +128,115 @@ class _ParameterWatcher(StepObserver):
 
     def close(self):
         self._pool.shutdown(wait=True)
+
+
+def record_from_env(trainer):
+    """Start recording `trainer`'s first steps if ``MXDELAY_TIMELINE`` is set.
+
+    Called by :class:`mxdelay.DelayedTrainer` at construction. The profiler runs from the
+    end of the trainer's first step (which also sends the initial weights) until
+    ``MXDELAY_TIMELINE_STEPS`` more steps have queued their pushes; then the recording
+    waits for the queued work, stops and writes ``PREFIX.rank<i>.json`` (i =
+    ``trainer.rank``), adding ``otherData.mxdelay`` (``keys_per_step``, ``warmup_steps``,
+    ``delay``, ``first_step``, ``rank``) for ``python -m mxdelay.trace``. A process that exits
+    before then writes what it recorded at exit. MXNet's profiler writes one trace per
+    process: do not also use :func:`recording` in such a process.
+
+    Parameters
+    ----------
+    trainer : mxdelay.DelayedTrainer
+
+    Returns
+    -------
+    object or None
+        The recording (None when ``MXDELAY_TIMELINE`` is unset or empty).
+
+    Raises
+    ------
+    ValueError
+        If ``MXDELAY_TIMELINE_STEPS`` is not an integer >= 1, or the prefix's folder does not
+        exist.
+    """
+    prefix = env.get('MXDELAY_TIMELINE')
+    if not prefix:
+        return None
+    steps = env.get_int('MXDELAY_TIMELINE_STEPS')
+    folder = os.path.dirname(os.path.abspath(prefix))
+    if not os.path.isdir(folder):
+        raise ValueError('environment variable MXDELAY_TIMELINE=%r: folder %r does not exist; '
+                         'create it or give a prefix in an existing folder' % (prefix, folder))
+    return _EnvRecording(trainer, '%s.rank%d.json' % (prefix, trainer.rank), steps)
+
+
+class _EnvRecording(_ParameterWatcher):
+    """The trainer's observer while ``MXDELAY_TIMELINE`` records.
+
+    The profiler starts once the trainer's first step has queued its pushes and all of its
+    work has finished (``waitall``), and stops once `steps` more steps have queued theirs.
+    The first step is left out: it also sends the initial weights (docs/design.md §10),
+    extra pushes that :func:`summarize` would count as gradient pushes. Both ends fall
+    between steps, so the trace holds whole steps.
+    """
+
+    def __init__(self, trainer, path, steps):
+        self._names = set(trainer.priority_order())
+        super().__init__(8 + 6 * len(self._names))
+        self._trainer, self._path, self._steps = trainer, path, steps
+        self._first = None      # the first recorded step, once recording
+        self._written = set()   # parameters whose gradient the current step has pushed
+        self._done = False
+        mx.profiler.set_config(profile_symbolic=True, profile_imperative=True,
+                               profile_api=True, profile_memory=False, aggregate_stats=False,
+                               filename=path)
+        trainer.set_observer(self)
+        atexit.register(self.finish)
+        _LOG.info('timeline: recording %d steps, from the second, into %s (MXDELAY_TIMELINE)',
+                  steps, path)
+
+    def gradient_written(self, parameter, step, grad):
+        if self._first is not None:
+            super().gradient_written(parameter, step, grad)
+        self._written.add(parameter)
+        if not self._written >= self._names:
+            return
+        self._written = set()   # every push of `step` is queued
+        if self._first is None:
+            mx.nd.waitall()
+            mx.profiler.set_state('run')
+            self._first = step + 1
+        elif step >= self._first + self._steps - 1:
+            self.finish()
+
+    def push_acknowledged(self, parameter, step, send_buffer):
+        if self._first is not None:
+            super().push_acknowledged(parameter, step, send_buffer)
+
+    def pull_received(self, parameter, step, target):
+        if self._first is not None:
+            super().pull_received(parameter, step, target)
+
+    def pull_applied(self, parameter, step, weight):
+        if self._first is not None:
+            super().pull_applied(parameter, step, weight)
+
+    def finish(self):
+        """Wait for the queued work, stop the profiler and write the trace (once)."""
+        if self._done or self._first is None:  # done, or not one step was taken
+            return
+        self._done = True
+        mx.nd.waitall()
+        self._trainer.set_observer(None)
+        self.close()
+        mx.profiler.set_state('stop')
+        mx.profiler.dump()
+        with open(self._path, encoding='utf-8') as file:
+            trace = json.load(file)
+        schedule = self._trainer.schedule
+        trace.setdefault('otherData', {})['mxdelay'] = {
+            'keys_per_step': self._trainer.keys_per_step, 'warmup_steps': schedule.warmup_steps,
+            'delay': schedule.delay, 'first_step': self._first,
+            'rank': self._trainer.rank}
+        with open(self._path, 'w', encoding='utf-8') as file:
+            json.dump(trace, file)
+        _LOG.info('timeline: trace written to %s; summarize it with python -m mxdelay.trace %s',
+                  self._path, self._path)

@@ -68,11 +68,23 @@ starts first; those extra pushes count as communication but not as gradient push
 :func:`totals` gives, over the rows (or the rows of one phase): the communication time,
 the fraction of it hidden behind local work and behind backward, and the mean wait per
 step.
+
+Command line: ``python -m mxdelay.trace FILE...`` prints, per trace, the
+per-step table, the totals, and :func:`step_budget`: the mean step, the share of it this
+worker stood still waiting for communication, and what removing that wait would save at
+most (an upper bound of what the delayed update can give on this job). A trace written
+with ``MXDELAY_TIMELINE`` carries the keys per step and the schedule (``otherData.mxdelay``);
+for one written by :func:`mxdelay.timeline.recording` pass ``--keys-per-step`` (the trainer's
+``keys_per_step``) and, for the phases, ``--warmup-steps`` and ``--delay``; ``--first-step``
+numbers the rows.
 """
+import argparse
 import bisect
 import json
+import sys
 
-__all__ = ['MARKER_DOMAIN', 'summarize', 'parameter_rows', 'totals', 'format_table']
+__all__ = ['MARKER_DOMAIN', 'summarize', 'parameter_rows', 'totals', 'format_table',
+           'step_budget', 'main']
 
 #: The profiler domain of the per-parameter marks of :func:`mxdelay.timeline.recording`.
 MARKER_DOMAIN = 'mxdelay'
@@ -392,3 +404,108 @@ def format_table(rows):
             label, total['steps'], total['comm_ms'], 100 * total['hidden'],
             100 * total['hidden_backward'], total['wait_ms']))
     return '\n'.join(lines)
+
+
+def step_budget(rows):
+    """The mean step of `rows` and the share of it spent waiting for communication.
+
+    A step's time is its span (first push to the next step's first push), so the last row,
+    whose span has no next step, is left out.
+
+    Parameters
+    ----------
+    rows : list of dict
+        Rows of :func:`summarize`, in step order.
+
+    Returns
+    -------
+    dict or None
+        ``steps`` (rows counted), ``step_ms`` (mean span), ``wait_ms`` (mean wait),
+        ``wait_share`` (``wait_ms / step_ms``) and ``speedup_bound``
+        (``step_ms / (step_ms - wait_ms)``: the speed-up if no step waited, which bounds
+        what hiding communication, e.g. by the delayed update, can give); None with fewer
+        than 2 rows.
+    """
+    if len(rows) < 2:
+        return None
+    spans = [later['first_push'] - row['first_push'] for row, later in zip(rows, rows[1:])]
+    step_ms = sum(spans) / len(spans)
+    wait_ms = sum(row['wait_ms'] for row in rows[:-1]) / len(spans)
+    return {'steps': len(spans), 'step_ms': step_ms, 'wait_ms': wait_ms,
+            'wait_share': wait_ms / step_ms if step_ms else 0.0,
+            'speedup_bound': step_ms / (step_ms - wait_ms) if step_ms > wait_ms else float('inf')}
+
+
+def _format_budget(budget):
+    if budget is None:
+        return 'fewer than 2 steps recorded: no step time'
+    return ('| steps | mean step (ms) | mean wait (ms) | wait share | speed-up if no wait |\n'
+            '|---:|---:|---:|---:|---:|\n| %d | %.1f | %.1f | %.0f%% | %.2fx |'
+            % (budget['steps'], budget['step_ms'], budget['wait_ms'],
+               100 * budget['wait_share'], budget['speedup_bound']))
+
+
+def _parser():
+    parser = argparse.ArgumentParser(
+        prog='python -m mxdelay.trace', allow_abbrev=False,
+        description='Summarize timelines written by mxdelay.timeline.recording: per step, when '
+                    'pushes and pulls ran, how much of them was hidden, how long the worker '
+                    'waited; then the mean step and the share spent waiting.')
+    parser.add_argument('files', nargs='+', metavar='FILE', help='trace files (Chrome JSON)')
+    parser.add_argument('--keys-per-step', type=int, metavar='K',
+                        help="kvstore keys a step pushes: the trainer's keys_per_step (default: "
+                             'what a MXDELAY_TIMELINE trace says)')
+    parser.add_argument('--warmup-steps', type=int, metavar='W',
+                        help="the trainer's warmup_steps (with --delay: adds each step's phase)")
+    parser.add_argument('--delay', type=int, metavar='k', help="the trainer's delay")
+    parser.add_argument('--first-step', type=int, metavar='S',
+                        help='step counter of the first recorded step (default: what a '
+                             'MXDELAY_TIMELINE trace says, else 0)')
+    return parser
+
+
+def main(argv=None):
+    """Entry point of ``python -m mxdelay.trace``; returns the exit code (bad input: 2)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.keys_per_step is not None and args.keys_per_step < 1:
+        parser.error('--keys-per-step must be a positive integer (trainer.keys_per_step), got '
+                     '%d' % args.keys_per_step)
+    if (args.warmup_steps is None) != (args.delay is None):
+        parser.error('--warmup-steps and --delay go together (they give the schedule); pass '
+                     'both or neither')
+    out = []
+    for path in args.files:
+        try:
+            with open(path, encoding='utf-8') as file:
+                meta = json.load(file).get('otherData', {}).get('mxdelay', {})
+        except (OSError, ValueError, AttributeError) as err:
+            parser.error('%s cannot be read as a timeline (%s); pass a file written by '
+                         'mxdelay.timeline.recording or MXDELAY_TIMELINE' % (path, err))
+        keys = args.keys_per_step or meta.get('keys_per_step')
+        if keys is None:
+            parser.error('%s does not say its keys per step (it was not written with '
+                         'MXDELAY_TIMELINE); pass --keys-per-step K, K being the trainer\'s '
+                         'keys_per_step' % path)
+        delay, warmup = ((args.delay, args.warmup_steps) if args.delay is not None
+                         else (meta.get('delay'), meta.get('warmup_steps')))
+        schedule = None
+        if delay is not None:
+            from .schedule import DelaySchedule  # pylint: disable=import-outside-toplevel
+            try:
+                schedule = DelaySchedule(delay, warmup)
+            except (TypeError, ValueError) as err:
+                parser.error(str(err))
+        first = args.first_step if args.first_step is not None else meta.get('first_step', 0)
+        try:
+            rows = summarize(path, keys, schedule, first)
+        except (ValueError, KeyError) as err:
+            parser.error('%s cannot be read as a timeline (%s); pass a file written by '
+                         'mxdelay.timeline.recording or MXDELAY_TIMELINE' % (path, err))
+        out += ['## %s' % path, '', format_table(rows), '', _format_budget(step_budget(rows)), '']
+    sys.stdout.write('\n'.join(out))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -168,6 +168,9 @@ class DelayedTrainer(gluon.Trainer):
         self._base_lr = self._optimizer.learning_rate
         self._order = ForwardOrder(self._states, registration_order)  # priorities (§8)
         self._observer = StepObserver()
+        # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
+        from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
+        self._timeline = record_from_env(self)
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, self._rule,
                   'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)

@@ -77,8 +77,11 @@ def test_the_launchers_own_variables_are_those_it_sets():
     job = launcher._Job.__new__(launcher._Job)  # only _role_env, no job
     job.config = types.SimpleNamespace(root_uri='127.0.0.1', port=1, num_workers=1,
                                        num_servers=1, env_server={}, env_worker={})
+    job._local = {0: (0, 1)}  # worker 0: local rank 0 of 1
+    workers_only = {'MXDELAY_LOCAL_RANK', 'MXDELAY_LOCAL_SIZE'}  # only workers pick a device
     for role in ('scheduler', 'server', 'worker'):
-        assert set(job._role_env(launcher._Role(role, 0))) == set(launcher._OWN_VARIABLES)
+        expected = set(launcher._OWN_VARIABLES) - (workers_only if role != 'worker' else set())
+        assert set(job._role_env(launcher._Role(role, 0))) == expected
 
 
 @pytest.mark.parametrize('name', sorted(launcher._OWN_VARIABLES))

@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from mxdelay import launcher
+
 from support.jobs import (LAUNCHER, JobResult, PidFile, assert_ok, job_env, pid_alive,
                           python_command, role_lines, run_job, started_job, worker_lines)
 
@@ -277,6 +279,20 @@ BAD_INPUT = {
                        "-H/--hostfile '{tmp}/empty-hosts' lists no host"),
     'bad host port': (['-n', '2', '-H', '{tmp}/bad-hosts'], {},
                       "line 2: '127.0.0.1:ssh' is not host or host:port"),
+    'horovod host:slots': (['-n', '2', '-H', '{tmp}/horovod-hosts'], {},
+                           "line 1: '127.0.0.1:4' is ambiguous: here host:N is ssh port N, while "
+                           "Horovod reads it as N process slots; write '127.0.0.1 slots=4'"),
+    'zero slots': (['-n', '2', '-H', '{tmp}/zero-slots'], {},
+                   "line 1: '127.0.0.1 slots=0' is not 'host slots=N' (N a positive integer); "
+                   "write e.g. '127.0.0.1 slots=4'"),
+    'two words': (['-n', '2', '-H', '{tmp}/two-words'], {},
+                  "line 2: 'localhost:2222 4' is not a host name (it is empty, starts with "
+                  '"-" or holds a space or control character); write one host name or address '
+                  "a line; for N processes on one host write 'host slots=N'"),
+    'bad slots word': (['-n', '2', '-H', '{tmp}/bad-slots'], {},
+                       "line 1: 'localhost:2222 slots=4 slots=5' is not 'host slots=N'"),
+    'max_slots': (['-n', '2', '-H', '{tmp}/max-slots'], {},
+                  "line 1: 'localhost max_slots=2': max_slots is not supported"),
     'pair without colon': (['-n', '2', '--env-worker', 'FOO'], {},
                            "--env-worker 'FOO' is not NAME:VALUE; write e.g. "
                            '--env-worker OMP_NUM_THREADS:4'),
@@ -304,6 +320,11 @@ BAD_INPUT = {
 def test_bad_input_fails_at_once(tmp_path, case):
     (tmp_path / 'empty-hosts').write_text('# nothing\n\n')
     (tmp_path / 'bad-hosts').write_text('127.0.0.1\n127.0.0.1:ssh\n')
+    (tmp_path / 'horovod-hosts').write_text('127.0.0.1:4\n')
+    (tmp_path / 'zero-slots').write_text('127.0.0.1 slots=0\n')
+    (tmp_path / 'two-words').write_text('127.0.0.1\nlocalhost:2222 4\n')
+    (tmp_path / 'max-slots').write_text('localhost max_slots=2\n')
+    (tmp_path / 'bad-slots').write_text('localhost:2222 slots=4 slots=5\n')
     args, env, message = BAD_INPUT[case]
     args = [arg.format(tmp=tmp_path) for arg in args]
     started = time.monotonic()
@@ -400,6 +421,55 @@ def test_ssh_mode_with_a_stand_in_ssh(tmp_path):
     assert all(call.startswith('-o StrictHostKeyChecking=no -o BatchMode=yes -o ConnectTimeout=5 ')
                for call in calls)
     assert sum(' -p 2222 -- localhost sh -c ' in call for call in calls) == 1
+
+
+def built_job(args):
+    """The launcher's job for `args` (options only), built but not started."""
+    parser = launcher.build_parser()
+    # pylint: disable=protected-access
+    return launcher._Job(launcher._Config(parser.parse_args(args + ['true']), parser))
+
+
+def test_hostfile_slots_are_consecutive_places(tmp_path):
+    hosts = tmp_path / 'hosts'
+    hosts.write_text('127.0.0.1 slots=2  # two processes\nlocalhost:2222   slots=3\n')
+    job = built_job(['-n', '5', '-s', '1', '-H', str(hosts)])
+    placed = [(role.label, role.host) for role in job.roles]
+    assert placed == [('scheduler', None),
+                      ('server 0 (on 127.0.0.1)', ('127.0.0.1', None)),
+                      ('worker 0 (on 127.0.0.1)', ('127.0.0.1', None)),
+                      ('worker 1 (on localhost)', ('localhost', 2222)),
+                      ('worker 2 (on localhost)', ('localhost', 2222)),
+                      ('worker 3 (on localhost)', ('localhost', 2222)),
+                      ('worker 4 (on 127.0.0.1)', ('127.0.0.1', None))]  # round-robin wraps
+    local = [job._role_env(role)['MXDELAY_LOCAL_RANK'] + '/' +  # pylint: disable=protected-access
+             job._role_env(role)['MXDELAY_LOCAL_SIZE']  # pylint: disable=protected-access
+             for role in job.roles if role.role == 'worker']
+    assert local == ['0/2', '0/3', '1/3', '2/3', '1/2']
+
+
+@pytest.mark.parametrize('options, expected', [
+    ([], ['-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes']),
+    (['--ssh-option', 'StrictHostKeyChecking=yes'],
+     ['-o', 'BatchMode=yes', '-o', 'StrictHostKeyChecking=yes']),
+    (['--ssh-option', 'stricthostkeychecking = accept-new', '--ssh-option', 'ConnectTimeout=5'],
+     ['-o', 'BatchMode=yes', '-o', 'stricthostkeychecking = accept-new', '-o',
+      'ConnectTimeout=5']),
+])
+def test_ssh_option_replaces_a_default_of_the_same_key(tmp_path, monkeypatch, options, expected):
+    hosts = tmp_path / 'hosts'
+    hosts.write_text('127.0.0.1\n')
+    job = built_job(['-n', '1', '-s', '1', '-H', str(hosts)] + options)
+    started = []
+
+    def popen(argv, **_):
+        started.append(argv)
+        raise OSError('not started')
+
+    monkeypatch.setattr(launcher.subprocess, 'Popen', popen)
+    with pytest.raises(OSError):
+        job._start(job.roles[1])  # pylint: disable=protected-access
+    assert started[0][:started[0].index('--')] == ['ssh'] + expected
 
 
 SSHD = '/usr/sbin/sshd'

@@ -19,12 +19,13 @@ hand-made trace. Tolerance: 1e-9 ms on that trace; none elsewhere (orderings onl
 """
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from support.jobs import assert_ok, run_job
+from support.jobs import assert_ok, job_env, run_job
 from mxdelay import timeline, trace
 from mxdelay.schedule import DelaySchedule
 
@@ -218,3 +219,120 @@ def test_delayed_pull_is_applied_at_the_next_step(tmp_path):
 def test_pushes_per_step_is_checked(tmp_path):
     with pytest.raises(ValueError, match='pushes_per_step must be a positive int'):
         timeline.summarize(_trace(tmp_path, False), 0)
+
+
+def test_step_budget_on_a_known_trace(tmp_path):
+    # One full span, [8, 43) = 35 ms, of which 16 ms waiting (the last row has no span).
+    budget = trace.step_budget(timeline.summarize(_trace(tmp_path, False), 2))
+    assert budget['steps'] == 1
+    assert budget['step_ms'] == pytest.approx(35, abs=1e-9)
+    assert budget['wait_ms'] == pytest.approx(16, abs=1e-9)
+    assert budget['wait_share'] == pytest.approx(16 / 35, abs=1e-9)
+    assert budget['speedup_bound'] == pytest.approx(35 / 19, abs=1e-9)
+    assert trace.step_budget(timeline.summarize(_trace(tmp_path, False), 2)[:1]) is None
+
+
+def run_cli(args):
+    return subprocess.run([sys.executable, '-m', 'mxdelay.trace'] + args, env=job_env(),
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_command_line_prints_the_tables(tmp_path):
+    path = _trace(tmp_path, False)
+    result = run_cli(['--keys-per-step', '2', '--warmup-steps', '0', '--delay', '2',
+                      '--first-step', '2', path, path])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.count('## %s' % path) == 2  # one section per file
+    assert '| step | first push | backward end |' in out
+    assert '| 2 delayed | 8.0 | 14.0 | yes | 22.0 | 27% |' in out
+    assert '| all steps (2) | 31.0 | 26% | 23% | 11.0 |' in out
+    assert ('| steps | mean step (ms) | mean wait (ms) | wait share | speed-up if no wait |'
+            in out)
+    assert '| 1 | 35.0 | 16.0 | 46% | 1.84x |' in out
+    assert 'mxnet' not in result.stderr.lower()
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--keys-per-step', '0', '{path}'], '--keys-per-step must be a positive integer'),
+    (['--keys-per-step', '2', '--delay', '2', '{path}'],
+     '--warmup-steps and --delay go together'),
+    (['--keys-per-step', '2', '{tmp}/missing.json'],
+     "{tmp}/missing.json cannot be read as a timeline"),
+    (['{path}'], 'does not say its keys per step (it was not written with MXDELAY_TIMELINE); '
+                 'pass --keys-per-step K'),
+])
+def test_command_line_refuses_bad_input(tmp_path, args, message):
+    path = _trace(tmp_path, False)
+    result = run_cli([arg.format(path=path, tmp=tmp_path) for arg in args])
+    assert result.returncode == 2
+    assert message.format(tmp=tmp_path) in result.stderr
+
+
+# A worker that never mentions the timeline: MXDELAY_TIMELINE alone records it.
+UNTOUCHED_JOB = '''
+import mxdelay
+import numpy as np
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Dense(64, activation='relu', in_units=32), gluon.nn.Dense(10, in_units=64))
+net.initialize(mx.init.Xavier())
+trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd', {'learning_rate': 0.01},
+                                 delay=2, warmup_steps=2)
+x, y = nd.array(np.random.rand(16, 32)), nd.array(np.random.randint(0, 10, 16))
+for _ in range(9):
+    with autograd.record():
+        loss = gluon.loss.SoftmaxCrossEntropyLoss()(net(x), y)
+    loss.backward()
+    trainer.step(16)
+    loss.asnumpy()
+print('keys', trainer.keys_per_step)
+'''
+
+
+@pytest.mark.jobs
+def test_environment_records_every_worker(tmp_path):
+    from support.jobs import python_command, worker_lines
+    result = run_job(python_command(UNTOUCHED_JOB), num_workers=2, num_servers=1, timeout=90,
+                     env={'MXDELAY_TIMELINE': str(tmp_path / 'tl'), 'MXDELAY_TIMELINE_STEPS': '6'})
+    assert_ok(result)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ['tl.rank0.json', 'tl.rank1.json'], files
+    for rank in range(2):
+        path = tmp_path / ('tl.rank%d.json' % rank)
+        meta = json.load(open(str(path)))['otherData']['mxdelay']
+        keys = int(worker_lines(result.stdout, rank)[-1].split()[1])
+        assert meta == {'keys_per_step': keys, 'warmup_steps': 2, 'delay': 2, 'first_step': 1,
+                        'rank': rank}
+        cli = run_cli([str(path)])
+        assert cli.returncode == 0, cli.stderr
+        out = cli.stdout
+        # Steps 1..6 recorded (not 0, which sends the initial weights, nor 7, 8): warm-up
+        # step 1 (W = 2), the switch (2), delayed 3..6.
+        assert '| all steps (6) |' in out, out
+        assert [line.split(' | ')[0] for line in out.splitlines() if line[2:3].isdigit()][:6] \
+            == ['| %d %s' % (t, 'warm-up' if t < 2 else 'switch' if t == 2 else 'delayed')
+                for t in range(1, 7)], out
+        for phase, count in (('warm-up', 1), ('switch', 1), ('delayed', 4)):
+            assert '| %s (%d) |' % (phase, count) in out, out
+        assert ('| steps | mean step (ms) | mean wait (ms) | wait share | speed-up if no wait |'
+                in out)
+        assert '| 5 | ' in out.split('speed-up if no wait |', 1)[1], out  # 5 whole spans
+
+
+@pytest.mark.parametrize('variables, message', [
+    ({'MXDELAY_TIMELINE': '{tmp}/missing/tl'}, "folder '{tmp}/missing' does not exist"),
+    ({'MXDELAY_TIMELINE': '{tmp}/tl', 'MXDELAY_TIMELINE_STEPS': '0'},
+     "MXDELAY_TIMELINE_STEPS='0' must be an integer >= 1"),
+])
+def test_environment_recording_refuses_bad_values(tmp_path, monkeypatch, variables, message):
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    with pytest.raises(ValueError, match=message.format(tmp=tmp_path)):
+        timeline.record_from_env(None)   # refused before the trainer is looked at
+
+
+def test_environment_recording_is_off_by_default(monkeypatch):
+    monkeypatch.delenv('MXDELAY_TIMELINE', raising=False)
+    assert timeline.record_from_env(None) is None
