@@ -4,9 +4,12 @@ Run 1 scheduler, 1 server and 2 workers on this machine (about 25 s on 2 idle CP
 
     mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py --epochs 2
 
-and the same job with stock Gluon (``gluon.Trainer`` on ``'dist_sync'``), for comparison::
+and the same job with stock Gluon (``gluon.Trainer`` on ``'dist_sync'``), for comparison
+(its optimizer reaches mxdelay's servers as a pickle, which they unpickle only when the
+environment allows it: trusted networks only)::
 
-    mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py --epochs 2 --trainer sync
+    MXDELAY_ALLOW_PICKLE=1 mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py \
+        --epochs 2 --trainer sync
 
 On one machine the processes share its cores and loopback is fast: the log then shows less
 time waiting for communication with ``delayed`` than with ``sync``, but not more samples/s

@@ -635,7 +635,9 @@ def _checked_entries(entries):
                          'size'), entry))
         field(body, 'chunk_id', int, minimum=0)
         field(body, 'server', int, minimum=0)
-        if body['param_index'] != protocol.FINISH_KEY:
+        # The store's key: an int, or a str as MXNet allows (Module's parameter names, the
+        # finish counter's protocol.FINISH_KEY).
+        if not isinstance(body['param_index'], str):
             field(body, 'param_index', int, minimum=0)
         field(body, 'name', str)
         for name in ('lr_mult', 'wd_mult'):
