@@ -25,7 +25,7 @@ from support.jobs import _CURRENT
 #: a unit of its own. test_conftest.py checks that this set names every such module.
 SHARED_JOB_MODULES = frozenset(['tests/test_checkpoint_format.py', 'tests/test_example.py',
                                 'tests/test_faults.py', 'tests/test_load_atomic.py',
-                                'tests/test_stock_pin.py'])
+                                'tests/test_local_rank.py', 'tests/test_stock_pin.py'])
 
 
 def pytest_configure(config):

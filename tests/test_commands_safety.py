@@ -229,7 +229,7 @@ def test_slots_0_through_the_controller_leaves_the_server_up():
     ([0, 0, 0, 'w', 1.0, 1.0, -5], "'size' must be >= 1"),
     ([0, 0, 0, 'w', float('nan'), 1.0, 3], "'lr_mult' must be finite"),
     ([-1, 0, 0, 'w', 1.0, 1.0, 3], "'chunk_id' must be >= 0"),
-    ([0, 0, 'x', 'w', 1.0, 1.0, 3], "'param_index' must be an integer"),
+    ([0, 0, 1.5, 'w', 1.0, 1.0, 3], "'param_index' must be an integer"),
     ([0, 0, 0, 7, 1.0, 1.0, 3], "'name' must be a string"),
 ])
 def test_register_refuses_bad_entries(entry, pattern):
