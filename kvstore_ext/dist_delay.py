@@ -632,8 +632,7 @@ class DistDelay(KVStoreBase):
         keys, outs = self._checked_lists(key, out, 'out', priority)
         for k, o in zip(keys, outs):
             tensor = self._tensors[k]
-            tensor.kind.pull_compressed(tensor, o if isinstance(o, (list, tuple)) else [o],
-                                        priority)
+            tensor.kind.pull_compressed(tensor, _listed(o), priority)
         return None
 
     def pulled_models(self):
@@ -693,8 +692,7 @@ class DistDelay(KVStoreBase):
             # Gluon pulls a row_sparse weight's rows inside autograd.record() (its forward
             # reads row_sparse_data): the store's own copies into `out` must not be recorded.
             with mx.autograd.pause():
-                tensor.kind.row_sparse_pull(tensor, o if isinstance(o, (list, tuple)) else [o],
-                                            r if isinstance(r, (list, tuple)) else [r], priority)
+                tensor.kind.row_sparse_pull(tensor, _listed(o), _listed(r), priority)
 
     def pushpull(self, key, value, out=None, priority=0):
         """Push a round of `value` and pull the weights after it into `out` (or `value`).
