@@ -17,6 +17,7 @@ import sys
 import tempfile
 
 import harness
+from positional import positional
 
 HERE, REPO = harness.HERE, harness.REPO
 OUT = os.path.join(REPO, 'docs', 'benchmarks', 'amp')
@@ -37,8 +38,9 @@ def run(mode, steps, folder):
 
 
 def main():
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 80
+    args = positional(__doc__, 0)
+    rounds = int(args[0]) if args else 3
+    steps = int(args[1]) if len(args) > 1 else 80
     phases = {'warm-up': slice(2, 20), 'delayed': slice(22, None)}
     samples = {(m, p): [] for m in MODES for p in phases}
     with tempfile.TemporaryDirectory() as folder:

@@ -12,9 +12,11 @@ import os
 import sys
 
 import provenance  # standard library only: first, before MXNet
+from positional import positional
 
-KIND = sys.argv[1]
-provenance.record(os.path.dirname(os.path.abspath(sys.argv[3])), KIND, stock=KIND != 'dist_delay')
+ARGS = positional(__doc__, 3)
+KIND = ARGS[0]
+provenance.record(os.path.dirname(os.path.abspath(ARGS[2])), KIND, stock=KIND != 'dist_delay')
 if KIND == 'dist_delay':
     import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's
 
@@ -34,13 +36,13 @@ MODELS = {
 
 
 def main():
-    steps, out = int(sys.argv[2]), sys.argv[3]
+    steps, out = int(ARGS[1]), ARGS[2]
     kv = mx.kv.create(KIND)
     if KIND != 'dist_delay':
         assert 'mxdelay' not in sys.modules and 'kvstore_ext' not in sys.modules
-    if sys.argv[4:5] == ['sgd']:
+    if ARGS[3:4] == ['sgd']:
         kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9))
-    shapes = MODELS[sys.argv[5] if len(sys.argv) > 5 else 'mlp']
+    shapes = MODELS[ARGS[4] if len(ARGS) > 4 else 'mlp']
     weights = [nd.zeros(s) for s in shapes]
     grads = [nd.ones(s) for s in shapes]
     for i, w in enumerate(weights):

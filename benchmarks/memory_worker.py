@@ -21,9 +21,10 @@ import os
 import sys
 
 import provenance  # standard library only: first, before MXNet
+from positional import positional
 
-MODE, K, MODEL, STEPS, OUT = (sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]),
-                              sys.argv[5])
+ARGS = positional(__doc__, 5)
+MODE, K, MODEL, STEPS, OUT = ARGS[0], int(ARGS[1]), ARGS[2], int(ARGS[3]), ARGS[4]
 provenance.record(OUT, MODE, stock=MODE != 'delay')
 if MODE == 'delay':
     import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's

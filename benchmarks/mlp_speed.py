@@ -6,11 +6,14 @@ or ``compute`` (no communication at all). A ``-amp`` suffix (``delay4-amp``) add
 dynamic loss scaling with no operator cast (float32 arithmetic: only the cost of the
 overflow machinery, docs/design.md §11).
 """
-import mxdelay  # noqa: F401
-
 import json
-import sys
 import time
+
+from positional import positional
+
+ARGS = positional(__doc__, 3)
+
+import mxdelay  # noqa: F401,E402
 
 import numpy as np
 import mxnet as mx
@@ -18,7 +21,7 @@ from mxnet import autograd, gluon, nd
 
 
 def main():
-    mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    mode, steps, out = ARGS[0], int(ARGS[1]), ARGS[2]
     use_amp = mode.endswith('-amp')
     mode = mode[:-len('-amp')] if use_amp else mode
     if use_amp:

@@ -24,6 +24,7 @@ import kvstore_roundtrip  # noqa: E402
 import memory  # noqa: E402
 import netns as bench_netns  # noqa: E402
 import overlap  # noqa: E402
+import positional  # noqa: E402
 import provenance  # noqa: E402
 import scaling  # noqa: E402
 import tta  # noqa: E402
@@ -386,3 +387,18 @@ def test_worker_pull_compression_option():
             bench_worker.parse_args(base + ['--pull-compression', bad])
     with pytest.raises(SystemExit):  # stock dist_sync has no compressed pulls
         bench_worker.parse_args(['--mode', 'sync', '--out', 'x', '--pull-compression', 'fp16'])
+
+
+def test_positional_scripts_answer_help_and_missing_arguments(capsys):
+    doc = 'Usage: ``python w.py A B``\n'
+    with pytest.raises(SystemExit) as stop:
+        positional.positional(doc, 2, ['--help'])
+    assert stop.value.code == 0 and capsys.readouterr().out == doc
+    with pytest.raises(SystemExit) as stop:
+        positional.positional(doc, 2, ['a'])
+    assert '2 argument(s) required, 1 given' in stop.value.code and doc in stop.value.code
+    assert positional.positional(doc, 2, ['a', 'b', 'c']) == ['a', 'b', 'c']
+    for script in ('kv_worker.py', 'memory_worker.py', 'mlp_speed.py', 'amp_cost.py'):
+        done = subprocess.run([sys.executable, os.path.join(REPO, 'benchmarks', script), '-h'],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0 and 'Usage' in done.stdout, (script, done.stderr[-500:])
