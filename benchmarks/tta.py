@@ -380,8 +380,8 @@ def write_markdown(out, result, methods, networks, phases, command):
         if part in result['metas']:
             lines.append('- %s: %s' % (part, provenance.meta_line(result['metas'][part])))
     accuracy = result['accuracy']
-    lines += ['', '## Test accuracy over %d seeds (loopback, real runs, 10 epochs)' % len(
-        result['seeds']), '',
+    lines += ['', '## Test accuracy over %d seeds (loopback, real runs, %d epochs)' % (
+        len(result['seeds']), len(accuracy['sync'])), '',
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
         'seeds %s. Delayed methods: rule `mirror`, warm-up 200 steps.' % ', '.join(
             str(s) for s in result['seeds']), '']
