@@ -415,7 +415,7 @@ def short_table():
     for network, label in NETWORKS:
         quiet = network == 'loopback'
         means = {m: _tta_mean(tta, network, m, quiet) for m in methods}
-        row('time to %.4f accuracy, %s%s' % (tta['target'], label, ' (real runs, quiet seeds)'
+        row('time to %.4f test accuracy, %s%s' % (tta['target'], label, ' (real runs, quiet seeds)'
                                               if quiet else ' (derived)'),
             [report.seconds(means['sync'])] + ['**%.2fx**' % (means['sync'] / means[m])
                                                for m in DELAYED], tta_link)
@@ -426,7 +426,7 @@ def short_table():
             ['%.0f' % base] + ['%.2fx' % (times[m]['window_samples_per_s'] / base)
                                for m in DELAYED], tta_link)
     for network, label in NETWORKS[:2]:
-        row('warm-up (synchronous) step, %s' % label,
+        row('synchronous step (`dist_sync`; the warm-up of k), %s' % label,
             ['%.0f ms' % tta['times']['%s/%s' % (network, m)]['sync_step_ms'] for m in methods],
             tta_link)
     last = {m: tta['accuracy'][m][-1] for m in methods}
@@ -453,10 +453,10 @@ def short_table():
         'mean of %d seeds; *derived* on the shaped links (the real runs\' steps timed with '
         'per-phase step times measured there); on loopback the real wall time of the seeds '
         'during which other processes used at most %g cores (the mean of all seeds, and why it '
-        'was replaced, is in docs/results.md). Steady state: median of 3 interleaved rounds, '
+        'was replaced: [docs/results.md](docs/results.md)). Steady state: median of 3 interleaved rounds, '
         'most of them noisy. CNN: the global model after `sync_weights()`, one seed. Every '
         'figure with its conditions, and compression, sparse bytes, memory, round trip and '
-        'scaling: [docs/results.md](docs/results.md), generated with this table by `python '
+        'scaling: docs/results.md, generated with this table by `python '
         'benchmarks/readme_results.py` from the committed results files.' % (
             tta['metas']['full']['settings']['full_warmup'], len(tta['seeds']),
             report.NOISE_CORES), WIDTH)])
