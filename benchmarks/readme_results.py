@@ -1,7 +1,10 @@
-"""Write README.md's results section from the committed results files.
+"""Write README.md's headline and results table, and docs/results.md, from the committed
+results files.
 
-Replaces what lies between ``<!-- results:begin -->`` and ``<!-- results:end -->`` in
-README.md (nothing else) with a short table made from:
+Replaces what lies between ``<!-- headline:begin -->`` and ``<!-- headline:end -->`` (the first
+screen's measured speed-up and its conditions) and between ``<!-- results:begin -->`` and
+``<!-- results:end -->`` (a short table) in README.md, nothing else, and writes the whole of
+docs/results.md (every figure, one row each), from:
 
 - ``docs/benchmarks/tta/tta.json`` (``python benchmarks/tta.py --part report``): time to
   accuracy, accuracy over seeds, accuracy at a fixed wall time, steady-state throughput;
@@ -12,9 +15,11 @@ README.md (nothing else) with a short table made from:
 - ``docs/benchmarks/compress-after-cpu/phases-runs.csv`` (``compress.py --part phases``).
 - ``docs/benchmarks/scaling/runs.csv`` and ``scaling-run2/runs.csv``
   (``python benchmarks/scaling.py``, twice): the issue's scaling targets.
+- ``docs/benchmarks/cnn/accuracy.csv`` and the ``readme-rows.md`` of ``cnn/`` and
+  ``cnn-seeds/`` (``python benchmarks/accuracy_cnn.py``): the BatchNorm CNN's accuracy.
 
-Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if README.md
-differs from what would be written, and write nothing).
+Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if README.md or
+docs/results.md differs from what would be written, and write nothing).
 """
 import argparse
 import os
@@ -384,8 +389,9 @@ def headline():
         return _tta_mean(tta, network, 'sync', quiet) / _tta_mean(tta, network, 'k4', quiet)
     times = tta['times']
     return textwrap.fill(
-        '**Measured** ([tta/results.md](%s)): time to %.4f test accuracy (`dist_sync`\'s after '
-        '5 epochs), k=4 against stock `dist_sync`: **%.2fx at 100 Mbit/s** (%s against %s) and '
+        '**Measured** ([tta/results.md](%s)): time to %.4f test accuracy (`dist_sync`\'s mean '
+        'after 5 epochs), k=4 against stock `dist_sync`: **%.2fx at 100 Mbit/s** (%s against %s) '
+        'and '
         '**%.2fx at 1 Gbit/s** (%s against %s). Fashion-MNIST MLP (1.86M parameters), 2 '
         'workers + 1 server, SGD with momentum, the %d warm-up steps included, mean of %d '
         'seeds; *derived*: the real runs\' steps timed with per-phase step times measured on '
@@ -415,8 +421,8 @@ def short_table():
     for network, label in NETWORKS:
         quiet = network == 'loopback'
         means = {m: _tta_mean(tta, network, m, quiet) for m in methods}
-        row('time to %.4f test accuracy, %s%s' % (tta['target'], label, ' (real runs, quiet seeds)'
-                                              if quiet else ' (derived)'),
+        row('time to %.4f test accuracy, %s%s' % (
+            tta['target'], label, ' (real runs, quiet seeds)' if quiet else ' (derived)'),
             [report.seconds(means['sync'])] + ['**%.2fx**' % (means['sync'] / means[m])
                                                for m in DELAYED], tta_link)
     for network, label in NETWORKS:
@@ -437,8 +443,9 @@ def short_table():
         '%+.2f (epoch %d)' % _mean_shortfall(tta['accuracy'], m) for m in DELAYED], tta_link)
     cnn = report.read_csv(os.path.join(REPO, 'docs', 'benchmarks', 'cnn', 'accuracy.csv'))
     for optimizer, name in (('sgd', 'SGD-momentum'), ('adam', 'Adam')):
-        curve = {m: [r['test_acc'] for r in cnn if (r['optimizer'], r['method'], r['seed'])
-                     == (optimizer, m, 1)] for m in ('sync', 'k4', 'k8')}
+        curve = {m: [r['test_acc'] for r in sorted(cnn, key=lambda r: r['epoch'])
+                     if (r['optimizer'], r['method'], r['seed']) == (optimizer, m, 1)]
+                 for m in ('sync', 'k4', 'k8')}
         cells = ['%.4f' % curve['sync'][-1], '-']
         for method in ('k4', 'k8'):
             gap = min(((a - b) * 100, epoch + 1) for epoch, (a, b) in
@@ -453,8 +460,9 @@ def short_table():
         'mean of %d seeds; *derived* on the shaped links (the real runs\' steps timed with '
         'per-phase step times measured there); on loopback the real wall time of the seeds '
         'during which other processes used at most %g cores (the mean of all seeds, and why it '
-        'was replaced: [docs/results.md](docs/results.md)). Steady state: median of 3 interleaved rounds, '
-        'most of them noisy. CNN: the global model after `sync_weights()`, one seed. Every '
+        'was replaced: [docs/results.md](docs/results.md)). Steady state: median of 3 '
+        'interleaved rounds, most of them noisy. CNN: the global model after `sync_weights()`, '
+        'one seed. Every '
         'figure with its conditions, and compression, sparse bytes, memory, round trip and '
         'scaling: docs/results.md, generated with this table by `python '
         'benchmarks/readme_results.py` from the committed results files.' % (
