@@ -1,7 +1,10 @@
-"""Write README.md's results section from the committed results files.
+"""Write README.md's headline and results table, and docs/results.md, from the committed
+results files.
 
-Replaces what lies between ``<!-- results:begin -->`` and ``<!-- results:end -->`` in
-README.md (nothing else) with a short table made from:
+Replaces what lies between ``<!-- headline:begin -->`` and ``<!-- headline:end -->`` (the first
+screen's measured speed-up and its conditions) and between ``<!-- results:begin -->`` and
+``<!-- results:end -->`` (a short table) in README.md, nothing else, and writes the whole of
+docs/results.md (every figure, one row each), from:
 
 - ``docs/benchmarks/tta/tta.json`` (``python benchmarks/tta.py --part report``): time to
   accuracy, accuracy over seeds, accuracy at a fixed wall time, steady-state throughput;
@@ -12,9 +15,11 @@ README.md (nothing else) with a short table made from:
 - ``docs/benchmarks/compress-after-cpu/phases-runs.csv`` (``compress.py --part phases``).
 - ``docs/benchmarks/scaling/runs.csv`` and ``scaling-run2/runs.csv``
   (``python benchmarks/scaling.py``, twice): the issue's scaling targets.
+- ``docs/benchmarks/cnn/accuracy.csv`` and the ``readme-rows.md`` of ``cnn/`` and
+  ``cnn-seeds/`` (``python benchmarks/accuracy_cnn.py``): the BatchNorm CNN's accuracy.
 
-Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if README.md
-differs from what would be written, and write nothing).
+Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if README.md or
+docs/results.md differs from what would be written, and write nothing).
 """
 import argparse
 import os
@@ -26,7 +31,6 @@ import harness
 import report
 
 REPO = harness.REPO
-BEGIN, END = '<!-- results:begin -->', '<!-- results:end -->'
 TTA = os.path.join('docs', 'benchmarks', 'tta')
 # The server with W kept in the slots' stored values, as main's (docs/design.md §3.2); the
 # earlier measurements stay in roundtrip/ and roundtrip-before-31cc805/.
@@ -41,12 +45,30 @@ def _load(*parts):
     return report.read_json(os.path.join(REPO, *parts))
 
 
-def _tta_cells(tta, network):
+def _quiet_seeds(tta, method):
+    """Seeds whose full run of `method` had other processes use at most NOISE_CORES."""
+    return [r['seed'] for r in tta['runs']
+            if r['method'] == method and r['cpu_other'] <= report.NOISE_CORES]
+
+
+def _tta_mean(tta, network, method, quiet=False):
+    """Mean time to accuracy of `method` on `network` over its seeds (with `quiet`: its quiet
+    seeds): derived on shaped links, the real wall time on loopback."""
+    key = 'real_s' if network == 'loopback' else 'derived_s'
+    seeds = _quiet_seeds(tta, method) if quiet else tta['seeds']
+    return statistics.mean(p[key] for p, seed in zip(tta['tta']['%s/%s' % (network, method)],
+                                                     tta['seeds']) if seed in seeds)
+
+
+def _tta_cells(tta, network, quiet=False):
+    """Time to accuracy per method on `network` (see `_tta_mean`), with speed-ups."""
     per = {m: tta['tta'].get('%s/%s' % (network, m)) for m in ('sync',) + DELAYED}
     if not per['sync'] or not all(per['sync']):
         return None
-    key = 'real_s' if network == 'loopback' else 'derived_s'
-    base = statistics.mean(p[key] for p in per['sync'])
+
+    def mean(method):
+        return _tta_mean(tta, network, method, quiet)
+    base = mean('sync')
     cells = ['`dist_sync` %s' % report.seconds(base)]
     for method in DELAYED:
         values = per[method]
@@ -55,9 +77,26 @@ def _tta_cells(tta, network):
         if not all(values):
             cells.append('k=%s not reached by every seed' % method[1:])
             continue
-        mean = statistics.mean(p[key] for p in values)
-        cells.append('k=%s %s (**%.2fx**)' % (method[1:], report.seconds(mean), base / mean))
+        cells.append('k=%s %s (**%.2fx**)' % (method[1:], report.seconds(mean(method)),
+                                              base / mean(method)))
     return '; '.join(cells)
+
+
+def _loopback_tta_row(tta, link):
+    """Loopback time to accuracy over the quiet full runs (each method's seeds listed); the
+    mean of all seeds (runs beside busy cores included) is named as replaced."""
+    loud = ['%s seed %d (%.2f cores)' % (_label(r['method']), r['seed'], r['cpu_other'])
+            for r in tta['runs'] if r['cpu_other'] > report.NOISE_CORES]
+    seeds = '; '.join('%s: %s' % (_label(m), ', '.join(str(s) for s in _quiet_seeds(tta, m)))
+                      for m in ('sync',) + DELAYED)
+    return ('| time to %.4f test accuracy, loopback | %s | whole training from step 1, the 200 '
+            'warm-up steps included; evaluation excluded; real wall time of the full runs, mean '
+            'of the quiet seeds (other processes used at most %g cores; %s). Replaced: the mean '
+            'of all %d seeds, %s, because of the runs beside busy cores: %s | '
+            '[tta/results.md](%s) |' % (
+                tta['target'], _tta_cells(tta, 'loopback', quiet=True), report.NOISE_CORES,
+                seeds, len(tta['seeds']), _tta_cells(tta, 'loopback').replace('**', ''),
+                '; '.join(loud), link))
 
 
 def scaling_rows():
@@ -82,9 +121,11 @@ def _label(method):
     return '`dist_sync`' if method == 'sync' else 'k=%s' % method[1:]
 
 
-def _throughput_rows(tta, methods, label, link, what):
+def _throughput_rows(tta, methods, label, link, what, notes=None):
     """Steady-state samples/s and synchronous step rows of `methods` (the first is the
-    baseline) on each network of a ``tta.py`` report; `what` qualifies the figure."""
+    baseline) on each network of a ``tta.py`` report; `what` qualifies the figure, `notes`
+    (method -> text) goes next to a method's speed-up."""
+    notes = notes or {}
     rows = []
     for network, net_label in NETWORKS:
         times = {m: tta['times'].get('%s/%s' % (network, m)) for m in methods}
@@ -92,8 +133,9 @@ def _throughput_rows(tta, methods, label, link, what):
             continue
         base = times[methods[0]]['window_samples_per_s']
         cells = ['%s %.0f' % (label(methods[0]), base)] + [
-            '%s %.0f (%.2fx)' % (label(m), times[m]['window_samples_per_s'],
-                                 times[m]['window_samples_per_s'] / base) for m in methods[1:]]
+            '%s %.0f (%.2fx%s)' % (label(m), times[m]['window_samples_per_s'],
+                                   times[m]['window_samples_per_s'] / base, notes.get(m, ''))
+            for m in methods[1:]]
         noisy = sum(t['noisy'] for t in times.values())
         runs = sum(t['rounds'] for t in times.values())
         rounds = sorted({t['rounds'] for t in times.values()})
@@ -115,16 +157,21 @@ def compression_rows():
     import compress  # pylint: disable=import-outside-toplevel
     rows = []
     link = 'docs/benchmarks/compress/results.md'
+    untrained = {}  # method -> the note beside its speed-ups
     if os.path.exists(os.path.join(REPO, COMPRESS, 'tta.json')):
         data = _load(COMPRESS, 'tta.json')
         methods = [m for m in compress.METHODS if m in data['accuracy']]
 
         def label(method):
             return compress.METHODS[method].label.replace('dist_sync', '`dist_sync`')
-        rows += _throughput_rows(data, methods, label, link, ' with compression (2bit '
-                                 'threshold %g)' % compress.THRESHOLD)
         last = {m: data['accuracy'][m][-1] for m in methods}
         base = last['sync']['mean']
+        # A speed-up of a method that does not train is no speed-up: say so beside it.
+        untrained = {m: '; **does not train** at this threshold: %.2f test accuracy after %d '
+                        'epochs' % (last[m]['mean'], last[m]['epoch'])
+                     for m in methods if last[m]['mean'] < base / 2}
+        rows += _throughput_rows(data, methods, label, link, ' with compression (2bit '
+                                 'threshold %g)' % compress.THRESHOLD, untrained)
         rows.append('| test accuracy after %d epochs with compression | %s | %d seed; '
                     'difference to `dist_sync` in points; worker 0\'s weights; loopback, real '
                     'runs '
@@ -148,7 +195,7 @@ def compression_rows():
                         compress.THRESHOLD, '; '.join(
                             '%s %.0f%s' % (compress.METHODS[m].label.replace(
                                 'dist_sync', '`dist_sync`'), v, '' if m == 'sync' else
-                                ' (%.2fx)' % (v / medians['sync']))
+                                ' (%.2fx%s)' % (v / medians['sync'], untrained.get(m, '')))
                             for m, v in medians.items()),
                         sum(r.get('noisy') in (True, 'True') for r in runs), len(runs), after))
     if os.path.exists(os.path.join(REPO, COMPRESS, 'sparse-bytes.json')):
@@ -170,7 +217,9 @@ def compression_rows():
     return rows
 
 
-def section():
+def full_table():
+    """docs/results.md's text from its intro to its closing note (links from the repository's
+    root)."""
     tta = _load(TTA, 'tta.json')
     link = 'docs/benchmarks/tta/results.md'
     seeds = len(tta['seeds'])
@@ -179,13 +228,14 @@ def section():
         cells = _tta_cells(tta, network)
         if cells is None:
             continue
-        how = ('*derived*: the real loopback runs\' steps timed with per-phase step times '
-               'measured on this link (median of 3 interleaved rounds)' if network != 'loopback'
-               else 'real wall time of the full runs (the derived loopback value is in the '
-               'file: its phase runs were disturbed by other processes)')
+        if network == 'loopback':
+            rows.append(_loopback_tta_row(tta, link))
+            continue
         rows.append('| time to %.4f test accuracy, %s | %s | whole training from step 1, the '
-                    '200 warm-up steps included; evaluation excluded; mean of %d seeds; %s | '
-                    '[tta/results.md](%s) |' % (tta['target'], label, cells, seeds, how, link))
+                    '200 warm-up steps included; evaluation excluded; mean of %d seeds; '
+                    '*derived*: the real loopback runs\' steps timed with per-phase step times '
+                    'measured on this link (median of 3 interleaved rounds) | '
+                    '[tta/results.md](%s) |' % (tta['target'], label, cells, seeds, link))
     for network, label in NETWORKS:
         fixed = {m: tta['fixed_time'].get('%s/%s' % (network, m)) for m in ('sync',) + DELAYED}
         if not fixed['sync'] or network == 'loopback':
@@ -214,16 +264,15 @@ def section():
                     % (epoch, '; '.join(cells), seeds, link))
     gaps = []
     for method in DELAYED:
-        worst = min(((a['mean'] - s['mean']) * 100, a['epoch'])
-                    for a, s in zip(accuracy[method], accuracy['sync']))
+        worst = _mean_shortfall(accuracy, method)
         gaps.append('k=%s %+.2f (epoch %d)' % (method[1:], worst[0], worst[1]))
     rows.append('| largest shortfall of the mean accuracy against `dist_sync`\'s, any epoch, in '
                 'points | %s | epochs 1-10, %d seeds; the target is 0.5 | [tta/results.md](%s) |'
                 % ('; '.join(gaps), seeds, link))
     rows += _throughput_rows(tta, ('sync',) + DELAYED, _label, link, '')
     roundtrip = _load(ROUNDTRIP, 'results.json')
-    link = ('[roundtrip-before-31cc805/results.md]'
-            '(docs/benchmarks/roundtrip-before-31cc805/results.md)')
+    link = '[%s/results.md](%s/results.md)' % (
+        ROUNDTRIP[len('docs/benchmarks/'):], ROUNDTRIP)
     cells, cpu_cells = [], []
     for model, optimizer in (('mlp', 'none'), ('mlp', 'sgd'), ('big', 'sgd')):
         delay, sync = (next((r for r in roundtrip['summary']
@@ -236,8 +285,10 @@ def section():
                            'one 16.8M-float tensor',
                            'no server optimizer' if optimizer == 'none' else 'SGD on the servers')
         if model == 'mlp':
-            cells.append('%s: %.2fx (%.1f vs %.1f ms)' % (
-                what, delay['x_dist_sync'], delay['median_ms'], sync['median_ms']))
+            cells.append('%s: %.2fx (%.1f vs %.1f ms; per round %s vs %s)' % (
+                what, delay['x_dist_sync'], delay['median_ms'], sync['median_ms'],
+                ', '.join('%.1f' % m for m in delay['round_medians_ms']),
+                ', '.join('%.1f' % m for m in sync['round_medians_ms'])))
         if 'server_cpu_ms_per_round' in delay:
             cpu_cells.append('%s: %.2fx (%.1f vs %.1f ms, %.2f vs %.2f ms per MB)' % (
                 what, delay['server_cpu_x_dist_sync'], delay['server_cpu_ms_per_round'],
@@ -246,33 +297,43 @@ def section():
     load = (roundtrip['meta']['load_before'][0], roundtrip['meta']['load_after'][0])
     rows.append('| push+pull round trip of 1.86M floats, `dist_delay` vs stock `dist_sync` | %s | '
                 'throughput ratio of median step times; loopback; %d alternating rounds of %d '
-                'steps; load average %.1f before, %.1f after (2 cores); library of commit %s | '
-                '%s |' % ('; '.join(cells), roundtrip['meta']['rounds'],
-                          roundtrip['meta']['steps'], load[0], load[1],
-                          roundtrip['meta']['code']['commit'][:7], link))
+                'steps; load average %.1f before, %.1f after (2 cores): one store\'s round '
+                'medians differ by up to %.1fx, so the ratio is this loaded machine\'s; library '
+                'of commit %s | %s |' % (
+                    '; '.join(cells), roundtrip['meta']['rounds'], roundtrip['meta']['steps'],
+                    load[0], load[1], max(max(r['round_medians_ms']) / min(r['round_medians_ms'])
+                                          for r in roundtrip['summary']),
+                    roundtrip['meta']['code']['commit'][:7], link))
     if cpu_cells:
         rows.append('| server CPU time per round, `dist_delay` vs stock `dist_sync` | %s | '
                     'utime + stime of the server over the kept steps of the same jobs; 2 '
                     'workers, 1 server, loopback | %s |' % ('; '.join(cpu_cells), link))
     memory = _load(os.path.join('docs', 'benchmarks'), 'memory.json')
     fits = {(f['store'], f['k'], f['role']): f for f in memory['per_parameter']}
+    servers = memory['meta']['servers']
     cells = []
-    for role in ('worker', 'server'):
-        cells.append('%s: `dist_sync` %.2f; %s' % (role, fits[('dist_sync', 0, role)][
-            'measured_floats_per_param'], '; '.join(
-                'k=%d %.2f' % (k, fits[('dist_delay', k, role)]['measured_floats_per_param'])
-                for k in (1, 4, 8) if ('dist_delay', k, role) in fits)))
-    rows.append('| memory per parameter (float32 entries), 2 workers + 2 servers | %s | steady '
-                'RSS, big model minus MLP, per process (a server\'s per parameter of its '
-                'share); SGD momentum, rule `mirror`; library of commit %s | '
-                '[memory.md](docs/benchmarks/memory.md) |'
-                % ('; '.join(cells), memory['meta']['code']['commit'][:7]))
+    # memory.py's slope is per parameter of the whole model for every process; a server holds
+    # 1/servers of the model, so per parameter of its share it holds `servers` times that.
+    for role, what, scale in (('worker', 'worker, per parameter of the model', 1),
+                              ('server', 'server, per parameter of its share', servers)):
+        cells.append('%s: %s' % (what, '; '.join(
+            '%s %.2f' % ('`dist_sync`' if store == 'dist_sync' else 'k=%d' % k,
+                         scale * fits[(store, k, role)]['measured_floats_per_param'])
+            for store, k in (('dist_sync', 0), ('dist_delay', 1), ('dist_delay', 4),
+                             ('dist_delay', 8)) if (store, k, role) in fits)))
+    rows.append('| memory (float32 entries), %d workers + %d servers | %s | steady RSS, big model '
+                'minus MLP, per process; a server\'s share is 1/%d of the model, so its figures '
+                'are %d x memory.md\'s per-model-parameter slope; SGD momentum, rule `mirror`; '
+                'library of commit %s | [memory.md](docs/benchmarks/memory.md) |'
+                % (memory['meta']['workers'], servers, '; '.join(cells), servers, servers,
+                   memory['meta']['code']['commit'][:7]))
     rows += compression_rows()
     rows += scaling_rows()
     # The CNN accuracy rows are made by benchmarks/accuracy_cnn.py from its results files
     # (seed 1: cnn/; Adam's dist_sync and k=8 again with seed 2: cnn-seeds/).
     for folder in ('cnn', 'cnn-seeds'):
-        with open(os.path.join('docs', 'benchmarks', folder, 'readme-rows.md')) as rows_file:
+        with open(os.path.join(REPO, 'docs', 'benchmarks', folder, 'readme-rows.md'),
+                  encoding='utf-8') as rows_file:
             rows.extend(line.rstrip('\n') for line in rows_file if line.startswith('| '))
     intro = textwrap.fill(
         'Generated by `python benchmarks/readme_results.py` from the results files; every '
@@ -285,7 +346,9 @@ def section():
     outro = textwrap.fill(
         'Replaced figures stay visible with the reason: issue 5\'s throughput and one-seed '
         'accuracy (their baseline was not stock, and the 100 Mbit/s row was a rerun chosen '
-        'after the first), in [docs/benchmarks/README.md](docs/benchmarks/README.md#replaced-figures). '
+        'after the first), and the figures corrected by issue 23 (loopback time to accuracy, '
+        'round trip, server memory, 2bit), in '
+        '[docs/benchmarks/README.md](docs/benchmarks/README.md#replaced-figures). '
         'Per-layer pushes against pushes after backward: [overlap.md](docs/benchmarks/overlap.md) '
         '(Markdown only: its raw runs are not committed).', WIDTH)
     lines = [intro, '', '| figure | result | what it includes | file |', '|---|---|---|---|'
@@ -293,23 +356,162 @@ def section():
     return '\n'.join(lines)
 
 
+def results_page():
+    """docs/results.md: every figure of the results files, one row each."""
+    # The page lives in docs/: its links drop the leading 'docs/' of the root-relative ones.
+    return ('# Results: every figure, with its conditions and file\n\n'
+            '<!-- generated by benchmarks/readme_results.py: do not edit -->\n\n'
+            + full_table().replace('](docs/', '](') + '\n')
+
+
+def _mean_shortfall(accuracy, method):
+    """(points, epoch) of `method`'s largest shortfall of the mean against `dist_sync`'s."""
+    return min(((a['mean'] - s['mean']) * 100, a['epoch'])
+               for a, s in zip(accuracy[method], accuracy['sync']))
+
+
+def _comm_share(tta, network):
+    """Least share of a stock step on `network` that is communication: the stock loopback
+    step (compute plus loopback communication) bounds the compute from above."""
+    return 1 - (tta['times']['loopback/sync']['sync_step_ms']
+                / tta['times']['%s/sync' % network]['sync_step_ms'])
+
+
+def headline():
+    """The first screen's measured speed-up and its conditions (README.md)."""
+    tta = _load(TTA, 'tta.json')
+    link = 'docs/benchmarks/tta/results.md'
+
+    def tta_mean(network, method):
+        return _tta_mean(tta, network, method)
+
+    def ratio(network, quiet=False):
+        return _tta_mean(tta, network, 'sync', quiet) / _tta_mean(tta, network, 'k4', quiet)
+    times = tta['times']
+    return textwrap.fill(
+        '**Measured** ([tta/results.md](%s)): time to %.4f test accuracy (`dist_sync`\'s mean '
+        'after 5 epochs), k=4 against stock `dist_sync`: **%.2fx at 100 Mbit/s** (%s against %s) '
+        'and '
+        '**%.2fx at 1 Gbit/s** (%s against %s). Fashion-MNIST MLP (1.86M parameters), 2 '
+        'workers + 1 server, SGD with momentum, the %d warm-up steps included, mean of %d '
+        'seeds; *derived*: the real runs\' steps timed with per-phase step times measured on '
+        'each link. On these links at least **%.0f%%** and **%.0f%%** of a stock step is '
+        'communication (a step of %.0f ms and %.0f ms, against %.0f ms on loopback): compare '
+        'the share of your own job ([measure it](#measure-your-job-first)). On loopback, where '
+        'the step is mostly compute, k=4 gains %.2fx (real runs, quiet seeds).' % (
+            link, tta['target'], ratio('100mbit'), report.seconds(tta_mean('100mbit', 'k4')),
+            report.seconds(tta_mean('100mbit', 'sync')), ratio('1gbit'),
+            report.seconds(tta_mean('1gbit', 'k4')), report.seconds(tta_mean('1gbit', 'sync')),
+            tta['metas']['full']['settings']['full_warmup'], len(tta['seeds']),
+            100 * _comm_share(tta, '100mbit'), 100 * _comm_share(tta, '1gbit'),
+            times['100mbit/sync']['sync_step_ms'], times['1gbit/sync']['sync_step_ms'],
+            times['loopback/sync']['sync_step_ms'], ratio('loopback', quiet=True)), WIDTH)
+
+
+def short_table():
+    """README.md's results: the MLP's methods side by side, and the CNN's accuracy."""
+    tta = _load(TTA, 'tta.json')
+    methods = ('sync',) + DELAYED
+    tta_link = '[tta](docs/benchmarks/tta/results.md)'
+    rows = ['| MLP, 2 workers, 1 server | `dist_sync` (stock) | k=2 | k=4 | k=8 | file |',
+            '|---|---:|---:|---:|---:|---|']
+
+    def row(label, cells, link):
+        rows.append('| %s | %s | %s |' % (label, ' | '.join(cells), link))
+    for network, label in NETWORKS:
+        quiet = network == 'loopback'
+        means = {m: _tta_mean(tta, network, m, quiet) for m in methods}
+        row('time to %.4f test accuracy, %s%s' % (
+            tta['target'], label, ' (real runs, quiet seeds)' if quiet else ' (derived)'),
+            [report.seconds(means['sync'])] + ['**%.2fx**' % (means['sync'] / means[m])
+                                               for m in DELAYED], tta_link)
+    for network, label in NETWORKS:
+        times = {m: tta['times']['%s/%s' % (network, m)] for m in methods}
+        base = times['sync']['window_samples_per_s']
+        row('steady-state samples/s, %s (warm-up excluded)' % label,
+            ['%.0f' % base] + ['%.2fx' % (times[m]['window_samples_per_s'] / base)
+                               for m in DELAYED], tta_link)
+    for network, label in NETWORKS[:2]:
+        row('synchronous step (`dist_sync`; the warm-up of k), %s' % label,
+            ['%.0f ms' % tta['times']['%s/%s' % (network, m)]['sync_step_ms'] for m in methods],
+            tta_link)
+    last = {m: tta['accuracy'][m][-1] for m in methods}
+    row('test accuracy after %d epochs (mean of %d seeds)' % (last['sync']['epoch'],
+                                                              len(tta['seeds'])),
+        ['%.4f' % last[m]['mean'] for m in methods], tta_link)
+    row('largest shortfall against `dist_sync`, any epoch (points)', ['-'] + [
+        '%+.2f (epoch %d)' % _mean_shortfall(tta['accuracy'], m) for m in DELAYED], tta_link)
+    cnn = report.read_csv(os.path.join(REPO, 'docs', 'benchmarks', 'cnn', 'accuracy.csv'))
+    for optimizer, name in (('sgd', 'SGD-momentum'), ('adam', 'Adam')):
+        curve = {m: [r['test_acc'] for r in sorted(cnn, key=lambda r: r['epoch'])
+                     if (r['optimizer'], r['method'], r['seed']) == (optimizer, m, 1)]
+                 for m in ('sync', 'k4', 'k8')}
+        cells = ['%.4f' % curve['sync'][-1], '-']
+        for method in ('k4', 'k8'):
+            gap = min(((a - b) * 100, epoch + 1) for epoch, (a, b) in
+                      enumerate(zip(curve[method], curve['sync'])))
+            cells.append('%.4f (%+.2f at epoch %d)' % (curve[method][-1], gap[0], gap[1]))
+        row('BatchNorm CNN, %s: accuracy after %d epochs (largest shortfall), seed 1'
+            % (name, len(curve['sync'])), cells, '[cnn](docs/benchmarks/cnn/results.md)')
+    return '\n'.join(rows + ['', textwrap.fill(
+        'Fashion-MNIST, batch 128 per worker, SGD with momentum unless said, rule `mirror`, '
+        'warm-up %d steps; one shared 2-core machine, shaped links by `tc tbf`; the baseline is '
+        'stock MXNet in every process. Time to accuracy: the whole training, warm-up included, '
+        'mean of %d seeds; *derived* on the shaped links (the real runs\' steps timed with '
+        'per-phase step times measured there); on loopback the real wall time of the seeds '
+        'during which other processes used at most %g cores (the mean of all seeds, and why it '
+        'was replaced: [docs/results.md](docs/results.md)). Steady state: median of 3 '
+        'interleaved rounds, most of them noisy. CNN: the global model after `sync_weights()`, '
+        'one seed. Every '
+        'figure with its conditions, and compression, sparse bytes, memory, round trip and '
+        'scaling: docs/results.md, generated with this table by `python '
+        'benchmarks/readme_results.py` from the committed results files.' % (
+            tta['metas']['full']['settings']['full_warmup'], len(tta['seeds']),
+            report.NOISE_CORES), WIDTH)])
+
+
+def _replace_block(text, name, body, path):
+    """`text` with what lies between ``<!-- name:begin -->`` and ``<!-- name:end -->``
+    replaced by `body`."""
+    begin, end = '<!-- %s:begin -->' % name, '<!-- %s:end -->' % name
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise ValueError('%s: needs exactly one %s ... %s' % (path, begin, end))
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    return head + begin + '\n' + body + '\n' + end + tail
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n', maxsplit=1)[0])
     parser.add_argument('--check', action='store_true')
     parser.add_argument('--readme', default=os.path.join(REPO, 'README.md'))
+    parser.add_argument('--page', default=os.path.join(REPO, 'docs', 'results.md'))
     args = parser.parse_args(argv)
     with open(args.readme, encoding='utf-8') as src:
         text = src.read()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        sys.stderr.write('%s: needs exactly one %s ... %s\n' % (args.readme, BEGIN, END))
+    try:
+        readme = _replace_block(_replace_block(text, 'headline', headline(), args.readme),
+                                'results', short_table(), args.readme)
+    except ValueError as error:
+        sys.stderr.write('%s\n' % error)
         return 2
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    new = head + BEGIN + '\n' + section() + '\n' + END + tail
-    if args.check:
-        return 0 if new == text else 1
-    with open(args.readme, 'w', encoding='utf-8') as dst:
-        dst.write(new)
+    outputs = {args.readme: readme, args.page: results_page()}
+    stale = []
+    for path, new in outputs.items():
+        old = None
+        if os.path.exists(path):
+            with open(path, encoding='utf-8') as src:
+                old = src.read()
+        if old == new:
+            continue
+        stale.append(path)
+        if not args.check:
+            with open(path, 'w', encoding='utf-8') as dst:
+                dst.write(new)
+    if args.check and stale:
+        sys.stderr.write('out of date (run python benchmarks/readme_results.py): %s\n'
+                         % ', '.join(stale))
+        return 1
     return 0
 
 

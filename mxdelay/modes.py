@@ -61,7 +61,7 @@ class PassThrough(object):
         return gluon.Trainer.save_states(self._trainer, fname)
 
     def load_states(self, fname, trusted=False):  # pylint: disable=unused-argument
-        # gluon.Trainer's own file (a pickle, as gluon.Trainer reads it): see README.
+        # gluon.Trainer's own file (a pickle, as gluon.Trainer reads it): see docs/api.md.
         return gluon.Trainer.load_states(self._trainer, fname)
 
     def allreduce_grads(self):

@@ -16,7 +16,8 @@ launcher, and a ``PidFile``: the tests kill only the PIDs it recorded, and check
 is left. Data is a pure function of (rank, step) (scripts/fault_job.py).
 
 Set ``MXDELAY_FAULTS_TABLE=path`` to write the measured fault matrix as a Markdown table
-(the README's section "Faults" reports one such run).
+(docs/limits.md's section "Faults and bad input" states the behaviour; benchmarks/faults.py
+measures the same matrix into docs/benchmarks/faults.md).
 """
 import json
 import os

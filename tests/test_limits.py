@@ -1,5 +1,5 @@
-"""Size limits (docs/design.md §2.6, §2.7; README's limits table): a real job with many
-tensors, where each cap lies, and the error past it.
+"""Size limits (docs/design.md §2.6, §2.7; docs/limits.md's table of size limits): a real job
+with many tensors, where each cap lies, and the error past it.
 
 - The job tests run 1,000 parameter tensors (3 elements each), and 100,000,000 parameters
 (25 tensors of 4e6 elements, 200 chunks; marked ``big``, run with ``-m big``), on 2 workers
@@ -11,7 +11,7 @@ records only a sample of each tensor's elements that includes both sides of ever
 boundary (``many_tensors_job.sample_indices``).
 - The key cap per server (exact: every server holds exactly ``KeyLayout.max_chunks`` chunks,
   with float16 pull keys and state keys too, even when one server is loaded first; the next
-  chunk is refused with the README's message), a billion parameters on 22 to 9,972 servers,
+  chunk is refused with docs/limits.md's message), a billion parameters on 22 to 9,972 servers,
   row keys of row_sparse chunks below 2**31, the server's local index -> chunk id map,
   1,000 workers' status keys, and ``server_stats()`` past its size.
 """
@@ -83,7 +83,7 @@ def test_hundred_million_parameters_two_servers_match_reference(tmp_path):
 
 
 # -- the key cap (docs/design.md §2.6) ---------------------------------------------------------
-# README's message when every server's keys are used up.
+# docs/limits.md's message when every server's keys are used up.
 TOO_MANY_CHUNKS = (r"too many chunks for MXNet's keys: the {servers} server\(s\) hold {chunks} "
                    r"chunks, the most they can \(at most \d+ per server, {stride} keys per chunk: "
                    r"{slots} slots \(slack \+ 1\), {pull} pull keys, {state} state keys; MXNet "
@@ -105,7 +105,7 @@ def test_each_server_holds_its_share_of_the_key_range(num_servers, slots, pull_k
                                                       state_keys, job_cap):
     # Keys are numbered per server: server s holds max_chunks(s) = (215329 - r(s)) // S //
     # (R + P + J) chunks, whatever the others hold; a full server takes no more chunks, so
-    # the job holds their sum (README's numbers), even when one server is loaded first.
+    # the job holds their sum (docs/limits.md's numbers), even when one server is loaded first.
     layout = KeyLayout(num_servers, slots, state_keys, pull_keys)
     caps = [layout.max_chunks(s) for s in range(num_servers)]
     assert sum(caps) == job_cap
@@ -150,7 +150,7 @@ def test_a_billion_parameters_fit_the_key_space(num_servers, slots, pull_keys, s
 
 def test_past_the_job_cap_is_refused():
     # A billion parameters in chunks of 20,000 elements: 50,000 chunks at k = 4, past the
-    # 43,040 keys of 32 servers; refused while placing, with README's message.
+    # 43,040 keys of 32 servers; refused while placing, with docs/limits.md's message.
     placement = Placement(KeyLayout(32, 5, 0), chunk_size=20000)
     with pytest.raises(ValueError, match=TOO_MANY_CHUNKS.format(
             servers=32, chunks=43040, stride=5, slots=5, pull=0, state=0)):
@@ -214,7 +214,7 @@ def test_status_keys_of_1000_workers_fit_the_default_bound():
 
 @pytest.mark.parametrize('num_workers,fits', [(2, 1300), (1000, 78)])
 def test_stats_of_too_many_chunks_is_an_error_reply(tmp_path, num_workers, fits):
-    # server_stats() lists every chunk (about 37 bytes each): README's limit. Past it the
+    # server_stats() lists every chunk (about 37 bytes each): docs/limits.md's limit. Past it the
     # worker gets "reply too long", never a wrong or partial answer.
     length = protocol.reply_len(num_workers)
     for chunks, ok in ((fits, True), (fits * 11 // 10, False)):

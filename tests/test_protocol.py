@@ -340,7 +340,7 @@ def test_status_keys_stay_below_the_bigarray_bound(num_workers, bound, expected)
 
 
 def test_too_many_workers_for_the_bound_names_the_fix():
-    # From 1954 workers at MXNet's default bound (README's limits).
+    # From 1954 workers at MXNet's default bound (docs/limits.md's size limits).
     with pytest.raises(ValueError, match=r'1954 workers need status keys of 1000448 floats, '
                                          r'above MXNET_KVSTORE_BIGARRAY_BOUND=1000000: set '
                                          r'MXNET_KVSTORE_BIGARRAY_BOUND to at least 1000449'):
