@@ -76,7 +76,8 @@ most (an upper bound of what the delayed update can give on this job). A trace w
 with ``MXDELAY_TIMELINE`` carries the keys per step and the schedule (``otherData.mxdelay``);
 for one written by :func:`mxdelay.timeline.recording` pass ``--keys-per-step`` (the trainer's
 ``keys_per_step``) and, for the phases, ``--warmup-steps`` and ``--delay``; ``--first-step``
-numbers the rows.
+numbers the rows. ``--merge OUT FILE...`` writes the workers' traces as one
+(:mod:`mxdelay.trace_merge`).
 """
 import argparse
 import bisect
@@ -461,6 +462,9 @@ def _parser():
     parser.add_argument('--first-step', type=int, metavar='S',
                         help='step counter of the first recorded step (default: what a '
                              'MXDELAY_TIMELINE trace says, else 0)')
+    parser.add_argument('--merge', metavar='OUT',
+                        help='instead of the tables, write the FILEs (one per worker) as one '
+                             'trace OUT, a process per rank (chrome://tracing, Perfetto)')
     return parser
 
 
@@ -474,6 +478,16 @@ def main(argv=None):
     if (args.warmup_steps is None) != (args.delay is None):
         parser.error('--warmup-steps and --delay go together (they give the schedule); pass '
                      'both or neither')
+    if args.merge is not None:
+        from .trace_merge import merge  # pylint: disable=import-outside-toplevel
+        try:
+            counts = merge(args.files, args.merge)
+        except ValueError as err:
+            parser.error(str(err))
+        sys.stdout.write('%s: %d workers (ranks %s), %d events\n' % (
+            args.merge, len(counts), ', '.join(map(str, sorted(counts))),
+            sum(counts.values())))
+        return 0
     out = []
     for path in args.files:
         try:

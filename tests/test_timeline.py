@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -294,8 +295,10 @@ print('keys', trainer.keys_per_step)
 @pytest.mark.jobs
 def test_environment_records_every_worker(tmp_path):
     from support.jobs import python_command, worker_lines
+    started = time.time()
     result = run_job(python_command(UNTOUCHED_JOB), num_workers=2, num_servers=1, timeout=90,
                      env={'MXDELAY_TIMELINE': str(tmp_path / 'tl'), 'MXDELAY_TIMELINE_STEPS': '6'})
+    ended = time.time()
     assert_ok(result)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ['tl.rank0.json', 'tl.rank1.json'], files
@@ -319,6 +322,54 @@ def test_environment_records_every_worker(tmp_path):
         assert ('| steps | mean step (ms) | mean wait (ms) | wait share | speed-up if no wait |'
                 in out)
         assert '| 5 | ' in out.split('speed-up if no wait |', 1)[1], out  # 5 whole spans
+    check_merged(tmp_path, [str(tmp_path / ('tl.rank%d.json' % rank)) for rank in (1, 0)],
+                 (started, ended))
+
+
+def check_merged(tmp_path, paths, window):
+    """``--merge``: one trace, a process per rank named ``worker R``, every event of every
+    worker kept (only pid, tid and async ids renamed), on the workers' own wall clock."""
+    out = tmp_path / 'job.json'
+    cli = run_cli(['--merge', str(out)] + paths)
+    assert cli.returncode == 0, cli.stderr
+    merged = json.load(open(str(out)))
+    assert sorted(merged['otherData']['mxdelay']['ranks']) == ['0', '1']
+    events = [e for e in merged['traceEvents'] if e['ph'] != 'M']
+    names = {e['pid']: e['args']['name'] for e in merged['traceEvents']
+             if e['ph'] == 'M' and e['name'] == 'process_name'}
+    assert names == {0: 'worker 0', 1: 'worker 1'}
+    assert cli.stdout.startswith('%s: 2 workers (ranks 0, 1), %d events' % (out, len(events)))
+
+    def key(event):
+        return (event['name'], event['ph'], event.get('cat'), event.get('ts'))
+    for rank in (0, 1):
+        original = [e for e in json.load(open(paths[1 - rank]))['traceEvents']
+                    if e['ph'] != 'M']
+        mine = [e for e in events if e['pid'] == rank]
+        assert sorted(map(key, mine)) == sorted(map(key, original))   # count for count
+        # The profiler's clock is the system clock (µs since the epoch): both workers'
+        # events lie within the job's wall-clock window, so they are aligned as recorded.
+        stamps = [e['ts'] for e in mine if 'ts' in e]
+        assert window[0] * 1e6 <= min(stamps) <= max(stamps) <= window[1] * 1e6
+    # Async ids (hashes of the workers' threads) are renamed apart: no rank shares one.
+    ids = [{e['id'] for e in events if 'id' in e and e['pid'] == rank} for rank in (0, 1)]
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
+    # Every thread row is named.
+    rows = {(e['pid'], e['tid']) for e in events}
+    named = {(e['pid'], e['tid']) for e in merged['traceEvents']
+             if e['ph'] == 'M' and e['name'] == 'thread_name'}
+    assert rows <= named
+
+
+def test_merge_refuses_two_traces_of_one_rank(tmp_path):
+    paths = []
+    for name in ('a.rank3.json', 'b.rank3.json'):   # the file name says the rank
+        paths.append(str(tmp_path / name))
+        os.replace(_trace(tmp_path, False), paths[-1])
+    result = run_cli(['--merge', str(tmp_path / 'out.json')] + paths)
+    assert result.returncode == 2
+    assert '%s and %s are both rank 3; pass one trace per worker' % tuple(paths) \
+        in result.stderr
 
 
 @pytest.mark.parametrize('variables, message', [
