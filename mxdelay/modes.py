@@ -19,7 +19,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 
 from kvstore_ext import checkpoint, store_checkpoint
-from . import worker_state
+from . import traffic, worker_state
 from .loss_scaling import amp_policy
 from .rules import RuleContext
 from .schedule import SWITCH
@@ -80,6 +80,9 @@ class PassThrough(object):
 
     def keys_per_step(self):
         return 0
+
+    def round_bytes(self):
+        return None
 
     def set_learning_rate(self, lr):
         """Called after the optimizer's learning rate is set: nothing else to tell."""
@@ -154,6 +157,10 @@ class Delayed(object):
 
     def keys_per_step(self):
         return sum(self._kv.num_chunks(s.index) for s in self._trainer._states if s.trained)
+
+    def round_bytes(self):
+        return traffic.round_bytes(self._kv, [s.index for s in self._trainer._states
+                                              if s.trained])
 
     def set_learning_rate(self, lr):
         self._kv.set_learning_rate(lr)

@@ -73,7 +73,9 @@ Command line: ``python -m mxdelay.trace FILE...`` prints, per trace, the
 per-step table, the totals, and :func:`step_budget`: the mean step, the share of it this
 worker stood still waiting for communication, and what removing that wait would save at
 most (an upper bound of what the delayed update can give on this job). A trace written
-with ``MXDELAY_TIMELINE`` carries the keys per step and the schedule (``otherData.mxdelay``);
+with ``MXDELAY_TIMELINE`` carries the keys per step, the schedule and the bytes of a push and
+a pull (``otherData.mxdelay``; then the bytes sent and received per step are printed too,
+:mod:`mxdelay.estimate`);
 for one written by :func:`mxdelay.timeline.recording` pass ``--keys-per-step`` (the trainer's
 ``keys_per_step``) and, for the phases, ``--warmup-steps`` and ``--delay``; ``--first-step``
 numbers the rows. ``--merge OUT FILE...`` writes the workers' traces as one
@@ -517,6 +519,9 @@ def main(argv=None):
             parser.error('%s cannot be read as a timeline (%s); pass a file written by '
                          'mxdelay.timeline.recording or MXDELAY_TIMELINE' % (path, err))
         out += ['## %s' % path, '', format_table(rows), '', _format_budget(step_budget(rows)), '']
+        if meta.get('bytes'):
+            from . import estimate  # pylint: disable=import-outside-toplevel
+            out += [estimate.format_bytes(rows, meta['bytes'], schedule), '']
     sys.stdout.write('\n'.join(out))
     return 0
 

@@ -367,6 +367,11 @@ class DelayedTrainer(gluon.Trainer):
         :func:`mxdelay.timeline.summarize`."""
         return self._kv_mode.keys_per_step()
 
+    def round_bytes(self):
+        """Bytes a step's pushes and a pull carry (:func:`mxdelay.traffic.round_bytes`:
+        as configured and with each compression); None without a distributed kvstore."""
+        return self._mode().round_bytes()
+
     @property
     def schedule(self):
         """The :class:`mxdelay.schedule.DelaySchedule` (its ``step`` is the step counter)."""

@@ -292,6 +292,29 @@ print('keys', trainer.keys_per_step)
 '''
 
 
+# Its 4 float32 parameters have 2048, 64, 640 and 10 values (one chunk each), in bytes of
+# the values: float32 4 a value; float16 2; MXNet's 2bit 16 values per float32, rounded up;
+# fp16 pulls a float32 header and 2 bytes a value, in float32 words; int8 pulls a header,
+# a float32 scale per block of 256 and a byte per value of the blocks, in float32 words.
+SIZES = (2048, 64, 640, 10)
+
+
+def _words(n):
+    return 4 * n
+
+
+UNTOUCHED_BYTES = {
+    'push': 4 * sum(SIZES), 'pull': 4 * sum(SIZES), 'compression': None,
+    'pull_compression': None, 'row_sparse_keys': 0, 'settings': {
+        'no compression': [4 * sum(SIZES), 4 * sum(SIZES)],
+        'fp16 pushes': [2 * sum(SIZES), 4 * sum(SIZES)],
+        '2bit pushes': [sum(_words(-(-n // 16)) for n in SIZES), 4 * sum(SIZES)],
+        'fp16 pulls': [4 * sum(SIZES), sum(_words(1 + -(-n // 2)) for n in SIZES)],
+        'int8 pulls': [4 * sum(SIZES), sum(_words(1 + -(-n // 256) + 64 * -(-n // 256))
+                                           for n in SIZES)]}}
+assert UNTOUCHED_BYTES['push'] == 11048 and UNTOUCHED_BYTES['settings']['2bit pushes'][0] == 692
+
+
 @pytest.mark.jobs
 def test_environment_records_every_worker(tmp_path):
     from support.jobs import python_command, worker_lines
@@ -307,7 +330,7 @@ def test_environment_records_every_worker(tmp_path):
         meta = json.load(open(str(path)))['otherData']['mxdelay']
         keys = int(worker_lines(result.stdout, rank)[-1].split()[1])
         assert meta == {'keys_per_step': keys, 'warmup_steps': 2, 'delay': 2, 'first_step': 1,
-                        'rank': rank}
+                        'rank': rank, 'bytes': UNTOUCHED_BYTES}
         cli = run_cli([str(path)])
         assert cli.returncode == 0, cli.stderr
         out = cli.stdout
@@ -322,6 +345,12 @@ def test_environment_records_every_worker(tmp_path):
         assert ('| steps | mean step (ms) | mean wait (ms) | wait share | speed-up if no wait |'
                 in out)
         assert '| 5 | ' in out.split('speed-up if no wait |', 1)[1], out  # 5 whole spans
+        # Every step pushes 11,048 bytes; pulls at 1, 2 (synchronous), 4, 6 (k=2: the
+        # schedule's; the recording stops before step 6 issues its pull).
+        for line in ('| all steps (6) | 4 | 11,048 | 7,365 |', '| warm-up (1) | 1 | 11,048 | '
+                     '11,048 |', '| switch (1) | 1 | 11,048 | 11,048 |',
+                     '| delayed (4) | 2 | 11,048 | 5,524 |'):
+            assert line in out, out
     check_merged(tmp_path, [str(tmp_path / ('tl.rank%d.json' % rank)) for rank in (1, 0)],
                  (started, ended))
 
