@@ -190,7 +190,22 @@ class Delayed(object):
         trainer._check_and_rescale_grad(trainer._scale / batch_size)
         self._prepare()
         self._check_fresh(ignore_stale_grad)
+        t = trainer._schedule.step
         self._advance()
+        trainer._step_log.stepped(t, batch_size, self)
+
+    def awaited(self, t):
+        """For the step log (:mod:`mxdelay.steplog`), once step `t` is issued: its gradients,
+        the arrays whose arrival ends the communication its next computation needs (a
+        synchronous step's weights, a delayed step's pull), and whether it pulled."""
+        schedule = self._trainer._schedule
+        states = [s for s in self._trainer._states if s.trained]
+        gradients = [g for s in states for g in s.param.list_grad()]
+        if schedule.is_synchronous(t):
+            return gradients, [s.weights()[0] for s in states], True
+        if schedule.issues_pull(t):
+            return gradients, [s.pulled for s in states], True
+        return gradients, [], False
 
     def join(self):
         trainer = self._trainer
