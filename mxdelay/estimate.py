@@ -28,6 +28,8 @@ and the compression's own work are not counted), the workers are alike, and the 
 slower steps are left out (steady state only). It is an estimate to choose what to try
 first, not a measurement.
 """
+from .trace import phase_groups
+
 __all__ = ['bytes_per_step', 'synchronous_budget', 'estimate', 'DELAYS', 'format_bytes',
            'format_estimate']
 
@@ -120,21 +122,12 @@ def estimate(budget, round_bytes, delays=DELAYS):
     return out
 
 
-def _groups(rows):
-    groups = [('all steps', rows)]
-    phases = sorted({row['phase'] for row in rows if 'phase' in row})
-    if len(phases) > 1:
-        groups += [(phase, [row for row in rows if row.get('phase') == phase])
-                   for phase in phases]
-    return groups
-
-
 def format_bytes(rows, round_bytes, schedule=None):
     """Markdown: bytes sent and received per step, over all rows and per phase (pulls:
     the schedule's if given, see :func:`bytes_per_step`)."""
     lines = ['| steps | pulls%s | sent per step (bytes) | received per step (bytes) |'
              % (' (schedule)' if schedule is not None else ''), '|---|---:|---:|---:|']
-    for label, group in _groups(rows):
+    for label, group in phase_groups(rows):
         per = bytes_per_step(group, round_bytes, schedule)
         lines.append('| %s (%d) | %d | %s | %s |' % (label, per['steps'], per['pulls'],
                                                       '{:,}'.format(per['sent']),
@@ -164,7 +157,8 @@ def format_estimate(rows, round_bytes):
              'Model (bytes P\', Q\' of the setting, P, Q as measured): k=1: C + W (P\'+Q\')/(P+Q); '
              'k>=2: max(C, T (P\' + Q\'/k)/(P+Q)). Assumes communication time proportional to '
              'bytes, pushes and pulls sharing the link, compute unchanged; steady state (the '
-             'warm-up steps are not counted). See mxdelay.estimate.', '',
+             'warm-up steps are not counted). See mxdelay.estimate. Speed only: what a '
+             "setting does to accuracy is not estimated (the README's Settings).", '',
              '| setting | push bytes | pull bytes | %s |'
              % ' | '.join('k=%d%s: step ms (speed-up)' % (k, ' (dist_sync)' if k == 1 else '')
                           for k in DELAYS),

@@ -75,6 +75,7 @@ worker stood still waiting for communication, and what removing that wait would 
 most (an upper bound of what the delayed update can give on this job). A trace written
 with ``MXDELAY_TIMELINE`` carries the keys per step, the schedule and the bytes of a push and
 a pull (``otherData.mxdelay``; then the bytes sent and received per step are printed too,
+and, from its warm-up steps, an estimate of what each delay and compression would save:
 :mod:`mxdelay.estimate`);
 for one written by :func:`mxdelay.timeline.recording` pass ``--keys-per-step`` (the trainer's
 ``keys_per_step``) and, for the phases, ``--warmup-steps`` and ``--delay``; ``--first-step``
@@ -87,7 +88,7 @@ import json
 import sys
 
 __all__ = ['MARKER_DOMAIN', 'summarize', 'parameter_rows', 'totals', 'format_table',
-           'step_budget', 'main']
+           'step_budget', 'phase_groups', 'main']
 
 #: The profiler domain of the per-parameter marks of :func:`mxdelay.timeline.recording`.
 MARKER_DOMAIN = 'mxdelay'
@@ -394,19 +395,24 @@ def format_table(rows):
             row['first_push'], row['backward_end'], 'yes' if row['overlap'] else 'no',
             row['comm_ms'], 100 * hidden, _ms(row['pull_issued']), _ms(row['pull_sent']),
             _ms(row['pull_received']), applied, row['wait_ms']))
-    groups = [('all steps', rows)]
-    phases = sorted({row['phase'] for row in rows if 'phase' in row})
-    if len(phases) > 1:
-        groups += [(phase, [row for row in rows if row.get('phase') == phase])
-                   for phase in phases]
     lines += ['', '| steps | communication (ms) | hidden behind compute | behind backward '
               '| mean wait per step (ms) |', '|---|---:|---:|---:|---:|']
-    for label, group in groups:
+    for label, group in phase_groups(rows):
         total = totals(group)
         lines.append('| %s (%d) | %.1f | %.0f%% | %.0f%% | %.1f |' % (
             label, total['steps'], total['comm_ms'], 100 * total['hidden'],
             100 * total['hidden_backward'], total['wait_ms']))
     return '\n'.join(lines)
+
+
+def phase_groups(rows):
+    """``[(label, rows)]``: all the rows, then, if there are several phases, each phase's."""
+    groups = [('all steps', rows)]
+    phases = sorted({row['phase'] for row in rows if 'phase' in row})
+    if len(phases) > 1:
+        groups += [(phase, [row for row in rows if row.get('phase') == phase])
+                   for phase in phases]
+    return groups
 
 
 def step_budget(rows):
@@ -521,7 +527,8 @@ def main(argv=None):
         out += ['## %s' % path, '', format_table(rows), '', _format_budget(step_budget(rows)), '']
         if meta.get('bytes'):
             from . import estimate  # pylint: disable=import-outside-toplevel
-            out += [estimate.format_bytes(rows, meta['bytes'], schedule), '']
+            out += [estimate.format_bytes(rows, meta['bytes'], schedule), '',
+                    estimate.format_estimate(rows, meta['bytes']), '']
     sys.stdout.write('\n'.join(out))
     return 0
 

@@ -254,6 +254,26 @@ def test_command_line_prints_the_tables(tmp_path):
     assert 'mxnet' not in result.stderr.lower()
 
 
+def test_command_line_prints_bytes_and_the_estimate(tmp_path):
+    # The hand-made trace with the bytes a MXDELAY_TIMELINE trace carries; both steps
+    # synchronous (W=10): one whole span of 35 ms, waiting 16, communication 22 (step 0).
+    path = _trace(tmp_path, False)
+    content = json.load(open(path))
+    content['otherData'] = {'mxdelay': {'bytes': {
+        'push': 1000, 'pull': 1000, 'compression': None, 'pull_compression': None,
+        'row_sparse_keys': 0, 'settings': {'no compression': [1000, 1000],
+                                           'fp16 pushes': [500, 1000]}}}}
+    json.dump(content, open(path, 'w'))
+    result = run_cli(['--keys-per-step', '2', '--warmup-steps', '10', '--delay', '2', path])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert '| all steps (2) | 2 | 1,000 | 1,000 |' in out, out     # both steps pull
+    assert 'ESTIMATE, not a measurement, from 1 synchronous steps: step S = 35.0 ms' in out
+    # C = 35 - 16 = 19; k=2: max(19, 22 x 1500/2000 = 16.5) = 19; fp16, k=1: 19 + 16 x 0.75
+    assert '| no compression | 1,000 | 1,000 | 35.0 (1.00x) | 19.0 (1.84x) |' in out, out
+    assert '| fp16 pushes | 500 | 1,000 | 31.0 (1.13x) | 19.0 (1.84x) |' in out, out
+
+
 @pytest.mark.parametrize('args, message', [
     (['--keys-per-step', '0', '{path}'], '--keys-per-step must be a positive integer'),
     (['--keys-per-step', '2', '--delay', '2', '{path}'],
@@ -347,6 +367,8 @@ def test_environment_records_every_worker(tmp_path):
         assert '| 5 | ' in out.split('speed-up if no wait |', 1)[1], out  # 5 whole spans
         # Every step pushes 11,048 bytes; pulls at 1, 2 (synchronous), 4, 6 (k=2: the
         # schedule's; the recording stops before step 6 issues its pull).
+        # Warm-up step 1 alone has no whole span to estimate from.
+        assert 'No estimate: it needs at least 2 recorded warm-up' in out, out
         for line in ('| all steps (6) | 4 | 11,048 | 7,365 |', '| warm-up (1) | 1 | 11,048 | '
                      '11,048 |', '| switch (1) | 1 | 11,048 | 11,048 |',
                      '| delayed (4) | 2 | 11,048 | 5,524 |'):
