@@ -504,6 +504,9 @@ def main(argv=None):
         except (OSError, ValueError, AttributeError) as err:
             parser.error('%s cannot be read as a timeline (%s); pass a file written by '
                          'mxdelay.timeline.recording or MXDELAY_TIMELINE' % (path, err))
+        if 'ranks' in meta:
+            parser.error('%s is a merged trace (--merge): it is for viewing; summarize the '
+                         "workers' own files, PREFIX.rank<R>.json" % path)
         keys = args.keys_per_step or meta.get('keys_per_step')
         if keys is None:
             parser.error('%s does not say its keys per step (it was not written with '

@@ -412,6 +412,14 @@ def check_merged(tmp_path, paths, window):
     assert rows <= named
 
 
+def test_summary_refuses_a_merged_trace(tmp_path):
+    path = tmp_path / 'job.json'
+    path.write_text(json.dumps({'traceEvents': [], 'otherData': {'mxdelay': {'ranks': {}}}}))
+    result = run_cli([str(path)])
+    assert result.returncode == 2
+    assert '%s is a merged trace (--merge)' % path in result.stderr
+
+
 def test_merge_refuses_two_traces_of_one_rank(tmp_path):
     paths = []
     for name in ('a.rank3.json', 'b.rank3.json'):   # the file name says the rank
