@@ -161,6 +161,10 @@ class Codec(object):
         """A new :class:`TensorCodec` for a dense tensor of `size` elements."""
         return TensorCodec()
 
+    def push_bytes(self, size, dtype):
+        """Bytes of the values a push of a chunk of `size` elements of `dtype` carries."""
+        return size * np.dtype(self.wire_dtype or dtype).itemsize
+
 
 #: No compression: pushes in the tensor's dtype, unchanged.
 NONE = Codec()

@@ -823,6 +823,36 @@ class DistDelay(KVStoreBase):
         """Number of native keys (chunks) of `key`: push operations per round."""
         return len(self._tensor(key).chunks)
 
+    def payload_bytes(self, key, codec=None, pull_codec=None):
+        """``(push, pull)``: bytes of the values one push and one pull of `key` carry.
+
+        Parameters
+        ----------
+        key : int or str
+        codec : kvstore_ext.compression.Codec, optional
+            The push codec to count with (default: this store's; ``compression.NONE``: the
+            tensor's dtype).
+        pull_codec : kvstore_ext.pull_codecs.PullCodec or False, optional
+            The pull codec to count with (default: this store's; False: exact pulls, the
+            tensor's dtype).
+
+        Returns
+        -------
+        tuple of int, or None
+            None for a row_sparse key, whose pushes and pulls carry the rows of the step.
+            ps-lite's headers (keys, lengths) are not counted.
+        """
+        tensor = self._tensor(key)
+        if tensor.kind is self._rows:
+            return None
+        codec = self._codec if codec is None else codec
+        pull_codec = self._pull_codec if pull_codec is None else (pull_codec or None)
+        itemsize = np.dtype(tensor.dtype).itemsize
+        sizes = [chunk.stop - chunk.start for chunk in tensor.chunks]
+        return (sum(codec.push_bytes(n, tensor.dtype) for n in sizes),
+                sum(itemsize * n if pull_codec is None else
+                    pull_codecs.payload_bytes(pull_codec, n) for n in sizes))
+
     def send_buffer(self, key):
         """The buffer that this worker's last push of `key` sends from (held by the push until
         its round is acknowledged; for :mod:`mxdelay.timeline`). For a row_sparse key: the

@@ -54,6 +54,10 @@ VARIABLES = {
                                'from its second (the first sends the initial weights), with MXNet\'s profiler into PREFIX.rank<i>.json (i: the '
                                "trainer's rank); read them with python -m mxdelay.trace. Unset: off."),
     'MXDELAY_TIMELINE_STEPS': ('20', 'Steps that MXDELAY_TIMELINE records (an integer >= 1).'),
+    'MXDELAY_LOG_EVERY': ('0', 'N: every DelayedTrainer logs (INFO) a line every N steps: '
+                               'samples/s, the share of the time spent waiting for '
+                               'communication, bytes sent and received per step '
+                               '(mxdelay.steplog says how each is measured). 0: off.'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0, then it kills '
                                     'them: a finite number >= 0.'),
@@ -73,6 +77,7 @@ MINIMUMS = {
     'MXDELAY_LOCAL_SIZE': (1, 'the number of workers on this host; mxdelay-launch sets it'),
     'MXNET_KVSTORE_BIGARRAY_BOUND': (1, 'elements'),
     'MXDELAY_TIMELINE_STEPS': (1, 'steps to record'),
+    'MXDELAY_LOG_EVERY': (0, 'steps between two log lines; 0 is off'),
     'MXDELAY_SHUTDOWN_WAIT': (0, 'seconds; 0 kills the servers as soon as the workers are done'),
 }
 

@@ -63,6 +63,9 @@ class ErrorFeedback(Codec):
     def for_tensor(self, size):
         return FeedbackTensor(self.quantizer, size)
 
+    def push_bytes(self, size, dtype):
+        return self.quantizer.push_bytes(size, dtype)
+
 
 class FeedbackTensor(TensorCodec):
     """One tensor's residual for `quantizer` (`size` elements) and its last push's factor."""

@@ -74,6 +74,11 @@ class TwoBitQuantizer(Quantizer):
         nd._internal._mul_scalar(buf, scalar=t, out=buf)
         nd.elemwise_sub(residual, buf, out=residual)
 
+    def push_bytes(self, size, dtype):
+        # MXNet's native store packs 16 values of 2 bits into each float32
+        # (GradientCompression::GetCompressedSize).
+        return 4 * -(-size // 16)
+
     def check_dtype(self, name, dtype):
         # MXNet: "Gradient compression is only supported for float32 type of parameters"
         float32_only(name, dtype, "Gradient compression is only supported for float32 type of "

@@ -19,7 +19,7 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 
 from kvstore_ext import checkpoint, store_checkpoint
-from . import worker_state
+from . import traffic, worker_state
 from .loss_scaling import amp_policy
 from .rules import RuleContext
 from .schedule import SWITCH
@@ -80,6 +80,9 @@ class PassThrough(object):
 
     def keys_per_step(self):
         return 0
+
+    def round_bytes(self):
+        return None
 
     def set_learning_rate(self, lr):
         """Called after the optimizer's learning rate is set: nothing else to tell."""
@@ -155,6 +158,10 @@ class Delayed(object):
     def keys_per_step(self):
         return sum(self._kv.num_chunks(s.index) for s in self._trainer._states if s.trained)
 
+    def round_bytes(self):
+        return traffic.round_bytes(self._kv, [s.index for s in self._trainer._states
+                                              if s.trained])
+
     def set_learning_rate(self, lr):
         self._kv.set_learning_rate(lr)
 
@@ -183,7 +190,22 @@ class Delayed(object):
         trainer._check_and_rescale_grad(trainer._scale / batch_size)
         self._prepare()
         self._check_fresh(ignore_stale_grad)
+        t = trainer._schedule.step
         self._advance()
+        trainer._step_log.stepped(t, batch_size, self)
+
+    def awaited(self, t):
+        """For the step log (:mod:`mxdelay.steplog`), once step `t` is issued: its gradients,
+        the arrays whose arrival ends the communication its next computation needs (a
+        synchronous step's weights, a delayed step's pull), and whether it pulled."""
+        schedule = self._trainer._schedule
+        states = [s for s in self._trainer._states if s.trained]
+        gradients = [g for s in states for g in s.param.list_grad()]
+        if schedule.is_synchronous(t):
+            return gradients, [s.weights()[0] for s in states], True
+        if schedule.issues_pull(t):
+            return gradients, [s.pulled for s in states], True
+        return gradients, [], False
 
     def join(self):
         trainer = self._trainer

@@ -138,7 +138,8 @@ def record_from_env(trainer):
     ``MXDELAY_TIMELINE_STEPS`` more steps have queued their pushes; then the recording
     waits for the queued work, stops and writes ``PREFIX.rank<i>.json`` (i =
     ``trainer.rank``), adding ``otherData.mxdelay`` (``keys_per_step``, ``warmup_steps``,
-    ``delay``, ``first_step``, ``rank``) for ``python -m mxdelay.trace``. A process that exits
+    ``delay``, ``first_step``, ``rank``, and ``bytes``: :meth:`DelayedTrainer.round_bytes`)
+    for ``python -m mxdelay.trace``. A process that exits
     before then writes what it recorded at exit. MXNet's profiler writes one trace per
     process: do not also use :func:`recording` in such a process.
 
@@ -235,7 +236,7 @@ class _EnvRecording(_ParameterWatcher):
         trace.setdefault('otherData', {})['mxdelay'] = {
             'keys_per_step': self._trainer.keys_per_step, 'warmup_steps': schedule.warmup_steps,
             'delay': schedule.delay, 'first_step': self._first,
-            'rank': self._trainer.rank}
+            'rank': self._trainer.rank, 'bytes': self._trainer.round_bytes()}
         with open(self._path, 'w', encoding='utf-8') as file:
             json.dump(trace, file)
         _LOG.info('timeline: trace written to %s; summarize it with python -m mxdelay.trace %s',

@@ -73,10 +73,14 @@ Command line: ``python -m mxdelay.trace FILE...`` prints, per trace, the
 per-step table, the totals, and :func:`step_budget`: the mean step, the share of it this
 worker stood still waiting for communication, and what removing that wait would save at
 most (an upper bound of what the delayed update can give on this job). A trace written
-with ``MXDELAY_TIMELINE`` carries the keys per step and the schedule (``otherData.mxdelay``);
+with ``MXDELAY_TIMELINE`` carries the keys per step, the schedule and the bytes of a push and
+a pull (``otherData.mxdelay``; then the bytes sent and received per step are printed too,
+and, from its warm-up steps, an estimate of what each delay and compression would save:
+:mod:`mxdelay.estimate`);
 for one written by :func:`mxdelay.timeline.recording` pass ``--keys-per-step`` (the trainer's
 ``keys_per_step``) and, for the phases, ``--warmup-steps`` and ``--delay``; ``--first-step``
-numbers the rows.
+numbers the rows. ``--merge OUT FILE...`` writes the workers' traces as one
+(:mod:`mxdelay.trace_merge`).
 """
 import argparse
 import bisect
@@ -84,7 +88,7 @@ import json
 import sys
 
 __all__ = ['MARKER_DOMAIN', 'summarize', 'parameter_rows', 'totals', 'format_table',
-           'step_budget', 'main']
+           'step_budget', 'phase_groups', 'main']
 
 #: The profiler domain of the per-parameter marks of :func:`mxdelay.timeline.recording`.
 MARKER_DOMAIN = 'mxdelay'
@@ -391,19 +395,24 @@ def format_table(rows):
             row['first_push'], row['backward_end'], 'yes' if row['overlap'] else 'no',
             row['comm_ms'], 100 * hidden, _ms(row['pull_issued']), _ms(row['pull_sent']),
             _ms(row['pull_received']), applied, row['wait_ms']))
-    groups = [('all steps', rows)]
-    phases = sorted({row['phase'] for row in rows if 'phase' in row})
-    if len(phases) > 1:
-        groups += [(phase, [row for row in rows if row.get('phase') == phase])
-                   for phase in phases]
     lines += ['', '| steps | communication (ms) | hidden behind compute | behind backward '
               '| mean wait per step (ms) |', '|---|---:|---:|---:|---:|']
-    for label, group in groups:
+    for label, group in phase_groups(rows):
         total = totals(group)
         lines.append('| %s (%d) | %.1f | %.0f%% | %.0f%% | %.1f |' % (
             label, total['steps'], total['comm_ms'], 100 * total['hidden'],
             100 * total['hidden_backward'], total['wait_ms']))
     return '\n'.join(lines)
+
+
+def phase_groups(rows):
+    """``[(label, rows)]``: all the rows, then, if there are several phases, each phase's."""
+    groups = [('all steps', rows)]
+    phases = sorted({row['phase'] for row in rows if 'phase' in row})
+    if len(phases) > 1:
+        groups += [(phase, [row for row in rows if row.get('phase') == phase])
+                   for phase in phases]
+    return groups
 
 
 def step_budget(rows):
@@ -461,6 +470,9 @@ def _parser():
     parser.add_argument('--first-step', type=int, metavar='S',
                         help='step counter of the first recorded step (default: what a '
                              'MXDELAY_TIMELINE trace says, else 0)')
+    parser.add_argument('--merge', metavar='OUT',
+                        help='instead of the tables, write the FILEs (one per worker) as one '
+                             'trace OUT, a process per rank (chrome://tracing, Perfetto)')
     return parser
 
 
@@ -474,6 +486,16 @@ def main(argv=None):
     if (args.warmup_steps is None) != (args.delay is None):
         parser.error('--warmup-steps and --delay go together (they give the schedule); pass '
                      'both or neither')
+    if args.merge is not None:
+        from .trace_merge import merge  # pylint: disable=import-outside-toplevel
+        try:
+            counts = merge(args.files, args.merge)
+        except ValueError as err:
+            parser.error(str(err))
+        sys.stdout.write('%s: %d workers (ranks %s), %d events\n' % (
+            args.merge, len(counts), ', '.join(map(str, sorted(counts))),
+            sum(counts.values())))
+        return 0
     out = []
     for path in args.files:
         try:
@@ -482,6 +504,9 @@ def main(argv=None):
         except (OSError, ValueError, AttributeError) as err:
             parser.error('%s cannot be read as a timeline (%s); pass a file written by '
                          'mxdelay.timeline.recording or MXDELAY_TIMELINE' % (path, err))
+        if 'ranks' in meta:
+            parser.error('%s is a merged trace (--merge): it is for viewing; summarize the '
+                         "workers' own files, PREFIX.rank<R>.json" % path)
         keys = args.keys_per_step or meta.get('keys_per_step')
         if keys is None:
             parser.error('%s does not say its keys per step (it was not written with '
@@ -503,6 +528,10 @@ def main(argv=None):
             parser.error('%s cannot be read as a timeline (%s); pass a file written by '
                          'mxdelay.timeline.recording or MXDELAY_TIMELINE' % (path, err))
         out += ['## %s' % path, '', format_table(rows), '', _format_budget(step_budget(rows)), '']
+        if meta.get('bytes'):
+            from . import estimate  # pylint: disable=import-outside-toplevel
+            out += [estimate.format_bytes(rows, meta['bytes'], schedule), '',
+                    estimate.format_estimate(rows, meta['bytes']), '']
     sys.stdout.write('\n'.join(out))
     return 0
 

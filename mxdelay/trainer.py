@@ -15,6 +15,7 @@ from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_
                                  check_real, check_rounds)
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.typenames import STORE_TYPE
+from . import steplog
 from .modes import Delayed, PassThrough
 from .observer import StepObserver
 from .param_state import ParamState
@@ -171,6 +172,8 @@ class DelayedTrainer(gluon.Trainer):
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)
+        # MXDELAY_LOG_EVERY: a log line every N steps, or the no-op log (chosen once).
+        self._step_log = steplog.from_env(self)
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, self._rule,
                   'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)
@@ -366,6 +369,11 @@ class DelayedTrainer(gluon.Trainer):
         """Push operations a step issues (chunks of all trained parameters); for
         :func:`mxdelay.timeline.summarize`."""
         return self._kv_mode.keys_per_step()
+
+    def round_bytes(self):
+        """Bytes a step's pushes and a pull carry (:func:`mxdelay.traffic.round_bytes`:
+        as configured and with each compression); None without a distributed kvstore."""
+        return self._mode().round_bytes()
 
     @property
     def schedule(self):

@@ -21,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -253,6 +254,26 @@ def test_command_line_prints_the_tables(tmp_path):
     assert 'mxnet' not in result.stderr.lower()
 
 
+def test_command_line_prints_bytes_and_the_estimate(tmp_path):
+    # The hand-made trace with the bytes a MXDELAY_TIMELINE trace carries; both steps
+    # synchronous (W=10): one whole span of 35 ms, waiting 16, communication 22 (step 0).
+    path = _trace(tmp_path, False)
+    content = json.load(open(path))
+    content['otherData'] = {'mxdelay': {'bytes': {
+        'push': 1000, 'pull': 1000, 'compression': None, 'pull_compression': None,
+        'row_sparse_keys': 0, 'settings': {'no compression': [1000, 1000],
+                                           'fp16 pushes': [500, 1000]}}}}
+    json.dump(content, open(path, 'w'))
+    result = run_cli(['--keys-per-step', '2', '--warmup-steps', '10', '--delay', '2', path])
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert '| all steps (2) | 2 | 1,000 | 1,000 |' in out, out     # both steps pull
+    assert 'ESTIMATE, not a measurement, from 1 synchronous steps: step S = 35.0 ms' in out
+    # C = 35 - 16 = 19; k=2: max(19, 22 x 1500/2000 = 16.5) = 19; fp16, k=1: 19 + 16 x 0.75
+    assert '| no compression | 1,000 | 1,000 | 35.0 (1.00x) | 19.0 (1.84x) |' in out, out
+    assert '| fp16 pushes | 500 | 1,000 | 31.0 (1.13x) | 19.0 (1.84x) |' in out, out
+
+
 @pytest.mark.parametrize('args, message', [
     (['--keys-per-step', '0', '{path}'], '--keys-per-step must be a positive integer'),
     (['--keys-per-step', '2', '--delay', '2', '{path}'],
@@ -291,11 +312,36 @@ print('keys', trainer.keys_per_step)
 '''
 
 
+# Its 4 float32 parameters have 2048, 64, 640 and 10 values (one chunk each), in bytes of
+# the values: float32 4 a value; float16 2; MXNet's 2bit 16 values per float32, rounded up;
+# fp16 pulls a float32 header and 2 bytes a value, in float32 words; int8 pulls a header,
+# a float32 scale per block of 256 and a byte per value of the blocks, in float32 words.
+SIZES = (2048, 64, 640, 10)
+
+
+def _words(n):
+    return 4 * n
+
+
+UNTOUCHED_BYTES = {
+    'push': 4 * sum(SIZES), 'pull': 4 * sum(SIZES), 'compression': None,
+    'pull_compression': None, 'row_sparse_keys': 0, 'settings': {
+        'no compression': [4 * sum(SIZES), 4 * sum(SIZES)],
+        'fp16 pushes': [2 * sum(SIZES), 4 * sum(SIZES)],
+        '2bit pushes': [sum(_words(-(-n // 16)) for n in SIZES), 4 * sum(SIZES)],
+        'fp16 pulls': [4 * sum(SIZES), sum(_words(1 + -(-n // 2)) for n in SIZES)],
+        'int8 pulls': [4 * sum(SIZES), sum(_words(1 + -(-n // 256) + 64 * -(-n // 256))
+                                           for n in SIZES)]}}
+assert UNTOUCHED_BYTES['push'] == 11048 and UNTOUCHED_BYTES['settings']['2bit pushes'][0] == 692
+
+
 @pytest.mark.jobs
 def test_environment_records_every_worker(tmp_path):
     from support.jobs import python_command, worker_lines
+    started = time.time()
     result = run_job(python_command(UNTOUCHED_JOB), num_workers=2, num_servers=1, timeout=90,
                      env={'MXDELAY_TIMELINE': str(tmp_path / 'tl'), 'MXDELAY_TIMELINE_STEPS': '6'})
+    ended = time.time()
     assert_ok(result)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ['tl.rank0.json', 'tl.rank1.json'], files
@@ -304,7 +350,7 @@ def test_environment_records_every_worker(tmp_path):
         meta = json.load(open(str(path)))['otherData']['mxdelay']
         keys = int(worker_lines(result.stdout, rank)[-1].split()[1])
         assert meta == {'keys_per_step': keys, 'warmup_steps': 2, 'delay': 2, 'first_step': 1,
-                        'rank': rank}
+                        'rank': rank, 'bytes': UNTOUCHED_BYTES}
         cli = run_cli([str(path)])
         assert cli.returncode == 0, cli.stderr
         out = cli.stdout
@@ -319,6 +365,70 @@ def test_environment_records_every_worker(tmp_path):
         assert ('| steps | mean step (ms) | mean wait (ms) | wait share | speed-up if no wait |'
                 in out)
         assert '| 5 | ' in out.split('speed-up if no wait |', 1)[1], out  # 5 whole spans
+        # Every step pushes 11,048 bytes; pulls at 1, 2 (synchronous), 4, 6 (k=2: the
+        # schedule's; the recording stops before step 6 issues its pull).
+        # Warm-up step 1 alone has no whole span to estimate from.
+        assert 'No estimate: it needs at least 2 recorded warm-up' in out, out
+        for line in ('| all steps (6) | 4 | 11,048 | 7,365 |', '| warm-up (1) | 1 | 11,048 | '
+                     '11,048 |', '| switch (1) | 1 | 11,048 | 11,048 |',
+                     '| delayed (4) | 2 | 11,048 | 5,524 |'):
+            assert line in out, out
+    check_merged(tmp_path, [str(tmp_path / ('tl.rank%d.json' % rank)) for rank in (1, 0)],
+                 (started, ended))
+
+
+def check_merged(tmp_path, paths, window):
+    """``--merge``: one trace, a process per rank named ``worker R``, every event of every
+    worker kept (only pid, tid and async ids renamed), on the workers' own wall clock."""
+    out = tmp_path / 'job.json'
+    cli = run_cli(['--merge', str(out)] + paths)
+    assert cli.returncode == 0, cli.stderr
+    merged = json.load(open(str(out)))
+    assert sorted(merged['otherData']['mxdelay']['ranks']) == ['0', '1']
+    events = [e for e in merged['traceEvents'] if e['ph'] != 'M']
+    names = {e['pid']: e['args']['name'] for e in merged['traceEvents']
+             if e['ph'] == 'M' and e['name'] == 'process_name'}
+    assert names == {0: 'worker 0', 1: 'worker 1'}
+    assert cli.stdout.startswith('%s: 2 workers (ranks 0, 1), %d events' % (out, len(events)))
+
+    def key(event):
+        return (event['name'], event['ph'], event.get('cat'), event.get('ts'))
+    for rank in (0, 1):
+        original = [e for e in json.load(open(paths[1 - rank]))['traceEvents']
+                    if e['ph'] != 'M']
+        mine = [e for e in events if e['pid'] == rank]
+        assert sorted(map(key, mine)) == sorted(map(key, original))   # count for count
+        # The profiler's clock is the system clock (µs since the epoch): both workers'
+        # events lie within the job's wall-clock window, so they are aligned as recorded.
+        stamps = [e['ts'] for e in mine if 'ts' in e]
+        assert window[0] * 1e6 <= min(stamps) <= max(stamps) <= window[1] * 1e6
+    # Async ids (hashes of the workers' threads) are renamed apart: no rank shares one.
+    ids = [{e['id'] for e in events if 'id' in e and e['pid'] == rank} for rank in (0, 1)]
+    assert ids[0] and ids[1] and not ids[0] & ids[1]
+    # Every thread row is named.
+    rows = {(e['pid'], e['tid']) for e in events}
+    named = {(e['pid'], e['tid']) for e in merged['traceEvents']
+             if e['ph'] == 'M' and e['name'] == 'thread_name'}
+    assert rows <= named
+
+
+def test_summary_refuses_a_merged_trace(tmp_path):
+    path = tmp_path / 'job.json'
+    path.write_text(json.dumps({'traceEvents': [], 'otherData': {'mxdelay': {'ranks': {}}}}))
+    result = run_cli([str(path)])
+    assert result.returncode == 2
+    assert '%s is a merged trace (--merge)' % path in result.stderr
+
+
+def test_merge_refuses_two_traces_of_one_rank(tmp_path):
+    paths = []
+    for name in ('a.rank3.json', 'b.rank3.json'):   # the file name says the rank
+        paths.append(str(tmp_path / name))
+        os.replace(_trace(tmp_path, False), paths[-1])
+    result = run_cli(['--merge', str(tmp_path / 'out.json')] + paths)
+    assert result.returncode == 2
+    assert '%s and %s are both rank 3; pass one trace per worker' % tuple(paths) \
+        in result.stderr
 
 
 @pytest.mark.parametrize('variables, message', [

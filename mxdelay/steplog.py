@@ -1,0 +1,140 @@
+"""A log line every N steps: samples/s, the share of the time spent waiting for
+communication, bytes sent and received per step.
+
+Opt-in: ``MXDELAY_LOG_EVERY=N`` (N >= 1; unset or 0: off). The trainer chooses its step log
+once, at construction (:func:`from_env`): off, it is :data:`OFF`, whose one method does
+nothing; on, a :class:`StepLog`, which logs (``logging.info``, logger ``mxdelay.trainer``)
+on every worker after every N steps::
+
+    DelayedTrainer: worker 0 step 400: 1843.2 samples/s over the last 20 steps, 41% of the
+    time waiting for communication, 11,048 bytes sent and 2,762 received per step
+
+How it is measured. *Samples/s*: the batch sizes given to ``step`` over the wall time
+between the ``step`` calls that open and close the window (on the Python thread). *Wait*:
+the trainer's calls return before any communication is done (MXNet's engine runs it), so
+the log times it from two helper threads that wait (``wait_to_read``, which blocks only the
+helper) for each step's gradients, g(t), and for the communication the next computation
+needs, c(t): a synchronous step's pulled weights, a delayed step's pull. A synchronous
+step waits ``max(0, c(t) - g(t))`` (from the end of backward to the weights' arrival: the
+next forward needs them); a delayed step that applies the pull of step t - 1 waits
+``max(0, c(t - 1) - g(t))`` (the pull arrived after this step's backward); other delayed
+steps wait for nothing (a push waits only for its slot's round ``slack`` rounds back,
+which is not counted). The share is the waits' sum over the window's wall time. A
+helper's wake-up takes about 0.3 ms on an idle core, a few ms on a busy one: the wait is
+an estimate, the timeline (``MXDELAY_TIMELINE``) measures it from MXNet's profiler.
+*Bytes*: :meth:`mxdelay.DelayedTrainer.round_bytes` (the values of the parameters, no
+headers): every step sends one push, and receives one pull if it pulled.
+
+The line of the steps that close a window is written by the helper once their times are
+known, a few milliseconds after ``step`` returned; ``join`` rounds (no data) are not
+counted.
+"""
+import concurrent.futures
+import logging
+import time
+
+from kvstore_ext import env
+
+__all__ = ['OFF', 'StepLog', 'from_env']
+
+_LOG = logging.getLogger('mxdelay.trainer')
+
+
+class _Off(object):
+    """The step log when it is off: nothing is measured, nothing is logged."""
+
+    def stepped(self, t, batch_size, mode):
+        """Called by the trainer after issuing step `t` (see :meth:`StepLog.stepped`)."""
+
+
+#: The step log when ``MXDELAY_LOG_EVERY`` is unset or 0.
+OFF = _Off()
+
+
+def from_env(trainer):
+    """The step log of `trainer`: :class:`StepLog` every ``MXDELAY_LOG_EVERY`` steps, or
+    :data:`OFF`.
+
+    Raises
+    ------
+    ValueError
+        If ``MXDELAY_LOG_EVERY`` is not an integer >= 0.
+    """
+    every = env.get_int('MXDELAY_LOG_EVERY')
+    return StepLog(trainer, every) if every else OFF
+
+
+def _ready(arrays):
+    """Wait until every array of `arrays` is readable; return the time (perf_counter)."""
+    for array in arrays:
+        array.wait_to_read()
+    return time.perf_counter()
+
+
+class StepLog(object):
+    """Logs every `every` steps of `trainer` (see the module docstring).
+
+    Parameters
+    ----------
+    trainer : mxdelay.DelayedTrainer
+    every : int
+        Steps per line (>= 1).
+    """
+
+    def __init__(self, trainer, every):
+        self._trainer, self._every = trainer, every
+        # One thread per kind of wait, each in step order: the gradients of a later step
+        # can be ready before the pull of an earlier one has arrived.
+        self._gradients = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-g')
+        self._communication = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-c')
+        self._steps = []     # (t, batch_size, pulled, wall time, g future, c future)
+        self._bytes = None
+        _LOG.info('DelayedTrainer: logging every %d steps (MXDELAY_LOG_EVERY)', every)
+
+    def stepped(self, t, batch_size, mode):
+        """Step `t` of `batch_size` samples is issued; `mode` (the trainer's) tells which
+        arrays its gradients and its awaited communication are (``mode.awaited(t)``)."""
+        now = time.perf_counter()
+        gradients, communication, pulled = mode.awaited(t)
+        self._steps.append((t, batch_size, pulled, now,
+                            self._gradients.submit(_ready, gradients),
+                            self._communication.submit(_ready, communication)))
+        if len(self._steps) == self._every + 1:
+            # The last step opens the next window (and gives its first step c(t - 1)).
+            window, self._steps = self._steps, self._steps[-1:]
+            if self._bytes is None:
+                self._bytes = self._trainer.round_bytes()
+            self._communication.submit(self._report, window, self._trainer.rank)
+
+    def _report(self, window, rank):
+        """Log the steps of `window` after its first (which opens it)."""
+        try:
+            record = self.measure(window)
+        except Exception:  # pylint: disable=broad-except
+            _LOG.exception('DelayedTrainer: the step log failed')  # never the training
+            return
+        _LOG.info('DelayedTrainer: worker %d step %d: %.1f samples/s over the last %d steps, '
+                  '%.0f%% of the time waiting for communication, %s bytes sent and %s '
+                  'received per step', rank, record['step'], record['samples_per_s'],
+                  record['steps'], 100 * record['wait_share'],
+                  '{:,}'.format(record['sent']), '{:,.0f}'.format(record['received']))
+
+    def measure(self, window):
+        """The line's numbers for `window`: its steps after the first (the first opens it and
+        gives c(t - 1))."""
+        schedule = self._trainer.schedule
+        wall = window[-1][3] - window[0][3]
+        wait = 0.0
+        for before, step in zip(window, window[1:]):
+            t, g = step[0], step[4].result()
+            if schedule.is_synchronous(t):
+                wait += max(0.0, step[5].result() - g)
+            elif schedule.applies_pull(t) and before[0] == t - 1:
+                wait += max(0.0, before[5].result() - g)
+        steps = window[1:]
+        pulls = sum(1 for step in steps if step[2])
+        counted = self._bytes or {'push': 0, 'pull': 0}
+        return {'step': steps[-1][0], 'steps': len(steps),
+                'samples_per_s': sum(step[1] for step in steps) / wall if wall > 0 else 0.0,
+                'wait_share': wait / wall if wall > 0 else 0.0,
+                'sent': counted['push'], 'received': counted['pull'] * pulls / len(steps)}

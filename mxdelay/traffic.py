@@ -1,0 +1,57 @@
+"""Bytes per step: what a step's pushes and a pull carry, as configured and with each
+compression (for the timeline's summary, the step log and the estimate of
+:mod:`mxdelay.estimate`).
+
+Counted from the kvstore's keys (:meth:`kvstore_ext.dist_delay.DistDelay.payload_bytes`):
+the values of each chunk as they travel, i.e. its dtype's bytes per element, float16's 2
+(``'fp16'`` pushes), MXNet's 2bit packing of 16 values into a float32, or a compressed
+pull's payload (:func:`kvstore_ext.pull_codecs.payload_bytes`). Not counted: ps-lite's
+headers (keys and lengths of each message), the store's per-round flag (a few elements),
+and row_sparse keys, whose messages carry the rows of each step (their number is given).
+A step pushes every trained parameter once; a pull brings every one once (warm-up and
+switch: every step; delayed phase: every k-th step).
+"""
+from kvstore_ext import compression, pull_codecs
+
+__all__ = ['SETTINGS', 'round_bytes']
+
+#: (name, compression_params, pull_compression): the settings the estimate compares, each
+#: alone. 2bit's threshold does not change its bytes.
+SETTINGS = (('no compression', None, None),
+            ('fp16 pushes', {'type': 'fp16'}, None),
+            ('2bit pushes', {'type': '2bit'}, None),
+            ('fp16 pulls', None, {'type': 'fp16'}),
+            ('int8 pulls', None, {'type': 'int8'}))
+
+
+def round_bytes(kv, keys):
+    """The bytes of one push and one pull of `keys` on `kv`, as configured and per setting.
+
+    Parameters
+    ----------
+    kv : kvstore_ext.dist_delay.DistDelay
+    keys : list
+        The trained parameters' keys.
+
+    Returns
+    -------
+    dict
+        ``push`` and ``pull`` (bytes, as configured), ``compression`` and
+        ``pull_compression`` (the settings, as in the hand-shake; None: none),
+        ``row_sparse_keys`` (keys not counted) and ``settings``: ``{name: [push, pull]}``
+        for each of :data:`SETTINGS`.
+    """
+    counted = [kv.payload_bytes(k) for k in keys]
+    dense = [k for k, sizes in zip(keys, counted) if sizes is not None]
+    settings = {}
+    for name, push, pull in SETTINGS:
+        codec = compression.parse(push) or compression.NONE
+        pull_codec = pull_codecs.parse(pull) or False
+        pairs = [kv.payload_bytes(k, codec, pull_codec) for k in dense]
+        settings[name] = [sum(p for p, _ in pairs), sum(q for _, q in pairs)]
+    return {'push': sum(sizes[0] for sizes in counted if sizes is not None),
+            'pull': sum(sizes[1] for sizes in counted if sizes is not None),
+            'compression': kv.compression.describe() if kv.compression else None,
+            'pull_compression': (kv.pull_compression.describe() if kv.pull_compression
+                                 else None),
+            'row_sparse_keys': len(keys) - len(dense), 'settings': settings}
