@@ -48,8 +48,8 @@ class Command(str, enum.Enum):
     HELLO = 'hello'            # {rank, num_workers, slots, protocol, config}: first command
     REGISTER = 'register'      # {rank, chunks: [[chunk_id, server, param_index, name,
     #                            lr_mult, wd_mult, size, codec]]}: codec is a dict of codec
-    #                            settings, {} or {'sum_scale': s} (kvstore_ext.appliers);
-    #                            an entry of 7 (no codec) means {}
+    #                            settings, {}, {'sum_scale': s} or {'aux': True}
+    #                            (kvstore_ext.appliers); an entry of 7 (no codec) means {}
     OPTIMIZER = 'optimizer'    # {rank, optimizer: encode_optimizer(Optimizer)}: registry
     #                            name and fields as JSON, no pickle; reply describes the
     #                            installed optimizer (describe_optimizer)

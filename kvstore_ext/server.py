@@ -200,7 +200,7 @@ class DelayServer(KVStoreServer):
             # the compressed pulls' payloads go into this stored array.
             self._rounds.set_model_store(chunk, stored)
             return
-        if self._layout.pull_keys and not self._chunks.is_counter(chunk) \
+        if self._layout.pull_keys and not self._chunks.reads_slot_keys(chunk) \
                 and not self._rounds.has_pull_store(chunk, slot):
             raise RuntimeError('chunk %d slot %d completed a round before its pull key '
                                'was set up' % (chunk, slot))
