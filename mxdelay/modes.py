@@ -54,7 +54,7 @@ class PassThrough(object):
     def join(self):
         return 0
 
-    def sync_weights(self):
+    def sync_weights(self, aux_states):  # pylint: disable=unused-argument
         return None
 
     def save_states(self, fname):
@@ -202,7 +202,7 @@ class Delayed(object):
                       self._kv.rank, filled, trainer._schedule.step)
         return filled
 
-    def sync_weights(self):
+    def sync_weights(self, aux_states):
         self._prepare(priorities=False)
         self._trainer.join()
         targets = [(s, s.weights()) for s in self._trainer._states if s.trained]
@@ -212,6 +212,11 @@ class Delayed(object):
             self._kv.pull(s.index, out=weights, priority=s.priority)
         for _, weights in targets:
             weights[0].wait_to_read()
+        if aux_states:
+            # One round of the aux keys' own: the mean over the workers (§2.13).
+            for s in self._trainer._states:
+                if s.aux:
+                    self._kv.average(s.index, s.param.list_data(), priority=s.priority)
 
     def _advance(self):
         """Push this worker's gradients as round t and make step t's update."""

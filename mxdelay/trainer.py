@@ -322,7 +322,7 @@ class DelayedTrainer(gluon.Trainer):
         """
         return self._mode().join()
 
-    def sync_weights(self):
+    def sync_weights(self, aux_states=False):
         """Make every worker's parameters the servers' global weights; collective.
 
         In the delayed phase each worker trains its own weights ``w'`` (the global weights of
@@ -333,8 +333,26 @@ class DelayedTrainer(gluon.Trainer):
         every trained parameter, on every device, by ``W`` after all rounds pushed so far.
         Training may go on afterwards: the schedule continues unchanged, and the next local
         steps start from ``W``. With a non-distributed kvstore it does nothing.
+
+        Parameters
+        ----------
+        aux_states : bool, default False
+            Also replace the aux states (Parameters with ``differentiable=False``:
+            BatchNorm's running mean and variance), which each worker computes from its own
+            data and no server holds, by their mean over the workers, on every device: each
+            worker sends the mean of its devices' copies once and receives the sum
+            (docs/design.md §2.13). Frozen weights (``grad_req='null'``) are left as they
+            are. Not with ``'2bit'`` compression (MXNet's native store quantizes every push).
+
+        Raises
+        ------
+        TypeError
+            If `aux_states` is not a bool.
+        ValueError
+            With `aux_states` and ``'2bit'`` compression.
         """
-        return self._mode().sync_weights()
+        aux_states = check_bool('aux_states', aux_states, 'e.g. sync_weights(aux_states=True)')
+        return self._mode().sync_weights(aux_states)
 
     def allreduce_grads(self):
         """Not available with ``'dist_delay'``; raises ValueError saying what to do instead.
