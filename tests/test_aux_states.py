@@ -17,8 +17,12 @@ What is tested, and against what:
 - refusals: '2bit' (MXNet's native store would quantize the aux pushes), a push of an aux
   key, ``average`` of a trained key, a non-bool ``aux_states``, ``DelayedModule``.
 
-The real multi-process job is in tests/test_trainer_distributed.py.
+- a real 2-worker, 2-server job (marked ``jobs``): a Gluon net with BatchNorm; every
+  worker's statistics after the sync are the float32 mean of what each worker had.
 """
+import os
+import sys
+
 import numpy as np
 import pytest
 import mxnet as mx
@@ -31,6 +35,7 @@ from kvstore_ext.appliers import CopySum
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.protocol import Command
 from kvstore_ext.server import DelayServer
+from support.jobs import SCRIPTS, PidFile, assert_ok, run_job
 from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
@@ -395,3 +400,30 @@ def test_delayed_module_refuses_aux_states():
                                          r"not supported: a Module's aux states \(bn_moving_mean, "
                                          r'bn_moving_var\)'):
         mod.sync_weights(aux_states=True)
+
+
+# -- a real job ----------------------------------------------------------------------------------
+@pytest.mark.jobs
+def test_a_real_job_averages_batchnorm_statistics(tmp_path):
+    # Two workers and two servers over sockets, chunks of 4 elements: each worker's
+    # BatchNorm statistics (from its own data) before the sync; after it every worker holds
+    # their float32 mean, exactly (two workers: the server's sum does not depend on the
+    # arrival order), and the servers' weights.
+    pids = PidFile(tmp_path / 'pids')
+    script = [sys.executable, os.path.join(SCRIPTS, 'bn_job.py'), str(tmp_path), '5']
+    result = run_job(pids.wrap(script), num_workers=2, num_servers=2,
+                     env={'MXDELAY_CHUNK_SIZE': 4})
+    assert_ok(result)
+    pids.assert_all_dead()
+    runs = [dict(np.load(str(tmp_path / ('worker%d.npz' % r)))) for r in range(2)]
+    aux = sorted(k[4:] for k in runs[0] if k.startswith('pre_') and 'running_' in k)
+    assert len(aux) == 2
+    for name in aux:
+        before = [run['pre_' + name] for run in runs]
+        assert not np.array_equal(before[0], before[1]), 'the test needs statistics that differ'
+        want = reference.aux_mean([[b] for b in before])
+        for rank, run in enumerate(runs):
+            np.testing.assert_array_equal(run['post_' + name], want,
+                                          err_msg='worker %d, %s' % (rank, name))
+    for name in (k[5:] for k in runs[0] if k.startswith('post_')):
+        np.testing.assert_array_equal(runs[0]['post_' + name], runs[1]['post_' + name])
