@@ -44,14 +44,8 @@ class AuxKeys(DenseKeys):
     trained = False
 
     def __init__(self, native, slots):
+        # No codec: pushed in their own dtype, placed without pull keys, no residual.
         super(AuxKeys, self).__init__(native, slots, compression.NONE)
-
-    def place(self, placement, key, value):
-        """Place `key` as a float32-wire key (no pull keys whatever the job's codec)."""
-        tensor = placement.place(key, value.shape, value.dtype)
-        tensor.codec = self._codec.for_tensor(tensor.size)
-        tensor.kind = self
-        return tensor
 
     def server_settings(self):
         """``{'aux': True}``: the servers keep the sum of each round."""
