@@ -12,8 +12,9 @@ True}``: the chunk holds aux states, docs/design.md §2.13). The round keeper ca
 applier                       used for
 ============================  ===========================================================
 :class:`StoreCounter`         the finish counter (docs/design.md §5)
-:class:`CopySum`              a dense chunk without optimizer, and an aux chunk (§2.13):
-                              the round's sum
+:class:`CopySum`              a dense chunk without optimizer: the round's sum
+:class:`AuxSum`               an aux chunk (§2.13): the round's sum, or the sum of the
+                              values the workers sent by command for it
 :class:`CopyAllRows`          a row_sparse chunk without optimizer (§2.10)
 :class:`PlainSGD`             a dense chunk under plain SGD: the single-tensor kernels (§3.4)
 :class:`OptimizerStep`        every other chunk: MXNet's updater (lazy for row_sparse, §2.10)
@@ -27,7 +28,7 @@ import mxnet as mx
 
 from . import sparse
 
-__all__ = ['Applier', 'StoreCounter', 'CopySum', 'CopyAllRows', 'PlainSGD', 'OptimizerStep',
+__all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD', 'OptimizerStep',
            'ScaleSum', 'SkipNonFinite', 'COUNTER', 'AUX', 'CODEC_SETTINGS', 'check_codec',
            'choose', 'is_plain_sgd', 'sgd_step', 'store_counter']
 
@@ -60,6 +61,25 @@ class CopySum(Applier):
 
     def apply(self, chunk, grad, weight, stored):
         grad.copyto(stored)
+
+
+class AuxSum(Applier):
+    """An aux chunk (docs/design.md §2.13): the round's sum, or, where the workers sent
+    their values by command (quantized pushes: the round is one of zeros), their float32 sum
+    in rank order. ``take(chunk)`` returns those values (None if none were sent)."""
+
+    def __init__(self, take):
+        self._take = take
+
+    def apply(self, chunk, grad, weight, stored):
+        values = self._take(chunk)
+        if values is None:
+            grad.copyto(stored)
+            return
+        total = values[0]
+        for value in values[1:]:
+            total = total + value
+        mx.nd.array(total.reshape(stored.shape), dtype=stored.dtype).copyto(stored)
 
 
 class CopyAllRows(Applier):
@@ -175,7 +195,7 @@ def check_codec(chunk, codec):
     return codec
 
 
-def choose(kind, updater, codec, skip_nonfinite, count_skip):
+def choose(kind, updater, codec, skip_nonfinite, count_skip, take_aux=None):
     """Return the applier of a chunk.
 
     Parameters
@@ -191,13 +211,15 @@ def choose(kind, updater, codec, skip_nonfinite, count_skip):
         AMP: skip overflowed rounds (not the finish counter's, which mark them).
     count_skip : callable
         ``count_skip(chunk)`` for each skipped round.
+    take_aux : callable, optional
+        An aux chunk's values sent by command (:class:`AuxSum`); default: none.
     """
     if kind == COUNTER:
         return StoreCounter()
     if codec == AUX:
         # Aux states are averaged, not trained: an optimizer step (or a skipped round:
         # their pushes carry no overflow flag) would corrupt them (docs/design.md §2.13).
-        return CopySum()
+        return AuxSum(take_aux or (lambda chunk: None))
     if updater is None:
         applier = CopySum() if kind == 'default' else CopyAllRows()
     elif kind == 'default' and is_plain_sgd(updater.optimizer):

@@ -11,7 +11,10 @@ its key is placed at ``init`` like any dense key, but with this kind (docs/desig
   factor) and its pulls read its slot keys (no pull keys, no model key);
 - its rounds are not the job's training rounds: they are not flagged on the finish counter,
   padded at exit or counted in a checkpoint's flagged rounds. One round is one
-  :meth:`AuxKeys.average`, which every worker calls at the same point (collective).
+  :meth:`AuxKeys.average`, which every worker calls at the same point (collective);
+- where MXNet's native store quantizes every push (``'2bit'``), the values go to the servers
+  in a command (:meth:`AuxKeys.command_body`) and the round's pushes are zeros, which
+  survive the quantization exactly.
 """
 import numpy as np
 from mxnet import nd
@@ -51,20 +54,36 @@ class AuxKeys(DenseKeys):
         """``{'aux': True}``: the servers keep the sum of each round."""
         return dict(appliers.AUX)
 
-    def average(self, tensor, arrays, num_workers, priority):
-        """Replace `arrays` (one per device) by the mean over the workers of each worker's
-        mean over its devices; collective. Waits for the result.
+    @staticmethod
+    def contribution(arrays):
+        """This worker's value of an aux state held in `arrays` (one per device): their
+        mean (float32 sum in device order, divided by float32(D)); the array for D = 1."""
+        if len(arrays) == 1:
+            return arrays[0]
+        first = arrays[0].context
+        return nd.add_n(*[a.as_in_context(first) for a in arrays]) / np.float32(len(arrays))
 
-        The worker pushes its devices' mean (their sum divided by the number of devices, in
-        float32) as round ``tensor.next_round``, pulls the round's sum and divides it by
+    @staticmethod
+    def command_body(tensors, contributions):
+        """The ``AUX`` command's ``chunks`` for `tensors` and this worker's `contributions`
+        (one NDArray each): chunk id -> its float32 values, as JSON numbers."""
+        chunks = {}
+        for tensor, mine in zip(tensors, contributions):
+            flat = mine.asnumpy().reshape(-1).astype(np.float32)
+            for chunk in tensor.chunks:
+                # float32 -> Python float (float64) -> JSON -> float32: exact
+                chunks[str(chunk.chunk_id)] = flat[chunk.start:chunk.stop].tolist()
+        return chunks
+
+    def average(self, tensor, arrays, pushed, num_workers, priority):
+        """Replace `arrays` (one per device) by the mean over the workers; collective.
+        Waits for the result.
+
+        The worker pushes `pushed` (its :meth:`contribution`, or zeros when the values went
+        by command) as round ``tensor.next_round``, pulls the round's sum and divides it by
         ``float32(num_workers)``.
         """
-        if len(arrays) == 1:
-            mine = arrays[0]
-        else:
-            first = arrays[0].context
-            mine = nd.add_n(*[a.as_in_context(first) for a in arrays]) / np.float32(len(arrays))
-        self.push(tensor, [mine], priority)
+        self.push(tensor, [pushed], priority)
         total = nd.zeros(tensor.shape, dtype=tensor.dtype)
         self.pull(tensor, [total], priority)
         mean = total / np.float32(num_workers)

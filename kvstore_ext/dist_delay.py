@@ -669,11 +669,13 @@ class DistDelay(KVStoreBase):
             ``param_dict`` says so when the key is placed).
         value : NDArray, or list of them (one per device; a list per key)
 
+        Where MXNet's native store quantizes every push (``'2bit'``), the values go to the
+        servers in one command (JSON), and the rounds push zeros, which survive that exactly.
+
         Raises
         ------
         ValueError
-            If a key is not an aux key, or the job's codec quantizes every push in MXNet's
-            native store (``'2bit'``).
+            If a key is not an aux key.
         """
         keys, values = self._checked_lists(key, value, 'value', priority)
         for k in keys:
@@ -681,14 +683,16 @@ class DistDelay(KVStoreBase):
                 raise ValueError('key %r does not hold aux states: average() takes the keys of '
                                  'Parameters with differentiable=False (BatchNorm\'s running '
                                  'mean and variance), placed as such at init' % (k,))
-        if not self._codec.exact_pushes:
-            raise ValueError('aux states cannot be averaged with compression_params=%r: MXNet\'s '
-                             'native store quantizes every push of this job, aux states '
-                             'included (docs/design.md §2.13); use sync_weights() without '
-                             'aux_states, or another compression' % (self._codec.describe(),))
-        for k, v in zip(keys, values):
-            tensor = self._tensors[k]
-            tensor.kind.average(tensor, _listed(v), self.num_workers, priority)
+        tensors = [self._tensors[k] for k in keys]
+        mine = [self._aux.contribution(_listed(v)) for v in values]
+        if self._codec.exact_pushes:
+            pushed = mine
+        else:
+            self._command(Command.AUX, {'chunks': self._aux.command_body(tensors, mine)},
+                          refusal=ValueError)
+            pushed = [tensor.zeros() for tensor in tensors]
+        for tensor, v, p in zip(tensors, values, pushed):
+            tensor.kind.average(tensor, _listed(v), p, self.num_workers, priority)
 
     def pulled_models(self):
         """This worker's pulled models of compressed pulls: {key: (numpy x̂, the round it

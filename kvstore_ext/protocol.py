@@ -61,6 +61,9 @@ class Command(str, enum.Enum):
     STATS = 'stats'            # {rank}: reply with per-chunk rounds and pending counts
     VOTE = 'vote'              # {rank, ballot, error}: one worker's outcome of a collective step
     TALLY = 'tally'            # {rank, ballot}: reply with the ballot's errors by rank
+    AUX = 'aux'                # {rank, chunks: {chunk_id: [float32 values]}}: this worker's
+    #                            aux states for the aux chunks' next round, when pushes are
+    #                            quantized ('2bit'; docs/design.md §2.13)
 
 
 def encode_command(command, body):

@@ -109,10 +109,18 @@ class ChunkRegistry(object):
         """Whether `chunk` is the finish counter's."""
         return self._chunks[chunk]['param_index'] == protocol.FINISH_KEY
 
+    def is_aux(self, chunk):
+        """Whether `chunk` is one of this server's aux chunks (docs/design.md §2.13)."""
+        return chunk in self._chunks and self._chunks[chunk]['codec'] == appliers.AUX
+
+    def size(self, chunk):
+        """The registered number of elements of this server's `chunk`."""
+        return self._chunks[chunk]['size']
+
     def reads_slot_keys(self, chunk):
         """Whether the pulls of `chunk` read its slot keys even with float16 pushes (no pull
         keys, docs/design.md §2.11): the finish counter's and aux chunks (§2.13)."""
-        return self.is_counter(chunk) or self._chunks[chunk]['codec'] == appliers.AUX
+        return self.is_counter(chunk) or self.is_aux(chunk)
 
     def saved(self, chunk_state):
         """What a checkpoint keeps: chunk id -> info and ``chunk_state(chunk)``."""

@@ -341,15 +341,14 @@ class DelayedTrainer(gluon.Trainer):
             BatchNorm's running mean and variance), which each worker computes from its own
             data and no server holds, by their mean over the workers, on every device: each
             worker sends the mean of its devices' copies once and receives the sum
-            (docs/design.md §2.13). Frozen weights (``grad_req='null'``) are left as they
-            are. Not with ``'2bit'`` compression (MXNet's native store quantizes every push).
+            (docs/design.md §2.13; with ``'2bit'`` compression, whose native store
+            quantizes every push, the values go to the servers in a command). Frozen weights
+            (``grad_req='null'``) are left as they are.
 
         Raises
         ------
         TypeError
             If `aux_states` is not a bool.
-        ValueError
-            With `aux_states` and ``'2bit'`` compression.
         """
         aux_states = check_bool('aux_states', aux_states, 'e.g. sync_weights(aux_states=True)')
         return self._mode().sync_weights(aux_states)

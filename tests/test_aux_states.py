@@ -14,12 +14,17 @@ What is tested, and against what:
   compressed pulls, uneven data (a worker that ends first); frozen weights stay; the weights
   of every step equal those of the same run with ``sync_weights()`` alone; a checkpoint
   saved after an aux sync resumes bit for bit (the aux keys' rounds included);
-- refusals: '2bit' (MXNet's native store would quantize the aux pushes), a push of an aux
-  key, ``average`` of a trained key, a non-bool ``aux_states``, ``DelayedModule``.
+- '2bit' (MXNet's native store quantizes every push): the values go by the ``AUX``
+  command, the rounds push zeros; the command's refusals; a round without every worker's
+  values fails;
+- refusals: a push of an aux key, ``average`` of a trained key, a non-bool ``aux_states``,
+  ``DelayedModule``.
 
-- a real 2-worker, 2-server job (marked ``jobs``): a Gluon net with BatchNorm; every
-  worker's statistics after the sync are the float32 mean of what each worker had.
+- real 2-worker, 2-server jobs (marked ``jobs``), uncompressed and '2bit': a Gluon net with
+  BatchNorm; every worker's statistics after the sync are the float32 mean of what each
+  worker had.
 """
+import json
 import os
 import sys
 
@@ -31,7 +36,7 @@ from mxnet import gluon, nd
 import mxdelay
 import reference
 from kvstore_ext import appliers, checkpoint, protocol
-from kvstore_ext.appliers import CopySum
+from kvstore_ext.appliers import AuxSum
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.protocol import Command
 from kvstore_ext.server import DelayServer
@@ -66,7 +71,7 @@ def _entry(codec=None, chunk=0, size=3):
 @pytest.mark.parametrize('amp', [False, True])
 def test_an_aux_chunk_gets_the_sum_whatever_the_optimizer(optimizer, amp):
     updater = None if optimizer is None else mx.optimizer.get_updater(optimizer)
-    assert type(appliers.choose('default', updater, AUX, amp, lambda chunk: None)) is CopySum
+    assert type(appliers.choose('default', updater, AUX, amp, lambda chunk: None)) is AuxSum
 
 
 def test_the_server_writes_an_aux_rounds_sum_and_keeps_no_optimizer_state():
@@ -334,25 +339,53 @@ def test_a_checkpoint_after_an_aux_sync_resumes_bit_for_bit(monkeypatch, tmp_pat
 
 
 # -- refusals --------------------------------------------------------------------------------
-def test_2bit_is_refused_before_any_aux_push():
+def test_with_2bit_the_values_go_by_command(monkeypatch):
+    monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '4')
     ctxs = contexts(1)
-    params = net_params(ctxs)
+    two_bit = {'type': '2bit', 'threshold': 0.5}
+    job, results = run_workers(2, lambda rank, store: train(
+        rank, store, [7, 7], (2, 7), ctxs, compression_params=two_bit), num_servers=2)
+    assert_means(results, ctxs)
+    for server in job.servers:   # every round took the values of both workers
+        assert server._rounds._aux_values == {}   # pylint: disable=protected-access
+    # Aux keys have no residual (a checkpoint lists none for them).
     store = delay_store()
+    params = net_params(ctxs)
     trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=store, delay=2,
-                                     warmup_steps=1,
-                                     compression_params={'type': '2bit', 'threshold': 0.5})
+                                     warmup_steps=1, compression_params=two_bit)
     backward_at(params[:4], ctxs, 0)
     trainer.step(BATCH)
-    trainer.sync_weights()
-    aux = trainer._param2idx['bn_running_mean']
-    with pytest.raises(ValueError, match=r"aux states cannot be averaged with compression_"
-                                         r"params=\{'type': '2bit', 'threshold': 0\.5\}: "
-                                         r"MXNet's native store quantizes every push"):
-        trainer.sync_weights(aux_states=True)
-    assert store.rounds(aux) == 0
-    # Aux keys have no residual (a checkpoint lists none for them); the weights have.
     assert set(store.residuals()) >= {trainer._param2idx[n] for n in MLP_NAMES}
     assert not set(store.residuals()) & {trainer._param2idx[n] for n in AUX_SHAPES}
+
+
+def test_the_aux_command_and_its_refusals():
+    server = _server()
+    server.command(Command.REGISTER, {'rank': 0, 'chunks': [_entry(AUX), _entry(chunk=1)]})
+    values = [[0.1, 0.7, -2.5], [1e-8, 3.3, 0.25]]
+    for rank, v in enumerate(values):
+        assert server.command(Command.AUX, {'rank': rank, 'chunks': {'0': v, '7': [1.0]}}) \
+            == {'chunks': 1}   # chunk 7: another server's
+    server.complete_round(KeyLayout(1, 2).slot_key(0, 0, 0), nd.zeros(3), nd.zeros(3))
+    want = np.array(values[0], np.float32) + np.array(values[1], np.float32)
+    np.testing.assert_array_equal(server.weight(0).asnumpy(), want)
+    # The next round without values: the pushed sum again.
+    server.complete_round(KeyLayout(1, 2).slot_key(0, 1, 0), nd.ones(3), nd.zeros(3))
+    np.testing.assert_array_equal(server.weight(0).asnumpy(), np.ones(3, np.float32))
+    for chunks, message in [
+            ({'1': [1.0, 2.0, 3.0]}, r'chunk 1 is not an aux chunk of 3 elements'),
+            ({'0': [1.0]}, r'chunk 0 is not an aux chunk of 3 elements \(got 1 values\)'),
+            ({'0': [1.0, 'x', 2.0]}, r'chunks must map chunk ids to lists of numbers'),
+            ({'a': [1.0]}, r'chunks must map chunk ids to lists of numbers')]:
+        with pytest.raises(ValueError, match=message):
+            server.command(Command.AUX, {'rank': 0, 'chunks': chunks})
+    with pytest.raises(ValueError, match="command field 'rank'"):
+        server.command(Command.AUX, {'chunks': {}})
+    # A round with the values of one worker of two fails.
+    server.command(Command.AUX, {'rank': 1, 'chunks': {'0': [1.0, 2.0, 3.0]}})
+    with pytest.raises(RuntimeError, match=r'aux chunk 0: a round with the values of workers '
+                                           r'\[1\], not of all 2'):
+        server.complete_round(KeyLayout(1, 2).slot_key(0, 0, 0), nd.zeros(3), nd.zeros(3))
 
 
 def test_refusals_name_the_key_and_the_fix():
@@ -404,13 +437,18 @@ def test_delayed_module_refuses_aux_states():
 
 # -- a real job ----------------------------------------------------------------------------------
 @pytest.mark.jobs
-def test_a_real_job_averages_batchnorm_statistics(tmp_path):
+@pytest.mark.parametrize('compression', [None, {'type': '2bit', 'threshold': 0.5}],
+                         ids=['plain', '2bit'])
+def test_a_real_job_averages_batchnorm_statistics(tmp_path, compression):
     # Two workers and two servers over sockets, chunks of 4 elements: each worker's
     # BatchNorm statistics (from its own data) before the sync; after it every worker holds
     # their float32 mean, exactly (two workers: the server's sum does not depend on the
-    # arrival order), and the servers' weights.
+    # arrival order), and the servers' weights. With 2bit MXNet's native store quantizes
+    # every push: the values go by command.
     pids = PidFile(tmp_path / 'pids')
     script = [sys.executable, os.path.join(SCRIPTS, 'bn_job.py'), str(tmp_path), '5']
+    if compression is not None:
+        script.append(json.dumps(compression))
     result = run_job(pids.wrap(script), num_workers=2, num_servers=2,
                      env={'MXDELAY_CHUNK_SIZE': 4})
     assert_ok(result)

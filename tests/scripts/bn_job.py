@@ -2,12 +2,15 @@
 on data that differs per rank, so that every worker's running statistics differ; then
 ``sync_weights(aux_states=True)``.
 
-Usage: ``mxdelay-launch -n N -s S python bn_job.py OUT_DIR STEPS``. Each worker writes
+Usage: ``mxdelay-launch -n N -s S python bn_job.py OUT_DIR STEPS [COMPRESSION_JSON]``
+(the trainer's ``compression_params``, e.g. ``'{"type": "2bit", "threshold": 0.5}'``; default
+none). Each worker writes
 ``OUT_DIR/worker<rank>.npz``: ``pre_<name>`` and ``post_<name>`` for every parameter (its
 first device's copy) before and after the sync.
 """
 import mxdelay  # noqa: F401  before mxnet: servers become mxdelay's
 
+import json
 import os
 import sys
 
@@ -18,6 +21,7 @@ from mxnet import autograd, gluon, nd
 
 def main():
     out_dir, steps = sys.argv[1], int(sys.argv[2])
+    compression = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     mx.random.seed(7)   # the same initial weights on every worker (rank 0's are broadcast)
     net = gluon.nn.HybridSequential()
     net.add(gluon.nn.Dense(6, in_units=4), gluon.nn.BatchNorm(in_channels=6),
@@ -25,7 +29,8 @@ def main():
     net.initialize(mx.init.Xavier())
     trainer = mxdelay.DelayedTrainer(net.collect_params(), 'sgd',
                                      {'learning_rate': 0.1, 'momentum': 0.9},
-                                     kvstore='dist_delay', delay=2, warmup_steps=1)
+                                     kvstore='dist_delay', delay=2, warmup_steps=1,
+                                     compression_params=compression)
     rank = trainer.rank
     rs = np.random.RandomState(rank)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
