@@ -93,6 +93,10 @@ class ChunkRegistry(object):
     def __len__(self):
         return len(self._chunks)
 
+    def __contains__(self, chunk):
+        """Whether `chunk` is one of this server's."""
+        return chunk in self._chunks
+
     def local_count(self):
         """How many local indexes this server has numbered."""
         return len(self._local_chunks)
@@ -111,7 +115,7 @@ class ChunkRegistry(object):
 
     def is_aux(self, chunk):
         """Whether `chunk` is one of this server's aux chunks (docs/design.md §2.13)."""
-        return chunk in self._chunks and self._chunks[chunk]['codec'] == appliers.AUX
+        return chunk in self and self._chunks[chunk]['codec'] == appliers.AUX
 
     def size(self, chunk):
         """The registered number of elements of this server's `chunk`."""

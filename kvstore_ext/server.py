@@ -416,7 +416,7 @@ class DelayServer(KVStoreServer):
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
                 raise ValueError('command aux: chunks must map chunk ids to lists of numbers, '
                                  'got %.60r: %.60r' % (text, values))
-            if chunk not in self._chunks.ids():
+            if chunk not in self._chunks:
                 continue   # another server's
             if not self._chunks.is_aux(chunk) or len(values) != self._chunks.size(chunk):
                 raise ValueError('command aux: chunk %d is not an aux chunk of %d elements '
