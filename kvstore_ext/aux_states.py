@@ -75,19 +75,24 @@ class AuxKeys(DenseKeys):
                 chunks[str(chunk.chunk_id)] = flat[chunk.start:chunk.stop].tolist()
         return chunks
 
-    def average(self, tensor, arrays, pushed, num_workers, priority):
-        """Replace `arrays` (one per device) by the mean over the workers; collective.
-        Waits for the result.
+    def average(self, tensors, arrays, pushed, num_workers, priority):
+        """Replace each of `arrays` (per tensor, one array per device) by the mean over the
+        workers; collective. Waits for the result.
 
-        The worker pushes `pushed` (its :meth:`contribution`, or zeros when the values went
-        by command) as round ``tensor.next_round``, pulls the round's sum and divides it by
-        ``float32(num_workers)``.
+        For each tensor the worker pushes its `pushed` array (its :meth:`contribution`, or
+        zeros when the values went by command) as round ``tensor.next_round`` and pulls the
+        round's sum, all issued before any wait; then it divides each sum by
+        ``float32(num_workers)`` and copies it into the tensor's arrays.
         """
-        self.push(tensor, [pushed], priority)
-        total = nd.zeros(tensor.shape, dtype=tensor.dtype)
-        self.pull(tensor, [total], priority)
-        mean = total / np.float32(num_workers)
-        for array in arrays:
-            mean.copyto(array)
-        for array in arrays:
-            array.wait_to_read()
+        totals = []
+        for tensor, mine in zip(tensors, pushed):
+            self.push(tensor, [mine], priority)
+            totals.append(nd.zeros(tensor.shape, dtype=tensor.dtype))
+            self.pull(tensor, [totals[-1]], priority)
+        for total, copies in zip(totals, arrays):
+            mean = total / np.float32(num_workers)
+            for array in copies:
+                mean.copyto(array)
+        for copies in arrays:
+            for array in copies:
+                array.wait_to_read()

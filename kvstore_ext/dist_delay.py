@@ -691,8 +691,8 @@ class DistDelay(KVStoreBase):
             self._command(Command.AUX, {'chunks': self._aux.command_body(tensors, mine)},
                           refusal=ValueError)
             pushed = [tensor.zeros() for tensor in tensors]
-        for tensor, v, p in zip(tensors, values, pushed):
-            tensor.kind.average(tensor, _listed(v), p, self.num_workers, priority)
+        self._aux.average(tensors, [_listed(v) for v in values], pushed, self.num_workers,
+                          priority)
 
     def pulled_models(self):
         """This worker's pulled models of compressed pulls: {key: (numpy x̂, the round it

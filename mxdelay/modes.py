@@ -212,11 +212,10 @@ class Delayed(object):
             self._kv.pull(s.index, out=weights, priority=s.priority)
         for _, weights in targets:
             weights[0].wait_to_read()
-        if aux_states:
-            # One round of the aux keys' own: the mean over the workers (§2.13).
-            for s in self._trainer._states:
-                if s.aux:
-                    self._kv.average(s.index, s.param.list_data(), priority=s.priority)
+        aux = [s for s in self._trainer._states if s.aux]
+        if aux_states and aux:
+            # One round of the aux keys' own, all at once: the mean over the workers (§2.13).
+            self._kv.average([s.index for s in aux], [s.param.list_data() for s in aux])
 
     def _advance(self):
         """Push this worker's gradients as round t and make step t's update."""
