@@ -13,14 +13,17 @@ Optimizers (on the servers; mirrored locally by ``DelayedTrainer``'s rule ``'mir
 ``sgd`` (lr 0.05, momentum 0.9, wd 1e-4) and ``adam`` (lr 1e-3, MXNet's default betas and
 epsilon, wd 0). Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's ``dist_sync``),
 ``k4``, ``k8``, ``k16`` (``mxdelay.DelayedTrainer``, rule ``'mirror'``) and ``sgd-k4`` (the
-literal rule ``local_rule='sgd'``, k=4); warm-up 200 synchronous steps.
+literal rule ``local_rule='sgd'``, k=4); warm-up 200 synchronous steps. ``k4-aux`` and
+``k8-aux``: ``k4`` and ``k8`` whose global model has the workers' mean BatchNorm statistics
+(``sync_weights(aux_states=True)``, docs/design.md §2.13); not in the default runs.
 
 Accuracy is that of the *global* model on the 10000 test images after every epoch: for the
 delayed methods every worker calls ``trainer.sync_weights()`` at each epoch's end (it is part
 of their trajectory: the next local steps start from the global weights), and worker 0 copies
 the weights; for ``sync`` worker 0's weights are the global ones. BatchNorm's running mean and
 variance are not trained parameters: each worker keeps its own, in both cases, and the
-evaluated model has worker 0's. The copies are evaluated after training.
+evaluated model has worker 0's (the ``-aux`` methods: the workers' mean). The copies are
+evaluated after training.
 
 With 2 workers the trajectory does not depend on timing (exact rounds, a sum of two is
 commutative, seeded data order), so the runs need no shaped link, and a loaded machine
@@ -65,7 +68,7 @@ OPTIMIZERS = {
             ['--optimizer', 'sgd', '--lr', '0.05', '--momentum', '0.9', '--wd', '1e-4']),
     'adam': ('Adam (lr 1e-3)', ['--optimizer', 'adam', '--lr', '0.001', '--wd', '0']),
 }
-METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4')
+METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4', 'k4-aux', 'k8-aux')
 TARGETS = ('k4', 'k8')  # within TARGET_POINTS of dist_sync
 TARGET_POINTS = 0.5
 DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'
@@ -139,8 +142,8 @@ def run_one(optimizer, method, seed, args):
         for r in results:
             workers.append({key: r[key] for key in (
                 'rank', 'mode', 'model', 'optimizer', 'optimizer_params', 'local_rule', 'delay',
-                'warmup_steps', 'global_model', 'trained_parameters', 'seed', 'batch_size',
-                'steps', 'steps_per_epoch', 'cpu_s')})
+                'warmup_steps', 'global_model', 'aux_states', 'trained_parameters', 'seed',
+                'batch_size', 'steps', 'steps_per_epoch', 'cpu_s')})
             workers[-1].update(loss_per_epoch=_per_epoch_loss(r['losses']),
                                loss_digest=hashlib.sha1(json.dumps(r['losses']).encode())
                                .hexdigest()[:12])
@@ -317,7 +320,7 @@ def readme_rows(summary, runs, out):
 def plot(path, summary):
     plt = report_lib.pyplot()
     styles = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
-              'sgd-k4': ('C7', '-.')}
+              'sgd-k4': ('C7', '-.'), 'k4-aux': ('C0', ':'), 'k8-aux': ('C1', ':')}
     fig, axes = plt.subplots(1, len(OPTIMIZERS), figsize=(12.8, 4.8))
     for ax, (optimizer, (label, _)) in zip(axes, OPTIMIZERS.items()):
         shown, literal = [], []

@@ -22,9 +22,10 @@ Two kinds of run:
   10000 test images *after* training, so that evaluation takes no time from training.
   With ``--global-model`` (delayed mode), every worker calls ``trainer.sync_weights()`` just
   before each of these copies, so that worker 0 copies the servers' global weights (its own
-  BatchNorm running statistics, which are not trained parameters); the workers' next local
-  steps then start from them (docs/design.md §1.5). Stock ``dist_sync``'s worker 0 holds the
-  global weights after every step anyway.
+  BatchNorm running statistics, which are not trained parameters; with ``--aux-states``
+  ``sync_weights(aux_states=True)``: the workers' mean statistics, docs/design.md §2.13); the
+  workers' next local steps then start from them (docs/design.md §1.5). Stock
+  ``dist_sync``'s worker 0 holds the global weights after every step anyway.
 
 Modes: ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``; ``delayed`` is
 ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. ``--compression`` (``fp16``,
@@ -145,6 +146,9 @@ def parse_args(argv=None):
     parser.add_argument('--global-model', action='store_true',
                         help='--epochs, delayed: trainer.sync_weights() on every worker before '
                              'each copy of the weights')
+    parser.add_argument('--aux-states', action='store_true',
+                        help='with --global-model: sync_weights(aux_states=True), the workers\' '
+                             'mean BatchNorm statistics')
     parser.add_argument('--model', choices=tuple(INPUT_SHAPE), default='mlp',
                         help="resnet18: synthetic data, window runs only (default: %(default)s)")
     parser.add_argument('--optimizer', choices=('sgd', 'adam'), default='sgd')
@@ -274,7 +278,8 @@ def main(argv=None):
             ends.append(time.time())
             at_eval = full and (step % args.eval_every == 0 or step % len(shard) == 0)
             if at_eval and args.global_model and args.mode == 'delayed':
-                trainer.sync_weights()  # collective: every worker, at the same steps
+                # collective: every worker, at the same steps
+                trainer.sync_weights(aux_states=args.aux_states)
             if at_eval and rank == 0:
                 snapshots.append((step, step / len(shard),
                                   [p.data().asnumpy() for p in params]))
@@ -287,6 +292,7 @@ def main(argv=None):
               'model': args.model, 'optimizer': args.optimizer, 'optimizer_params': opt,
               'local_rule': args.local_rule if args.mode == 'delayed' else None,
               'global_model': args.global_model and args.mode == 'delayed',
+              'aux_states': args.aux_states and args.global_model and args.mode == 'delayed',
               'trained_parameters': sum(p.data().size for p in params
                                         if p.grad_req != 'null'),
               'delay': args.delay if args.mode == 'delayed' else None,

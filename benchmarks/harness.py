@@ -89,6 +89,9 @@ METHODS = {
     'mirror-k4': Method('k=4', delay=4, extra=_MIRROR),
     'mirror-k4-fp16': Method('k=4 + fp16', delay=4, extra=_MIRROR, compression='fp16'),
     'sgd-k4': Method("literal 'sgd' rule, k=4", delay=4, extra=('--local-rule', 'sgd')),
+    # The global model with the workers' mean BatchNorm statistics (docs/design.md §2.13).
+    'k4-aux': Method('k=4, mean BatchNorm statistics', delay=4, extra=('--aux-states',)),
+    'k8-aux': Method('k=8, mean BatchNorm statistics', delay=8, extra=('--aux-states',)),
     'drift-k4': Method("rule 'drift', k=4", delay=4, extra=('--local-rule', 'drift')),
     'drift-k8': Method("rule 'drift', k=8", delay=8, extra=('--local-rule', 'drift')),
     # Compressed pulls (docs/design.md §2.12); 2bit at 0.05, the best fixed threshold for

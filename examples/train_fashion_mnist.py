@@ -168,8 +168,9 @@ def build_net(model):
                 gluon.nn.Dense(128, activation='relu'),
                 gluon.nn.Dense(10))
     else:
-        # BatchNorm's running mean and variance are not trained (grad_req 'null'): each
-        # worker keeps its own, with dist_sync as with dist_delay.
+        # BatchNorm's running mean and variance are not trained (differentiable=False):
+        # each worker keeps its own, with dist_sync as with dist_delay, until the last
+        # epoch's sync_weights(aux_states=True) averages them over the workers.
         for channels in (32, 64):
             net.add(gluon.nn.Conv2D(channels, 3), gluon.nn.BatchNorm(),
                     gluon.nn.Activation('relu'), gluon.nn.MaxPool2D(2))
@@ -385,8 +386,9 @@ def main(argv=None):
         waited = time.perf_counter()
         if args.trainer == 'delayed' and epoch == args.epochs - 1:
             # mxdelay: the last epoch ends with the servers' global model on every worker
-            # (each worker trained its own weights between pulls): evaluated and saved below
-            trainer.sync_weights()
+            # (each worker trained its own weights between pulls): evaluated and saved below;
+            # with BatchNorm also the workers' mean running statistics (aux states)
+            trainer.sync_weights(aux_states=args.model == 'cnn-bn')  # mxdelay:
         elif args.trainer == 'delayed':
             # mxdelay: the workers meet at the epoch's end (with uneven shards the shorter
             # ones push zero gradients until every worker is done; here one small round trip)

@@ -4,14 +4,17 @@ An applier writes ``W_{t+1}`` into the round's stored value from ``W_t`` and the
 summed gradient (docs/design.md §3.2). :func:`choose` picks a chunk's applier once, when
 what decides it arrives: the chunk's kind (the finish counter at ``REGISTER``; dense or
 row_sparse with its first round or at ``LOAD``), the optimizer (installed, replaced or
-loaded), AMP (the hand-shake) and the chunk's codec settings (``REGISTER``). The round
-keeper calls ``applier.apply(chunk, grad, weight, stored)`` and never asks again.
+loaded), AMP (the hand-shake) and the chunk's codec settings (``REGISTER``; ``{'aux':
+True}``: the chunk holds aux states, docs/design.md §2.13). The round keeper calls
+``applier.apply(chunk, grad, weight, stored)`` and never asks again.
 
 ============================  ===========================================================
 applier                       used for
 ============================  ===========================================================
 :class:`StoreCounter`         the finish counter (docs/design.md §5)
 :class:`CopySum`              a dense chunk without optimizer: the round's sum
+:class:`AuxSum`               an aux chunk (§2.13): the round's sum, or the sum of the
+                              values the workers sent by command for it
 :class:`CopyAllRows`          a row_sparse chunk without optimizer (§2.10)
 :class:`PlainSGD`             a dense chunk under plain SGD: the single-tensor kernels (§3.4)
 :class:`OptimizerStep`        every other chunk: MXNet's updater (lazy for row_sparse, §2.10)
@@ -25,9 +28,9 @@ import mxnet as mx
 
 from . import sparse
 
-__all__ = ['Applier', 'StoreCounter', 'CopySum', 'CopyAllRows', 'PlainSGD', 'OptimizerStep',
-           'ScaleSum', 'SkipNonFinite', 'COUNTER', 'CODEC_SETTINGS', 'check_codec', 'choose',
-           'is_plain_sgd', 'sgd_step', 'store_counter']
+__all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD', 'OptimizerStep',
+           'ScaleSum', 'SkipNonFinite', 'COUNTER', 'AUX', 'CODEC_SETTINGS', 'check_codec',
+           'choose', 'is_plain_sgd', 'sgd_step', 'store_counter']
 
 #: The kind of the finish counter's chunks; the others are their storage type.
 COUNTER = 'counter'
@@ -58,6 +61,25 @@ class CopySum(Applier):
 
     def apply(self, chunk, grad, weight, stored):
         grad.copyto(stored)
+
+
+class AuxSum(Applier):
+    """An aux chunk (docs/design.md §2.13): the round's sum, or, where the workers sent
+    their values by command (quantized pushes: the round is one of zeros), their float32 sum
+    in rank order. ``take(chunk)`` returns those values (None if none were sent)."""
+
+    def __init__(self, take):
+        self._take = take
+
+    def apply(self, chunk, grad, weight, stored):
+        values = self._take(chunk)
+        if values is None:
+            grad.copyto(stored)
+            return
+        total = values[0]
+        for value in values[1:]:
+            total = total + value
+        mx.nd.array(total.reshape(stored.shape), dtype=stored.dtype).copyto(stored)
 
 
 class CopyAllRows(Applier):
@@ -125,16 +147,26 @@ class SkipNonFinite(Applier):
             _copy(weight, stored)
 
 
+def _is_true(value):
+    return value is True
+
+
 def _positive_finite(value):
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value > 0)
 
 
 #: The codec settings a chunk's ``REGISTER`` entry may carry: name -> (whether a value is
-#: valid, what a valid value is, the decorator that applies it).
+#: valid, what a valid value is, the decorator that applies it). ``aux`` is no decorator:
+#: it makes the chunk an aux chunk (:data:`AUX`), which :func:`choose` gives the sum alone.
 CODEC_SETTINGS = {
     'sum_scale': (_positive_finite, 'a finite number above 0', ScaleSum),
+    'aux': (_is_true, 'True', None),
 }
+
+#: The registration of an aux chunk (docs/design.md §2.13): the workers push aux states
+#: (BatchNorm's running mean and variance), which no optimizer may touch.
+AUX = {'aux': True}
 
 
 def check_codec(chunk, codec):
@@ -157,10 +189,13 @@ def check_codec(chunk, codec):
         if not valid(value):
             raise ValueError('chunk %s: codec setting %s=%r is not %s' % (chunk, name, value,
                                                                           what))
+    if 'aux' in codec and codec != AUX:
+        raise ValueError('chunk %s: an aux chunk takes no other codec setting, got %r (its '
+                         'pushes are never compressed)' % (chunk, codec))
     return codec
 
 
-def choose(kind, updater, codec, skip_nonfinite, count_skip):
+def choose(kind, updater, codec, skip_nonfinite, count_skip, take_aux=None):
     """Return the applier of a chunk.
 
     Parameters
@@ -171,13 +206,20 @@ def choose(kind, updater, codec, skip_nonfinite, count_skip):
         The installed optimizer's updater; None: no optimizer.
     codec : dict
         The chunk's codec settings (:func:`check_codec`); the finish counter takes none.
+        :data:`AUX`: the round's sum, whatever the optimizer and AMP.
     skip_nonfinite : bool
         AMP: skip overflowed rounds (not the finish counter's, which mark them).
     count_skip : callable
         ``count_skip(chunk)`` for each skipped round.
+    take_aux : callable, optional
+        An aux chunk's values sent by command (:class:`AuxSum`); default: none.
     """
     if kind == COUNTER:
         return StoreCounter()
+    if codec == AUX:
+        # Aux states are averaged, not trained: an optimizer step (or a skipped round:
+        # their pushes carry no overflow flag) would corrupt them (docs/design.md §2.13).
+        return AuxSum(take_aux or (lambda chunk: None))
     if updater is None:
         applier = CopySum() if kind == 'default' else CopyAllRows()
     elif kind == 'default' and is_plain_sgd(updater.optimizer):
@@ -185,7 +227,7 @@ def choose(kind, updater, codec, skip_nonfinite, count_skip):
     else:
         applier = OptimizerStep(updater)
     for name, value in sorted(codec.items()):
-        applier = CODEC_SETTINGS[name][2](applier, value)
+        applier = CODEC_SETTINGS[name][2](applier, value)   # not AUX: returned above
     return SkipNonFinite(applier, count_skip) if skip_nonfinite else applier
 
 

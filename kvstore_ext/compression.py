@@ -118,12 +118,17 @@ class Codec(object):
         §2.11) instead of the slot keys that pushes write.
     sparse_values : bool
         Whether row_sparse keys can be pushed with this codec.
+    exact_pushes : bool
+        Whether a float32 key that bypasses the codec (aux states, docs/design.md §2.13)
+        still reaches the servers exactly: False where the native store quantizes every
+        push (``'2bit'``).
     """
     type_name = None
     flag_unit = 1.0
     wire_dtype = None
     pull_keys = False
     sparse_values = True
+    exact_pushes = True
 
     def describe(self):
         """The setting as JSON-able data: the hand-shake compares it between workers."""

@@ -40,6 +40,10 @@ class KeyKind(object):
         The job's codec.
     """
 
+    #: Whether the keys' rounds are the job's training rounds (flagged on the finish counter,
+    #: padded at exit); not for aux keys (:class:`kvstore_ext.aux_states.AuxKeys`).
+    trained = True
+
     def __init__(self, native, slots, codec):
         self._native = native
         self._slots = slots

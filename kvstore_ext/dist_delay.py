@@ -9,7 +9,8 @@
   of the slowest, and each slot has its own send buffer (so a gradient is never held by a
   pending push, and a pull never lands in a gradient).
 - the key kinds, one data path each, chosen at ``init``: :mod:`kvstore_ext.dense` (with
-  :mod:`kvstore_ext.wire`'s variant for pull keys) and :mod:`kvstore_ext.sparse`;
+  :mod:`kvstore_ext.wire`'s variant for pull keys), :mod:`kvstore_ext.sparse` and
+  :mod:`kvstore_ext.aux_states` (aux states, averaged by :meth:`DistDelay.average`);
 - the codec, chosen by ``set_gradient_compression`` (:mod:`kvstore_ext.compression`);
 - :mod:`kvstore_ext.channel`: the connection to the servers (hand-shake, commands, the
   optimizer, votes);
@@ -34,6 +35,7 @@ from mxnet.kvstore import KVStoreBase
 
 from . import (compression, env, gluon_sparse, hooks, module_path, protocol, pull_codecs, sparse,
                store_checkpoint)
+from .aux_states import AuxKeys, is_aux
 from .arguments import as_lists, describe
 from .channel import CommandChannel, ServerLink
 from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
@@ -112,9 +114,10 @@ class DistDelay(KVStoreBase):
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
         self._tensors = {}
         # Made at the hand-shake, when the slack and the codec are final: the placement, the
-        # key kinds (dense keys of the codec, row_sparse keys, the finish counter's) and the
-        # state keys.
-        self._placement = self._dense = self._rows = self._counter_keys = self._fetch = None
+        # key kinds (dense keys of the codec, row_sparse keys, aux keys, the finish
+        # counter's) and the state keys.
+        self._placement = self._dense = self._rows = self._aux = self._counter_keys = None
+        self._fetch = None
         self._optimizer = None
         self._updater = None       # Gluon's load_states reads kvstore._updater.optimizer
         self._config = {}
@@ -234,6 +237,7 @@ class DistDelay(KVStoreBase):
                                                   schedule)
                        if schedule else codec.dense_keys(self._native, slots))
         self._rows = sparse.RowSparseKeys(self._native, slots, codec)
+        self._aux = AuxKeys(self._native, slots)
         self._counter_keys = DenseKeys(self._native, slots, compression.NONE)
         self._fetch = StateFetch(layout)
         _LOG.info('dist_delay: worker %d of %d, %d mxdelay server(s), slack %d, chunk size %d',
@@ -449,8 +453,12 @@ class DistDelay(KVStoreBase):
         native_keys, native_values, entries, placed = [], [], [], {}
         for k, v in zip(keys, values):
             v = v[0] if isinstance(v, (list, tuple)) else v
-            # The key's kind, once (chunks of rows: docs/design.md §2.10).
-            kind = self._rows if sparse.is_row_sparse(v, self._param_of(k)) else self._dense
+            # The key's kind, once (chunks of rows: docs/design.md §2.10; aux states: §2.13).
+            param = self._param_of(k)
+            if sparse.is_row_sparse(v, param):
+                kind = self._rows
+            else:
+                kind = self._aux if is_aux(param) else self._dense
             if kind is self._rows and self._pull_codec is not None:
                 raise ValueError('key %r is row_sparse, which pull_compression=%r does not '
                                  'support (its pulls bring the rows asked for, not a model '
@@ -534,8 +542,18 @@ class DistDelay(KVStoreBase):
 
     def _next_round(self, key):
         """`key`'s tensor and the all-finite flag of its next round, flagged on the finish
-        counter ("this worker has data", once per round) before the round's first push."""
+        counter ("this worker has data", once per round) before the round's first push.
+
+        Raises
+        ------
+        ValueError
+            If `key` holds aux states (:meth:`average` them).
+        """
         tensor = self._tensors[key]
+        if not tensor.kind.trained:
+            raise ValueError('key %r holds aux states (a Parameter with differentiable=False, '
+                             'e.g. BatchNorm\'s running mean), which are averaged, not pushed: '
+                             'use average(), or trainer.sync_weights(aux_states=True)' % (key,))
         finite = self._finite.get(tensor.next_round)
         if self._finish is not None:
             self._finish.flag_round(tensor.next_round, finite)
@@ -634,6 +652,47 @@ class DistDelay(KVStoreBase):
             tensor = self._tensors[k]
             tensor.kind.pull_compressed(tensor, _listed(o), priority)
         return None
+
+    def average(self, key, value, priority=0):
+        """Replace aux states `value` by their mean over the workers; collective.
+
+        Every worker calls it at the same point, with the same keys: for each key it pushes
+        its own value (the mean over its devices when `value` lists one array per device) in
+        a round of the key's own, pulls the round's sum and writes ``sum / float32(N)`` into
+        every array (docs/design.md §2.13). Not compressed; not a training round (the finish
+        counter and the other keys' rounds are untouched). Returns when `value` is written.
+
+        Parameters
+        ----------
+        key : int or str, or list of them
+            Keys initialised for Parameters with ``differentiable=False`` (their optimizer's
+            ``param_dict`` says so when the key is placed).
+        value : NDArray, or list of them (one per device; a list per key)
+
+        Where MXNet's native store quantizes every push (``'2bit'``), the values go to the
+        servers in one command (JSON), and the rounds push zeros, which survive that exactly.
+
+        Raises
+        ------
+        ValueError
+            If a key is not an aux key.
+        """
+        keys, values = self._checked_lists(key, value, 'value', priority)
+        for k in keys:
+            if self._tensors[k].kind is not self._aux:
+                raise ValueError('key %r does not hold aux states: average() takes the keys of '
+                                 'Parameters with differentiable=False (BatchNorm\'s running '
+                                 'mean and variance), placed as such at init' % (k,))
+        tensors = [self._tensors[k] for k in keys]
+        mine = [self._aux.contribution(_listed(v)) for v in values]
+        if self._codec.exact_pushes:
+            pushed = mine
+        else:
+            self._command(Command.AUX, {'chunks': self._aux.command_body(tensors, mine)},
+                          refusal=ValueError)
+            pushed = [tensor.zeros() for tensor in tensors]
+        self._aux.average(tensors, [_listed(v) for v in values], pushed, self.num_workers,
+                          priority)
 
     def pulled_models(self):
         """This worker's pulled models of compressed pulls: {key: (numpy x̂, the round it
@@ -800,7 +859,7 @@ class DistDelay(KVStoreBase):
         # its destructor now, before MXNet's engine shuts down.
         self._native = None
         self._link.close()
-        for kind in (self._dense, self._rows, self._counter_keys):
+        for kind in (self._dense, self._rows, self._aux, self._counter_keys):
             if kind is not None:
                 kind.close()
 
@@ -811,7 +870,8 @@ class DistDelay(KVStoreBase):
         while not self.finish_round(leaving=True):
             for tensor in self._tensors.values():
                 # a tensor pushed in every round so far gets this round too
-                if tensor.next_round == self._finish.flagged_rounds - 1:
+                if tensor.kind.trained and \
+                        tensor.next_round == self._finish.flagged_rounds - 1:
                     tensor.kind.push(tensor, [tensor.zeros()], 0)
             padded += 1
         if padded:
@@ -998,7 +1058,8 @@ class DistDelay(KVStoreBase):
             tensor.next_round = state['rounds'][str(key)]
         if self._finish is not None:
             self._finish.restore(state['finish_rounds'],
-                                 max([t.next_round for t in self._tensors.values()] + [0]))
+                                 max([t.next_round for t in self._tensors.values()
+                                      if t.kind.trained] + [0]))
         # The servers apply the saved job's rescale_grad from now on (its optimizer).
         self._job_rescale_grad = state['rescale_grad']
 

@@ -44,6 +44,7 @@ class ErrorFeedback(Codec):
     wire_dtype = property(lambda self: self.quantizer.wire_dtype)
     pull_keys = property(lambda self: self.quantizer.pull_keys)
     sparse_values = property(lambda self: self.quantizer.sparse_values)
+    exact_pushes = property(lambda self: self.quantizer.exact_pushes)
 
     def describe(self):
         return self.quantizer.describe()

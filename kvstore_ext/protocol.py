@@ -48,8 +48,8 @@ class Command(str, enum.Enum):
     HELLO = 'hello'            # {rank, num_workers, slots, protocol, config}: first command
     REGISTER = 'register'      # {rank, chunks: [[chunk_id, server, param_index, name,
     #                            lr_mult, wd_mult, size, codec]]}: codec is a dict of codec
-    #                            settings, {} or {'sum_scale': s} (kvstore_ext.appliers);
-    #                            an entry of 7 (no codec) means {}
+    #                            settings, {}, {'sum_scale': s} or {'aux': True}
+    #                            (kvstore_ext.appliers); an entry of 7 (no codec) means {}
     OPTIMIZER = 'optimizer'    # {rank, optimizer: encode_optimizer(Optimizer)}: registry
     #                            name and fields as JSON, no pickle; reply describes the
     #                            installed optimizer (describe_optimizer)
@@ -61,6 +61,9 @@ class Command(str, enum.Enum):
     STATS = 'stats'            # {rank}: reply with per-chunk rounds and pending counts
     VOTE = 'vote'              # {rank, ballot, error}: one worker's outcome of a collective step
     TALLY = 'tally'            # {rank, ballot}: reply with the ballot's errors by rank
+    AUX = 'aux'                # {rank, chunks: {chunk_id: [float32 values]}}: this worker's
+    #                            aux states for the aux chunks' next round, when pushes are
+    #                            quantized ('2bit'; docs/design.md §2.13)
 
 
 def encode_command(command, body):

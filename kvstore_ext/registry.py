@@ -4,6 +4,8 @@ Every server hears every chunk, so each knows whole tensors (docs/design.md §3.
 its own chunks by id and by local index: a chunk's local index counts its server's chunks in
 chunk id order, as the workers' ``Placement`` does (docs/design.md §2.6). A chunk's
 registration (:data:`INFO_FIELDS`) must be the same from every worker and in a checkpoint.
+An aux chunk (codec :data:`kvstore_ext.appliers.AUX`, docs/design.md §2.13) holds aux states:
+it is no tensor the optimizer sees.
 """
 from . import appliers, protocol
 
@@ -59,7 +61,8 @@ class ChunkRegistry(object):
         """
         tensors = {}
         for entry in entries:
-            if entry['param_index'] != protocol.FINISH_KEY:
+            # The tensors the optimizer updates (whole-tensor optimizers check them).
+            if entry['param_index'] != protocol.FINISH_KEY and entry['codec'] != appliers.AUX:
                 tensor = tensors.setdefault(entry['param_index'],
                                             {'name': entry['name'], 'size': 0, 'chunks': 0})
                 tensor['size'] += entry['size']
@@ -90,6 +93,10 @@ class ChunkRegistry(object):
     def __len__(self):
         return len(self._chunks)
 
+    def __contains__(self, chunk):
+        """Whether `chunk` is one of this server's."""
+        return chunk in self._chunks
+
     def local_count(self):
         """How many local indexes this server has numbered."""
         return len(self._local_chunks)
@@ -106,6 +113,19 @@ class ChunkRegistry(object):
         """Whether `chunk` is the finish counter's."""
         return self._chunks[chunk]['param_index'] == protocol.FINISH_KEY
 
+    def is_aux(self, chunk):
+        """Whether `chunk` is one of this server's aux chunks (docs/design.md §2.13)."""
+        return chunk in self and self._chunks[chunk]['codec'] == appliers.AUX
+
+    def size(self, chunk):
+        """The registered number of elements of this server's `chunk`."""
+        return self._chunks[chunk]['size']
+
+    def reads_slot_keys(self, chunk):
+        """Whether the pulls of `chunk` read its slot keys even with float16 pushes (no pull
+        keys, docs/design.md §2.11): the finish counter's and aux chunks (§2.13)."""
+        return self.is_counter(chunk) or self.is_aux(chunk)
+
     def saved(self, chunk_state):
         """What a checkpoint keeps: chunk id -> info and ``chunk_state(chunk)``."""
         return {c: dict(info, **chunk_state(c)) for c, info in self._chunks.items()}
@@ -120,6 +140,10 @@ class ChunkRegistry(object):
             # A checkpoint of before codec settings has none: it was saved without any.
             info = {name: saved.get(name, {}) if name == 'codec' else saved[name]
                     for name in INFO_FIELDS}
+            if info['codec'] == {} and self._chunks[chunk]['codec'] == appliers.AUX:
+                # Saved before aux chunks had a kind of their own (docs/design.md §2.13):
+                # the same aux states, registered with no settings then.
+                info['codec'] = appliers.AUX
             if info != self._chunks[chunk]:
                 raise ValueError('%s: chunk %d was %r when saved, is %r now'
                                  % (path, chunk, info, self._chunks[chunk]))

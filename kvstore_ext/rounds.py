@@ -69,6 +69,9 @@ class RoundKeeper(object):
         self._pull_codec = self._pull_schedule = None
         self._models = {}              # chunk id -> ServerModel
         self._model_stores = {}        # chunk id -> the model key's stored array
+        # Aux chunks' values sent by command for their next round (quantized pushes,
+        # docs/design.md §2.13): chunk id -> (workers expected, {rank: float32 array}).
+        self._aux_values = {}
 
     # -- what arrives before the rounds -----------------------------------------------------
     def set_slots(self, slots):
@@ -128,11 +131,27 @@ class RoundKeeper(object):
         if kind is not None:
             self._appliers[chunk] = appliers.choose(
                 kind, self._updater, self._codecs.get(chunk, {}), self._skip_nonfinite,
-                self._count_skip)
+                self._count_skip, self._take_aux)
 
     def _choose_all(self):
         for chunk in self._kinds:
             self._choose(chunk)
+
+    def set_aux_values(self, chunk, rank, values, num_workers):
+        """Worker `rank`'s aux states `values` (float32 numpy) for aux `chunk`'s next round,
+        whose pushes are zeros; that round writes the sum of the `num_workers` workers'."""
+        expected, known = self._aux_values.setdefault(chunk, (num_workers, {}))
+        known[rank] = values
+
+    def _take_aux(self, chunk):
+        if chunk not in self._aux_values:
+            return None
+        expected, known = self._aux_values.pop(chunk)
+        if len(known) != expected:
+            raise RuntimeError('aux chunk %d: a round with the values of workers %s, not of all '
+                               '%d: every worker sends them before its push'
+                               % (chunk, sorted(known), expected))
+        return [known[rank] for rank in sorted(known)]
 
     def _count_skip(self, chunk):
         self._skipped[chunk] = self._skipped.get(chunk, 0) + 1

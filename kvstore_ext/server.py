@@ -86,6 +86,7 @@ class DelayServer(KVStoreServer):
             Command.STATS: self._on_stats,
             Command.VOTE: self._on_vote,
             Command.TALLY: self._on_tally,
+            Command.AUX: self._on_aux,
         }
 
     # -- controller ------------------------------------------------------------------------
@@ -200,7 +201,7 @@ class DelayServer(KVStoreServer):
             # the compressed pulls' payloads go into this stored array.
             self._rounds.set_model_store(chunk, stored)
             return
-        if self._layout.pull_keys and not self._chunks.is_counter(chunk) \
+        if self._layout.pull_keys and not self._chunks.reads_slot_keys(chunk) \
                 and not self._rounds.has_pull_store(chunk, slot):
             raise RuntimeError('chunk %d slot %d completed a round before its pull key '
                                'was set up' % (chunk, slot))
@@ -402,6 +403,29 @@ class DelayServer(KVStoreServer):
     def _on_tally(self, body):
         field(body, 'ballot', int, minimum=1)
         return self._ballots.tally(body, self._num_workers)
+
+    def _on_aux(self, body):
+        # A worker's aux states for the aux chunks' next round, whose pushes are zeros
+        # (quantized pushes, docs/design.md §2.13); every server hears all, keeps its own.
+        rank = check_rank(body, self._num_workers)
+        chunks = field(body, 'chunks', dict)
+        taken = {}
+        for text, values in chunks.items():
+            chunk = int(text) if isinstance(text, str) and text.isdigit() else None
+            if chunk is None or not isinstance(values, list) or not all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                raise ValueError('command aux: chunks must map chunk ids to lists of numbers, '
+                                 'got %.60r: %.60r' % (text, values))
+            if chunk not in self._chunks:
+                continue   # another server's
+            if not self._chunks.is_aux(chunk) or len(values) != self._chunks.size(chunk):
+                raise ValueError('command aux: chunk %d is not an aux chunk of %d elements '
+                                 '(got %d values)' % (chunk, self._chunks.size(chunk),
+                                                      len(values)))
+            taken[chunk] = np.array(values, dtype=np.float32)
+        for chunk, values in taken.items():
+            self._rounds.set_aux_values(chunk, rank, values, self._num_workers)
+        return {'chunks': len(taken)}
 
     def _on_stats(self, _):
         rounds = self._rounds

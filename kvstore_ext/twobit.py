@@ -35,6 +35,8 @@ class TwoBitQuantizer(Quantizer):
         The threshold as given to MXNet (``str`` of the user's value).
     """
     type_name = '2bit'
+    #: The native store is told to quantize: every push travels as +t, 0 or -t.
+    exact_pushes = False
 
     def __init__(self, threshold, text):
         self.threshold = np.float32(threshold)

@@ -54,7 +54,7 @@ class PassThrough(object):
     def join(self):
         return 0
 
-    def sync_weights(self):
+    def sync_weights(self, aux_states):  # pylint: disable=unused-argument
         return None
 
     def save_states(self, fname):
@@ -224,7 +224,7 @@ class Delayed(object):
                       self._kv.rank, filled, trainer._schedule.step)
         return filled
 
-    def sync_weights(self):
+    def sync_weights(self, aux_states):
         self._prepare(priorities=False)
         self._trainer.join()
         targets = [(s, s.weights()) for s in self._trainer._states if s.trained]
@@ -234,6 +234,10 @@ class Delayed(object):
             self._kv.pull(s.index, out=weights, priority=s.priority)
         for _, weights in targets:
             weights[0].wait_to_read()
+        aux = [s for s in self._trainer._states if s.aux]
+        if aux_states and aux:
+            # One round of the aux keys' own, all at once: the mean over the workers (§2.13).
+            self._kv.average([s.index for s in aux], [s.param.list_data() for s in aux])
 
     def _advance(self):
         """Push this worker's gradients as round t and make step t's update."""

@@ -228,11 +228,24 @@ state_names, group2ctxs
         # rescale_grad already is Module's whole normalisation (init_optimizer).
         self._trainer.step(1)
 
-    def sync_weights(self):
+    def sync_weights(self, aux_states=False):
         """Make every worker's parameters the servers' global weights; collective.
 
         See :meth:`mxdelay.DelayedTrainer.sync_weights`; ``get_params`` returns them after.
+
+        Raises
+        ------
+        ValueError
+            With ``aux_states=True``: a Module's aux states (BatchNorm's moving mean and
+            variance) are not keys of the store (stock Module never sends them), so they
+            cannot be averaged here yet (docs/design.md §2.13).
         """
+        if check_bool('aux_states', aux_states):
+            raise ValueError('DelayedModule.sync_weights(aux_states=True) is not supported: a '
+                             'Module\'s aux states (%s) are not keys of the store; each worker '
+                             'keeps its own. Use mxdelay.DelayedTrainer (Gluon) for averaged '
+                             'BatchNorm statistics, or sync_weights() and worker 0\'s aux states'
+                             % (', '.join(self._aux_names) or 'none in this symbol'))
         assert self.optimizer_initialized
         self._trainer.sync_weights()
         self._params_dirty = True

@@ -7,6 +7,8 @@ import numpy as np
 
 from mxnet import autograd, nd
 
+from kvstore_ext.aux_states import is_aux
+
 __all__ = ['ParamState']
 
 
@@ -51,6 +53,12 @@ class ParamState(object):
     def trained(self):
         """Whether the parameter has a gradient (``grad_req != 'null'``)."""
         return self.param.grad_req != 'null'
+
+    @property
+    def aux(self):
+        """Whether the parameter is an aux state (``differentiable=False``: BatchNorm's
+        running mean and variance), averaged by ``sync_weights(aux_states=True)``."""
+        return is_aux(self.param)
 
     @property
     def started(self):

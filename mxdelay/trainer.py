@@ -325,7 +325,7 @@ class DelayedTrainer(gluon.Trainer):
         """
         return self._mode().join()
 
-    def sync_weights(self):
+    def sync_weights(self, aux_states=False):
         """Make every worker's parameters the servers' global weights; collective.
 
         In the delayed phase each worker trains its own weights ``w'`` (the global weights of
@@ -336,8 +336,25 @@ class DelayedTrainer(gluon.Trainer):
         every trained parameter, on every device, by ``W`` after all rounds pushed so far.
         Training may go on afterwards: the schedule continues unchanged, and the next local
         steps start from ``W``. With a non-distributed kvstore it does nothing.
+
+        Parameters
+        ----------
+        aux_states : bool, default False
+            Also replace the aux states (Parameters with ``differentiable=False``:
+            BatchNorm's running mean and variance), which each worker computes from its own
+            data and no server holds, by their mean over the workers, on every device: each
+            worker sends the mean of its devices' copies once and receives the sum
+            (docs/design.md §2.13; with ``'2bit'`` compression, whose native store
+            quantizes every push, the values go to the servers in a command). Frozen weights
+            (``grad_req='null'``) are left as they are.
+
+        Raises
+        ------
+        TypeError
+            If `aux_states` is not a bool.
         """
-        return self._mode().sync_weights()
+        aux_states = check_bool('aux_states', aux_states, 'e.g. sync_weights(aux_states=True)')
+        return self._mode().sync_weights(aux_states)
 
     def allreduce_grads(self):
         """Not available with ``'dist_delay'``; raises ValueError saying what to do instead.

@@ -147,6 +147,22 @@ def pull_int8(d, block, chunk_size=None):
     return out.reshape(d.shape)
 
 
+def aux_mean(values):
+    """The aux states after ``sync_weights(aux_states=True)`` (docs/design.md §2.13):
+    `values[i]` lists worker i's copies of one aux state, one per device. Each worker's
+    mean over its devices (float32 sum in device order, divided by float32(D)), summed over
+    the workers in rank order in float32 (the server's sum), divided by float32(N)."""
+    total = None
+    for copies in values:
+        mine = copies[0].astype(F32)
+        for other in copies[1:]:
+            mine = mine + other.astype(F32)
+        if len(copies) > 1:
+            mine = mine / F32(len(copies))
+        total = mine if total is None else total + mine
+    return total / F32(len(values))
+
+
 def pulled_round(t, delay, warmup_steps):
     """Whether every worker pulls round `t`: ``t <= W``, or the last round of a period."""
     t0 = warmup_steps + 1

@@ -56,6 +56,7 @@ BODIES = {
     Command.STATS: {'rank': 1},
     Command.VOTE: {'rank': 1, 'ballot': 3, 'error': 'ckpt.worker1 is truncated'},
     Command.TALLY: {'rank': 0, 'ballot': 3},
+    Command.AUX: {'rank': 1, 'chunks': {'0': [0.25, -1.5e-8], '3': [7.0]}},
 }
 
 
