@@ -1,0 +1,73 @@
+"""The test jobs' memo of ``import mxnet``'s generated code (support/site/mxnet_code_cache.py).
+
+What is tested, each in fresh Python processes (the memo acts on MXNet's import): a first
+import compiles every generated function and writes the file, a second compiles none; the
+functions of the second are the ones ``compile`` makes of MXNet's sources, compared as code
+objects (bytecode, constants, names, line table) for every function, the handle included;
+they work; a corrupt file is compiled over and rewritten; job_env puts the memo on the
+roles' ``PYTHONPATH``.
+
+Tolerance: none.
+"""
+import json
+import os
+import subprocess
+import sys
+
+from support.jobs import REPO, SITE, job_env
+
+#: Imports MXNet with the memo at argv[1]; compares every cached code object with MXNet's
+#: own source compiled, and prints the counts as JSON.
+CHECK = '''
+import json, sys
+sys.path.insert(0, %r)
+import mxnet_code_cache as memo
+
+class Checked(memo.CodeCache):
+    def compile(self, source):
+        code = super().compile(source)
+        if code != compile(source, '<string>', 'exec'):
+            self.differ.append(source.split('(', 1)[0])
+        return code
+
+cache = Checked(sys.argv[1])
+cache.differ = []
+memo.install(cache)
+import mxnet as mx
+assert (mx.nd.ones((2,)) + 1).asnumpy().tolist() == [2.0, 2.0]
+assert mx.sym.FullyConnected(mx.sym.var('x'), num_hidden=3).list_arguments() == [
+    'x', 'fullyconnected0_weight', 'fullyconnected0_bias']
+print(json.dumps({'hits': cache.hits, 'misses': cache.misses, 'differ': cache.differ}))
+''' % SITE
+
+
+def _import(path):
+    # Without SITE on the path: its sitecustomize would install the memo of the repository.
+    result = subprocess.run([sys.executable, '-c', CHECK, str(path)],
+                            env=job_env({'PYTHONPATH': REPO}),
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_second_import_compiles_nothing_and_gets_the_same_code(tmp_path):
+    path = tmp_path / 'ops.marshal'
+    first = _import(path)
+    assert first['hits'] == 0 and first['misses'] > 2000 and first['differ'] == []
+    assert path.exists()
+    second = _import(path)
+    assert second == {'hits': first['misses'], 'misses': 0, 'differ': []}
+
+
+def test_corrupt_file_is_compiled_over(tmp_path):
+    path = tmp_path / 'ops.marshal'
+    path.write_bytes(b'not marshal data')
+    first = _import(path)
+    assert first['hits'] == 0 and first['misses'] > 2000
+    assert _import(path)['misses'] == 0
+
+
+def test_job_roles_get_the_memo():
+    paths = job_env()['PYTHONPATH'].split(os.pathsep)
+    assert paths[:2] == [REPO, SITE] and paths.count(SITE) == 1
+    assert os.path.exists(os.path.join(SITE, 'sitecustomize.py'))
