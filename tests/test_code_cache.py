@@ -1,34 +1,39 @@
-"""The test jobs' memo of ``import mxnet``'s generated code (support/site/mxnet_code_cache.py).
+"""The test jobs' memo of ``import mxnet``'s generated functions
+(support/site/mxnet_code_cache.py).
 
 What is tested, each in fresh Python processes (the memo acts on MXNet's import): a first
-import compiles every generated function and writes the file, a second compiles none; the
-functions of the second are the ones ``compile`` makes of MXNet's sources, compared as code
-objects (bytecode, constants, names, line table) for every function, the handle included;
-they work; a corrupt file is compiled over and rewritten; job_env puts the memo on the
-roles' ``PYTHONPATH``.
+import generates every function and writes the file, a second generates none; in both,
+every function equals the one MXNet's own maker returns for the same operator in the same
+process (code object: bytecode, constants with the handle, names, line table; docstring,
+name, module, defaults); they work; a corrupt file, or one of another library, is
+generated over; job_env puts the memo on the roles' ``PYTHONPATH``.
 
 Tolerance: none.
 """
 import json
+import marshal
 import os
 import subprocess
 import sys
 
 from support.jobs import REPO, SITE, job_env
 
-#: Imports MXNet with the memo at argv[1]; compares every cached code object with MXNet's
-#: own source compiled, and prints the counts as JSON.
+#: Imports MXNet with the memo at argv[1]; compares every function it makes with MXNet's
+#: own maker's, and prints the counts as JSON.
 CHECK = '''
 import json, sys
 sys.path.insert(0, %r)
 import mxnet_code_cache as memo
 
 class Checked(memo.CodeCache):
-    def compile(self, source):
-        code = super().compile(source)
-        if code != compile(source, '<string>', 'exec'):
-            self.differ.append(source.split('(', 1)[0])
-        return code
+    def make(self, maker, handle, op_name, func_name):
+        got = super().make(maker, handle, op_name, func_name)
+        want = maker(handle, op_name, func_name)
+        got_, want_ = ((f.__code__, f.__doc__, f.__name__, f.__module__, f.__defaults__,
+                        f.__kwdefaults__) for f in (got, want))
+        if got_ != want_:
+            self.differ.append(op_name)
+        return got
 
 cache = Checked(sys.argv[1])
 cache.differ = []
@@ -50,7 +55,7 @@ def _import(path):
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def test_second_import_compiles_nothing_and_gets_the_same_code(tmp_path):
+def test_second_import_generates_nothing_and_gets_the_same_functions(tmp_path):
     path = tmp_path / 'ops.marshal'
     first = _import(path)
     assert first['hits'] == 0 and first['misses'] > 2000 and first['differ'] == []
@@ -65,6 +70,15 @@ def test_corrupt_file_is_compiled_over(tmp_path):
     first = _import(path)
     assert first['hits'] == 0 and first['misses'] > 2000
     assert _import(path)['misses'] == 0
+
+
+def test_file_of_another_library_is_generated_over(tmp_path):
+    path = tmp_path / 'ops.marshal'
+    count = _import(path)['misses']
+    fingerprint, entries = marshal.loads(path.read_bytes())
+    changed = ((fingerprint[0][0], fingerprint[0][1] + 1, fingerprint[0][2]),) + fingerprint[1:]
+    path.write_bytes(marshal.dumps((changed, entries)))
+    assert _import(path) == {'hits': 0, 'misses': count, 'differ': []}
 
 
 def test_job_roles_get_the_memo():
