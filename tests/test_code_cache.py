@@ -6,7 +6,9 @@ import generates every function and writes the file, a second generates none; in
 every function equals the one MXNet's own maker returns for the same operator in the same
 process (code object: bytecode, constants with the handle, names, line table; docstring,
 name, module, defaults); they work; a corrupt file, or one of another library, is
-generated over; job_env puts the memo on the roles' ``PYTHONPATH``.
+generated over; job_env puts the memo on the roles' ``PYTHONPATH``. And lazy_modules.py:
+in a job role's Python, ``import mxnet`` leaves ``requests`` unrun, and its first use runs it
+into the module object MXNet holds.
 
 Tolerance: none.
 """
@@ -85,3 +87,26 @@ def test_job_roles_get_the_memo():
     paths = job_env()['PYTHONPATH'].split(os.pathsep)
     assert paths[:2] == [REPO, SITE] and paths.count(SITE) == 1
     assert os.path.exists(os.path.join(SITE, 'sitecustomize.py'))
+
+
+LAZY_CHECK = '''
+import json, sys
+import mxnet as mx
+before = {'deferred': type(sys.modules['requests']).__name__, 'urllib3': 'urllib3' in sys.modules}
+import requests
+get = requests.get                      # the first use
+from importlib.metadata import version
+print(json.dumps({'before': before, 'urllib3': 'urllib3' in sys.modules,
+                  'same': requests is mx.gluon.utils.requests is sys.modules['requests'],
+                  'type': type(requests).__name__, 'get': get.__module__,
+                  'version': requests.__version__ == version('requests')}))
+'''
+
+
+def test_requests_runs_at_its_first_use_in_the_same_module():
+    result = subprocess.run([sys.executable, '-c', LAZY_CHECK], env=job_env(),
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        'before': {'deferred': '_Deferred', 'urllib3': False}, 'urllib3': True, 'same': True,
+        'type': 'module', 'get': 'requests.api', 'version': True}
