@@ -201,9 +201,9 @@ def run_scheduler():
     that runs the rendezvous until every node has finished, then finalises ps-lite. The same
     calls are made here through ctypes on the library that ``import mxnet`` would load
     (``mxnet/libinfo.py``'s ``find_lib_path``), after the version check and mxdelay's MXNet
-    defaults: the scheduler then costs 0.1 s of CPU instead of the 1 s that importing MXNet's
-    Python package takes (a scheduler never receives a command, so its controller does
-    nothing).
+    defaults: the scheduler then costs 0.15 s of CPU instead of the 1 s that importing
+    MXNet's Python package takes (a scheduler never receives a command, so its controller
+    does nothing).
 
     Raises
     ------
