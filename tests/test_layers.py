@@ -7,7 +7,8 @@
 - the launcher and ``mxdelay-run`` never load MXNet nor change their own environment;
 - a worker script that never imports mxdelay, run under ``mxdelay-run``, gets mxdelay's store
   for ``'dist_delay'``, with ``sys.argv``, ``__main__``, its PID and exit code untouched;
-- a server process becomes mxdelay's server whichever public module it imports first;
+- a server process becomes mxdelay's server whichever public module it imports first, and
+  the scheduler runs MXNet's library without MXNet's Python package;
 - an uncaught exception in a worker still runs the other atexit handlers and ends the job.
 """
 import ast
@@ -19,7 +20,8 @@ import textwrap
 
 import pytest
 
-from support.jobs import REPO, PidFile, assert_ok, python_command, run_job, worker_lines
+from support.jobs import (REPO, PidFile, assert_ok, python_command, role_lines, run_job,
+                          worker_lines)
 
 PACKAGES = ('kvstore_ext', 'mxdelay')
 BIN = os.path.dirname(sys.executable)
@@ -225,9 +227,14 @@ def test_dist_delay_under_mxdelay_run_is_mxdelays_store_in_a_script_without_mxde
 
 
 # A worker of the import-order jobs: the role dispatch happens at the first import of any
-# public module; the hand-shake proves the servers are mxdelay's.
+# public module; the hand-shake proves the servers are mxdelay's. The scheduler reports at
+# exit that it ran MXNet's library without MXNet's Python package.
 ORDER_SCRIPT = '''
-import sys
+import atexit, os, sys
+if os.environ['DMLC_ROLE'] == 'scheduler':
+    atexit.register(lambda: print('scheduler: package %%s, library %%s' %% (
+        any(m.split('.')[0] == 'mxnet' for m in sys.modules),
+        'libmxnet' in open('/proc/self/maps').read())))
 import %s
 import mxnet as mx
 from mxnet import nd
@@ -250,6 +257,7 @@ def test_a_server_becomes_mxdelays_whatever_module_it_imports_first(tmp_path, fi
     assert_ok(result)
     for rank in (0, 1):
         assert worker_lines(result.stdout, rank) == ['sum [3.0, 3.0] servers [0, 1]']
+    assert role_lines(result.stdout, 'scheduler') == ['scheduler: package False, library True']
     for server in (0, 1):
         assert any("mxdelay server starting" in line
                    for line in result.stderr.splitlines() if line.startswith('[server %d]' % server))
