@@ -8,12 +8,18 @@ a pull with a codec (docs/design.md §8), in one process with mxdelay's real ser
   the slot buffer (MXNet's engine would serialise pushpulls that write one array).
 - With float16 pushes (pulls read other keys) and 2bit (MXNet refuses ``pushpull`` with its
   compression) ``pushpull`` is a push and a pull.
+- MXNet's server never answers a plain push in a round that has a pushpull, so every key
+  of a round goes as the round is flagged on the finish counter, whatever the call, and a
+  worker that votes fills the round as the workers with data send it (docs/design.md §5).
 """
+import types
+
 import numpy as np
 import pytest
 import mxnet as mx
 from mxnet import nd
 
+from kvstore_ext.finish import FinishCounter, counter_size
 from support.native import delay_store, events, server_weights
 
 SHAPE = (7, 6)        # 42 elements: 3 chunks of at most 16, over two servers
@@ -130,3 +136,31 @@ def test_every_key_of_a_round_goes_as_the_round_is_flagged():
         for key, out in enumerate(outs):
             if ('pushpull', key) in calls:   # the weights after this round
                 np.testing.assert_array_equal(out.asnumpy(), server_weights(flagged, key))
+
+
+class _Sums(object):
+    """A finish counter's data path whose pull brings the round's sums given."""
+
+    def __init__(self, sums):
+        self.sums = sums
+
+    def push(self, tensor, arrays, priority):
+        pass
+
+    def pull(self, tensor, outs, priority):
+        outs[0][:] = nd.array(self.sums)
+
+
+@pytest.mark.parametrize('exchanged,expected', [(0, False), (2, True), (1, None)])
+def test_a_vote_fills_the_round_as_the_workers_with_data_send_it(exchanged, expected):
+    # 3 workers, this one votes; the other 2 have data and flagged (0, 0, exchanged): the
+    # vote's round is sent as pushpulls if they exchange it. One pushpull and one push
+    # among them cannot complete (MXNet leaves the push unanswered): an error, not a hang.
+    counter = FinishCounter(types.SimpleNamespace(size=counter_size(2)),
+                            _Sums([1, 1, exchanged, 3, 0]), num_workers=3)
+    if expected is None:
+        with pytest.raises(RuntimeError, match='1 of the 2 workers with data sent pushpulls'):
+            counter.vote(leaving=True)
+        return
+    assert counter.vote(leaving=True) is False
+    assert counter.exchanged is expected
