@@ -27,6 +27,7 @@ import math
 import mxnet as mx
 
 from . import sparse
+from .finish import HEAD
 
 __all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD', 'OptimizerStep',
            'ScaleSum', 'SkipNonFinite', 'COUNTER', 'AUX', 'CODEC_SETTINGS', 'check_codec',
@@ -248,15 +249,16 @@ def store_counter(total, counter, out=None):
     """Store round sum `total` of the finish counter, whose value was `counter` (numpy-sized),
     into `out` (default: `counter`).
 
-    Elements 0 and 1 take the round's sums (the finish votes, docs/design.md §5). The rest
-    is a ring of the last R rounds' overflow marks (docs/design.md §11): in round t every
-    worker pushes 1, plus 1 if its gradients overflowed, at element ``2 + t mod R`` and 0
-    elsewhere, so the element that is not 0 is round t's and the others keep older rounds.
+    Elements 0 to 2 take the round's sums (the finish votes and the workers that sent
+    pushpulls, docs/design.md §5). The rest is a ring of the last R rounds' overflow marks
+    (docs/design.md §11): in round t every worker pushes 1, plus 1 if its gradients
+    overflowed, at element ``3 + t mod R`` and 0 elsewhere, so the element that is not 0 is
+    round t's and the others keep older rounds.
     """
     values = total.asnumpy()
     ring = counter.asnumpy()
     marked = values != 0
-    marked[:2] = True
+    marked[:HEAD] = True
     ring[marked] = values[marked]
     mx.nd.array(ring, dtype=ring.dtype).copyto(counter if out is None else out)
 

@@ -49,6 +49,8 @@ class AuxKeys(DenseKeys):
     def __init__(self, native, slots):
         # No codec: pushed in their own dtype, placed without pull keys, no residual.
         super(AuxKeys, self).__init__(native, slots, compression.NONE)
+        # Averaged by a push and a pull of their own (average), never in a training round.
+        self.exchanges = False
 
     def server_settings(self):
         """``{'aux': True}``: the servers keep the sum of each round."""

@@ -26,9 +26,9 @@ class KeyKind(object):
     ``init_entries(tensor, value)``, ``after_init(tensors)``, ``server_settings()``,
     ``push(tensor, grads, priority, factor=None, finite=None)``, ``pull(tensor, outs,
     priority, ignore_sparse=True)``, ``row_sparse_pull(tensor, outs, row_ids, priority)``,
-    ``send_buffer(tensor)`` and ``element_range(tensor, chunk)``; and ``push_pull(tensor,
-    grads, outs, priority, factor=None, finite=None)``, a push and a pull of one round
-    (here: the push, then the pull).
+    ``send_buffer(tensor)`` and ``element_range(tensor, chunk)``. Where :attr:`exchanges`,
+    also ``exchange(tensor, grads, outs, priority, factor=None, finite=None)``: the push and
+    the pull of one round in one request (:class:`DenseKeys`).
 
     Parameters
     ----------
@@ -43,6 +43,8 @@ class KeyKind(object):
     #: Whether the keys' rounds are the job's training rounds (flagged on the finish counter,
     #: padded at exit); not for aux keys (:class:`kvstore_ext.aux_states.AuxKeys`).
     trained = True
+    #: Whether rounds of these keys can go as one native ``pushpull`` (``exchange``).
+    exchanges = False
 
     def __init__(self, native, slots, codec):
         self._native = native
@@ -53,26 +55,20 @@ class KeyKind(object):
         """Drop the native store (the worker leaves the job)."""
         self._native = None
 
-    def push_pull(self, tensor, grads, outs, priority, factor=None, finite=None):
-        """Push round ``tensor.next_round`` of `tensor` (as :meth:`push`), then pull the
-        weights after it into `outs`."""
-        self.push(tensor, grads, priority, factor, finite)
-        self.pull(tensor, outs, priority)
-
 
 class DenseKeys(KeyKind):
     """The data path of dense keys whose pulls read the slot keys.
 
-    :meth:`exchange` sends each chunk's round and receives its new weights in one native
-    request (MXNet's ``pushpull``); it is not chosen yet (see ``__init__``): :meth:`push_pull`
-    is a push and a pull.
+    Without compression, :meth:`exchange` sends each chunk's round and receives its new
+    weights in one native request (MXNet's ``pushpull``): :attr:`exchanges`, chosen once,
+    here. With a codec a round is a push and a pull (MXNet refuses ``pushpull`` with its
+    compression, and float16 pushes are pulled from other keys). Which rounds go as
+    exchanges, on every worker alike, :class:`kvstore_ext.dist_delay.DistDelay` decides.
     """
 
     def __init__(self, native, slots, codec):
         super(DenseKeys, self).__init__(native, slots, codec)
-        # exchange() is not used yet: with uneven data (join, or a stock script that ends
-        # first) its jobs hang (tests/test_uneven_data.py), cause not found (docs/design.md
-        # §8). Until then push_pull is a push and a pull, as before 0f081a0.
+        self.exchanges = codec.type_name is None
 
     # -- init ----------------------------------------------------------------------------
     def place(self, placement, key, value):

@@ -132,6 +132,9 @@ class DistDelay(KVStoreBase):
         # Compressed pulls (set_pull_compression, docs/design.md §2.12): the codec, or None.
         self._pull_codec = None
         self._finite = {}          # {round: its all-finite flag} (set_finite_flag)
+        # Whether this worker's last push or pushpull of a key that can be exchanged was a
+        # pushpull: how a round whose first key cannot be exchanged is flagged (_next_round).
+        self._asked_exchange = False
 
     # -- configuration and hand-shake ------------------------------------------------------
     def configure(self, slack=None, chunk_size=None, state_keys=None):
@@ -537,12 +540,15 @@ class DistDelay(KVStoreBase):
         """
         keys, values = self._checked_lists(key, value, 'value', priority)
         for k, v in zip(keys, values):
-            tensor, finite = self._next_round(k)
-            tensor.kind.push(tensor, _listed(v), priority, self._gradient_factor(), finite)
+            tensor, finite = self._next_round(k, False)
+            self._send(tensor, _listed(v), None, priority, self._gradient_factor(), finite)
 
-    def _next_round(self, key):
+    def _next_round(self, key, exchange):
         """`key`'s tensor and the all-finite flag of its next round, flagged on the finish
         counter ("this worker has data", once per round) before the round's first push.
+        `exchange`: whether the caller asks for a pushpull (:meth:`pushpull`), which flags
+        the round as exchanged if this is its first key, and any later round whose first key
+        cannot be exchanged (row_sparse, or with a codec).
 
         Raises
         ------
@@ -554,10 +560,31 @@ class DistDelay(KVStoreBase):
             raise ValueError('key %r holds aux states (a Parameter with differentiable=False, '
                              'e.g. BatchNorm\'s running mean), which are averaged, not pushed: '
                              'use average(), or trainer.sync_weights(aux_states=True)' % (key,))
+        if tensor.kind.exchanges:
+            self._asked_exchange = exchange
         finite = self._finite.get(tensor.next_round)
         if self._finish is not None:
-            self._finish.flag_round(tensor.next_round, finite)
+            self._finish.flag_round(tensor.next_round, finite, self._asked_exchange)
         return tensor, finite
+
+    def _send(self, tensor, grads, outs, priority, factor=None, finite=None):
+        """Send round ``tensor.next_round`` of `tensor` (the sum of `grads`, times `factor`,
+        divided by `finite`) and, if `outs` is given, pull the weights after it into `outs`.
+
+        MXNet's server answers only the pushpulls of a round that has one and leaves its
+        plain pushes unanswered for ever (``ApplyUpdates`` of kvstore_dist_server.h), so
+        every worker sends a round alike, as this worker's round is flagged
+        (:attr:`FinishCounter.exchanged`, also after a vote, docs/design.md §5): keys that
+        can be exchanged go as one pushpull per chunk (without `outs` into an array of the
+        tensor's own, whose weights nobody reads) or else as a push and a pull.
+        """
+        if tensor.kind.exchanges and self._finish.exchanged:
+            tensor.kind.exchange(tensor, grads, outs or [tensor.unread()], priority, factor,
+                                 finite)
+            return
+        tensor.kind.push(tensor, grads, priority, factor, finite)
+        if outs is not None:
+            tensor.kind.pull(tensor, outs, priority)
 
     def set_finite_flag(self, flag):
         """Mark this worker's next round with its all-finite flag (AMP, docs/design.md §11).
@@ -767,9 +794,8 @@ class DistDelay(KVStoreBase):
         _, outs = self._checked_lists(key, out, 'out', priority)  # before the push is issued
         keys, values = self._checked_lists(key, value, 'value', priority)
         for k, v, o in zip(keys, values, outs):
-            tensor, finite = self._next_round(k)
-            tensor.kind.push_pull(tensor, _listed(v), _listed(o), priority,
-                                  self._gradient_factor(), finite)
+            tensor, finite = self._next_round(k, True)
+            self._send(tensor, _listed(v), _listed(o), priority, self._gradient_factor(), finite)
 
     def _checked_lists(self, key, value, name, priority):
         """:func:`kvstore_ext.arguments.as_lists`, and each value's size against its
@@ -872,7 +898,8 @@ class DistDelay(KVStoreBase):
                 # a tensor pushed in every round so far gets this round too
                 if tensor.kind.trained and \
                         tensor.next_round == self._finish.flagged_rounds - 1:
-                    tensor.kind.push(tensor, [tensor.zeros()], 0)
+                    # as the workers with data send the round (_send)
+                    self._send(tensor, [tensor.zeros()], None, 0)
             padded += 1
         if padded:
             _LOG.info('dist_delay: worker %d had no data for the last %d rounds of the other '

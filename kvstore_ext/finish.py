@@ -1,15 +1,23 @@
-"""The finish counter: how workers with uneven data agree on the round where all stop, and
-how they learn which rounds overflowed (AMP).
+"""The finish counter: how workers with uneven data agree on the round where all stop, how
+a worker without data sends the same requests as the others, and how they learn which rounds
+overflowed (AMP).
 
-A key of ``2 + R`` elements (R slots) that every worker pushes once per round: ``(0, 0)``
-with its first push of a round while it has data, ``(1, leaving)`` once it has none
-(``leaving`` when its script is ending). The server stores each round's sum of these two
-instead of applying an optimizer. Rounds are exact, so every worker reads the same sums,
-and all workers that vote stop at the first round in which every worker has finished; that
-round is never pushed (docs/design.md §5).
+A key of ``3 + R`` elements (R slots) that every worker pushes once per round: ``(0, 0,
+exchanged)`` with its first push of a round while it has data, ``(1, leaving, 0)`` once it has
+none (``leaving`` when its script is ending). The server stores each round's sum of these
+three instead of applying an optimizer. Rounds are exact, so every worker reads the same
+sums, and all workers that vote stop at the first round in which every worker has finished;
+that round is never pushed (docs/design.md §5).
+
+``exchanged`` is 1 if the worker sends its round's dense keys as pushpulls (one request with
+the push and the pull, kvstore_ext.dense.DenseKeys.exchange). MXNet's server answers only the
+pushpulls of a round that has one, and never acknowledges a plain push in it: a worker that
+fills a round without data sends pushpulls exactly if the workers with data did (its vote
+reads their sum, :attr:`FinishCounter.exchanged`), and a worker with data sends all of its
+round's dense keys the way its flag said.
 
 The other R elements are a ring of overflow marks (docs/design.md §11): in round t a worker
-pushes ``1 + overflowed`` at element ``2 + t mod R`` (``overflowed`` is 1 if its gradients
+pushes ``1 + overflowed`` at element ``3 + t mod R`` (``overflowed`` is 1 if its gradients
 were not all finite, 0 otherwise and in a vote), and the server keeps, per element, the last
 round that marked it (:func:`kvstore_ext.rounds.store_counter`). One pull after round t
 then tells how many workers overflowed in each of the rounds t - R + 1 .. t.
@@ -19,15 +27,17 @@ threshold t, which the wire carries exactly), and the sums are read back in that
 import numpy as np
 from mxnet import nd
 
-__all__ = ['FinishCounter', 'FLAG_PRIORITY', 'counter_size']
+__all__ = ['FinishCounter', 'FLAG_PRIORITY', 'HEAD', 'counter_size']
 
 #: The flag needs no gradient: let it go first.
 FLAG_PRIORITY = 1 << 20
+#: Elements before the ring of overflow marks: the sums of (finished, leaving, exchanged).
+HEAD = 3
 
 
 def counter_size(slots):
     """Elements of the finish counter of a store with `slots` slots per chunk."""
-    return 2 + slots
+    return HEAD + slots
 
 
 class FinishCounter(object):
@@ -51,36 +61,46 @@ class FinishCounter(object):
         self._data_path = data_path
         self._num_workers = num_workers
         self._unit = unit
-        self._slots = tensor.size - 2
-        # (votes, ring position) -> the array pushed: the votes, and 1 at the round's mark,
-        # in units of `unit`.
-        self._flags = {}
-        for votes in ((0, 0), (1, 0), (1, 1)):
-            for position in range(self._slots):
-                flag = np.zeros(tensor.size, dtype=np.float32)
-                flag[:2] = votes
-                flag[2 + position] = 1
-                self._flags[(votes, position)] = nd.array(flag * np.float32(unit))
+        self._slots = tensor.size - HEAD
+        # (head, ring position) -> the array pushed: the head (finished, leaving,
+        # exchanged), and 1 at the round's mark, in units of `unit`; the mark alone, for
+        # the overflow of AMP.
+        self._flags, self._marks_alone = {}, []
+        for position in range(self._slots):
+            mark = np.zeros(tensor.size, dtype=np.float32)
+            mark[HEAD + position] = 1
+            self._marks_alone.append(nd.array(mark * np.float32(unit)))
+            for head in ((0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 1, 0)):
+                flag = mark.copy()
+                flag[:HEAD] = head
+                self._flags[(head, position)] = nd.array(flag * np.float32(unit))
         self._counts = nd.zeros(tensor.size)   # receives a round's sums of the flags
         self._marks = nd.zeros(tensor.size)    # receives the ring of overflow marks
         self.flagged_rounds = 0        # rounds before this carry this worker's flag
         self.all_finished = False      # the last vote found every worker finished; no push since
         self.workers_left = 0          # workers that ended their script at that vote
+        # Whether this worker's current round (flagged_rounds - 1) sends its dense keys as
+        # pushpulls: as its flag said, or after a vote as the workers with data do.
+        self.exchanged = False
 
-    def flag_round(self, round_index, finite=None):
+    def flag_round(self, round_index, finite=None, exchanged=False):
         """Before the first push of round `round_index`: flag it "this worker has data" (once
         per round). `finite`: this worker's all-finite flag of the round (a one-element
-        NDArray, 1 or 0), or None (finite)."""
+        NDArray, 1 or 0), or None (finite). `exchanged`: whether this worker sends the
+        round's dense keys as pushpulls (then :attr:`exchanged` for the whole round)."""
         if round_index < self.flagged_rounds:
             return
         self.check_no_worker_left()
-        flag = self._flags[((0, 0), round_index % self._slots)]
+        position = round_index % self._slots
+        flag = self._flags[((0, 0, int(exchanged)), position)]
         if finite is not None:
             # 1 + overflowed at the mark, in MXNet's engine: no wait for the gradients here.
-            flag = nd.broadcast_mul(flag, 2 - finite.as_in_context(flag.context))
+            flag = flag + nd.broadcast_mul(self._marks_alone[position],
+                                           1 - finite.as_in_context(flag.context))
         self._data_path.push(self.tensor, [flag], FLAG_PRIORITY)
         self.flagged_rounds = round_index + 1
         self.all_finished = False
+        self.exchanged = bool(exchanged)
 
     def vote(self, leaving=False):
         """Vote that this worker has no data for its next round; wait for every worker's vote.
@@ -89,18 +109,29 @@ class FinishCounter(object):
         -------
         bool
             True if every worker has finished in this round (no round is pushed); False if
-            some worker still has data: the caller must push this round (zero gradients)
-            and vote again.
+            some worker still has data: the caller must push this round (zero gradients),
+            as pushpulls if :attr:`exchanged` (the workers with data send pushpulls), and
+            vote again.
         """
         self.check_no_worker_left()
-        votes = (1, int(bool(leaving)))
-        self._data_path.push(self.tensor, [self._flags[(votes, self.flagged_rounds %
-                                                                self._slots)]], FLAG_PRIORITY)
+        head = (1, int(bool(leaving)), 0)
+        self._data_path.push(self.tensor, [self._flags[(head, self.flagged_rounds %
+                                                               self._slots)]], FLAG_PRIORITY)
         self._data_path.pull(self.tensor, [self._counts], FLAG_PRIORITY)
         # A sum of at most N units: its float32 rounding is far below half a unit.
-        finished, left = (int(round(c / self._unit)) for c in self._counts.asnumpy()[:2])
+        finished, left, exchanged = (int(round(c / self._unit))
+                                     for c in self._counts.asnumpy()[:HEAD])
         if finished < self._num_workers:
             self.flagged_rounds += 1
+            if 0 < exchanged < self._num_workers - finished:
+                # Their own requests already mix pushpulls and pushes: MXNet's server leaves
+                # the pushes of the round unanswered, whatever this worker sends.
+                raise RuntimeError(
+                    'in round %d, %d of the %d workers with data sent pushpulls and the others '
+                    'pushes: the round cannot complete. Every worker must call the same '
+                    'kvstore methods in a round (pushpull, or push and pull)'
+                    % (self.flagged_rounds - 1, exchanged, self._num_workers - finished))
+            self.exchanged = exchanged > 0
             return False
         self.all_finished = True
         if not leaving:
@@ -116,7 +147,7 @@ class FinishCounter(object):
         """The number of workers whose gradients overflowed in each of `rounds` (at most R
         back from the round of the last :meth:`pull_marks`); waits for that pull."""
         marks = self._marks.asnumpy()
-        return [int(round(marks[2 + r % self._slots] / self._unit)) - self._num_workers
+        return [int(round(marks[HEAD + r % self._slots] / self._unit)) - self._num_workers
                 for r in rounds]
 
     def check_no_worker_left(self):

@@ -174,7 +174,7 @@ class Tensor(object):
     __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
                  'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
                  'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind',
-                 'model', 'payloads', 'model_round', 'model_pending', 'exchange')
+                 'model', 'payloads', 'model_round', 'model_pending', 'exchange', 'unread_out')
 
     def __init__(self, key, shape, dtype, chunks, wire=None):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
@@ -182,7 +182,7 @@ class Tensor(object):
         self.size = num_elements(shape)
         self.next_round = 0
         self.last_pulled = -1
-        self.buffers = self.chunk_views = self.heads = self.zero = None
+        self.buffers = self.chunk_views = self.heads = self.zero = self.unread_out = None
         self.pull_buffers = self.pull_heads = None
         # Send/receive buffers of chunks 1.. for kvstore_ext.dense.DenseKeys.exchange.
         self.exchange = None
@@ -217,6 +217,13 @@ class Tensor(object):
         if self.zero is None:
             self.zero = nd.zeros(self.shape, dtype=self.dtype)
         return self.zero
+
+    def unread(self):
+        """An array of the tensor's shape (made once) that receives weights nobody reads:
+        the answers of pushpulls sent only because the other workers send the round so."""
+        if self.unread_out is None:
+            self.unread_out = nd.zeros(self.shape, dtype=self.dtype)
+        return self.unread_out
 
     def views_of(self, array, name='value'):
         """Chunk views of a user array (cached: Gluon passes the same arrays every step).

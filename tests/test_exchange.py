@@ -8,13 +8,19 @@ a pull with a codec (docs/design.md §8), in one process with mxdelay's real ser
   the slot buffer (MXNet's engine would serialise pushpulls that write one array).
 - With float16 pushes (pulls read other keys) and 2bit (MXNet refuses ``pushpull`` with its
   compression) ``pushpull`` is a push and a pull.
+- MXNet's server never answers a plain push in a round that has a pushpull, so every key
+  of a round goes as the round is flagged on the finish counter, whatever the call, and a
+  worker that votes fills the round as the workers with data send it (docs/design.md §5).
 """
+import types
+
 import numpy as np
 import pytest
 import mxnet as mx
 from mxnet import nd
 
-from support.native import delay_store, server_weights
+from kvstore_ext.finish import FinishCounter, counter_size
+from support.native import delay_store, events, server_weights
 
 SHAPE = (7, 6)        # 42 elements: 3 chunks of at most 16, over two servers
 CHUNK = 16
@@ -29,15 +35,13 @@ def _store(compression=None):
     return store
 
 
-def test_exchange_is_one_request_per_chunk_with_the_weights_of_push_and_pull():
+def test_pushpull_is_one_request_per_chunk_with_the_weights_of_push_and_pull():
     rs = np.random.RandomState(3)
     init = rs.randn(*SHAPE).astype(np.float32)
     exchanged, separate = _store(), _store()
     for store in (exchanged, separate):
         store.init(0, nd.array(init))
     tensor = exchanged._tensors[0]
-    # DenseKeys does not choose exchange() yet (it hangs with uneven data): chosen here.
-    tensor.kind.push_pull = tensor.kind.exchange
     assert len(tensor.chunks) == 3 and len({c.server for c in tensor.chunks}) == 2
     out_a, out_b = nd.zeros(SHAPE), nd.zeros(SHAPE)
     # pushpull, pushpull, push, push, pushpull: rounds without a pull in between included
@@ -83,3 +87,80 @@ def test_with_a_codec_pushpull_is_a_push_and_a_pull(compression):
     assert 'pushpull' not in ops and 'push' in ops and ops[-1] == 'pull'
     assert store._tensors[0].exchange is None
     np.testing.assert_array_equal(out.asnumpy(), server_weights(store, 0).astype(np.float32))
+
+
+def _counter_heads(store):
+    """The finish counter's (finished, leaving, exchanged) sums as its server holds them."""
+    chunk, = store._finish.tensor.chunks
+    return list(store._native.servers[chunk.server].weight(chunk.chunk_id).asnumpy()[:3])
+
+
+def test_every_key_of_a_round_goes_as_the_round_is_flagged():
+    # MXNet's server answers only the pushpulls of a round that has one and never
+    # acknowledges its plain pushes: all workers must send a round alike. A worker's flag
+    # says how it sends its round (the counter's third element: a worker that fills rounds
+    # without data reads it, test_uneven_data), and every key that can be exchanged then
+    # goes so: as its first key asks, or, if that is row_sparse, as the last dense key did.
+    rs = np.random.RandomState(5)
+    shapes = [SHAPE, (3,), (4, 2)]
+    inits = [rs.randn(*shape).astype(np.float32) for shape in shapes]
+    flagged, separate = _store(), _store()
+    for store in (flagged, separate):
+        store.init([0, 1, 2], [nd.array(inits[0]), nd.array(inits[1]),
+                               nd.array(inits[2]).tostype('row_sparse')])
+    outs = [nd.zeros(SHAPE), nd.zeros((3,))]
+    rounds = [  # (calls in order, what keys 0 and 1 then send, the counter's exchanged)
+        ([('pushpull', 0), ('push', 1), ('push', 2)], 'pushpull', 1),
+        ([('push', 0), ('pushpull', 1), ('push', 2)], 'push', 0),
+        ([('push', 2), ('pushpull', 0), ('pushpull', 1)], 'pushpull', 1),   # as key 1 last
+        ([('push', 2), ('push', 0), ('push', 1)], 'pushpull', 1),           # as key 1 last
+        ([('push', 2), ('push', 0), ('pushpull', 1)], 'push', 0),
+    ]
+    for rnd, (calls, sent, exchanged) in enumerate(rounds):
+        before = len(events(flagged))
+        for op, key in calls:
+            grad = nd.array(rs.randn(*shapes[key]).astype(np.float32))
+            if key == 2:
+                grad = grad.tostype('row_sparse')
+            if op == 'pushpull':
+                flagged.pushpull(key, grad, out=outs[key])
+            else:
+                flagged.push(key, grad)
+            separate.push(key, grad)
+        new = [(op, key) for op, key in events(flagged)[before:] if key in (0, 1)]
+        assert sorted(set(op for op, _ in new) - {'pull'}) == [sent], (rnd, new)
+        assert _counter_heads(flagged) == [0, 0, exchanged], rnd
+        for key in (0, 1, 2):
+            np.testing.assert_array_equal(server_weights(flagged, key),
+                                          server_weights(separate, key), err_msg=str(rnd))
+        for key, out in enumerate(outs):
+            if ('pushpull', key) in calls:   # the weights after this round
+                np.testing.assert_array_equal(out.asnumpy(), server_weights(flagged, key))
+
+
+class _Sums(object):
+    """A finish counter's data path whose pull brings the round's sums given."""
+
+    def __init__(self, sums):
+        self.sums = sums
+
+    def push(self, tensor, arrays, priority):
+        pass
+
+    def pull(self, tensor, outs, priority):
+        outs[0][:] = nd.array(self.sums)
+
+
+@pytest.mark.parametrize('exchanged,expected', [(0, False), (2, True), (1, None)])
+def test_a_vote_fills_the_round_as_the_workers_with_data_send_it(exchanged, expected):
+    # 3 workers, this one votes; the other 2 have data and flagged (0, 0, exchanged): the
+    # vote's round is sent as pushpulls if they exchange it. One pushpull and one push
+    # among them cannot complete (MXNet leaves the push unanswered): an error, not a hang.
+    counter = FinishCounter(types.SimpleNamespace(size=counter_size(2)),
+                            _Sums([1, 1, exchanged, 3, 0]), num_workers=3)
+    if expected is None:
+        with pytest.raises(RuntimeError, match='1 of the 2 workers with data sent pushpulls'):
+            counter.vote(leaving=True)
+        return
+    assert counter.vote(leaving=True) is False
+    assert counter.exchanged is expected

@@ -62,12 +62,12 @@ def test_round_keeper_without_amp_applies_a_non_finite_round_as_stock():
 
 
 def test_counter_keeps_vote_sums_and_a_ring_of_marks():
-    counter = nd.zeros(2 + 3)
-    store_counter(nd.array([1, 0, 0, 2 + 1, 0]), counter)     # round 1 of N = 2: one overflow
-    store_counter(nd.array([0, 0, 0, 0, 2]), counter)         # round 2: none
-    np.testing.assert_array_equal(counter.asnumpy(), [0, 0, 0, 3, 2])
-    store_counter(nd.array([2, 1, 2, 0, 0]), counter)         # round 3 (= 0 mod 3)
-    np.testing.assert_array_equal(counter.asnumpy(), [2, 1, 2, 3, 2])
+    counter = nd.zeros(3 + 3)
+    store_counter(nd.array([1, 0, 1, 0, 2 + 1, 0]), counter)  # round 1 of N = 2: one overflow
+    store_counter(nd.array([0, 0, 0, 0, 0, 2]), counter)      # round 2: none
+    np.testing.assert_array_equal(counter.asnumpy(), [0, 0, 0, 0, 3, 2])
+    store_counter(nd.array([2, 1, 0, 2, 0, 0]), counter)      # round 3 (= 0 mod 3)
+    np.testing.assert_array_equal(counter.asnumpy(), [2, 1, 0, 2, 3, 2])
 
 
 def _gluon_sequence(flags, window):

@@ -397,17 +397,22 @@ def test_pushes_every_step_and_pulls_on_schedule(delay, warmup_steps):
         if ('init', 0) in step_events:
             # Gluon's first step initialises the store: its broadcast (init, pull) comes
             # before the step's pushes and is not the step's pull.
-            step_events = step_events[[op for op, _ in step_events].index('push'):]
-        pushed = [k for op, k in step_events if op == 'push']
-        pulls = [k for op, k in step_events if op == 'pull']
+            ops = [op for op, _ in step_events]
+            step_events = step_events[min(ops.index(op) for op in ('push', 'pushpull')
+                                          if op in ops):]
+        pushed = [k for op, k in step_events if op in ('push', 'pushpull')]
+        pulls = [k for op, k in step_events if op in ('pull', 'pushpull')]
         assert sorted(pushed) == list(range(len(NAMES))), step      # every key, every step
         synchronous = step <= warmup_steps
         t0 = warmup_steps + 1
         issues = step >= t0 and (step - t0) % delay == delay - 1
         want = list(range(len(NAMES))) if synchronous or issues else []
         assert sorted(pulls) == want, step
-        # the step's pull is queued after its push (the pull must return W_{t+1})
-        for key in pulls:
+        # A synchronous step pulls with the push's own request (one pushpull per chunk);
+        # a delayed one queues its pull after its push (the pull must return W_{t+1}).
+        assert [op for op, _ in step_events if op in ('push', 'pushpull')] == \
+            ['pushpull' if synchronous else 'push'] * len(pushed), step
+        for key in pulls if not synchronous else ():
             assert step_events.index(('push', key)) < step_events.index(('pull', key))
     assert trainer.schedule.step == steps
 
