@@ -14,6 +14,7 @@ What it does is what MXNet's native store does in sync mode (``kvstore_dist.h``,
   a slot after that slot's push, and mxdelay's stores order it after every earlier round,
   docs/design.md §2.4; waiting for all of them is the same for pulls issued after a round's
   pushes, as the trainers issue them), then returns the stored value;
+- a pushpull is a push and then a pull;
 - ``_barrier`` is a barrier of all workers; commands run the servers' controllers.
 
 Every call holds one lock (the servers' code is not thread-safe); a waiting call releases
@@ -147,6 +148,15 @@ class _Worker(object):
 
     def pull(self, keys, out=None, priority=0, ignore_sparse=True):
         keys, outs = _pairs(keys, out)
+        self._job.pull(self.rank, keys, outs)
+
+    def pushpull(self, keys, values, out=None, priority=0):
+        # MXNet's answers the push with the key's value once its round is applied: here the
+        # push, then a pull (which waits for this worker's rounds, as DistDelay's exchange
+        # orders its pushpull after them).
+        keys, values = _pairs(keys, values)
+        _, outs = _pairs(keys, out)
+        self._job.push(self.rank, keys, values)
         self._job.pull(self.rank, keys, outs)
 
     def _barrier(self):
