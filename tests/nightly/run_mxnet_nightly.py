@@ -237,6 +237,10 @@ def _start_meta(args, modes, stores, delay_env):
             'code': provenance.code_version(), 'machine': provenance.machine(),
             'source': os.path.abspath(args.source), 'source_sha256': digest,
             'source_rev': args.source_rev, 'workers': args.num_workers,
+            # What every job inherits: MXNet's, DMLC's and mxdelay's variables of the runner
+            # (e.g. MXNET_ENGINE_TYPE), then MXNet's CI settings.
+            'environment': {**{k: v for k, v in sorted(os.environ.items())
+                               if k.startswith(('MXNET_', 'DMLC_', 'MXDELAY_'))}, **_CI_ENV},
             'servers': args.num_servers, 'timeout': args.timeout, 'modes': modes,
             'stores': stores, 'delay_env': {m: {**DELAY_ENV.get(m, {}), **delay_env}
                                             for m in modes}}
@@ -263,12 +267,14 @@ def _write_results(folder, meta, modes, stores, results, table):
                   'each mode as MXNet\'s CI runs it (`--type=...`), once on stock `dist_sync` '
                   '(MXNet\'s servers) and once with the store switched to `dist_delay` under '
                   '`mxdelay-run` (mxdelay\'s servers). A failure shows its last exception line '
-                  '(`mxdelay-launch`\'s exit code and the time).\n\n%s'
+                  '(`mxdelay-launch`\'s exit code and the time). Every job\'s environment '
+                  'has %s.\n\n%s'
                   % (meta['command'], meta['started'], meta['finished'], code['commit'][:10],
                      ' (dirty: %s)' % ', '.join(code['dirty_files']) if code['dirty'] else '',
                      meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
                      meta['load_after'][0], meta['source_rev'] or 'unknown origin',
                      meta['source_sha256'], meta['workers'], meta['servers'], meta['timeout'],
+                     ', '.join('`%s=%s`' % item for item in sorted(meta['environment'].items())),
                      table))
         dst.write('\nTime per job: %s.\n' % ', '.join(
             '%s on %s %s' % (row['mode'], row['store'], row['detail']) for row in rows
