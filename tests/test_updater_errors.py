@@ -44,6 +44,13 @@ def _output(result: JobResult):
     return result.stdout + result.stderr
 
 
+def _failed(env):
+    """The output of a 'dist_delay' job with `env` that must fail."""
+    result = _job('dist_delay', env)
+    assert result.returncode != 0, _output(result)
+    return _output(result)
+
+
 @pytest.fixture(scope='module')
 def stock():
     result = _job('dist_sync', stock_env())
@@ -64,9 +71,7 @@ def test_stock_mxnet_goes_on_with_each_round_as_far_as_the_update_got(stock):
 
 @pytest.mark.jobs
 def test_by_default_the_job_ends_naming_the_optimizer_the_parameter_and_the_round():
-    result = _job('dist_delay', {'MXDELAY_SERVER_IMPORTS': 'user_optimizer'})
-    assert result.returncode != 0
-    output = _output(result)
+    output = _failed({'MXDELAY_SERVER_IMPORTS': 'user_optimizer'})
     assert 'server 0 exited with code 3' in output, output
     assert ("optimizer FailsOnRowSparse raised on chunk 2 (parameter 'emb') in round 0: "
             'TypeError: FailsOnRowSparse does not take row_sparse weights' in output), output
@@ -91,9 +96,7 @@ def test_with_log_the_server_goes_on_as_mxnets_does(stock):
 
 @pytest.mark.jobs
 def test_a_user_defined_optimizer_needs_server_imports():
-    result = _job('dist_delay', {'MXDELAY_UPDATER_ERRORS': 'log'})
-    assert result.returncode != 0
-    output = _output(result)
+    output = _failed({'MXDELAY_UPDATER_ERRORS': 'log'})
     assert ("server 0 does not know optimizer 'failsonrowsparse': it is not registered with "
             'MXNet in the server, which runs none of the training script; name the module that '
             'registers it (@mx.optimizer.register) in MXDELAY_SERVER_IMPORTS' in output), output
@@ -101,9 +104,7 @@ def test_a_user_defined_optimizer_needs_server_imports():
 
 @pytest.mark.jobs
 def test_a_server_import_that_fails_stops_the_job_naming_the_module():
-    result = _job('dist_delay', {'MXDELAY_SERVER_IMPORTS': 'user_optimizer, no_such_module'})
-    assert result.returncode != 0
-    output = _output(result)
+    output = _failed({'MXDELAY_SERVER_IMPORTS': 'user_optimizer, no_such_module'})
     assert ("MXDELAY_SERVER_IMPORTS names module 'no_such_module', which this server cannot "
             "import (No module named 'no_such_module'); put its folder on the servers' "
             'PYTHONPATH' in output), output
