@@ -31,7 +31,7 @@ from .optimizers import (PER_STEP_FIELDS, UnknownOptimizerError, describe_optimi
 from .protocol import Command, check_rank, field
 from .rounds import RoundKeeper
 
-__all__ = ['DelayServer', 'serve']
+__all__ = ['DelayServer', 'serve', 'import_server_modules']
 
 _LOG = logging.getLogger(__name__)
 
