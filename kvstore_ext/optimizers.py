@@ -15,12 +15,12 @@ __all__ = ['describe_optimizer', 'optimizer_differences', 'type_difference',
 
 
 class UnknownOptimizerError(ValueError):
-    """A record names an optimizer that is not registered with MXNet in this process
-    (``name``: the name)."""
+    """A record names an optimizer or a learning-rate scheduler that this process does not
+    know (``kind``: ``'optimizer'`` or ``'learning-rate scheduler'``; ``name``: its name)."""
 
-    def __init__(self, message, name):
+    def __init__(self, message, kind, name):
         super(UnknownOptimizerError, self).__init__(message)
-        self.name = name
+        self.kind, self.name = kind, name
 
 
 #: Fields of :func:`describe_optimizer` that a trainer sets at every step, not at creation:
@@ -257,7 +257,7 @@ def build_optimizer(record):
         raise UnknownOptimizerError(
             'the checkpoint\'s optimizer %r is not registered with MXNet in this process: '
             'import the module that defines it (decorated with @mx.optimizer.register) '
-            'before loading' % (name,), name)
+            'before loading' % (name,), 'optimizer', name)
     optimizer = cls.__new__(cls)
     fields = dict(record['fields'])
     device = record.get('current_device')
@@ -281,11 +281,11 @@ def _build_scheduler(saved):
                          'checkpoint holds' % (saved,))
     cls = _scheduler_class(saved.get('name'))
     if cls is None:
-        raise ValueError(
+        raise UnknownOptimizerError(
             'the checkpoint\'s learning-rate scheduler %r is neither one of mx.lr_scheduler\'s '
             'nor registered in this process: import the module that defines it, decorated '
             'with @kvstore_ext.optimizers.register_lr_scheduler, before loading'
-            % (saved.get('name'),))
+            % (saved.get('name'),), 'learning-rate scheduler', saved.get('name'))
     scheduler = cls.__new__(cls)
     scheduler.__dict__.update(saved['fields'])   # as unpickling does (no __setstate__)
     return scheduler

@@ -352,10 +352,10 @@ class DelayServer(KVStoreServer):
             optimizer = protocol.decode_optimizer(field(body, 'optimizer', dict))
         except UnknownOptimizerError as err:
             raise ValueError(
-                'server %s does not know optimizer %r: it is not registered with MXNet in '
-                'the server, which runs none of the training script; name the module that '
-                'registers it (@mx.optimizer.register) in MXDELAY_SERVER_IMPORTS in the '
-                'servers\' environment' % (self._server_rank, err.name)) from None
+                'server %s does not know %s %r: it is not registered in the server, which '
+                'runs none of the training script; name the module that registers it in '
+                'MXDELAY_SERVER_IMPORTS in the servers\' environment'
+                % (self._server_rank, err.kind, err.name)) from None
         # One optimizer per job: a worker whose optimizer differs from another's is refused
         # (the hand-shake catches this already when the optimizer is set before it; this
         # catches an optimizer set later, e.g. on a bare kvstore).

@@ -15,13 +15,18 @@ a row_sparse key ``'emb'``:
   and every worker's weights equal stock's exactly;
 - the servers know the optimizer only through ``MXDELAY_SERVER_IMPORTS`` (a server runs none
   of the script): without it the worker is told so; a module that cannot be imported stops
-  the job naming it.
+  the job naming it. On an offline server: the refusal names an unknown optimizer, or an
+  unknown learning-rate scheduler, and the fix.
 """
 import os
 import sys
 
+import mxnet as mx
 import pytest
 
+from kvstore_ext import optimizers, protocol
+from kvstore_ext.protocol import Command
+from kvstore_ext.server import DelayServer
 from support.jobs import SCRIPTS, JobResult, assert_ok, kv_results, run_job, stock_env
 
 JOB = os.path.join(SCRIPTS, 'updater_errors_job.py')
@@ -97,9 +102,9 @@ def test_with_log_the_server_goes_on_as_mxnets_does(stock):
 @pytest.mark.jobs
 def test_a_user_defined_optimizer_needs_server_imports():
     output = _failed({'MXDELAY_UPDATER_ERRORS': 'log'})
-    assert ("server 0 does not know optimizer 'failsonrowsparse': it is not registered with "
-            'MXNet in the server, which runs none of the training script; name the module that '
-            'registers it (@mx.optimizer.register) in MXDELAY_SERVER_IMPORTS' in output), output
+    assert ("server 0 does not know optimizer 'failsonrowsparse': it is not registered in the "
+            'server, which runs none of the training script; name the module that registers it '
+            'in MXDELAY_SERVER_IMPORTS' in output), output
 
 
 @pytest.mark.jobs
@@ -108,3 +113,35 @@ def test_a_server_import_that_fails_stops_the_job_naming_the_module():
     assert ("MXDELAY_SERVER_IMPORTS names module 'no_such_module', which this server cannot "
             "import (No module named 'no_such_module'); put its folder on the servers' "
             'PYTHONPATH' in output), output
+
+
+class _OnlyOnWorkers(mx.optimizer.SGD):
+    """An optimizer the workers registered and the server does not know."""
+
+
+class _OnlyOnWorkersScheduler(mx.lr_scheduler.FactorScheduler):
+    """A learning-rate scheduler the workers registered and the server does not know."""
+
+
+@pytest.mark.parametrize('kind, name', [('optimizer', "'_onlyonworkers'"),
+                                        ('learning-rate scheduler', "'_OnlyOnWorkersScheduler'")])
+def test_a_server_names_what_it_does_not_know_and_the_fix(monkeypatch, kind, name):
+    registry = mx.optimizer.Optimizer.opt_registry
+    monkeypatch.setitem(registry, '_onlyonworkers', _OnlyOnWorkers)
+    monkeypatch.setitem(optimizers._LR_SCHEDULERS, '_OnlyOnWorkersScheduler',  # pylint: disable=protected-access
+                        _OnlyOnWorkersScheduler)
+    sent = protocol.encode_optimizer(_OnlyOnWorkers(
+        learning_rate=0.1, lr_scheduler=_OnlyOnWorkersScheduler(step=2)))
+    # The server's process: what the workers registered is not there.
+    if kind == 'optimizer':
+        monkeypatch.delitem(registry, '_onlyonworkers')
+    else:
+        monkeypatch.delitem(optimizers._LR_SCHEDULERS, '_OnlyOnWorkersScheduler')  # pylint: disable=protected-access
+    server = DelayServer.offline(rank=0, num_workers=1)
+    with pytest.raises(ValueError, match=r"^server 0 does not know %s %s: it is not registered in "
+                                         r"the server, which runs none of the training script; "
+                                         r"name the module that registers it in "
+                                         r"MXDELAY_SERVER_IMPORTS in the servers' environment$"
+                                         % (kind, name)):
+        server.command(Command.OPTIMIZER, {'rank': 0, 'optimizer': sent})
+    assert server.optimizer is None
