@@ -21,7 +21,13 @@ applier                       used for
 :class:`ScaleSum`             decorator: the sum times the codec's ``sum_scale``
 :class:`SkipNonFinite`        decorator under AMP: an overflowed round is skipped (§11)
 ============================  ===========================================================
+
+What a server does when the optimizer's update raises is a policy chosen once per server
+(``MXDELAY_UPDATER_ERRORS``, :data:`UPDATER_ERRORS`): :class:`StopOnError` (the default)
+raises :class:`UpdaterError`, which ends the job; :class:`LogAndGoOn` logs and goes on, as
+MXNet's own server does. :class:`OptimizerStep` hands it the error.
 """
+import logging
 import math
 
 import mxnet as mx
@@ -29,9 +35,12 @@ import mxnet as mx
 from . import sparse
 from .finish import HEAD
 
-__all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD', 'OptimizerStep',
-           'ScaleSum', 'SkipNonFinite', 'COUNTER', 'AUX', 'CODEC_SETTINGS', 'check_codec',
+__all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD',
+           'OptimizerStep', 'ScaleSum', 'SkipNonFinite', 'COUNTER', 'AUX', 'CODEC_SETTINGS',
+           'UPDATER_ERRORS', 'UpdaterError', 'StopOnError', 'LogAndGoOn', 'check_codec',
            'choose', 'is_plain_sgd', 'sgd_step', 'store_counter']
+
+_LOG = logging.getLogger(__name__)
 
 #: The kind of the finish counter's chunks; the others are their storage type.
 COUNTER = 'counter'
@@ -106,15 +115,22 @@ class OptimizerStep(Applier):
 
     It gets the arrays MXNet's own server gives it: the round's sum and the stored value of
     the key's type, so a row_sparse chunk gets a full-row ``RowSparseNDArray`` weight (and
-    MXNet's lazy update) with a row_sparse sum.
+    MXNet's lazy update) with a row_sparse sum. If the update raises, ``on_error(chunk,
+    error)`` decides (the server's policy, :data:`UPDATER_ERRORS`); `stored` then holds what
+    the update wrote before it raised, as MXNet's server's stored value does.
     """
 
-    def __init__(self, updater):
-        self._updater = updater
+    def __init__(self, updater, on_error):
+        self._updater, self._on_error = updater, on_error
 
     def apply(self, chunk, grad, weight, stored):
         _copy(weight, stored)
-        self._updater(chunk, grad, stored)
+        try:
+            self._updater(chunk, grad, stored)
+        except Exception as error:  # pylint: disable=broad-except
+            # A user's optimizer may fail on some keys (MXNet's own Test optimizer does on
+            # row_sparse ones): the policy, chosen once, stops the job or logs.
+            self._on_error(chunk, error)
 
 
 class ScaleSum(Applier):
@@ -150,6 +166,41 @@ class SkipNonFinite(Applier):
 
 def _is_true(value):
     return value is True
+
+
+class UpdaterError(RuntimeError):
+    """The optimizer's update raised, under :class:`StopOnError`: the server ends the job."""
+
+
+class StopOnError(object):
+    """``MXDELAY_UPDATER_ERRORS=stop`` (the default): an update that raises stops the job, as
+    any failure of a server's round does (exit code 3), rather than train on with weights the
+    optimizer left half-updated."""
+
+    def __call__(self, optimizer, where, error):
+        raise UpdaterError('optimizer %s raised on %s: %s: %s. MXNet\'s own server would log '
+                           'this and go on with the weights as far as the update got; set '
+                           'MXDELAY_UPDATER_ERRORS=log on the servers for that, or fix the '
+                           'optimizer' % (type(optimizer).__name__, where,
+                                          type(error).__name__, error)) from error
+
+
+class LogAndGoOn(object):
+    """``MXDELAY_UPDATER_ERRORS=log``: as MXNet's own server, log the error (with its
+    traceback) and go on; the round stands as far as the update got."""
+
+    def __call__(self, optimizer, where, error):
+        _LOG.error('optimizer %s raised on %s; going on (MXDELAY_UPDATER_ERRORS=log), with '
+                   'the weights as far as the update got', type(optimizer).__name__, where,
+                   exc_info=error)
+
+
+#: ``MXDELAY_UPDATER_ERRORS`` -> the policy's class (read by the server at its start).
+UPDATER_ERRORS = {'stop': StopOnError, 'log': LogAndGoOn}
+
+
+def _raise(chunk, error):  # pylint: disable=unused-argument
+    raise error
 
 
 def _positive_finite(value):
@@ -196,7 +247,8 @@ def check_codec(chunk, codec):
     return codec
 
 
-def choose(kind, updater, codec, skip_nonfinite, count_skip, take_aux=None):
+def choose(kind, updater, codec, skip_nonfinite, count_skip, take_aux=None,
+           on_error=_raise):
     """Return the applier of a chunk.
 
     Parameters
@@ -214,6 +266,9 @@ def choose(kind, updater, codec, skip_nonfinite, count_skip, take_aux=None):
         ``count_skip(chunk)`` for each skipped round.
     take_aux : callable, optional
         An aux chunk's values sent by command (:class:`AuxSum`); default: none.
+    on_error : callable, optional
+        ``on_error(chunk, error)`` when MXNet's updater raises (:class:`OptimizerStep`);
+        default: the error propagates.
     """
     if kind == COUNTER:
         return StoreCounter()
@@ -226,7 +281,7 @@ def choose(kind, updater, codec, skip_nonfinite, count_skip, take_aux=None):
     elif kind == 'default' and is_plain_sgd(updater.optimizer):
         applier = PlainSGD(updater)
     else:
-        applier = OptimizerStep(updater)
+        applier = OptimizerStep(updater, on_error)
     for name, value in sorted(codec.items()):
         applier = CODEC_SETTINGS[name][2](applier, value)   # not AUX: returned above
     return SkipNonFinite(applier, count_skip) if skip_nonfinite else applier

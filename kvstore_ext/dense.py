@@ -13,7 +13,7 @@ holds no per-key state: that lives in the key's :class:`kvstore_ext.layout.Tenso
 import mxnet as mx
 from mxnet import nd
 
-from .checks import ArgumentTypeError
+from .store_errors import StoreTypeError
 
 __all__ = ['KeyKind', 'DenseKeys']
 
@@ -228,8 +228,8 @@ class DenseKeys(KeyKind):
 
     def row_sparse_pull(self, tensor, outs, row_ids, priority):
         """Refused: `tensor` is dense."""
-        raise ArgumentTypeError('row_sparse_pull of key %r, which was initialised dense; use '
-                                'pull, or init the key with a row_sparse value' % (tensor.key,))
+        raise StoreTypeError('row_sparse_pull of key %r, which was initialised dense; use '
+                             'pull, or init the key with a row_sparse value' % (tensor.key,))
 
     # -- optimizer state -----------------------------------------------------------------
     @staticmethod

@@ -30,7 +30,6 @@ import logging
 import numpy as np
 import mxnet as mx
 from mxnet import nd
-from mxnet.base import MXNetError
 from mxnet.kvstore import KVStoreBase
 
 from . import (compression, env, gluon_sparse, hooks, module_path, protocol, pull_codecs, sparse,
@@ -46,16 +45,12 @@ from .layout import KeyLayout, Placement
 from .optimizers import describe_optimizer
 from .protocol import Command
 from .statefetch import StateFetch
+from .store_errors import StoreValueError, UnknownKeyError
 from .typenames import TYPE_STRING
 
 __all__ = ['DistDelay', 'UnknownKeyError']
 
 _LOG = logging.getLogger(__name__)
-
-
-class UnknownKeyError(MXNetError, KeyError):
-    """A key that was never initialised: an ``MXNetError`` as MXNet raises, and a
-    ``KeyError``."""
 
 
 class DistDelay(KVStoreBase):
@@ -444,13 +439,14 @@ class DistDelay(KVStoreBase):
         TypeError
             If a key is not an int or str, or a value not an NDArray.
         ValueError
-            If a key is already initialised or given twice (nothing is placed then).
+            If a key is already initialised or given twice (nothing is placed then;
+            :class:`~kvstore_ext.store_errors.StoreValueError`, also an ``MXNetError``).
         """
         keys, values = as_lists(key, value)
         for k in keys:
             if k in self._tensors or keys.count(k) > 1:
-                raise ValueError('key %r is already initialised or given twice; initialise '
-                                 'each key once' % (k,))
+                raise StoreValueError('key %r is already initialised or given twice; '
+                                      'initialise each key once' % (k,))
         self._check_compressible(keys, values)
         self._ensure_started()
         native_keys, native_values, entries, placed = [], [], [], {}
@@ -800,12 +796,18 @@ class DistDelay(KVStoreBase):
     def _checked_lists(self, key, value, name, priority):
         """:func:`kvstore_ext.arguments.as_lists`, and each value's size against its
         initialised key (before anything is issued: a list of keys is pushed whole or not at
-        all)."""
+        all); outs (`name` ``'out'``) must have the key's shape, as MXNet's pulls require
+        (its pushes take any shape of the key's size)."""
         keys, values = as_lists(key, value, name, priority)
         for k, v in zip(keys, values):
             tensor = self._tensor(k)
             for array in (v if isinstance(v, (list, tuple)) else [v]):
                 tensor.views_of(array, name)
+                if name == 'out' and tuple(array.shape) != tuple(tensor.shape):
+                    raise StoreValueError('out for key %r has shape %s, but the key was '
+                                          'initialised with shape %s; pull into arrays of '
+                                          'the initialised shape'
+                                          % (k, array.shape, tensor.shape))
         return keys, values
 
     def _tensor(self, key):

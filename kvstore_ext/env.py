@@ -8,8 +8,9 @@ import logging
 import math
 import os
 
-__all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'MINIMUMS', 'get', 'get_int', 'get_float', 'get_bool',
-           'role', 'log_level', 'set_mxnet_defaults', 'mxnet_defaults_applied']
+__all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'MINIMUMS', 'CHOICES', 'get', 'get_int', 'get_float',
+           'get_bool', 'get_choice', 'get_list', 'role', 'log_level', 'set_mxnet_defaults',
+           'mxnet_defaults_applied']
 
 #: name -> (default, one-line meaning). The README's table is generated from this.
 VARIABLES = {
@@ -50,6 +51,17 @@ VARIABLES = {
                                   "dist_sync script under mxdelay-run) and version-1 "
                                   'server files of load_states(..., trusted=True). Otherwise '
                                   'both are refused with an error (unpickling runs code).'),
+    'MXDELAY_UPDATER_ERRORS': ('stop', "Servers only: what a server does when the optimizer's "
+                                       "update raises. 'stop': it ends the job (exit code 3) "
+                                       'with the error, naming the optimizer, the parameter '
+                                       "and the round; 'log': it logs the error and goes on, "
+                                       "as MXNet's own server does (that round's weights stay "
+                                       'as far as the update got).'),
+    'MXDELAY_SERVER_IMPORTS': (None, 'Servers only: modules (comma-separated) a server imports '
+                                     'before it serves, e.g. the one that registers a '
+                                     'user-defined optimizer with @mx.optimizer.register: a '
+                                     'server runs none of the training script. They must be '
+                                     "importable from the servers' PYTHONPATH."),
     'MXDELAY_TIMELINE': (None, 'Path prefix: every DelayedTrainer records MXDELAY_TIMELINE_STEPS steps, '
                                'from its second (the first sends the initial weights), with MXNet\'s profiler into PREFIX.rank<i>.json (i: the '
                                "trainer's rank); read them with python -m mxdelay.trace. Unset: off."),
@@ -80,6 +92,9 @@ MINIMUMS = {
     'MXDELAY_LOG_EVERY': (0, 'steps between two log lines; 0 is off'),
     'MXDELAY_SHUTDOWN_WAIT': (0, 'seconds; 0 kills the servers as soon as the workers are done'),
 }
+
+#: name -> the values a variable may take (lower case; any case is accepted).
+CHOICES = {'MXDELAY_UPDATER_ERRORS': ('stop', 'log')}
 
 #: MXNet's variables that mxdelay gives its own default (before MXNet is imported).
 MXNET_DEFAULTS = ('MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD',)
@@ -142,6 +157,28 @@ def get_bool(name):
     """Return environment variable `name` as a bool ('1', 'true', 'yes', 'on' are true)."""
     raw = get(name)
     return raw is not None and raw.strip().lower() in ('1', 'true', 'yes', 'on')
+
+
+def get_choice(name):
+    """Return environment variable `name`, one of :data:`CHOICES`, in lower case.
+
+    Raises
+    ------
+    ValueError
+        Naming the variable, its value and the values allowed, for any other value.
+    """
+    raw = get(name)
+    value = raw.strip().lower()
+    if value not in CHOICES[name]:
+        raise ValueError('environment variable %s=%r is not one of %s; unset it (%s) or set '
+                         'one of them' % (name, raw, ', '.join(CHOICES[name]), VARIABLES[name][0]))
+    return value
+
+
+def get_list(name):
+    """Return environment variable `name` as a list of its comma-separated items, stripped
+    (empty items dropped; an empty list when unset)."""
+    return [item.strip() for item in (get(name) or '').split(',') if item.strip()]
 
 
 def role():

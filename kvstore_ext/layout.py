@@ -30,6 +30,8 @@ its chunks, one send/receive buffer per slot and the rounds it pushed and pulled
 import numpy as np
 from mxnet import nd
 
+from .store_errors import StoreTypeError, StoreValueError
+
 __all__ = ['KeyLayout', 'Chunk', 'Tensor', 'Placement', 'num_elements', 'MAX_KEY']
 
 _MXNET_KEY_MULTIPLIER = 9973  # src/kvstore/kvstore_dist.h, EncodeDefaultKey
@@ -233,17 +235,26 @@ class Tensor(object):
         Raises
         ------
         ValueError
-            (`name` is the argument's) If the array has another number of elements than
-            the tensor; checked once per array, when its views are made.
+            (`name` is the argument's; :class:`~kvstore_ext.store_errors.StoreValueError`)
+            If the array has another number of elements than the tensor; checked once per
+            array, when its views are made.
+        TypeError
+            (:class:`~kvstore_ext.store_errors.StoreTypeError`) If it is not dense.
         """
         handle = array.handle.value
         cached = self.views.get(handle)
         if cached is None or cached[0] is not array:
+            if array.stype != 'default':
+                raise StoreTypeError('%s for key %r has stype %r, but the key was initialised '
+                                     'dense; pass dense arrays, or init the key with a '
+                                     'row_sparse value to push and row_sparse_pull rows'
+                                     % (name, self.key, array.stype))
             if array.size != self.size:
-                raise ValueError('%s for key %r has shape %s (%d elements), but the key was '
-                                 'initialised with shape %s (%d elements); pass arrays of the '
-                                 'initialised shape' % (name, self.key, array.shape, array.size,
-                                                        self.shape, self.size))
+                raise StoreValueError('%s for key %r has shape %s (%d elements), but the key '
+                                      'was initialised with shape %s (%d elements); pass '
+                                      'arrays of the initialised shape'
+                                      % (name, self.key, array.shape, array.size, self.shape,
+                                         self.size))
             if len(self.views) >= 8:  # a few arrays per tensor: gradients, weights, pull target
                 self.views.clear()
             flat = array.reshape(-1)

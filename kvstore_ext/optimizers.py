@@ -10,7 +10,17 @@ import numpy as np
 
 __all__ = ['describe_optimizer', 'optimizer_differences', 'type_difference',
            'format_differences', 'flatten_state', 'whole_tensor_refusal', 'PER_STEP_FIELDS',
-           'optimizer_record', 'build_optimizer', 'register_lr_scheduler']
+           'optimizer_record', 'build_optimizer', 'register_lr_scheduler',
+           'UnknownOptimizerError']
+
+
+class UnknownOptimizerError(ValueError):
+    """A record names an optimizer or a learning-rate scheduler that this process does not
+    know (``kind``: ``'optimizer'`` or ``'learning-rate scheduler'``; ``name``: its name)."""
+
+    def __init__(self, message, kind, name):
+        super(UnknownOptimizerError, self).__init__(message)
+        self.kind, self.name = kind, name
 
 
 #: Fields of :func:`describe_optimizer` that a trainer sets at every step, not at creation:
@@ -235,8 +245,8 @@ def build_optimizer(record):
     Raises
     ------
     ValueError
-        If the record is malformed, or names an optimizer or scheduler that this process does
-        not know (naming it and the fix).
+        If the record is malformed, or names an optimizer (:class:`UnknownOptimizerError`) or
+        scheduler that this process does not know (naming it and the fix).
     """
     if not isinstance(record, dict) or not isinstance(record.get('fields'), dict):
         raise ValueError('the optimizer record %.80r is not one that a checkpoint holds'
@@ -244,10 +254,10 @@ def build_optimizer(record):
     name = record.get('name')
     cls = _registry().get(name) if isinstance(name, str) else None
     if cls is None:
-        raise ValueError(
+        raise UnknownOptimizerError(
             'the checkpoint\'s optimizer %r is not registered with MXNet in this process: '
             'import the module that defines it (decorated with @mx.optimizer.register) '
-            'before loading' % (name,))
+            'before loading' % (name,), 'optimizer', name)
     optimizer = cls.__new__(cls)
     fields = dict(record['fields'])
     device = record.get('current_device')
@@ -271,11 +281,11 @@ def _build_scheduler(saved):
                          'checkpoint holds' % (saved,))
     cls = _scheduler_class(saved.get('name'))
     if cls is None:
-        raise ValueError(
+        raise UnknownOptimizerError(
             'the checkpoint\'s learning-rate scheduler %r is neither one of mx.lr_scheduler\'s '
             'nor registered in this process: import the module that defines it, decorated '
             'with @kvstore_ext.optimizers.register_lr_scheduler, before loading'
-            % (saved.get('name'),))
+            % (saved.get('name'),), 'learning-rate scheduler', saved.get('name'))
     scheduler = cls.__new__(cls)
     scheduler.__dict__.update(saved['fields'])   # as unpickling does (no __setstate__)
     return scheduler

@@ -46,10 +46,16 @@ class RoundKeeper(object):
     slots : int, optional
         Slot keys per chunk (R); set before the first round (:meth:`set_slots`: the server
         learns it from the workers' hand-shake).
+    updater_errors : callable, optional
+        What to do when the optimizer's update raises (:data:`appliers.UPDATER_ERRORS`):
+        called as ``updater_errors(optimizer, where, error)``; default
+        :class:`appliers.StopOnError`.
     """
 
-    def __init__(self, slots=None):
+    def __init__(self, slots=None, updater_errors=None):
         self._slots = slots
+        self._updater_errors = updater_errors or appliers.StopOnError()
+        self._names = {}               # chunk id -> its parameter's name (for messages)
         self._updater = None           # mx.optimizer.Updater over chunk ids
         self._skip_nonfinite = False   # AMP: a round whose sum is not finite is skipped
         self._kinds = {}               # chunk id -> appliers.COUNTER or its storage type
@@ -83,11 +89,12 @@ class RoundKeeper(object):
         self._skip_nonfinite = bool(skip)
         self._choose_all()
 
-    def register(self, chunk, lr_mult=1.0, wd_mult=1.0, counter=False, codec=None):
-        """`chunk` belongs to a Parameter with `lr_mult` and `wd_mult`; it is the finish
-        counter (`counter`), or a tensor's chunk with codec settings `codec` (a dict,
-        :func:`kvstore_ext.appliers.check_codec`)."""
+    def register(self, chunk, lr_mult=1.0, wd_mult=1.0, counter=False, codec=None, name=None):
+        """`chunk` belongs to a Parameter with `lr_mult` and `wd_mult` (and `name`, for
+        messages); it is the finish counter (`counter`), or a tensor's chunk with codec
+        settings `codec` (a dict, :func:`kvstore_ext.appliers.check_codec`)."""
         self._multipliers[chunk] = types.SimpleNamespace(lr_mult=lr_mult, wd_mult=wd_mult)
+        self._names[chunk] = name
         self._codecs[chunk] = dict(codec or {})
         if counter:
             self._kinds[chunk] = appliers.COUNTER
@@ -131,7 +138,7 @@ class RoundKeeper(object):
         if kind is not None:
             self._appliers[chunk] = appliers.choose(
                 kind, self._updater, self._codecs.get(chunk, {}), self._skip_nonfinite,
-                self._count_skip, self._take_aux)
+                self._count_skip, self._take_aux, self._updater_failed)
 
     def _choose_all(self):
         for chunk in self._kinds:
@@ -152,6 +159,11 @@ class RoundKeeper(object):
                                '%d: every worker sends them before its push'
                                % (chunk, sorted(known), expected))
         return [known[rank] for rank in sorted(known)]
+
+    def _updater_failed(self, chunk, error):
+        where = 'chunk %d (parameter %r) in round %d' % (chunk, self._names.get(chunk),
+                                                         self._next_round[chunk])
+        self._updater_errors(self._updater.optimizer, where, error)
 
     def _count_skip(self, chunk):
         self._skipped[chunk] = self._skipped.get(chunk, 0) + 1

@@ -11,6 +11,7 @@ which applies the optimizer once per chunk per round, in order (docs/design.md ย
 A worker that never says hello (stock ``dist_sync`` without mxdelay) is served as MXNet's
 own server would.
 """
+import importlib
 import json
 import logging
 import os
@@ -22,14 +23,15 @@ import numpy as np
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import agreement, checkpoint, env, protocol, pull_codecs, registry
+from . import agreement, appliers, checkpoint, env, protocol, pull_codecs, registry
 from .layout import KeyLayout
-from .optimizers import (PER_STEP_FIELDS, describe_optimizer, flatten_state,
-                         format_differences, optimizer_differences, whole_tensor_refusal)
+from .optimizers import (PER_STEP_FIELDS, UnknownOptimizerError, describe_optimizer,
+                         flatten_state, format_differences, optimizer_differences,
+                         whole_tensor_refusal)
 from .protocol import Command, check_rank, field
 from .rounds import RoundKeeper
 
-__all__ = ['DelayServer', 'serve']
+__all__ = ['DelayServer', 'serve', 'import_server_modules']
 
 _LOG = logging.getLogger(__name__)
 
@@ -66,7 +68,10 @@ class DelayServer(KVStoreServer):
         self._server_rank = None
         self._num_workers = None
         self._layout = None            # layout.KeyLayout, from the hand-shake
-        self._rounds = RoundKeeper()   # its slot count comes with the hand-shake
+        # Its slot count comes with the hand-shake; what an update that raises does is this
+        # server's policy, chosen once (docs/design.md ยง3.2).
+        self._rounds = RoundKeeper(updater_errors=appliers.UPDATER_ERRORS[
+            env.get_choice('MXDELAY_UPDATER_ERRORS')]())
         self._hellos = {}              # worker rank -> hello body
         self._status = None            # this server's status key (NDArray), from the hand-shake
         self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
@@ -338,12 +343,20 @@ class DelayServer(KVStoreServer):
             lambda tensors: self._check_whole_tensor(self._rounds.optimizer, tensors),
             lambda chunk, info: self._rounds.register(
                 chunk, info['lr_mult'], info['wd_mult'],
-                counter=info['param_index'] == protocol.FINISH_KEY, codec=info['codec']))
+                counter=info['param_index'] == protocol.FINISH_KEY, codec=info['codec'],
+                name=info['name']))
         return {'chunks': len(self._chunks)}
 
     def _on_optimizer(self, body):
         # The optimizer by registry name and fields, built without pickle.
-        optimizer = protocol.decode_optimizer(field(body, 'optimizer', dict))
+        try:
+            optimizer = protocol.decode_optimizer(field(body, 'optimizer', dict))
+        except UnknownOptimizerError as err:
+            raise ValueError(
+                'server %s does not know %s %r: it is not registered in the server, which '
+                'runs none of the training script; name the module that registers it in '
+                'MXDELAY_SERVER_IMPORTS in the servers\' environment'
+                % (self._server_rank, err.kind, err.name)) from None
         # One optimizer per job: a worker whose optimizer differs from another's is refused
         # (the hand-shake catches this already when the optimizer is set before it; this
         # catches an optimizer set later, e.g. on a bare kvstore).
@@ -670,6 +683,26 @@ def _checked_entries(entries):
     return entries
 
 
+def import_server_modules():
+    """Import the modules of ``MXDELAY_SERVER_IMPORTS`` (user-defined optimizers register
+    themselves with MXNet there: a server runs none of the training script).
+
+    Raises
+    ------
+    ImportError
+        Naming the module and the fix, if one cannot be imported (before the server joins
+        the job: the launcher then stops it).
+    """
+    for name in env.get_list('MXDELAY_SERVER_IMPORTS'):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ImportError('MXDELAY_SERVER_IMPORTS names module %r, which this server cannot '
+                              'import (%s); put its folder on the servers\' PYTHONPATH'
+                              % (name, err)) from err
+        _LOG.info('imported %s (MXDELAY_SERVER_IMPORTS)', name)
+
+
 def serve():
     """Run mxdelay's server in this process until the workers stop it.
 
@@ -678,6 +711,7 @@ def serve():
     """
     logging.basicConfig(level=env.log_level(),  # ValueError for a name that is no level
                         format='%(asctime)s %(levelname)s %(name)s: %(message)s')
+    import_server_modules()
     kvstore = mx.kv.create('dist')
     server = DelayServer(kvstore)
     _LOG.info('mxdelay server starting (%s servers, %s workers)', env.get('DMLC_NUM_SERVER'),

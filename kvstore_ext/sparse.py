@@ -37,10 +37,10 @@ import numpy as np
 from mxnet import nd
 
 from . import protocol
-from .checks import ArgumentTypeError
 from .compression import TensorCodec
 from .dense import KeyKind
 from .layout import num_elements
+from .store_errors import StoreTypeError, StoreValueError
 
 __all__ = ['SparseTensor', 'RowSparseKeys', 'is_row_sparse', 'place_rows', 'init_values',
            'copy_all_rows']
@@ -102,9 +102,9 @@ class SparseTensor(object):
             If its shape differs from the key's.
         """
         if tuple(array.shape) != tuple(self.shape):
-            raise ValueError('%s for row_sparse key %r has shape %s, but the key was initialised '
-                             'with shape %s; pass arrays of the initialised shape'
-                             % (name, self.key, array.shape, self.shape))
+            raise StoreValueError('%s for row_sparse key %r has shape %s, but the key was '
+                                  'initialised with shape %s; pass arrays of the initialised '
+                                  'shape' % (name, self.key, array.shape, self.shape))
 
 
 def place_rows(placement, key, shape, dtype, stype):
@@ -239,8 +239,9 @@ class RowSparseKeys(KeyKind):
         """Pull every row of `tensor` after this worker's last pushed round into the dense
         `outs` (row_sparse ones are skipped, as MXNet's ``pull`` does with ``ignore_sparse``)."""
         if any(out.stype != 'default' for out in outs) and not ignore_sparse:
-            raise ValueError('pull(ignore_sparse=False) is not supported on distributed kvstores '
-                             '(nor by MXNet\'s dist_sync); use row_sparse_pull for row_sparse outs')
+            raise StoreValueError('pull(ignore_sparse=False) is not supported on distributed '
+                                  'kvstores (nor by MXNet\'s dist_sync); use row_sparse_pull '
+                                  'for row_sparse outs')
         outs = [out for out in outs if out.stype == 'default']
         if not outs:
             return
@@ -266,8 +267,8 @@ class RowSparseKeys(KeyKind):
                              '(%d), got %d' % (tensor.key, len(outs), len(row_ids)))
         for out in outs:
             if out.stype != 'row_sparse':
-                raise ArgumentTypeError('row_sparse_pull of key %r needs row_sparse outs, got stype '
-                                        '%r; use pull for dense arrays' % (tensor.key, out.stype))
+                raise StoreTypeError('row_sparse_pull of key %r needs row_sparse outs, got stype '
+                                     '%r; use pull for dense arrays' % (tensor.key, out.stype))
         pairs = list(zip(outs, row_ids)) if len(row_ids) == len(outs) else [(outs[0], row_ids[0])]
         slot = _pull_slot(tensor) % self._slots
         ordered = True
@@ -319,10 +320,10 @@ class RowSparseKeys(KeyKind):
 
 def _check_gradient(tensor, grad):
     if grad.stype != 'row_sparse':
-        raise ArgumentTypeError('key %r is row_sparse on the dist_delay kvstore (its servers make '
-                                'lazy row_sparse updates), so its gradients must be row_sparse, '
-                                'got stype %r; convert with .tostype("row_sparse")'
-                                % (tensor.key, grad.stype))
+        raise StoreTypeError('key %r is row_sparse on the dist_delay kvstore (its servers make '
+                             'lazy row_sparse updates), so its gradients must be row_sparse, '
+                             'got stype %r; convert with .tostype("row_sparse")'
+                             % (tensor.key, grad.stype))
 
 
 

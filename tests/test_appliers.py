@@ -8,7 +8,10 @@ settings a chunk registers with (docs/design.md §4.1).
 - REGISTER's codec settings are checked (unknown settings, bad values, the finish counter),
   compared between workers, and against a checkpoint (one saved without them has none);
 - a user-defined optimizer gets the arrays MXNet's own server hands it: a row_sparse chunk's
-  weight is a full-row ``RowSparseNDArray``, its sum row_sparse.
+  weight is a full-row ``RowSparseNDArray``, its sum row_sparse;
+- an update that raises stops the server by default, naming the optimizer, the parameter and
+  the round; with ``MXDELAY_UPDATER_ERRORS=log`` it is logged and the rounds go on, each as
+  far as the update got (as MXNet's own server).
 """
 import numpy as np
 import pytest
@@ -142,6 +145,67 @@ def test_a_user_defined_optimizer_gets_the_arrays_of_mxnets_server():
     keeper.on_round(0, 0, grad, rows)
     assert seen == [(mx.nd.sparse.RowSparseNDArray, [0, 1, 2, 3], mx.nd.sparse.RowSparseNDArray)]
     assert rows.asnumpy().tolist() == [[1, 1], [1, 1], [4, 4], [1, 1]]
+
+
+class _FailsOnRowSparse(mx.optimizer.Optimizer):
+    """Adds the sum, then raises on row_sparse weights (as MXNet's Test optimizer does)."""
+
+    def create_state(self, index, weight):
+        return None
+
+    def update(self, index, weight, grad, state):
+        weight[:] += grad
+        if weight.stype == 'row_sparse':
+            raise TypeError('no row_sparse here')
+
+
+def _failing_rounds(keeper, rounds):
+    # Chunk 0 row_sparse (fails), chunk 1 dense (does not); 'emb' and 'dense' their names.
+    keeper.register(0, name='emb')
+    keeper.register(1, name='dense')
+    keeper.install(_FailsOnRowSparse())
+    rows = [nd.sparse.row_sparse_array((nd.ones((3, 2)), nd.arange(3, dtype='int64')),
+                                       shape=(3, 2)) for _ in range(2)]
+    dense = [nd.ones((3, 2)), nd.ones((3, 2))]
+    grad = nd.sparse.row_sparse_array((nd.full((1, 2), 2.0), nd.array([1], dtype='int64')),
+                                      shape=(3, 2))
+    for t in range(rounds):
+        keeper.on_round(1, t % 2, nd.full((3, 2), 0.5), dense[t % 2])
+        keeper.on_round(0, t % 2, grad, rows[t % 2])
+    return keeper
+
+
+def test_an_update_that_raises_stops_the_server_by_default_naming_optimizer_and_parameter():
+    with pytest.raises(appliers.UpdaterError,
+                       match=r"optimizer _FailsOnRowSparse raised on chunk 0 \(parameter 'emb'\) "
+                             r"in round 0: TypeError: no row_sparse here\. MXNet's own server "
+                             r'would log this .* MXDELAY_UPDATER_ERRORS=log'):
+        _failing_rounds(RoundKeeper(slots=2), 1)
+
+
+def test_an_update_that_raises_is_logged_and_the_rounds_go_on_under_log(caplog):
+    keeper = _failing_rounds(RoundKeeper(slots=2, updater_errors=appliers.LogAndGoOn()), 3)
+    failures = [r for r in caplog.records if r.name == 'kvstore_ext.appliers']
+    assert [r.getMessage() for r in failures] == [
+        "optimizer _FailsOnRowSparse raised on chunk 0 (parameter 'emb') in round %d; going on "
+        '(MXDELAY_UPDATER_ERRORS=log), with the weights as far as the update got' % t
+        for t in range(3)]
+    assert all(r.exc_info[0] is TypeError for r in failures)
+    # As MXNet's server: each round stands as far as the update got (the sum was added).
+    assert keeper.applied_rounds(0) == keeper.applied_rounds(1) == 3
+    assert keeper.weight(0).asnumpy().tolist() == [[1, 1], [7, 7], [1, 1]]
+    assert keeper.weight(1).asnumpy().tolist() == [[2.5, 2.5]] * 3
+
+
+def test_the_server_reads_its_updater_error_policy_once(monkeypatch):
+    monkeypatch.setenv('MXDELAY_UPDATER_ERRORS', 'LOG')
+    assert isinstance(DelayServer.offline()._rounds._updater_errors, appliers.LogAndGoOn)  # pylint: disable=protected-access
+    monkeypatch.delenv('MXDELAY_UPDATER_ERRORS')
+    assert isinstance(DelayServer.offline()._rounds._updater_errors, appliers.StopOnError)  # pylint: disable=protected-access
+    monkeypatch.setenv('MXDELAY_UPDATER_ERRORS', 'ignore')
+    with pytest.raises(ValueError, match=r"MXDELAY_UPDATER_ERRORS='ignore' is not one of stop, "
+                                         r'log; unset it \(stop\) or set one of them'):
+        DelayServer.offline()
 
 
 # -- REGISTER's codec settings ----------------------------------------------------------------

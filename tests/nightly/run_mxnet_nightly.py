@@ -18,8 +18,10 @@ MXNet's files are not part of mxdelay. Get them from the apache/mxnet repository
 (or fetch only ``tests/nightly/dist_sync_kvstore.py`` and ``tests/nightly/test_kvstore.py``
 into one folder). MXNet's CI runs 7 workers and 7 servers; the default here is 3 workers and
 2 servers (``-n``, ``-s``). ``--mode`` and ``--store`` pick a subset, ``--log-dir`` keeps every
-job's output, ``--timeout`` is the hard limit per job in seconds. Exit code 0 when every
-job run passed.
+job's output, ``--timeout`` is the hard limit per job in seconds. ``--out DIR`` writes the
+results file, ``DIR/results.json`` and the Markdown made from it, ``DIR/results.md``, with the
+command, dates, commit, machine, the test file's sha256 and ``--source-rev`` (where it came
+from: say the tag and commit). Exit code 0 when every job run passed.
 
 How the store is switched: the runner runs itself on every role as the job's command
 (``--wrap``); on a worker it replaces ``mx.kv.create`` by a function that creates once
@@ -31,15 +33,26 @@ would hang in ps-lite's exit barrier until the timeout), and ``NDArray.reshape``
 integral floats, which the test passes and Python >= 3.10 refuses
 (:func:`_accept_integral_float_shapes`).
 
+MXNet's test sets MXNet's own ``Test`` optimizer on the store in the ``default`` modes, and
+its update raises on every row_sparse key (``state[:] = weight`` with the row_sparse weight
+MXNet's server hands it) after it has updated the weight: MXNet's server prints the error
+and goes on, and the test passes. mxdelay's servers stop the job on such an error unless
+``MXDELAY_UPDATER_ERRORS=log`` (docs/design.md §3.2), which the runner sets for the
+``dist_delay`` jobs of those modes (:data:`DELAY_ENV`; ``--delay-env NAME=VALUE`` adds to or
+overrides it for every ``dist_delay`` job, e.g. ``--delay-env MXDELAY_UPDATER_ERRORS=stop``).
+
 Cleanup: each job's launcher runs in a session of its own; on the timeout the runner
 sends SIGTERM to the launcher's process group (the launcher then stops every role, which
 it started in process groups of their own, and each role dies with the launcher through
 ``PR_SET_PDEATHSIG``), and SIGKILL to that group after a grace period.
 """
 import argparse
+import hashlib
+import json
 import os
 import re
 import runpy
+import shlex
 import signal
 import subprocess
 import sys
@@ -47,7 +60,7 @@ import tempfile
 import time
 import traceback
 
-__all__ = ['MODES', 'STORES', 'main']
+__all__ = ['MODES', 'DELAY_ENV', 'STORES', 'main']
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LAUNCHER = os.path.join(_REPO, 'mxdelay', 'launcher.py')
@@ -63,6 +76,10 @@ MODES = {
     'compressed': ['--type=compressed_cpu'],
     'compressed --no-multiprecision': ['--type=compressed_cpu', '--no-multiprecision'],
 }
+#: mode -> what the runner sets for its 'dist_delay' jobs: MXNet's Test optimizer raises on
+#: row_sparse keys on MXNet's servers too, which log it and go on (see the docstring).
+DELAY_ENV = {'default': {'MXDELAY_UPDATER_ERRORS': 'log'},
+             'default --no-multiprecision': {'MXDELAY_UPDATER_ERRORS': 'log'}}
 #: The stores compared: MXNet's own, and mxdelay's.
 STORES = ('dist_sync', 'dist_delay')
 
@@ -130,9 +147,10 @@ def _command(store, source, test_args, workers, servers, timeout):
              '--timeout', '%g' % timeout] + wrapper)
 
 
-def _run_job(command, timeout, log_path):
-    """Run one job; return (outcome, message). Every process started is gone on return."""
-    environ = {**os.environ, **_CI_ENV}
+def _run_job(command, timeout, log_path, extra_env):
+    """Run one job with `extra_env` set; return (outcome, message). Every process started
+    is gone on return."""
+    environ = {**os.environ, **_CI_ENV, **extra_env}
     environ['PYTHONPATH'] = os.pathsep.join(
         [_REPO] + [p for p in environ.get('PYTHONPATH', '').split(os.pathsep) if p])
     started = time.monotonic()
@@ -190,6 +208,79 @@ def _last_error(output):
     return (verdicts or lines or ['no output'])[-1]
 
 
+def _table(modes, stores, results, delay_env):
+    """The Markdown table: mode -> outcome per store, and the dist_delay jobs' environment."""
+    lines = ['| mode | %s | dist_delay environment |' % ' | '.join(stores),
+             '|---|%s---|' % ('---|' * len(stores))]
+    for mode in modes:
+        extra = {**DELAY_ENV.get(mode, {}), **delay_env} if 'dist_delay' in stores else {}
+        lines.append('| %s | %s | %s |' % (mode, ' | '.join(
+            results[mode, store][0] if results[mode, store][0] == 'pass'
+            else '%s: %s' % results[mode, store] for store in stores),
+            ' '.join('`%s=%s`' % item for item in sorted(extra.items())) or '-'))
+    return '\n'.join(lines) + '\n'
+
+
+def _provenance():
+    sys.path.insert(0, os.path.join(_REPO, 'benchmarks'))
+    import provenance  # pylint: disable=import-outside-toplevel,import-error
+    return provenance
+
+
+def _start_meta(args, modes, stores, delay_env):
+    provenance = _provenance()
+    with open(args.source, 'rb') as src:
+        digest = hashlib.sha256(src.read()).hexdigest()
+    return {'command': 'PYTHONPATH=$PWD python tests/nightly/run_mxnet_nightly.py '
+                       + shlex.join(sys.argv[1:]),
+            'started': provenance.now(), 'load_before': os.getloadavg(),
+            'code': provenance.code_version(), 'machine': provenance.machine(),
+            'source': os.path.abspath(args.source), 'source_sha256': digest,
+            'source_rev': args.source_rev, 'workers': args.num_workers,
+            # What every job inherits: MXNet's, DMLC's and mxdelay's variables of the runner
+            # (e.g. MXNET_ENGINE_TYPE), then MXNet's CI settings.
+            'environment': {**{k: v for k, v in sorted(os.environ.items())
+                               if k.startswith(('MXNET_', 'DMLC_', 'MXDELAY_'))}, **_CI_ENV},
+            'servers': args.num_servers, 'timeout': args.timeout, 'modes': modes,
+            'stores': stores, 'delay_env': {m: {**DELAY_ENV.get(m, {}), **delay_env}
+                                            for m in modes}}
+
+
+def _write_results(folder, meta, modes, stores, results, table):
+    """Write the results file: `folder`/results.json, and results.md made from it."""
+    provenance = _provenance()
+    meta.update(finished=provenance.now(), load_after=os.getloadavg())
+    rows = [{'mode': mode, 'args': MODES[mode], 'store': store,
+             'outcome': results[mode, store][0], 'detail': results[mode, store][1]}
+            for mode in modes for store in stores]
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'results.json'), 'w', encoding='utf-8') as dst:
+        json.dump({'meta': meta, 'rows': rows}, dst, indent=1)
+        dst.write('\n')
+    code = meta['code']
+    with open(os.path.join(folder, 'results.md'), 'w', encoding='utf-8') as dst:
+        dst.write('# MXNet 1.9.1\'s nightly kvstore test on `dist_sync` and `dist_delay`\n\n'
+                  'Generated by `%s` (do not edit) from results.json: %s to %s, commit `%s`%s; '
+                  '%d cores (%s); load average (1 min) %.2f before, %.2f after.\n\n'
+                  'Test file: `tests/nightly/dist_sync_kvstore.py` of %s (sha256 `%s`), with '
+                  '`test_kvstore.py` beside it. %d workers, %d servers, %g s timeout per job; '
+                  'each mode as MXNet\'s CI runs it (`--type=...`), once on stock `dist_sync` '
+                  '(MXNet\'s servers) and once with the store switched to `dist_delay` under '
+                  '`mxdelay-run` (mxdelay\'s servers). A failure shows its last exception line '
+                  '(`mxdelay-launch`\'s exit code and the time). Every job\'s environment '
+                  'has %s.\n\n%s'
+                  % (meta['command'], meta['started'], meta['finished'], code['commit'][:10],
+                     ' (dirty: %s)' % ', '.join(code['dirty_files']) if code['dirty'] else '',
+                     meta['machine']['cores'], meta['machine']['cpu'], meta['load_before'][0],
+                     meta['load_after'][0], meta['source_rev'] or 'unknown origin',
+                     meta['source_sha256'], meta['workers'], meta['servers'], meta['timeout'],
+                     ', '.join('`%s=%s`' % item for item in sorted(meta['environment'].items())),
+                     table))
+        dst.write('\nTime per job: %s.\n' % ', '.join(
+            '%s on %s %s' % (row['mode'], row['store'], row['detail']) for row in rows
+            if row['outcome'] == 'pass'))
+
+
 def build_parser():
     """Return the runner's argument parser."""
     parser = argparse.ArgumentParser(description=__doc__.split('\n', 1)[0])
@@ -204,6 +295,14 @@ def build_parser():
     parser.add_argument('--timeout', type=float, default=600.0,
                         help='hard limit per job in seconds (default 600)')
     parser.add_argument('--log-dir', help="keep each job's output in this folder")
+    parser.add_argument('--out', metavar='DIR',
+                        help='write DIR/results.json and DIR/results.md (the results file)')
+    parser.add_argument('--source-rev', default='', metavar='TEXT',
+                        help="where --source comes from, for the results file, e.g. 'apache/mxnet "
+                             "tag 1.9.1, commit 3f8f3be'")
+    parser.add_argument('--delay-env', action='append', default=[], metavar='NAME=VALUE',
+                        help="set this in every dist_delay job's environment (repeatable; "
+                             'over DELAY_ENV)')
     parser.add_argument('--wrap', choices=STORES, help=argparse.SUPPRESS)
     parser.add_argument('test_args', nargs='*', help=argparse.SUPPRESS)
     return parser
@@ -220,25 +319,31 @@ def main(argv=None):
                  '1.9.1 (see this file\'s docstring)' % args.source)
     # SIGTERM ends the runner through SystemExit, so that the running job is stopped too.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    delay_env = {}
+    for item in args.delay_env:
+        name, equals, value = item.partition('=')
+        if not equals or not name:
+            sys.exit('--delay-env %r is not NAME=VALUE' % item)
+        delay_env[name] = value
     modes = args.mode or list(MODES)
     stores = args.store or list(STORES)
     log_dir = args.log_dir or tempfile.mkdtemp(prefix='mxnet-nightly-logs-')
     os.makedirs(log_dir, exist_ok=True)
+    meta = _start_meta(args, modes, stores, delay_env) if args.out else None
     results = {}
     for mode in modes:
         for store in stores:
             log_path = os.path.join(log_dir, '%s.%s.log' % (mode.replace(' ', ''), store))
             command = _command(store, args.source, MODES[mode], args.num_workers,
                                args.num_servers, args.timeout)
-            results[mode, store] = _run_job(command, args.timeout, log_path)
+            extra_env = {} if store == 'dist_sync' else {**DELAY_ENV.get(mode, {}), **delay_env}
+            results[mode, store] = _run_job(command, args.timeout, log_path, extra_env)
             sys.stdout.write('%-32s %-10s %-7s %s\n' % ((mode, store) + results[mode, store]))
             sys.stdout.flush()
-    sys.stdout.write('\n| mode | %s |\n|---|%s\n' % (' | '.join(stores), '---|' * len(stores)))
-    for mode in modes:
-        sys.stdout.write('| %s | %s |\n' % (mode, ' | '.join(
-            results[mode, store][0] if results[mode, store][0] == 'pass'
-            else '%s: %s' % results[mode, store] for store in stores)))
-    sys.stdout.write('\nlogs: %s\n' % log_dir)
+    table = _table(modes, stores, results, delay_env)
+    sys.stdout.write('\n' + table + '\nlogs: %s\n' % log_dir)
+    if args.out:
+        _write_results(args.out, meta, modes, stores, results, table)
     return 0 if all(outcome == 'pass' for outcome, _ in results.values()) else 1
 
 
