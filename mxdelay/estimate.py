@@ -28,7 +28,6 @@ and the compression's own work are not counted), the workers are alike, and the 
 slower steps are left out (steady state only). It is an estimate to choose what to try
 first, not a measurement.
 """
-from .trace import phase_groups
 
 __all__ = ['bytes_per_step', 'synchronous_budget', 'estimate', 'DELAYS', 'format_bytes',
            'format_estimate']
@@ -122,12 +121,13 @@ def estimate(budget, round_bytes, delays=DELAYS):
     return out
 
 
-def format_bytes(rows, round_bytes, schedule=None):
-    """Markdown: bytes sent and received per step, over all rows and per phase (pulls:
-    the schedule's if given, see :func:`bytes_per_step`)."""
+def format_bytes(groups, round_bytes, schedule=None):
+    """Markdown: bytes sent and received per step of each ``(label, rows)`` of `groups`
+    (:func:`mxdelay.trace.phase_groups`: all rows, then each phase's; pulls: the
+    schedule's if given, see :func:`bytes_per_step`)."""
     lines = ['| steps | pulls%s | sent per step (bytes) | received per step (bytes) |'
              % (' (schedule)' if schedule is not None else ''), '|---|---:|---:|---:|']
-    for label, group in phase_groups(rows):
+    for label, group in groups:
         per = bytes_per_step(group, round_bytes, schedule)
         lines.append('| %s (%d) | %d | %s | %s |' % (label, per['steps'], per['pulls'],
                                                       '{:,}'.format(per['sent']),

@@ -530,7 +530,7 @@ def main(argv=None):
         out += ['## %s' % path, '', format_table(rows), '', _format_budget(step_budget(rows)), '']
         if meta.get('bytes'):
             from . import estimate  # pylint: disable=import-outside-toplevel
-            out += [estimate.format_bytes(rows, meta['bytes'], schedule), '',
+            out += [estimate.format_bytes(phase_groups(rows), meta['bytes'], schedule), '',
                     estimate.format_estimate(rows, meta['bytes']), '']
     sys.stdout.write('\n'.join(out))
     return 0
