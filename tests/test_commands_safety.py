@@ -217,6 +217,19 @@ def test_a_bad_hello_is_refused_before_it_changes_anything(fields, pattern):
         server.command(Command.HELLO, hello(0))
 
 
+@pytest.mark.parametrize('version', [3, 5, None, '4'])
+def test_a_hello_of_another_protocol_version_is_refused(version):
+    # 3 is the version before the finish counter's third head element (exchanged) and aux
+    # chunks: such a worker and this server would silently disagree on the counter.
+    assert protocol.PROTOCOL_VERSION == 4
+    server = DelayServer.offline(rank=0, num_workers=1)
+    with pytest.raises(ValueError, match='worker speaks protocol %s, this server 4: install '
+                                         'the same mxdelay version everywhere' % version):
+        server.command(Command.HELLO, hello(0, protocol=version))
+    assert server._hellos == {}  # pylint: disable=protected-access
+    assert not server.handshake_reply()[0]
+
+
 def test_slots_0_through_the_controller_leaves_the_server_up():
     server = DelayServer.offline(rank=0, num_workers=1)
     controller = server._controller()  # pylint: disable=protected-access
