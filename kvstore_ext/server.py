@@ -23,7 +23,7 @@ import numpy as np
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import agreement, appliers, checkpoint, env, protocol, pull_codecs, registry
+from . import agreement, appliers, checkpoint, env, finish, protocol, pull_codecs, registry
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, UnknownOptimizerError, describe_optimizer,
                          flatten_state, format_differences, optimizer_differences,
@@ -602,10 +602,22 @@ class DelayServer(KVStoreServer):
                                      'its weight %s' % (path, chunk, tuple(array.shape),
                                                         weight.shape))
 
+    def _upgrade_saved_counter(self, path, chunks):
+        # A file of mxdelay before the counter's exchanged element (kvstore_ext.finish).
+        for chunk, saved in chunks.items():
+            if chunk in self._chunks and self._chunks.is_counter(chunk) \
+                    and isinstance(saved, dict):
+                chunks[chunk] = finish.upgrade_saved(saved, self._chunks.size(chunk))
+                if chunks[chunk] is not saved:
+                    _LOG.info('%s: the finish counter of %d elements (saved before its '
+                              'exchanged element) converted to %d', path, saved['size'],
+                              chunks[chunk]['size'])
+
     def _validate_load(self, path, body):
         """LOAD's check phase: read `path` and validate every field, changing nothing."""
         try:
             state, states, optimizer = self._read_saved(path, body)
+            self._upgrade_saved_counter(path, state['chunks'])
             self._chunks.check_saved(path, state['chunks'])
             self._check_saved_rounds(path, state['chunks'], body)
             self._check_saved_arrays(path, state['chunks'], states, optimizer)
