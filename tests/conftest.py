@@ -55,7 +55,7 @@ def pytest_runtest_setup(item):
 @pytest.fixture(autouse=True)
 def _cores(request, tmp_path_factory):
     """Under pytest-xdist, an ``alone`` test runs while no other test does (its bounds, e.g.
-    a step that must not wait takes < 20 ms, assume the job has the cores to itself): a
+    rounds that must not wait take < 50 ms, assume the job has the cores to itself): a
     readers-writer lock over the workers, ``alone`` tests the writers. The writer takes the
     gate first and keeps new readers out until it has the cores, so that it is not starved.
     """
