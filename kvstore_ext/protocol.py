@@ -23,10 +23,10 @@ __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN'
            'encode_optimizer', 'decode_optimizer', 'field', 'check_rank', 'check_paths']
 
 #: Checked at the hand-shake. 2: state keys (the hello's state_keys); 3: 3 reply bytes an
-#: entry; 4: the finish counter's head has 3 elements (finished, leaving, exchanged: the
-#: round goes as pushpulls; a server of 3 keeps a stale sum in element 2 and one of 4
-#: overwrites a worker of 3's first overflow mark), synchronous rounds go as pushpulls,
-#: and REGISTER's {'aux': True} and the AUX command exist.
+#: entry; 4: the finish counter's head has a third element, exchanged (whether the round
+#: goes as pushpulls: a server of 3 would keep a stale sum there, one of 4 overwrites a
+#: worker of 3's first overflow mark), synchronous rounds go as pushpulls, and REGISTER's
+#: {'aux': True} and the AUX command exist.
 PROTOCOL_VERSION = 4
 #: First two entries of every reply; a stock MXNet server leaves the status key at zero.
 MAGIC = (7301.0, 1789.0)
