@@ -75,7 +75,10 @@ class CommandChannel(object):
                     "server, which would train without mxdelay's rounds. In the training "
                     "script put `import mxdelay` before `import mxnet`, or launch through "
                     "the dispatcher: `mxdelay-launch -n N -s S mxdelay-run python train.py` "
-                    "(or MXNet's tools/launch.py ... mxdelay-run python train.py)." % server)
+                    "(or MXNet's tools/launch.py ... mxdelay-run python train.py). An "
+                    "mxdelay server of an earlier version that refused this worker's "
+                    "protocol looks the same (its log says so): install the same mxdelay "
+                    "version everywhere." % server)
             ok, payload, _ = reply
             if not ok:
                 raise ValueError('mxdelay server %d refused the hand-shake: %s'

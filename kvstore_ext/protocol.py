@@ -22,7 +22,12 @@ __all__ = ['PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN'
            'command_rank', 'encode_reply', 'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
            'encode_optimizer', 'decode_optimizer', 'field', 'check_rank', 'check_paths']
 
-PROTOCOL_VERSION = 3  # 2: state keys (the hello's state_keys); 3: 3 reply bytes an entry
+#: Checked at the hand-shake. 2: state keys (the hello's state_keys); 3: 3 reply bytes an
+#: entry; 4: the finish counter's head has a third element, exchanged (whether the round
+#: goes as pushpulls: a server of 3 would keep a stale sum there, one of 4 overwrites a
+#: worker of 3's first overflow mark), synchronous rounds go as pushpulls, and REGISTER's
+#: {'aux': True} and the AUX command exist.
+PROTOCOL_VERSION = 4
 #: First two entries of every reply; a stock MXNet server leaves the status key at zero.
 MAGIC = (7301.0, 1789.0)
 COMMAND_PREFIX = 'mxdelay:'

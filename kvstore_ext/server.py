@@ -23,7 +23,7 @@ import numpy as np
 import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
-from . import agreement, appliers, checkpoint, env, protocol, pull_codecs, registry
+from . import agreement, appliers, checkpoint, env, finish, protocol, pull_codecs, registry
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, UnknownOptimizerError, describe_optimizer,
                          flatten_state, format_differences, optimizer_differences,
@@ -73,6 +73,9 @@ class DelayServer(KVStoreServer):
         self._rounds = RoundKeeper(updater_errors=appliers.UPDATER_ERRORS[
             env.get_choice('MXDELAY_UPDATER_ERRORS')]())
         self._hellos = {}              # worker rank -> hello body
+        # A hello of another protocol version: what the hand-shake round tells every worker
+        # (that worker's own command reply may find no status key to be written into yet).
+        self._version_refusal = None
         self._status = None            # this server's status key (NDArray), from the hand-shake
         self._sent_optimizers = {}     # worker rank -> describe_optimizer of its last OPTIMIZER
         self._rescale_grad = None      # the job's rescale_grad: rank 0's at the hand-shake
@@ -171,6 +174,15 @@ class DelayServer(KVStoreServer):
         # only on `stored`; the sum into `merged` may still be reading that memory (a held
         # round, or the status key, never writes `stored`): finish it first.
         merged.wait_to_read()
+        if self._layout is None and self._version_refusal is not None \
+                and key // self._layout_servers() == 0 \
+                and stored.size == protocol.reply_len(self._num_workers) * self._num_workers:
+            # The hand-shake round of workers of another protocol version (their hello set
+            # up no layout): refuse them, rather than answer them as a stock server would.
+            self._status = stored
+            for rank in range(self._num_workers):
+                self._reply(rank, False, self._version_refusal)
+            return
         if self._layout is None:
             # No hand-shake: a stock 'dist_sync' worker; do what MXNet's server does.
             if self._stock_refusal is not None:
@@ -273,9 +285,11 @@ class DelayServer(KVStoreServer):
 
     def _on_hello(self, body):
         if body.get('protocol') != protocol.PROTOCOL_VERSION:
-            raise ValueError('worker speaks protocol %s, this server %d: install the same '
-                             'mxdelay version everywhere' % (body.get('protocol'),
-                                                             protocol.PROTOCOL_VERSION))
+            self._version_refusal = (
+                'worker %.20r speaks protocol %.20r, server %s speaks %d: install the same '
+                'mxdelay version everywhere' % (body.get('rank'), body.get('protocol'),
+                                                self._server_rank, protocol.PROTOCOL_VERSION))
+            raise ValueError(self._version_refusal)
         rank = self._check_hello(body)
         num_servers = env.get_int('DMLC_NUM_SERVER') or 1
         if self._layout is None:
@@ -311,7 +325,8 @@ class DelayServer(KVStoreServer):
     def handshake_reply(self):
         """``(ok, payload)``: what the hand-shake round answers every worker now (§4.3); on
         success it fixes the job's rescale_grad and AMP's skipping of overflowed rounds."""
-        refusal = agreement.hello_refusal(self._hellos, self._num_workers, self._server_rank)
+        refusal = self._version_refusal or agreement.hello_refusal(
+            self._hellos, self._num_workers, self._server_rank)
         if refusal is not None:
             return False, refusal
         reference = self._hellos[0]
@@ -602,10 +617,22 @@ class DelayServer(KVStoreServer):
                                      'its weight %s' % (path, chunk, tuple(array.shape),
                                                         weight.shape))
 
+    def _upgrade_saved_counter(self, path, chunks):
+        # A file of mxdelay before the counter's exchanged element (kvstore_ext.finish).
+        for chunk, saved in chunks.items():
+            if chunk in self._chunks and self._chunks.is_counter(chunk) \
+                    and isinstance(saved, dict):
+                chunks[chunk] = finish.upgrade_saved(saved, self._chunks.size(chunk))
+                if chunks[chunk] is not saved:
+                    _LOG.info('%s: the finish counter of %d elements (saved before its '
+                              'exchanged element) converted to %d', path, saved['size'],
+                              chunks[chunk]['size'])
+
     def _validate_load(self, path, body):
         """LOAD's check phase: read `path` and validate every field, changing nothing."""
         try:
             state, states, optimizer = self._read_saved(path, body)
+            self._upgrade_saved_counter(path, state['chunks'])
             self._chunks.check_saved(path, state['chunks'])
             self._check_saved_rounds(path, state['chunks'], body)
             self._check_saved_arrays(path, state['chunks'], states, optimizer)

@@ -23,9 +23,10 @@ from support.jobs import _CURRENT
 #: so that the job runs once (test_example.py's second test also resumes the first's
 #: checkpoint, and test_faults.py's table collects every fault's row). Every other test is
 #: a unit of its own. test_conftest.py checks that this set names every such module.
-SHARED_JOB_MODULES = frozenset(['tests/test_checkpoint_format.py', 'tests/test_example.py',
-                                'tests/test_faults.py', 'tests/test_load_atomic.py',
-                                'tests/test_local_rank.py', 'tests/test_stock_pin.py'])
+SHARED_JOB_MODULES = frozenset(['tests/test_checkpoint_format.py', 'tests/test_error_types.py',
+                                'tests/test_example.py', 'tests/test_faults.py',
+                                'tests/test_load_atomic.py', 'tests/test_local_rank.py',
+                                'tests/test_stock_pin.py', 'tests/test_updater_errors.py'])
 
 
 def pytest_configure(config):
@@ -55,7 +56,7 @@ def pytest_runtest_setup(item):
 @pytest.fixture(autouse=True)
 def _cores(request, tmp_path_factory):
     """Under pytest-xdist, an ``alone`` test runs while no other test does (its bounds, e.g.
-    a step that must not wait takes < 20 ms, assume the job has the cores to itself): a
+    rounds that must not wait take < 50 ms, assume the job has the cores to itself): a
     readers-writer lock over the workers, ``alone`` tests the writers. The writer takes the
     gate first and keeps new readers out until it has the cores, so that it is not starved.
     """

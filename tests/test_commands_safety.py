@@ -16,6 +16,7 @@ is answered.
 import json
 import os
 import pickle
+import re
 import sys
 
 import numpy as np
@@ -28,7 +29,7 @@ from kvstore_ext import protocol
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.protocol import Command
 from kvstore_ext.server import DelayServer
-from support.jobs import PidFile, assert_ok, run_job
+from support.jobs import PidFile, assert_ok, run_job, worker_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, 'scripts', 'forged_commands_job.py')
@@ -217,6 +218,23 @@ def test_a_bad_hello_is_refused_before_it_changes_anything(fields, pattern):
         server.command(Command.HELLO, hello(0))
 
 
+@pytest.mark.parametrize('version', [3, 5, None, '4'])
+def test_a_hello_of_another_protocol_version_is_refused(version):
+    # 3 is the version before the finish counter's third head element (exchanged) and aux
+    # chunks: such a worker and this server would silently disagree on the counter.
+    assert protocol.PROTOCOL_VERSION == 4
+    server = DelayServer.offline(rank=0, num_workers=2)
+    message = ('worker 1 speaks protocol %r, server 0 speaks 4: install the same mxdelay '
+               'version everywhere' % version)
+    with pytest.raises(ValueError) as refused:
+        server.command(Command.HELLO, hello(1, protocol=version))
+    assert str(refused.value) == message
+    assert server._hellos == {}  # pylint: disable=protected-access
+    # The hand-shake round tells every worker, also those whose hello was good.
+    server.command(Command.HELLO, hello(0))
+    assert server.handshake_reply() == (False, message)
+
+
 def test_slots_0_through_the_controller_leaves_the_server_up():
     server = DelayServer.offline(rank=0, num_workers=1)
     controller = server._controller()  # pylint: disable=protected-access
@@ -307,3 +325,21 @@ def test_a_stock_client_without_the_opt_in_ends_its_job_with_the_reason(tmp_path
     pids.assert_all_dead()
     assert result.returncode not in (0, 124), result   # failed, and not by the timeout
     assert 'unpickles only with MXDELAY_ALLOW_PICKLE=1' in result.stderr + result.stdout
+
+
+@pytest.mark.jobs
+def test_workers_of_another_protocol_version_are_refused_in_a_real_job(tmp_path):
+    # tests/scripts/old_protocol_job.py: workers whose hello says protocol 3. Every worker
+    # raises the server's refusal (before protocol 4 they were told "not mxdelay's server").
+    pids = PidFile(tmp_path / 'pids')
+    result = run_job(pids.wrap([sys.executable, os.path.join(HERE, 'scripts',
+                                                             'old_protocol_job.py')]),
+                     num_workers=2, timeout=75, extra_launcher_args=('--timeout', '60'))
+    pids.assert_all_dead()
+    assert result.returncode not in (0, 124), result   # failed, and not by the timeout
+    for rank in range(2):
+        lines = worker_lines(result.stderr, rank)
+        assert any(re.search(r"^ValueError: mxdelay server 0 refused the hand-shake: worker [01] "
+                             r"speaks protocol 3, server 0 speaks 4: install the same mxdelay "
+                             r"version everywhere$", line) for line in lines), result.stderr
+        assert 'initialised' not in worker_lines(result.stdout, rank)

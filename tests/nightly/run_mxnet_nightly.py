@@ -276,9 +276,9 @@ def _write_results(folder, meta, modes, stores, results, table):
                      meta['source_sha256'], meta['workers'], meta['servers'], meta['timeout'],
                      ', '.join('`%s=%s`' % item for item in sorted(meta['environment'].items())),
                      table))
-        dst.write('\nTime per job: %s.\n' % ', '.join(
-            '%s on %s %s' % (row['mode'], row['store'], row['detail']) for row in rows
-            if row['outcome'] == 'pass'))
+        passed = ['%s on %s %s' % (row['mode'], row['store'], row['detail']) for row in rows
+                  if row['outcome'] == 'pass']
+        dst.write('\nTime per job: %s.\n' % (', '.join(passed) or 'none, no job passed'))
 
 
 def build_parser():

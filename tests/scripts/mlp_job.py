@@ -106,7 +106,7 @@ def main():
     history = {name: [] for name in names.values()}
     if config.get('record_grads'):
         history.update({'grad_' + name: [] for name in names.values()})
-    times, rounds = [], []
+    times, rounds, clock = [], [], []
     size = config.get('batch_sizes', {}).get(str(rank), config['batch'])
     if config.get('batches'):
         epoch = [size] * config['batches'][rank]                 # a batch size: a round's data
@@ -145,6 +145,7 @@ def main():
                 assert np.array_equal(copies[0], other), 'device copies differ'
             history[names[name]].append(copies[0])
         times.append(time.time() - start)
+        clock.append((start, start + times[-1]))   # wall clock: comparable across workers
         rounds.append(step)
         amp.record()
         if config.get('save_at') == step:
@@ -160,6 +161,7 @@ def main():
         synced = {'synced_' + names[name]: param.list_data()[0].asnumpy()
                   for name, param in net.collect_params().items()}
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
+             step_clock=np.array(clock).reshape(-1, 2),
              rounds=rounds, loss_scale=amp.scales, **{k: np.array(v) for k, v in history.items()},
              **synced)
     if config.get('end_marker'):   # the script's end (before anything atexit does)
