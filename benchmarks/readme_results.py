@@ -432,7 +432,7 @@ def short_table():
             ['%.0f' % base] + ['%.2fx' % (times[m]['window_samples_per_s'] / base)
                                for m in DELAYED], tta_link)
     for network, label in NETWORKS[:2]:
-        row('synchronous step (`dist_sync`; the warm-up of k), %s' % label,
+        row('synchronous step (`dist_sync`; the warm-up of k, before f25e036), %s' % label,
             ['%.0f ms' % tta['times']['%s/%s' % (network, m)]['sync_step_ms'] for m in methods],
             tta_link)
     last = {m: tta['accuracy'][m][-1] for m in methods}
@@ -462,7 +462,11 @@ def short_table():
         'during which other processes used at most %g cores (the mean of all seeds, and why it '
         'was replaced: [docs/results.md](docs/results.md)). Steady state: median of 3 '
         'interleaved rounds, most of them noisy. CNN: the global model after `sync_weights()`, '
-        'one seed. Every '
+        'one seed. The k columns\' synchronous steps (and so the derived times to accuracy) '
+        'were measured before the warm-up sent one pushpull per chunk (merge f25e036): since, '
+        'k=4\'s synchronous step is 1.13x stock\'s at 100 Mbit/s (1922 against 2179 ms, a noisy '
+        'machine: [warmup-pushpull-2026-12-03]'
+        '(docs/benchmarks/warmup-pushpull-2026-12-03/results.md)). Every '
         'figure with its conditions, and compression, sparse bytes, memory, round trip and '
         'scaling: docs/results.md, generated with this table by `python '
         'benchmarks/readme_results.py` from the committed results files.' % (
