@@ -35,6 +35,8 @@ from mxnet import nd
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.server import DelayServer
 
+from .native import native_round
+
 __all__ = ['Job', 'run_workers']
 
 _SET_MULTI_PRECISION = 1
@@ -129,23 +131,13 @@ class Job(object):
         self._barrier.wait()
 
     def _complete(self, key, values):
-        stored = self._stored[key]
-        wide = key in self._stored32
-        if wide:
+        if key in self._stored32:   # float16 pushes summed in float32
             values = [value.astype('float32') for value in values]
         merged = values[0]
         for value in values[1:]:
             merged = nd.elemwise_add(merged, value)
-        face = self._faces[self.server_of(key)]
-        if face._updater is None:
-            merged.copyto(stored)
-            return
-        server = self.servers[self.server_of(key)]
-        if wide:
-            server.complete_round(key, merged, self._stored32[key])
-            self._stored32[key].copyto(stored)   # the cast the native server makes
-        else:
-            server.complete_round(key, merged, stored)
+        native_round(self._faces[self.server_of(key)], self.servers[self.server_of(key)], key,
+                     merged, self._stored[key], self._stored32.get(key))
 
 
 class _Worker(object):
