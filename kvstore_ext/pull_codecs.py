@@ -32,7 +32,8 @@ from .checks import ArgumentTypeError, check_int
 from .dense import DenseKeys
 
 __all__ = ['PullSchedule', 'PullCodec', 'Float16Pull', 'Int8Pull', 'parse', 'EXAMPLE',
-           'Payload', 'ServerModel', 'PulledModel', 'PullModelDense', 'payload_bytes', 'bytes_per_pull']
+           'Payload', 'ServerModel', 'PulledModel', 'PullModelDense', 'payload_bytes',
+           'bytes_per_pull']
 
 F32 = np.float32
 
