@@ -427,11 +427,17 @@ def test_row_sparse_parameters_are_refused():
         store.init(0, nd.sparse.zeros('row_sparse', (4, 2)))
 
 
-def test_amp_is_refused_when_the_store_is_created():
+@pytest.mark.parametrize('compression,match', [
+    (None, 'pull_compression=.*cannot be combined with AMP'),
+    # Float16 pushes take compressed pulls now, but not AMP (its own refusal, §11).
+    (PUSH_FP16, "AMP's dynamic loss scaling cannot be combined with compression_params=.*fp16")],
+    ids=['push32', 'push16'])
+def test_amp_is_refused_when_the_store_is_created(compression, match):
     trainer = mxdelay.DelayedTrainer(mlp_params([mx.cpu()]), 'sgd', dict(OPT),
-                                     kvstore=delay_store(), pull_compression=FP16)
+                                     kvstore=delay_store(), pull_compression=FP16,
+                                     compression_params=compression)
     trainer._amp_loss_scaler = LossScaler()   # what amp.init_trainer sets
-    with pytest.raises(ValueError, match='pull_compression=.*cannot be combined with AMP'):
+    with pytest.raises(ValueError, match=match):
         trainer.rank  # pylint: disable=pointless-statement  (creates the kvstore)
 
 
