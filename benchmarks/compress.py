@@ -46,6 +46,10 @@ Usage (as root for the shaped links and the namespaces)::
     python benchmarks/compress.py --part report
     python benchmarks/compress.py --part plot
     python benchmarks/compress.py --part steady --out DIR   # a phases-only folder
+
+``--methods`` (``full``, ``phases``) defaults to the methods above and may name any method of
+``harness.METHODS`` (e.g. ``sync,k4-fp16,k4-fp16-pull-int8``: float16 pushes with int8
+compressed pulls).
 """
 import argparse
 import json
@@ -209,14 +213,14 @@ def part_steady(out):
     body = []
     for net_name in [n for n in tta.NETWORKS if any(r['network'] == n for r in rows)]:
         medians = {}
-        for method in METHODS:
+        for method in harness.METHODS:   # every method the runs have, in the registry's order
             runs = [r for r in rows if r['network'] == net_name and r['method'] == method
                     and r['exit'] == 0]
             if runs:
                 medians[method] = (statistics.median(r['window_samples_per_s'] for r in runs),
                                    runs)
         base = medians.get('sync', (None,))[0]
-        body += [[tta.NETWORKS[net_name][0], METHODS[method].label, '%.0f (%s)' % (
+        body += [[tta.NETWORKS[net_name][0], harness.METHODS[method].label, '%.0f (%s)' % (
             median, ' '.join('%.0f' % r['window_samples_per_s'] for r in runs)),
                   '%.2fx' % (median / base) if base else '-', '%d of %d' % (
                       sum(r.get('noisy') in (True, 'True') for r in runs), len(runs))]
@@ -236,13 +240,19 @@ def main(argv=None):
     parser.add_argument('--tokens', type=int, default=20, help='sparse: token ids per sample')
     parser.add_argument('--out', default=os.path.join(harness.REPO, OUT))
     parser.add_argument('--scratch', default=os.path.join(harness.REPO, SCRATCH))
+    parser.add_argument('--methods', default=','.join(METHODS),
+                        help="full, phases: the methods, any of harness.METHODS (default: "
+                             "this file's)")
     if argv[:1] == ['--role']:  # a process of a sparse job: --role VARIANT STEPS TOKENS OUT
         sparse_worker(argv[1], int(argv[2]), int(argv[3]), 128, argv[4])
         return 0
     args, rest = parser.parse_known_args(argv)
-    # tta.py's parts, labels and stock checks run on this file's methods.
+    # tta.py's parts, labels and stock checks run on this file's methods and those asked for
+    # (an unknown name is tta.py's error).
     tta.METHODS.clear()
     tta.METHODS.update(METHODS)
+    tta.METHODS.update(harness.methods(*[m for m in args.methods.split(',')
+                                         if m in harness.METHODS]))
     os.makedirs(args.out, exist_ok=True)
     if args.part == 'sparse':
         part_sparse(args)
@@ -257,8 +267,7 @@ def main(argv=None):
                  '--scratch', os.path.relpath(args.scratch, harness.REPO)]
     if args.part == 'full' and '--seeds' not in rest:
         forwarded += ['--seeds', '1']
-    if '--methods' not in rest:
-        forwarded += ['--methods', ','.join(METHODS)]
+    forwarded += ['--methods', args.methods]
     return tta.main(forwarded + rest, command='python benchmarks/compress.py')
 
 

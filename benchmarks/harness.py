@@ -100,6 +100,9 @@ METHODS = {
     'k4-pull-int8': Method('k=4 + pull int8', delay=4, extra=('--pull-compression', 'int8')),
     'k4-2bit-pull-int8': Method('k=4 + 2bit 0.05 + pull int8', delay=4,
                                 extra=('--pull-compression', 'int8'), compression='2bit:0.05'),
+    # float16 pushes with int8 pulls: the fewest bytes of the exact-sum settings (§2.11).
+    'k4-fp16-pull-int8': Method('k=4 + fp16 + pull int8', delay=4,
+                                extra=('--pull-compression', 'int8'), compression='fp16'),
 }
 
 

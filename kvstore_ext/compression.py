@@ -19,7 +19,8 @@ The codecs: :data:`NONE` (no ``compression_params``: pushes as they are), ``'fp1
 :class:`Codec` and calls :func:`register`; nothing else changes. Compressed pulls are the
 other direction and a setting of their own (``pull_compression``, :mod:`kvstore_ext.pull_codecs`,
 docs/design.md §2.12): they send ``C(W - x̂)`` from the servers at pulled rounds, with any
-push codec whose pulls read the slot keys.
+push codec (``Codec.pulled_model_keys``: float16 pushes keep their pull keys for the exact
+pulls).
 
 Errors carry MXNet 1.9.1's message for the same input and are both ``mxnet.base.MXNetError``
 (what MXNet raises) and ``ValueError`` (or ``TypeError``).
@@ -30,6 +31,7 @@ import numpy as np
 from mxnet import nd
 from mxnet.base import MXNetError
 
+from . import pull_codecs
 from .checks import ArgumentTypeError
 from .dense import DenseKeys
 
@@ -161,6 +163,11 @@ class Codec(object):
     def dense_keys(self, native, slots):
         """The data path of this codec's dense keys (:class:`kvstore_ext.dense.DenseKeys`)."""
         return DenseKeys(native, slots, self)
+
+    def pulled_model_keys(self, native, slots, pull_codec, schedule):
+        """The data path of this codec's dense keys with compressed pulls (`pull_codec`,
+        `schedule`: :mod:`kvstore_ext.pull_codecs`, docs/design.md §2.12)."""
+        return pull_codecs.PullModelDense(native, slots, self, pull_codec, schedule)
 
     def for_tensor(self, size):
         """A new :class:`TensorCodec` for a dense tensor of `size` elements."""

@@ -231,8 +231,7 @@ class DistDelay(KVStoreBase):
         replies = self._link.start(layout, hello, codec)
         self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
         self._placement = Placement(layout, self._chunk_size)
-        self._dense = (pull_codecs.PullModelDense(self._native, slots, codec, self._pull_codec,
-                                                  schedule)
+        self._dense = (codec.pulled_model_keys(self._native, slots, self._pull_codec, schedule)
                        if schedule else codec.dense_keys(self._native, slots))
         self._rows = sparse.RowSparseKeys(self._native, slots, codec)
         self._aux = AuxKeys(self._native, slots)
@@ -247,16 +246,10 @@ class DistDelay(KVStoreBase):
         Raises
         ------
         ValueError
-            If the settings lack the schedule, or the pushes are float16.
+            If the settings lack the schedule.
         """
         if self._pull_codec is None:
             return None
-        if self._codec.pull_keys:
-            raise ValueError("pull_compression=%r cannot be combined with compression_params=%r "
-                             "(float16 pushes pull from float32 pull keys of their own): use "
-                             "compression_params={'type': '2bit', ...} or None with it, or "
-                             "drop pull_compression" % (self._pull_codec.describe(),
-                                                        self._codec.describe()))
         missing = [name for name in ('delay', 'warmup_steps') if name not in self._config]
         if missing:
             raise ValueError(
@@ -722,7 +715,7 @@ class DistDelay(KVStoreBase):
         was last pulled at)} (empty without)."""
         if self._pull_codec is None:
             return {}
-        return {k: pull_codecs.PullModelDense.state(t) for k, t in self._tensors.items()
+        return {k: pull_codecs.PulledModel.state(t) for k, t in self._tensors.items()
                 if t.model is not None}
 
     def set_pulled_models(self, models):
@@ -739,7 +732,7 @@ class DistDelay(KVStoreBase):
                              'pull_compression or model' % (sorted(models, key=str),
                                                             sorted(mine, key=str)))
         for key, state in models.items():
-            pull_codecs.PullModelDense.load_state(self._tensors[key], state)
+            pull_codecs.PulledModel.load_state(self._tensors[key], state)
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Pull rows `row_ids` of row_sparse `key` after this worker's last pushed round.

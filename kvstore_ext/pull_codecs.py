@@ -20,8 +20,10 @@ did not carry stays in ``W - x̂`` and goes out with the next pull (error feedba
   point types"), and a float16 key's pulls depend on the native server's multi-precision
   flag, uninitialised unless set (docs/design.md §9); a float32 key is copied byte for byte.
   The worker reads the bytes through a float16 or uint8 NDArray over the same memory;
-- :class:`ServerModel`: a server's ``x̂`` of one chunk; :class:`PullModelDense`: the
-  worker's dense keys with a model key per chunk.
+- :class:`ServerModel`: a server's ``x̂`` of one chunk; :class:`PulledModel`: the worker's
+  model key per chunk, over any dense keys' data path (:class:`PullModelDense`: float32 or
+  2bit pushes; :class:`kvstore_ext.wire.PullKeyModelDense`: float16 pushes, whose exact
+  pulls read the pull keys while the compressed ones read the model key).
 """
 import numpy as np
 from mxnet import nd
@@ -30,7 +32,8 @@ from .checks import ArgumentTypeError, check_int
 from .dense import DenseKeys
 
 __all__ = ['PullSchedule', 'PullCodec', 'Float16Pull', 'Int8Pull', 'parse', 'EXAMPLE',
-           'Payload', 'ServerModel', 'PullModelDense', 'payload_bytes', 'bytes_per_pull']
+           'Payload', 'ServerModel', 'PulledModel', 'PullModelDense', 'payload_bytes',
+           'bytes_per_pull']
 
 F32 = np.float32
 
@@ -307,9 +310,15 @@ class Payload(object):
         model[0:1].copyto(self.head)                      # the next pull after the decode
 
 
-class PullModelDense(DenseKeys):
-    """Dense keys whose scheduled pulls read a compressed model key per chunk
-    (:meth:`pull_compressed`); :meth:`pull` stays exact (the slot keys hold W).
+class PulledModel(object):
+    """The worker's side of compressed pulls, mixed into a dense keys' data path (before it in
+    the bases): a model key per chunk, whose scheduled pulls (:meth:`pull_compressed`) bring
+    ``x̂``; :meth:`pull` stays the data path's own, exact (the slot keys, or with float16
+    pushes the pull keys, hold W).
+
+    The data path's hooks are extended, not replaced: every method calls the next class's
+    (:class:`PullModelDense` over :class:`kvstore_ext.dense.DenseKeys`,
+    :class:`kvstore_ext.wire.PullKeyModelDense` over float16 pushes' pull keys).
 
     Parameters
     ----------
@@ -320,12 +329,12 @@ class PullModelDense(DenseKeys):
     """
 
     def __init__(self, native, slots, codec, pull_codec, schedule):
-        super(PullModelDense, self).__init__(native, slots, codec)
+        super(PulledModel, self).__init__(native, slots, codec)
         self.pull_codec = pull_codec
         self.schedule = schedule
 
     def place(self, placement, key, value):
-        tensor = super(PullModelDense, self).place(placement, key, value)
+        tensor = super(PulledModel, self).place(placement, key, value)
         tensor.model = nd.zeros(tensor.size, dtype=np.float32)
         tensor.payloads = [Payload(self.pull_codec, c.stop - c.start) for c in tensor.chunks]
         tensor.model_round = -1
@@ -333,15 +342,17 @@ class PullModelDense(DenseKeys):
         return tensor
 
     def init_entries(self, tensor, value):
-        keys, values, sizes = super(PullModelDense, self).init_entries(tensor, value)
+        keys, values, sizes = super(PulledModel, self).init_entries(tensor, value)
         for chunk, payload in zip(tensor.chunks, tensor.payloads):
             keys.append(chunk.model_key)
             values.append(nd.zeros(payload.payload.size, dtype=np.float32))
         return keys, values, sizes
 
     def after_init(self, tensors):
-        """Collective: one round of zeros into the model keys (the servers keep their stored
-        arrays from it), waited for; then each tensor's ``x̂`` := W_0, an exact pull."""
+        """Collective: the data path's own (float16 pushes: the pull keys' round of zeros),
+        then one round of zeros into the model keys (the servers keep their stored arrays
+        from it), waited for; then each tensor's ``x̂`` := W_0, an exact pull."""
+        super(PulledModel, self).after_init(tensors)
         keys, views = [], []
         for tensor in tensors:
             for chunk, payload in zip(tensor.chunks, tensor.payloads):
@@ -362,8 +373,9 @@ class PullModelDense(DenseKeys):
             # The server overwrites the model key at the next pulled round; that round needs
             # this push, which must therefore wait for the last compressed pull to return.
             for payload in tensor.payloads:
-                payload.head.copyto(tensor.heads[slot])
+                payload.head.copyto(tensor.heads[slot])   # float16 send buffers: a cast
             tensor.model_pending = False
+        super(PulledModel, self)._before_push(tensor, slot)
 
     def pull_compressed(self, tensor, outs, priority):
         """Pull round ``tensor.next_round - 1``'s payload, advance ``x̂`` and copy it into
@@ -424,6 +436,11 @@ class PullModelDense(DenseKeys):
         tensor.model[:] = np.asarray(model, dtype=np.float32).reshape(-1)
         tensor.model_round = int(model_round)
         tensor.model_pending = False
+
+
+class PullModelDense(PulledModel, DenseKeys):
+    """Dense keys whose pulls read the slot keys, with compressed pulls (:class:`PulledModel`;
+    float16 pushes: :class:`kvstore_ext.wire.PullKeyModelDense`)."""
 
 
 def bytes_per_pull(codec, sizes):

@@ -17,15 +17,17 @@ float32 and keep ``W`` and the optimizer state in float32; pulls return float32 
 This module is the whole worker side of it: the codec (:class:`Float16`, registered as
 ``'fp16'``), the float16 copy (:class:`Float16Tensor`) and the data path of keys with pull
 keys (:class:`PullKeyDense`: the engine ordering between a slot's float16 send buffer and
-its float32 receive buffer).
+its float32 receive buffer), and with compressed pulls (:class:`PullKeyModelDense`: the
+scheduled pulls read the model key, the exact ones the pull keys, docs/design.md §2.12).
 """
 from mxnet import nd
 
 from .compression import Codec, CompressionError, TensorCodec, float32_only, register
 from .dense import DenseKeys
+from .pull_codecs import PulledModel
 
-__all__ = ['Float16', 'Float16Tensor', 'PullKeyDense', 'enable_float32_sums', 'fill_send_buffer',
-           'order_pull', 'order_push', 'push_handle_round']
+__all__ = ['Float16', 'Float16Tensor', 'PullKeyDense', 'PullKeyModelDense', 'enable_float32_sums',
+           'fill_send_buffer', 'order_pull', 'order_push', 'push_handle_round']
 
 #: MXNet's command id of ``kSetMultiPrecision`` (``kvstore_dist_server.h``, ``CommandType``);
 #: handled by the native server in C++, never by mxdelay's controller.
@@ -126,6 +128,9 @@ class Float16(Codec):
     def dense_keys(self, native, slots):
         return PullKeyDense(native, slots, self)
 
+    def pulled_model_keys(self, native, slots, pull_codec, schedule):
+        return PullKeyModelDense(native, slots, self, pull_codec, schedule)
+
     def for_tensor(self, size):
         return Float16Tensor()
 
@@ -187,6 +192,15 @@ class PullKeyDense(DenseKeys):
     def _order_after_earlier_rounds(self, tensor, last):
         # The pull lands in a buffer of its own.
         order_pull(tensor, self._earlier_rounds(tensor, last), last)
+
+
+class PullKeyModelDense(PulledModel, PullKeyDense):
+    """:class:`PullKeyDense` with compressed pulls (:class:`kvstore_ext.pull_codecs.PulledModel`):
+    the servers write W into the pull keys and, at pulled rounds, ``C(W - x̂)`` into the
+    model key; :meth:`pull` (``sync_weights``, the initial ``x̂``) reads the pull keys, the
+    scheduled pulls the model key. The compressed pull orders itself behind the float16 send
+    buffers' pushes as the exact one does, and the next push into a slot waits for both
+    (the model key's wait first, then the pull key's)."""
 
 
 register('fp16', _parse_float16)

@@ -95,7 +95,8 @@ class DelayedTrainer(gluon.Trainer):
         servers send the compressed difference between ``W`` and the model they last sent;
         every worker then holds the same pulled model, which lags ``W`` by what was not sent
         yet (it goes out with the next pull). ``sync_weights`` and checkpoints stay exact.
-        Not with float16 pushes, AMP or row_sparse parameters (docs/design.md §2.12).
+        With any compression_params (float16 pushes too); not with AMP or row_sparse
+        parameters (docs/design.md §2.12).
 
     Raises
     ------
@@ -152,7 +153,7 @@ class DelayedTrainer(gluon.Trainer):
             _refuse_compressed_sparse_grads(params, compressed)
         self._pull_codec = pull_codecs.parse(pull_compression)   # checks it
         if self._pull_codec is not None:
-            _refuse_compressed_pulls(params, self._pull_codec, compressed)
+            _refuse_compressed_pulls(params, self._pull_codec)
         registration_order = _parameter_names(params)  # before Gluon sorts them
         self._rule = create_rule(local_rule, dc_lambda)
         self._local_lr = None if local_lr is None else float(local_lr)
@@ -463,14 +464,8 @@ def _refuse_compressed_sparse_grads(params, compressed):
                 % (compressed.describe(), param.name, grad_stype))
 
 
-def _refuse_compressed_pulls(params, pull_codec, compressed):
+def _refuse_compressed_pulls(params, pull_codec):
     """Refuse what compressed pulls do not support (docs/design.md §2.12)."""
-    if compressed is not None and compressed.pull_keys:
-        raise ValueError("pull_compression=%r cannot be combined with compression_params=%r: "
-                         "float16 pushes pull from float32 pull keys of their own; use "
-                         "compression_params=None or {'type': '2bit', ...} with "
-                         "pull_compression, or drop pull_compression"
-                         % (pull_codec.describe(), compressed.describe()))
     for param in (params.values() if hasattr(params, 'values') else params):
         stypes = (getattr(param, '_grad_stype', 'default'), getattr(param, '_stype', 'default'))
         if stypes != ('default', 'default'):

@@ -355,7 +355,9 @@ PULL = {
     'k4-pull-fp16': ('k=4 + pull fp16', DELAYED + ['4', '--pull-compression', 'fp16']),
     'k4-pull-int8': ('k=4 + pull int8', DELAYED + ['4', '--pull-compression', 'int8']),
     'k4-2bit-pull-int8': ('k=4 + 2bit 0.05 + pull int8', DELAYED + [
-        '4', '--pull-compression', 'int8', '--compression', '2bit:0.05'])}
+        '4', '--pull-compression', 'int8', '--compression', '2bit:0.05']),
+    'k4-fp16-pull-int8': ('k=4 + fp16 + pull int8', DELAYED + [
+        '4', '--pull-compression', 'int8', '--compression', 'fp16'])}
 
 
 def test_pull_compression_methods(tmp_path, launched, monkeypatch):
@@ -374,6 +376,19 @@ def test_pull_compression_methods(tmp_path, launched, monkeypatch):
             DATA + ['--out', os.path.join(scratch, 'full', name + '-s1', 'worker-{rank}.json')])
         assert _changes(kwargs['env']) == CLEAN
     assert len(launched.calls) == len(PULL)
+
+
+def test_compress_phases_take_any_registry_method(tmp_path, launched):
+    # compress.py's own methods by default; --methods may add the registry's (e.g. float16
+    # pushes with int8 pulls), labelled and launched as the registry says.
+    assert compress.main(['--part', 'phases', '--out', str(tmp_path / 'out'), '--scratch',
+                          str(tmp_path / 's'), '--rounds', '1', '--networks', 'loopback',
+                          '--methods', 'sync,k4-fp16-pull-int8']) == 1
+    runs = [argv[argv.index(WORKER) + 1:argv.index('--warmup-steps')]
+            for argv, _ in launched.calls]
+    assert runs == [['--mode', 'sync'], PULL['k4-fp16-pull-int8'][1]]
+    assert tta.METHODS['k4-fp16-pull-int8'] is harness.METHODS['k4-fp16-pull-int8']
+    assert list(compress.METHODS) == list(EXPECTED['compress'])
 
 
 def test_worker_pull_compression_option():

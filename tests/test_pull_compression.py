@@ -7,19 +7,22 @@ What is tested, and against what:
 - the numpy reference (tests/reference.py with ``pull_compression``) **bit for bit**, in
   one process through the real store and servers: one worker (support/native.py) and 2 and
   3 workers in threads (support/native_workers.py), warm-up and k > 1, 'fp16' and 'int8',
-  uncompressed and 2bit pushes, 1 and 2 servers with chunks; the gradients are Gluon's
+  uncompressed, 2bit and float16 pushes, 1 and 2 servers with chunks; the gradients are Gluon's
   backward made exactly mlp_model's numpy gradient (support/model.py), so every bit left
   is the store's, the servers' and the rules'. Each case also checks that the reference
   without compressed pulls differs (the test sees the compression);
 - after every applied pull every worker's x̂ is the servers' x̂, bit for bit;
 - error feedback: with W fixed, repeated pulls bring x̂ to W (no drift);
 - ``sync_weights`` gives exactly W and leaves x̂ (workers' and servers') untouched;
-  a checkpoint resumes bit for bit;
+  a checkpoint resumes bit for bit (both also with float16 pushes, whose exact pulls read
+  their pull keys while the compressed ones read the model keys);
 - the codecs alone (server encode, worker decode: the same float32 bits) and the bytes a
   pull carries, from the model keys' sizes;
-- refusals: bad parameters, float16 pushes, row_sparse parameters, AMP, a store without a
-  schedule, a compressed pull at a round that is not pulled, or after a skipped one;
-- a real 2-worker job against the reference (marked ``jobs``).
+- refusals: bad parameters, row_sparse parameters, AMP, a store without a schedule, a
+  compressed pull at a round that is not pulled, or after a skipped one; float16 pushes
+  are taken (once refused), with both the pull keys and the model keys;
+- real 2-worker jobs against the reference (marked ``jobs``): fp16 pulls; int8 pulls with
+  2bit pushes; int8 pulls with float16 pushes.
 """
 import numpy as np
 import pytest
@@ -41,6 +44,8 @@ from support.reference_jobs import MLP_BASE, run_mlp_job
 
 FP16 = {'type': 'fp16'}
 INT8 = {'type': 'int8', 'block_size': 32}
+PUSH_FP16 = {'type': 'fp16'}            # compression_params: float16 pushes (§2.11)
+PUSH_2BIT = {'type': '2bit', 'threshold': 0.5}
 OPT = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}
 
 
@@ -54,13 +59,19 @@ def reference_of(pull_compression, chunk_size=None):
     return ('int8', pull_compression.get('block_size', pull_codecs.DEFAULT_BLOCK), chunk_size)
 
 
-def simulate(num_workers, steps, delay, warmup, pull_compression, threshold=None,
+def push_of(compression):
+    """The reference's arguments for the pushes of `compression` (compression_params)."""
+    return {'fp16': compression == PUSH_FP16,
+            'compression_threshold': compression and compression.get('threshold')}
+
+
+def simulate(num_workers, steps, delay, warmup, pull_compression, compression=None,
              chunk_size=None):
     return reference.simulate(mlp_model.init_params(), numpy_grad, num_workers, steps, delay,
                               warmup, OPT['learning_rate'], momentum=OPT['momentum'],
                               wd=OPT['wd'], rescale_grad=1.0 / BATCH,
-                              compression_threshold=threshold,
-                              pull_compression=reference_of(pull_compression, chunk_size))
+                              pull_compression=reference_of(pull_compression, chunk_size),
+                              **push_of(compression))
 
 
 def models_of(store):
@@ -216,34 +227,39 @@ def test_model_keys_follow_the_state_keys_and_leave_other_keys_unchanged():
 # -- against the reference, in one process -------------------------------------------------
 @pytest.mark.parametrize('setting', [FP16, INT8])
 @pytest.mark.parametrize('delay,warmup', [(1, 0), (3, 2)])
-def test_one_worker_matches_the_reference_bit_for_bit(setting, delay, warmup):
-    history, agreed = train(delay_store(), 0, 12, delay, warmup, setting)
+@pytest.mark.parametrize('compression', [None, PUSH_FP16], ids=['push32', 'push16'])
+def test_one_worker_matches_the_reference_bit_for_bit(setting, delay, warmup, compression):
+    history, agreed = train(delay_store(), 0, 12, delay, warmup, setting, compression)
     assert all(agreed) and agreed
-    assert_matches([history], simulate(1, 12, delay, warmup, setting))
-    assert differs([history], simulate(1, 12, delay, warmup, None))
+    assert_matches([history], simulate(1, 12, delay, warmup, setting, compression))
+    assert differs([history], simulate(1, 12, delay, warmup, None, compression))
 
 
 CASES = [
-    # (num_workers, num_servers, delay, warmup, pull setting, 2bit threshold)
+    # (num_workers, num_servers, delay, warmup, pull setting, compression_params)
     (2, 1, 2, 3, FP16, None),
     (3, 2, 3, 2, FP16, None),
     (2, 2, 4, 0, INT8, None),
     (3, 1, 2, 1, {'type': 'int8'}, None),
-    (2, 1, 2, 2, FP16, 0.5),
-    (3, 2, 3, 1, INT8, 0.5),
+    (2, 1, 2, 2, FP16, PUSH_2BIT),
+    (3, 2, 3, 1, INT8, PUSH_2BIT),
+    (2, 2, 2, 3, FP16, PUSH_FP16),
+    (3, 1, 3, 2, FP16, PUSH_FP16),
+    (2, 1, 4, 0, INT8, PUSH_FP16),
+    (3, 2, 2, 1, INT8, PUSH_FP16),
 ]
 
 
-@pytest.mark.parametrize('num_workers,num_servers,delay,warmup,setting,threshold', CASES,
-                         ids=['N%d-S%d-k%d-W%d-%s-%s' % (c[0], c[1], c[2], c[3], c[4]['type'],
-                                                         'push2bit' if c[5] else 'push32')
-                              for c in CASES])
+@pytest.mark.parametrize('num_workers,num_servers,delay,warmup,setting,compression', CASES,
+                         ids=['N%d-S%d-k%d-W%d-%s-push%s'
+                              % (c[0], c[1], c[2], c[3], c[4]['type'],
+                                 {None: '32', 'fp16': '16', '2bit': '2bit'}[
+                                     c[5] and c[5]['type']]) for c in CASES])
 def test_workers_match_the_reference_bit_for_bit(monkeypatch, num_workers, num_servers, delay,
-                                                 warmup, setting, threshold):
+                                                 warmup, setting, compression):
     # Chunks of 50 elements: w1 (128) and w2 (64) span chunks, on both servers with 2.
     monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
     steps = 12
-    compression = None if threshold is None else {'type': '2bit', 'threshold': threshold}
 
     def work(rank, store):
         return train(store, rank, steps, delay, warmup, setting, compression)
@@ -251,9 +267,9 @@ def test_workers_match_the_reference_bit_for_bit(monkeypatch, num_workers, num_s
     histories = [history for history, _ in results]
     for _, agreed in results:
         assert agreed and all(agreed), 'a worker\'s x̂ differed from the servers\''
-    assert_matches(histories, simulate(num_workers, steps, delay, warmup, setting, threshold,
+    assert_matches(histories, simulate(num_workers, steps, delay, warmup, setting, compression,
                                        chunk_size=50))
-    assert differs(histories, simulate(num_workers, steps, delay, warmup, None, threshold))
+    assert differs(histories, simulate(num_workers, steps, delay, warmup, None, compression))
 
 
 def test_no_drift_repeated_pulls_bring_the_model_to_w():
@@ -281,7 +297,11 @@ def test_no_drift_repeated_pulls_bring_the_model_to_w():
 
 
 # -- exact pulls, checkpoints ------------------------------------------------------------------
-def test_sync_weights_is_exact_and_leaves_the_pulled_model(monkeypatch):
+@pytest.mark.parametrize('setting,compression', [(FP16, None), (INT8, PUSH_FP16)],
+                         ids=['fp16-push32', 'int8-push16'])
+def test_sync_weights_is_exact_and_leaves_the_pulled_model(monkeypatch, setting, compression):
+    # With float16 pushes sync_weights reads the pull keys, the compressed pulls the model
+    # keys: both hold what they should after the same rounds.
     monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
     seen = {}
 
@@ -297,14 +317,16 @@ def test_sync_weights_is_exact_and_leaves_the_pulled_model(monkeypatch):
             assert rnd == before[key][1]
         seen[store.rank] = models_of(store)
 
-    run_workers(2, lambda rank, store: train(store, rank, 9, 2, 1, FP16, after=after))
+    run_workers(2, lambda rank, store: train(store, rank, 9, 2, 1, setting, compression,
+                                             after=after))
     for key, (mine, theirs) in seen[0].items():
         np.testing.assert_array_equal(mine, theirs)
         np.testing.assert_array_equal(mine, seen[1][key][0])
 
 
-def test_save_and_load_resume_bit_for_bit(tmp_path):
-    args = dict(delay=3, warmup_steps=1, pull_compression=INT8)
+@pytest.mark.parametrize('compression', [None, PUSH_FP16], ids=['push32', 'push16'])
+def test_save_and_load_resume_bit_for_bit(tmp_path, compression):
+    args = dict(delay=3, warmup_steps=1, pull_compression=INT8, compression_params=compression)
 
     def run(trainer, params, first, steps, out):
         for step in range(first, first + steps):
@@ -331,7 +353,7 @@ def test_save_and_load_resume_bit_for_bit(tmp_path):
     # Another pull_compression cannot resume from it.
     params3 = mlp_params([mx.cpu()])
     other = mxdelay.DelayedTrainer(params3, 'sgd', dict(OPT), kvstore=delay_store(),
-                                   delay=3, warmup_steps=1, pull_compression=FP16)
+                                   **dict(args, pull_compression=FP16))
     with pytest.raises(ValueError, match="pull_compression .*'int8'.*resume with the same"):
         other.load_states(str(tmp_path / 'ckpt'))
 
@@ -352,17 +374,43 @@ def test_bad_parameters_are_refused_at_construction(value, match):
                                kvstore='dist_delay', pull_compression=value)
 
 
-def test_fp16_pushes_are_refused_with_compressed_pulls():
-    with pytest.raises(ValueError, match="(?s)pull_compression=.*cannot be combined with "
-                                         "compression_params=.*fp16.*drop pull_compression"):
-        mxdelay.DelayedTrainer(mlp_params([mx.cpu()]), 'sgd', dict(OPT), kvstore='dist_delay',
-                               compression_params={'type': 'fp16'}, pull_compression=FP16)
+def test_fp16_pushes_take_compressed_pulls_with_pull_keys_and_model_keys():
+    # Once refused: float16 pushes pull from float32 pull keys of their own. Now a chunk has
+    # both, and the trainer takes the combination.
+    mxdelay.DelayedTrainer(mlp_params([mx.cpu()]), 'sgd', dict(OPT), kvstore='dist_delay',
+                           compression_params=PUSH_FP16, pull_compression=INT8)
     store = delay_store()
-    store.set_gradient_compression({'type': 'fp16'})
-    store.set_config(delay=2, warmup_steps=1)
-    store.set_pull_compression(FP16)
-    with pytest.raises(ValueError, match='cannot be combined with compression_params'):
-        store.init(0, nd.zeros(3))
+    store.set_gradient_compression(PUSH_FP16)
+    store.set_config(delay=2, warmup_steps=0)
+    store.set_pull_compression(INT8)
+    store.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+    rs = np.random.RandomState(5)
+    w0 = rs.randn(70).astype(np.float32)
+    store.init(0, nd.array(w0))
+    chunk = store._tensors[0].chunks[0]
+    native = store._native
+    assert chunk.pull_keys != chunk.keys and chunk.model_key not in chunk.pull_keys
+    assert {np.dtype(native._stored[k].dtype) for k in chunk.keys} == {np.dtype(np.float16)}
+    assert {np.dtype(native._stored[k].dtype) for k in chunk.pull_keys + [chunk.model_key]} \
+        == {np.dtype(np.float32)}
+    out, exact = nd.zeros(70), nd.zeros(70)
+    xhat = w0
+    for rnd in range(5):
+        grad = rs.randn(70).astype(np.float32)
+        store.push(0, nd.array(grad))
+        w = server_weights(store, 0)
+        np.testing.assert_array_equal(w, w0 - np.float32(0.5) * grad.astype(np.float16)
+                                      .astype(np.float32))
+        w0 = w
+        if rnd % 2 == 0:          # rounds 0, 2, 4 are pulled (k = 2, W = 0)
+            store.pull_compressed(0, out=out)
+            xhat = xhat + reference.pull_int8(w - xhat, INT8['block_size'])
+            np.testing.assert_array_equal(out.asnumpy(), xhat)
+            np.testing.assert_array_equal(store._tensors[0].model.asnumpy(),
+                                          native.servers[0].pulled_model(chunk.chunk_id))
+        store.pull(0, out=exact)  # the pull key: W exactly, every round
+        np.testing.assert_array_equal(exact.asnumpy(), w)
+    assert not np.array_equal(xhat, w)
 
 
 def test_row_sparse_parameters_are_refused():
@@ -379,11 +427,17 @@ def test_row_sparse_parameters_are_refused():
         store.init(0, nd.sparse.zeros('row_sparse', (4, 2)))
 
 
-def test_amp_is_refused_when_the_store_is_created():
+@pytest.mark.parametrize('compression,match', [
+    (None, 'pull_compression=.*cannot be combined with AMP'),
+    # Float16 pushes take compressed pulls now, but not AMP (its own refusal, §11).
+    (PUSH_FP16, "AMP's dynamic loss scaling cannot be combined with compression_params=.*fp16")],
+    ids=['push32', 'push16'])
+def test_amp_is_refused_when_the_store_is_created(compression, match):
     trainer = mxdelay.DelayedTrainer(mlp_params([mx.cpu()]), 'sgd', dict(OPT),
-                                     kvstore=delay_store(), pull_compression=FP16)
+                                     kvstore=delay_store(), pull_compression=FP16,
+                                     compression_params=compression)
     trainer._amp_loss_scaler = LossScaler()   # what amp.init_trainer sets
-    with pytest.raises(ValueError, match='pull_compression=.*cannot be combined with AMP'):
+    with pytest.raises(ValueError, match=match):
         trainer.rank  # pylint: disable=pointless-statement  (creates the kvstore)
 
 
@@ -421,8 +475,9 @@ def test_compressed_pull_only_at_pulled_rounds_and_none_skipped():
 
 # -- a real job -----------------------------------------------------------------------------
 @pytest.mark.jobs
-@pytest.mark.parametrize('setting,compression', [(FP16, None),
-                                                 (INT8, {'type': '2bit', 'threshold': 0.5})])
+@pytest.mark.parametrize('setting,compression', [(FP16, None), (INT8, PUSH_2BIT),
+                                                 (INT8, PUSH_FP16)],
+                         ids=['fp16-push32', 'int8-push2bit', 'int8-push16'])
 def test_two_worker_job_matches_the_reference_bit_for_bit(tmp_path, setting, compression):
     config = dict(MLP_BASE, delay=3, warmup_steps=2, pull_compression=setting,
                   record_grads=True, sync_at_end=True,
@@ -436,7 +491,7 @@ def test_two_worker_job_matches_the_reference_bit_for_bit(tmp_path, setting, com
             mlp_model.init_params(), grad_fn, 2, config['steps'], config['delay'],
             config['warmup_steps'], config['lr'], momentum=config['momentum'], wd=config['wd'],
             rescale_grad=1.0 / config['batch'], pull_compression=pull_compression,
-            compression_threshold=compression and compression['threshold'])
+            **push_of(compression))
     trajectory = replay(reference_of(setting, 50))
     for rank, history in histories.items():
         for t in range(config['steps']):

@@ -40,7 +40,7 @@ from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.server import DelayServer
 
 __all__ = ['InProcessNative', 'delay_store', 'server_weights', 'events', 'pushes',
-           'server_optimizer']
+           'server_optimizer', 'native_round']
 
 _SET_MULTI_PRECISION = 1   # MXNet's kSetMultiPrecision (kvstore_dist_server.h)
 
@@ -159,16 +159,22 @@ class InProcessNative(object):
         for value in values[1:]:   # elemwise_add: row_sparse + row_sparse stays row_sparse
             merged = nd.elemwise_add(merged, value.astype('float32') if wide
                                      else value.as_in_context(mx.cpu()))
-        face = self._faces[self.server_of(key)]
-        if face._updater is None:
-            merged.copyto(stored)
-            return
-        server = self.servers[self.server_of(key)]
-        if wide:
-            server.complete_round(key, merged, self._stored32[key])
-            self._stored32[key].copyto(stored)   # the cast the native server makes
-        else:
-            server.complete_round(key, merged, stored)
+        native_round(self._faces[self.server_of(key)], self.servers[self.server_of(key)], key,
+                     merged, stored, self._stored32.get(key))
+
+
+def native_round(face, server, key, merged, stored, stored32=None):
+    """The native server's end of a round of `key` (sum `merged`): without an updater on
+    `face` the sum is stored; else `server`'s round gets `stored` or, for a float16 key in
+    multi-precision mode, its float32 copy `stored32`, which is then cast into `stored`
+    (what pulls return)."""
+    if face._updater is None:
+        merged.copyto(stored)
+    elif stored32 is None:
+        server.complete_round(key, merged, stored)
+    else:
+        server.complete_round(key, merged, stored32)
+        stored32.copyto(stored)   # the cast the native server makes
 
 
 def _pairs(keys, values):

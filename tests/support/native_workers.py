@@ -9,7 +9,10 @@ What it does is what MXNet's native store does in sync mode (``kvstore_dist.h``,
   engine orders the copy into a slot buffer after the slot's last acknowledgement); the
   round of a key completes when every worker has pushed it: the pushes are summed in rank
   order (MXNet sums in arrival order: the same for two workers, and a fixed order keeps
-  three reproducible) and the server's updater runs, as in :mod:`support.native`;
+  three reproducible) and the server's updater runs, as in :mod:`support.native`; after
+  command id 1 (``kSetMultiPrecision``) a float16 key's pushes are cast to float32 and
+  summed in float32, its updater gets a float32 copy of the stored value, which is then
+  cast into the float16 value that pulls return (as :mod:`support.native`);
 - a pull waits until every push this worker has issued is complete (MXNet orders a pull of
   a slot after that slot's push, and mxdelay's stores order it after every earlier round,
   docs/design.md §2.4; waiting for all of them is the same for pulls issued after a round's
@@ -24,12 +27,16 @@ import os
 import threading
 import types
 
+import numpy as np
+
 import mxdelay  # noqa: F401  before mxnet
 import mxnet as mx
 from mxnet import nd
 
 from kvstore_ext.dist_delay import DistDelay
 from kvstore_ext.server import DelayServer
+
+from .native import native_round
 
 __all__ = ['Job', 'run_workers']
 
@@ -49,6 +56,8 @@ class Job(object):
         self.servers = [DelayServer(face) for face in self._faces]
         self._controllers = [server._controller() for server in self.servers]
         self._stored = {}
+        self._stored32 = {}       # key -> its float32 copy (multi-precision, float16 keys)
+        self._multi_precision = False
         self._pending = {}        # key -> {rank: value copy} of the round being pushed
         self._completed = {}      # key -> rounds completed
         self._pushed = [dict() for _ in range(num_workers)]   # rank -> key -> pushes
@@ -70,6 +79,8 @@ class Job(object):
                 for key, value in zip(keys, values):
                     value = value[0] if isinstance(value, (list, tuple)) else value
                     self._stored[key] = value.copyto(mx.cpu())
+                    if self._multi_precision and np.dtype(value.dtype) == np.float16:
+                        self._stored32[key] = value.astype('float32')
                     self._completed[key] = 0
             self._cond.notify_all()
         self._barrier.wait()
@@ -100,6 +111,10 @@ class Job(object):
                 for target in targets if isinstance(targets, (list, tuple)) else [targets]:
                     self._stored[key].copyto(target)
 
+    def set_multi_precision(self):
+        with self._cond:
+            self._multi_precision = True   # the native server's, never the controller's
+
     def command(self, body):
         with self._cond:
             saved = os.environ.get('DMLC_NUM_SERVER')
@@ -117,15 +132,13 @@ class Job(object):
         self._barrier.wait()
 
     def _complete(self, key, values):
-        stored = self._stored[key]
+        if key in self._stored32:   # float16 pushes summed in float32
+            values = [value.astype('float32') for value in values]
         merged = values[0]
         for value in values[1:]:
             merged = nd.elemwise_add(merged, value)
-        face = self._faces[self.server_of(key)]
-        if face._updater is None:
-            merged.copyto(stored)
-            return
-        self.servers[self.server_of(key)].complete_round(key, merged, stored)
+        native_round(self._faces[self.server_of(key)], self.servers[self.server_of(key)], key,
+                     merged, self._stored[key], self._stored32.get(key))
 
 
 class _Worker(object):
@@ -164,7 +177,8 @@ class _Worker(object):
 
     def _send_command_to_servers(self, cmd_id, body):
         if cmd_id == _SET_MULTI_PRECISION:
-            raise NotImplementedError('float16 pushes are not modelled with several workers')
+            self._job.set_multi_precision()
+            return
         self._job.command(body.encode('utf-8') if isinstance(body, str) else body)
 
     def set_gradient_compression(self, compression_params):
