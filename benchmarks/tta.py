@@ -78,7 +78,9 @@ def parse_args(argv=None):
                         help='results folder (default: %(default)s)')
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'tta'),
                         help='raw per-run files and logs (default: %(default)s)')
-    parser.add_argument('--methods', default=','.join(DEFAULT_METHODS))
+    parser.add_argument('--methods', default=','.join(DEFAULT_METHODS),
+                        help='any of benchmarks/harness.py METHODS (default: %(default)s; '
+                             'report: the runs\' methods outside the default)')
     parser.add_argument('--seeds', default='1,2,3', help='full: seeds (default: %(default)s)')
     parser.add_argument('--epochs', type=int, default=10, help='full (default: %(default)s)')
     parser.add_argument('--networks', default=','.join(NETWORKS),
@@ -98,6 +100,9 @@ def parse_args(argv=None):
     args.seeds = [int(s) for s in args.seeds.split(',') if s]
     args.networks = [n for n in args.networks.split(',') if n]
     for name in args.methods:
+        if name not in METHODS and name in harness.METHODS:
+            # any method of the registry (report: name the runs' methods again)
+            METHODS.update(harness.methods(name))
         if name not in METHODS:
             parser.error('unknown method %s' % name)
     for name in args.networks:
