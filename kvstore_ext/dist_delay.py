@@ -700,15 +700,15 @@ class DistDelay(KVStoreBase):
                                  'Parameters with differentiable=False (BatchNorm\'s running '
                                  'mean and variance), placed as such at init' % (k,))
         tensors = [self._tensors[k] for k in keys]
-        mine = [self._aux.contribution(_listed(v)) for v in values]
+        arrays = [_listed(v) for v in values]
+        mine = [self._aux.contribution(copies) for copies in arrays]
         if self._codec.exact_pushes:
             pushed = mine
         else:
             self._command(Command.AUX, {'chunks': self._aux.command_body(tensors, mine)},
                           refusal=ValueError)
             pushed = [tensor.zeros() for tensor in tensors]
-        self._aux.average(tensors, [_listed(v) for v in values], pushed, self.num_workers,
-                          priority)
+        self._aux.average(tensors, arrays, pushed, self.num_workers, priority)
 
     def pulled_models(self):
         """This worker's pulled models of compressed pulls: {key: (numpy x̂, the round it
@@ -929,11 +929,10 @@ class DistDelay(KVStoreBase):
             return None
         codec = self._codec if codec is None else codec
         pull_codec = self._pull_codec if pull_codec is None else (pull_codec or None)
-        itemsize = np.dtype(tensor.dtype).itemsize
         sizes = [chunk.stop - chunk.start for chunk in tensor.chunks]
         return (sum(codec.push_bytes(n, tensor.dtype) for n in sizes),
-                sum(itemsize * n if pull_codec is None else
-                    pull_codecs.payload_bytes(pull_codec, n) for n in sizes))
+                np.dtype(tensor.dtype).itemsize * tensor.size if pull_codec is None
+                else pull_codecs.bytes_per_pull(pull_codec, sizes))
 
     def send_buffer(self, key):
         """The buffer that this worker's last push of `key` sends from (held by the push until
