@@ -8,7 +8,7 @@ needs no MXNet.
 one pull of each at the steps that pulled (every synchronous step; every k-th delayed one).
 
 :func:`estimate`, from synchronous steps (the warm-up is exactly ``dist_sync``). Measured,
-per step: the step time ``S`` (mean span, :func:`mxdelay.trace.step_budget`), the wait
+per step: the step time ``S`` (mean span, :func:`step_budget`), the wait
 ``W`` (idle time released by communication), the communication time ``T`` (wall time
 with a push or pull outstanding) and the bytes as configured, ``P`` pushed and ``Q``
 pulled. The compute time is ``C = S - W``. For a setting that pushes ``P'`` and pulls
@@ -29,8 +29,8 @@ slower steps are left out (steady state only). It is an estimate to choose what 
 first, not a measurement.
 """
 
-__all__ = ['bytes_per_step', 'synchronous_budget', 'estimate', 'DELAYS', 'format_bytes',
-           'format_estimate']
+__all__ = ['bytes_per_step', 'step_budget', 'synchronous_budget', 'estimate', 'DELAYS',
+           'format_bytes', 'format_estimate']
 
 #: The delays the estimate shows (1: synchronous, dist_sync).
 DELAYS = (1, 2, 4, 8)
@@ -65,11 +65,41 @@ def bytes_per_step(rows, round_bytes, schedule=None):
             'received': round_bytes['pull'] * pulls / steps if steps else 0.0}
 
 
+def step_budget(rows):
+    """The mean step of `rows` and the share of it spent waiting for communication.
+
+    A step's time is its span (first push to the next step's first push), so the last row,
+    whose span has no next step, is left out.
+
+    Parameters
+    ----------
+    rows : list of dict
+        Rows of :func:`mxdelay.trace.summarize`, in step order.
+
+    Returns
+    -------
+    dict or None
+        ``steps`` (rows counted), ``step_ms`` (mean span), ``wait_ms`` (mean wait),
+        ``wait_share`` (``wait_ms / step_ms``) and ``speedup_bound``
+        (``step_ms / (step_ms - wait_ms)``: the speed-up if no step waited, which bounds
+        what hiding communication, e.g. by the delayed update, can give); None with fewer
+        than 2 rows.
+    """
+    if len(rows) < 2:
+        return None
+    spans = [later['first_push'] - row['first_push'] for row, later in zip(rows, rows[1:])]
+    step_ms = sum(spans) / len(spans)
+    wait_ms = sum(row['wait_ms'] for row in rows[:-1]) / len(spans)
+    return {'steps': len(spans), 'step_ms': step_ms, 'wait_ms': wait_ms,
+            'wait_share': wait_ms / step_ms if step_ms else 0.0,
+            'speedup_bound': step_ms / (step_ms - wait_ms) if step_ms > wait_ms else float('inf')}
+
+
 def synchronous_budget(rows):
     """``S``, ``W``, ``T`` and ``C`` (ms per step) of the synchronous rows of `rows`.
 
     The rows of the warm-up (or, without phases, every row, taken as synchronous); as
-    :func:`mxdelay.trace.step_budget`, the last one is left out (its span has no end).
+    :func:`step_budget`, the last one is left out (its span has no end).
 
     Returns
     -------
@@ -79,12 +109,10 @@ def synchronous_budget(rows):
     """
     if any('phase' in row for row in rows):
         rows = [row for row in rows if row.get('phase') == 'warm-up']
-    if len(rows) < 2:
+    budget = step_budget(rows)
+    if budget is None:
         return None
-    spans = [later['first_push'] - row['first_push'] for row, later in zip(rows, rows[1:])]
-    count = len(spans)
-    step = sum(spans) / count
-    wait = sum(row['wait_ms'] for row in rows[:-1]) / count
+    step, wait, count = budget['step_ms'], budget['wait_ms'], budget['steps']
     return {'steps': count, 'step_ms': step, 'wait_ms': wait, 'compute_ms': step - wait,
             'comm_ms': sum(row['comm_ms'] for row in rows[:-1]) / count}
 

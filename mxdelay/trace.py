@@ -87,6 +87,9 @@ import bisect
 import json
 import sys
 
+from . import estimate
+from .estimate import step_budget
+
 __all__ = ['MARKER_DOMAIN', 'summarize', 'parameter_rows', 'totals', 'format_table',
            'step_budget', 'phase_groups', 'main']
 
@@ -415,36 +418,6 @@ def phase_groups(rows):
     return groups
 
 
-def step_budget(rows):
-    """The mean step of `rows` and the share of it spent waiting for communication.
-
-    A step's time is its span (first push to the next step's first push), so the last row,
-    whose span has no next step, is left out.
-
-    Parameters
-    ----------
-    rows : list of dict
-        Rows of :func:`summarize`, in step order.
-
-    Returns
-    -------
-    dict or None
-        ``steps`` (rows counted), ``step_ms`` (mean span), ``wait_ms`` (mean wait),
-        ``wait_share`` (``wait_ms / step_ms``) and ``speedup_bound``
-        (``step_ms / (step_ms - wait_ms)``: the speed-up if no step waited, which bounds
-        what hiding communication, e.g. by the delayed update, can give); None with fewer
-        than 2 rows.
-    """
-    if len(rows) < 2:
-        return None
-    spans = [later['first_push'] - row['first_push'] for row, later in zip(rows, rows[1:])]
-    step_ms = sum(spans) / len(spans)
-    wait_ms = sum(row['wait_ms'] for row in rows[:-1]) / len(spans)
-    return {'steps': len(spans), 'step_ms': step_ms, 'wait_ms': wait_ms,
-            'wait_share': wait_ms / step_ms if step_ms else 0.0,
-            'speedup_bound': step_ms / (step_ms - wait_ms) if step_ms > wait_ms else float('inf')}
-
-
 def _format_budget(budget):
     if budget is None:
         return 'fewer than 2 steps recorded: no step time'
@@ -529,7 +502,6 @@ def main(argv=None):
                          'mxdelay.timeline.recording or MXDELAY_TIMELINE' % (path, err))
         out += ['## %s' % path, '', format_table(rows), '', _format_budget(step_budget(rows)), '']
         if meta.get('bytes'):
-            from . import estimate  # pylint: disable=import-outside-toplevel
             out += [estimate.format_bytes(phase_groups(rows), meta['bytes'], schedule), '',
                     estimate.format_estimate(rows, meta['bytes']), '']
     sys.stdout.write('\n'.join(out))
