@@ -247,12 +247,10 @@ def main(argv=None):
         sparse_worker(argv[1], int(argv[2]), int(argv[3]), 128, argv[4])
         return 0
     args, rest = parser.parse_known_args(argv)
-    # tta.py's parts, labels and stock checks run on this file's methods and those asked for
-    # (an unknown name is tta.py's error).
+    # tta.py's parts, labels and stock checks run on this file's methods and, added by tta.py's
+    # --methods, those asked for (an unknown name is tta.py's error).
     tta.METHODS.clear()
     tta.METHODS.update(METHODS)
-    tta.METHODS.update(harness.methods(*[m for m in args.methods.split(',')
-                                         if m in harness.METHODS]))
     os.makedirs(args.out, exist_ok=True)
     if args.part == 'sparse':
         part_sparse(args)
