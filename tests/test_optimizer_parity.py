@@ -38,13 +38,16 @@ import sys
 
 import numpy as np
 import pytest
+import mxdelay
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
 from support.jobs import SCRIPTS, run_job, stock_env
+from support.model import BATCH, backward_at, mlp_params
+from support.native import delay_store
 from support.reference_jobs import run_mlp_job, run_stock_job
 from kvstore_ext import protocol
-from kvstore_ext.optimizers import whole_tensor_name
+from kvstore_ext.optimizers import whole_tensor_name, whole_tensor_refusal
 from kvstore_ext.protocol import Command
 from kvstore_ext.server import DelayServer
 from scripts import mlp_model
@@ -262,6 +265,46 @@ def test_server_refuses_lamb_set_after_a_split_tensor_was_registered():
     unsplit = _server(128)
     unsplit.command(Command.OPTIMIZER, _optimizer(MyLamb()))
     assert unsplit.command(Command.REGISTER, {'rank': 0, 'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 100]]})
+
+
+def test_refusal_of_a_tensor_at_or_beyond_mxnets_bound_says_to_raise_the_bound():
+    # A tensor of MXNET_KVSTORE_BIGARRAY_BOUND elements or more cannot be one chunk at any
+    # MXDELAY_CHUNK_SIZE (chunks stay below the bound): the fix raises the bound too.
+    tensors = {0: {'name': 'embed_weight', 'size': 2000000, 'chunks': 4},
+               1: {'name': 'fc_weight', 'size': 1000, 'chunks': 1}}
+    message = whole_tensor_refusal(mx.optimizer.LARS(), tensors, 524288, 1000000)
+    assert message == (
+        "LARS: its layer-wise learning rate is computed from the norms of the whole weight "
+        "and gradient, but the mxdelay servers apply the optimizer per chunk of "
+        "MXDELAY_CHUNK_SIZE=524288 elements, and parameter 'embed_weight' (2000000 elements) "
+        "spans 4 chunks: each chunk would get its own ratio, unlike dist_sync. Fix: set "
+        "MXNET_KVSTORE_BIGARRAY_BOUND above 2000000 and MXDELAY_CHUNK_SIZE to at least "
+        "2000000, alike on every worker and server; or use another optimizer (e.g. Adam or "
+        "SGD)")
+    assert whole_tensor_refusal(mx.optimizer.Adam(), tensors, 524288, 1000000) is None
+    assert whole_tensor_refusal(mx.optimizer.LBSGD(), tensors, 524288, 1000000) is None
+    del tensors[0]
+    assert whole_tensor_refusal(mx.optimizer.LARS(), tensors, 524288, 1000000) is None
+
+
+@pytest.mark.parametrize('optimizer,params,base', [
+    ('lamb', {}, 'LAMB'), ('lars', {'momentum': 0.9}, 'LARS'),
+    ('lbsgd', {'momentum': 0.9, 'warmup_strategy': 'lars'}, 'LBSGD')])
+def test_delayed_trainer_with_a_split_tensor_fails_at_its_first_step(monkeypatch, optimizer,
+                                                                     params, base):
+    # In process (support/native.py): the trainer initialises the store at its first step;
+    # the servers refuse the registration and the worker raises their message, which names
+    # the parameter, its size, the chunk size and the fix. mlp_params' w1 is 16 x 8.
+    monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '64')
+    parameters = mlp_params([mx.cpu()])
+    trainer = mxdelay.DelayedTrainer(parameters, optimizer, params, kvstore=delay_store(),
+                                     delay=2, warmup_steps=1)
+    backward_at(parameters, [mx.cpu()], 0)
+    with pytest.raises(RuntimeError, match=(
+            r"register failed: %s: .* whole .* MXDELAY_CHUNK_SIZE=64 elements, and parameter "
+            r"'w1' \(128 elements\) spans 2 chunks: .* Fix: set MXDELAY_CHUNK_SIZE to at least "
+            r"128 \(the largest tensor\) on every worker" % base)):
+        trainer.step(BATCH)
 
 
 @pytest.mark.jobs
