@@ -234,8 +234,8 @@ _NOT_MIRRORED = {
 #: sentence: "with an lr_scheduler, ...").
 _SCHEDULE_ORDER = (
     'a server calls the optimizer once per chunk, in the order in which the chunks\' rounds '
-    'complete, which depends on when each push arrives; stock dist_sync does the same and '
-    'then differs from gluon.Trainer (measured, one worker), so no worker can know which '
+    'complete, which depends on when each push arrives; stock dist_sync does the same (and '
+    'then differs from gluon.Trainer, with one worker too), so no worker can know which '
     'chunk got which value')
 
 
