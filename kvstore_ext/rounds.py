@@ -70,6 +70,10 @@ class RoundKeeper(object):
         # docs/design.md §2.11): W is written there instead of into the slot's own.
         self._pull_stores = {}
         self._multipliers = {}         # chunk id -> (lr_mult, wd_mult)
+        # The optimizer's idx2name by chunk id, for the names in the workers' idx2name
+        # (install): those names, and the dict the optimizer holds.
+        self._indexed_names = frozenset()
+        self._chunk_names = {}
         # Compressed pulls (docs/design.md §2.12): the codec and the pulled rounds, and per
         # chunk its pulled model x̂ (pull_codecs.ServerModel) with the model key's array.
         self._pull_codec = self._pull_schedule = None
@@ -95,6 +99,8 @@ class RoundKeeper(object):
         settings `codec` (a dict, :func:`kvstore_ext.appliers.check_codec`)."""
         self._multipliers[chunk] = types.SimpleNamespace(lr_mult=lr_mult, wd_mult=wd_mult)
         self._names[chunk] = name
+        if name in self._indexed_names:
+            self._chunk_names[chunk] = name
         self._codecs[chunk] = dict(codec or {})
         if counter:
             self._kinds[chunk] = appliers.COUNTER
@@ -131,6 +137,14 @@ class RoundKeeper(object):
         # worker's Parameters (MXNet's stock server loses them: param_dict is not pickled).
         # The same dict: chunks registered later are seen too.
         updater.optimizer.param_dict = self._multipliers
+        # idx2name names the workers' keys (the Module API's Parameter indexes; Gluon leaves
+        # it empty), and LARS reads it: no ratio for names ending in bias, gamma or beta.
+        # The servers key the optimizer by chunk id: each chunk gets its Parameter's name if
+        # the workers' idx2name holds it, as MXNet's server, keyed by Parameter, finds it.
+        self._indexed_names = frozenset(updater.optimizer.idx2name.values())
+        self._chunk_names = {chunk: name for chunk, name in self._names.items()
+                             if name in self._indexed_names}
+        updater.optimizer.idx2name = self._chunk_names
         self._choose_all()
 
     def _choose(self, chunk):

@@ -204,12 +204,14 @@ class LocalSGDRule(LocalRule):
 
 #: Optimizers the mirror runs locally (and their subclasses): their state is elementwise,
 #: shaped like the weight, so that a chunk's state on a server is the same elements of the
-#: whole tensor's state, and a local instance continues it exactly. LAMB and LARS also
-#: read norms of the whole tensor: the servers keep such tensors whole (one chunk;
-#: a tensor that would span several is refused when it is registered, docs/design.md §3.4),
-#: so the local copy, which holds the whole tensor, computes the same norms.
+#: whole tensor's state, and a local instance continues it exactly. LAMB, LARS and LBSGD
+#: (``warmup_strategy='lars'``) also read norms of the whole tensor: the servers keep such
+#: tensors whole (one chunk; a tensor that would span several is refused when it is
+#: registered, docs/design.md §3.4), so the local copy, which holds the whole tensor,
+#: computes the same norms. LARS and LBSGD are mirrored on conditions
+#: (:func:`_conditional_refusal`) and through a :class:`_Feed` of their own.
 MIRRORED = ('SGD', 'NAG', 'Adam', 'RMSProp', 'AdaGrad', 'AdaDelta', 'Ftrl', 'Signum', 'Adamax',
-            'FTML', 'LAMB', 'LARS')
+            'FTML', 'LAMB', 'LARS', 'LBSGD')
 
 #: Optimizers the mirror runs with row_sparse gradients (and their subclasses): those with
 #: MXNet's lazy update, whose kernels on the servers' full-row weights and on the worker's
@@ -218,16 +220,105 @@ SPARSE_MIRRORED = ('SGD', 'Adam')
 
 #: Optimizers refused by name, with why and what to use instead.
 _NOT_MIRRORED = {
-    'LBSGD': 'its learning rate is read before its update is counted (one round behind the '
-             'schedule of every other optimizer) and its warm-up keeps its own counters per '
-             'tensor',
-    'Nadam': "its m_schedule is one value for the whole optimizer, which a server advances "
-             "once per chunk per round (stock MXNet's servers differ from gluon.Trainer too); "
-             "use optimizer='adam' or 'nag'",
+    'Nadam': "its m_schedule is one number for the whole optimizer, multiplied at every update "
+             "call: a server calls it once per chunk per round, in the order the chunks' "
+             "rounds complete, which varies from run to run (stock MXNet's servers too; two "
+             "stock dist_sync jobs differ by 4.5e-2), so no worker can know the factor each "
+             "tensor got; use optimizer='adam' or 'nag'",
     'DCASGD': "MXNet 1.9.1's DCASGD fails with momentum; local_rule='dc' adds DC-ASGD's "
               "compensation to the local step of optimizer='sgd'",
     'SGLD': 'its step adds random noise, which a local copy cannot reproduce',
 }
+
+#: Why a learning-rate schedule cannot be mirrored, by optimizer (the first part of the
+#: sentence: "with an lr_scheduler, ...").
+_SCHEDULE_ORDER = (
+    'a server calls the optimizer once per chunk, in the order in which the chunks\' rounds '
+    'complete, which depends on when each push arrives; stock dist_sync does the same (and '
+    'then differs from gluon.Trainer, with one worker too), so no worker can know which '
+    'chunk got which value')
+
+
+def _conditional_refusal(base, optimizer):
+    """Why the mirror cannot follow `optimizer` (of MXNet class `base`) with its settings,
+    or None. LARS and LBSGD are mirrored exactly only where their servers' step does not
+    depend on the order in which a server updates its chunks (docs/design.md §1.4)."""
+    name = type(optimizer).__name__
+    scheduled = getattr(optimizer, 'lr_scheduler', None) is not None
+    if (base == 'LARS' and optimizer.momentum_correction and optimizer.momentum
+            and scheduled):
+        return (
+            '%s with momentum_correction=True and an lr_scheduler: the correction scales the '
+            'momentum by the ratio of the learning rates of two successive update calls, kept '
+            'once for the whole optimizer, so when the schedule changes the rate only the '
+            'chunk that a server updates first gets the ratio, and the others 1; %s. Without '
+            'an lr_scheduler the ratio is 1 at every call and the mirror is exact. Pass '
+            'momentum_correction=False (mirrored with a schedule too), or drop the '
+            'lr_scheduler (trainer.set_learning_rate changes the rate)' % (name, _SCHEDULE_ORDER))
+    if base == 'LBSGD' and scheduled:
+        return (
+            '%s with an lr_scheduler: it reads its learning rate before it counts the update, '
+            'from the optimizer-wide count, so in each round the chunk that a server updates '
+            "first gets the schedule's previous value and the others the current one; %s. "
+            'Without an lr_scheduler the rate is the same for every chunk and the mirror is '
+            'exact: drop the lr_scheduler (trainer.set_learning_rate changes the rate)'
+            % (name, _SCHEDULE_ORDER))
+    if base == 'LBSGD' and optimizer.batch_scale != 1:
+        return (
+            '%s with batch_scale=%r: it sums batch_scale rounds\' gradients before each update, '
+            'in a running sum per tensor kept in the servers\' optimizer object and not in its '
+            'state, which the switch cannot fetch (and MXNet\'s first sum aliases the '
+            'gradient buffer it was given). Use batch_scale=1 (its default)'
+            % (name, optimizer.batch_scale))
+    return None
+
+
+class _Feed(object):
+    """How :class:`MirrorRule` hands a step to its local optimizer, beyond lr, wd, the update
+    count and ``rescale_grad``; chosen once per optimizer class (:func:`_feed_for`). The
+    default feed gives ``(g_dc, N * rescale)``: ``rescale_grad * g`` is then ``N * g``
+    wherever the optimizer reads it."""
+
+    def gradient(self, grad, rescale, num_workers):
+        """The gradient and ``rescale_grad`` to give the local optimizer."""
+        return grad, rescale * num_workers
+
+    def before_update(self, local, ctx):
+        """Set what else the local optimizer reads, just before its update call."""
+
+
+class _LarsMomentumCorrection(_Feed):
+    """LARS with ``momentum_correction=True``: it multiplies the momentum by
+    ``cur_lr / last_lr``, the base rates of this update call and of the previous one, kept
+    once for the optimizer. A server's rate is the optimizer's (the multipliers apply after)
+    and, without a schedule, the same at every call: the ratio is 1. The local copy is given
+    each Parameter's rate with lr_mult folded in (:class:`_UnitMultipliers`), so its ratio
+    would be ``lr_mult / lr_mult of the previous Parameter``; setting the previous rate to
+    this call's makes it 1, the servers' ratio (exactly: ``x / x``)."""
+
+    def before_update(self, local, ctx):
+        local.cur_lr = ctx.lr   # LARS._get_lrs moves it to last_lr, then sets it to local.lr
+
+
+class _RawGradientNorms(_Feed):
+    """LBSGD with ``warmup_strategy='lars'``: its ratio reads the norm of the raw gradient,
+    before ``rescale_grad``, which on the servers is the sum of N workers' gradients. The
+    worker's gradient, standing in for each of the N, is given as ``N * g`` with the
+    worker's ``rescale_grad`` (with one worker ``1 * g``, the same values)."""
+
+    def gradient(self, grad, rescale, num_workers):
+        return grad * num_workers, rescale
+
+
+def _feed_for(optimizer):
+    """The :class:`_Feed` of `optimizer` (chosen once, at :meth:`MirrorRule.start`)."""
+    mro = [cls.__name__ for cls in type(optimizer).__mro__
+           if cls.__module__.startswith('mxnet.')]
+    if 'LARS' in mro and optimizer.momentum_correction and optimizer.momentum:
+        return _LarsMomentumCorrection()
+    if 'LBSGD' in mro and optimizer.warmup_strategy == 'lars':
+        return _RawGradientNorms()
+    return _Feed()
 
 
 class _UnitMultipliers(dict):
@@ -263,10 +354,11 @@ class MirrorRule(LocalRule):
     step (no state is fetched): ``v := mu*v - lr*(N*g_dc + wd*w')``, ``w' := w' + v``.
 
     Accepted: SGD, NAG, Adam, RMSProp (centered too), AdaGrad, AdaDelta, Ftrl, Signum,
-    Adamax, FTML, LAMB, LARS (``momentum_correction=False``) and their subclasses, as long as
-    their state is elementwise (arrays shaped like the weight). Refused by
-    :meth:`check_optimizer`: LBSGD, Nadam, DCASGD, SGLD and anything else (see
-    docs/design.md §1.4).
+    Adamax, FTML, LAMB, LARS (with ``momentum_correction=True`` only without an
+    lr_scheduler), LBSGD (``batch_scale=1``, without an lr_scheduler) and their subclasses, as
+    long as their state is elementwise (arrays shaped like the weight). Refused by
+    :meth:`check_optimizer`: Nadam, DCASGD, SGLD, the settings of LARS and LBSGD above, and
+    anything else (see docs/design.md §1.4).
     """
 
     def __init__(self, dc_lambda=0.0):
@@ -274,6 +366,7 @@ class MirrorRule(LocalRule):
         self._local = None         # the local optimizer (start)
         self._plain_sgd = False    # the single-kernel path applies (unless float16 + mp)
         self._sparse = frozenset()  # indices of Parameters with row_sparse gradients (start)
+        self._feed = _Feed()        # how the local optimizer is given a step (start)
 
     def check_optimizer(self, optimizer):
         name = type(optimizer).__name__
@@ -291,14 +384,14 @@ class MirrorRule(LocalRule):
                 "'sgd' (the literal local SGD step, which reads only the optimizer's learning "
                 "rate and wd), or gluon.Trainer on kvstore='dist_delay' (synchronous, any "
                 'optimizer)' % (name, why, ', '.join(MIRRORED)))
-        if 'LARS' in mro and optimizer.momentum_correction and optimizer.momentum:
+        condition = _conditional_refusal(accepted, optimizer)
+        if condition is not None:
             raise ValueError(
-                "local_rule='mirror' cannot mirror %s with momentum_correction=True: the "
-                'correction scales the momentum by the ratio of the learning rates of two '
-                'successive calls, which the servers make per chunk and the local copy per '
-                "Parameter (with lr_mult and wd_mult folded in), so the two drift apart. Pass "
-                "momentum_correction=False, or use local_rule='sgd' (the literal local SGD "
-                "step), or gluon.Trainer on kvstore='dist_delay'" % name)
+                "local_rule='mirror' runs a local copy of the servers' optimizer in the "
+                "delayed phase and cannot mirror %s. Or use local_rule='sgd' (the literal "
+                "local SGD step, which reads only the optimizer's learning rate and wd), or "
+                "gluon.Trainer on kvstore='dist_delay' (synchronous, any optimizer)"
+                % condition)
         probe = mx.nd.zeros((2, 3))
         try:
             arrays = flatten_state(optimizer.create_state(0, probe))
@@ -330,6 +423,7 @@ class MirrorRule(LocalRule):
         self._local = local
         self._plain_sgd = type(optimizer) is mx.optimizer.SGD  # noqa: E721
         self._sparse = frozenset(_sparse_grad_params(optimizer))
+        self._feed = _feed_for(optimizer)
 
     def _single_kernel(self, weight, index=None):
         if self._local is None:
@@ -371,13 +465,14 @@ class MirrorRule(LocalRule):
                               momentum=ctx.momentum, rescale_grad=rescale * ctx.num_workers,
                               clip_gradient=ctx.clip_gradient)
             return
-        local = self._local
+        local, feed = self._local, self._feed
         local.lr, local.wd = ctx.lr, ctx.wd
-        local.rescale_grad = rescale * ctx.num_workers
+        g, local.rescale_grad = feed.gradient(g, rescale, ctx.num_workers)
         # Round t is the servers' update t + 1 of the chunk (begin_num_update on).
         count = local.begin_num_update + ctx.step
         local._index_update_count[ctx.index] = count  # pylint: disable=protected-access
         local.num_update = count
+        feed.before_update(local, ctx)
         if local.aggregate_num > 0:
             # As the servers' mx.optimizer.Updater calls an aggregating optimizer: with lists,
             # which take its multi-tensor kernels (LAMB's multi_lamb_update rounds its norms

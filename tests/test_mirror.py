@@ -26,8 +26,9 @@ import mxdelay
 import mxnet as mx
 from mxnet import nd
 
-from support.model import BATCH, backward_at, mlp_params as make_params
+from support.model import BATCH, backward_at, backward_with, mlp_params as make_params, numpy_grad
 from support.native import delay_store, events, server_optimizer, server_weights
+from support.native_workers import run_workers
 from kvstore_ext.layout import KeyLayout
 from kvstore_ext.optimizers import flatten_state
 from kvstore_ext.rounds import RoundKeeper
@@ -54,7 +55,15 @@ OPTIMIZERS = {
     # Whole-tensor norms: the servers keep each tensor in one chunk (docs/design.md §1.4).
     'lamb': ('lamb', {'learning_rate': 0.01}),
     'lars': ('lars', {'learning_rate': 0.1, 'momentum': 0.9, 'momentum_correction': False}),
+    # momentum_correction=True (LARS's default), without an lr_scheduler: the servers' ratio
+    # is 1 at every call, and so is the local copy's (mxdelay.rules._LarsMomentumCorrection).
+    'lars-mc': ('lars', {'learning_rate': 0.1, 'momentum': 0.9}),
+    # batch_scale=1, without an lr_scheduler; 'lars' reads whole-tensor norms.
+    'lbsgd': ('lbsgd', {'learning_rate': 0.1, 'momentum': 0.9}),
+    'lbsgd-lars': ('lbsgd', {'learning_rate': 0.1, 'momentum': 0.9, 'warmup_strategy': 'lars'}),
 }
+#: The optimizers mirrored only without an lr_scheduler (docs/design.md §1.4).
+UNSCHEDULED = ('lars-mc', 'lbsgd', 'lbsgd-lars')
 #: Largest |w' - W| per (optimizer name, k), filled by the invariant test (reported with -s).
 MAX_DIFFERENCE = {}
 
@@ -111,11 +120,15 @@ def test_one_worker_local_weights_are_the_global_weights(name, delay):
 
 
 @pytest.mark.parametrize('name', ['adam', 'nag', 'rmsprop-centered', 'ftml', 'sgd', 'lamb',
-                                  'lars'])
+                                  'lars', 'lars-mc', 'lbsgd', 'lbsgd-lars'])
 def test_invariant_with_schedule_clipping_multipliers_and_two_devices(name):
+    # LARS with momentum_correction and LBSGD without the schedule (refused with one); the
+    # multipliers are what LARS's correction would see without mxdelay.rules'
+    # _LarsMomentumCorrection (a ratio of lr_mult 0.5 / 1 and 2 / 1 at every step).
     optimizer, optimizer_params = OPTIMIZERS[name]
-    params = dict(optimizer_params, wd=1e-3, clip_gradient=0.05,
-                  lr_scheduler=mx.lr_scheduler.FactorScheduler(step=3, factor=0.5))
+    params = dict(optimizer_params, wd=1e-3, clip_gradient=0.05)
+    if name not in UNSCHEDULED:
+        params['lr_scheduler'] = mx.lr_scheduler.FactorScheduler(step=3, factor=0.5)
     OPTIMIZERS['_case'] = (optimizer, params)
     try:
         check_invariant('_case', 3, optimizer != 'sgd', ctxs=[mx.cpu(0), mx.cpu(1)],
@@ -136,6 +149,53 @@ def test_invariant_with_float16_weights_and_multi_precision(name):
         del OPTIMIZERS['_case']
 
 
+def _trajectory(num_workers, optimizer, optimizer_params, delay, steps, scale):
+    """Every worker's weights after every step of a job of `num_workers` workers in one
+    process (support/native_workers.py), each worker's gradient `scale` times mlp_model's
+    gradient of worker 0 at step t; and the servers' final W."""
+    def train_one(rank, store):
+        ctxs = [mx.cpu()]
+        params = make_params(ctxs)
+        trainer = mxdelay.DelayedTrainer(params, optimizer, dict(optimizer_params),
+                                         kvstore=store, delay=delay, warmup_steps=WARMUP)
+        out = []
+        for step in range(steps):
+            weights = {p.name: p.data().asnumpy() for p in params}
+            backward_with(params, ctxs, {name: scale * g for name, g in
+                                         numpy_grad(weights, 0, step).items()})
+            trainer.step(BATCH)
+            out.append([p.data().asnumpy() for p in params])
+        return out, store
+    _, results = run_workers(num_workers, train_one)
+    store = results[0][1]
+    return [r[0] for r in results], [server_weights(store, i) for i in range(len(NAMES))]
+
+
+@pytest.mark.parametrize('name', ['lars-mc', 'lbsgd-lars', 'lamb', 'adam'])
+def test_two_workers_with_equal_gradients_are_one_worker_with_twice_the_gradient(name):
+    # Two workers whose gradients are both g: the servers sum g + g = 2g, and each worker's
+    # mirror applies the servers' optimizer to N * g = 2g, the same numbers (scaling by 2 is
+    # exact). Their weights are then those of one worker whose gradient is 2g (where
+    # w' = W), bit for bit at every step: a check of how each feed scales the worker's
+    # gradient by N (LBSGD 'lars' reads the norm of the raw gradient: without
+    # mxdelay.rules._RawGradientNorms its ratio would see g, not the servers' 2g).
+    optimizer, optimizer_params = OPTIMIZERS[name]
+    steps = WARMUP + 2 * 3 + 2
+    two, two_final = _trajectory(2, optimizer, optimizer_params, 3, steps, 1.0)
+    one, one_final = _trajectory(1, optimizer, optimizer_params, 3, steps, 2.0)
+    moved = False
+    for step in range(steps):
+        for i, pname in enumerate(NAMES):
+            want = one[0][step][i]
+            moved = moved or (step > WARMUP and (want != one[0][WARMUP][i]).any())
+            for rank in range(2):
+                np.testing.assert_array_equal(two[rank][step][i], want, err_msg='worker %d, '
+                                              'step %d, %s' % (rank, step, pname))
+    assert moved
+    for got, want in zip(two_final, one_final):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
     params = make_params([mx.cpu()])
     kv = delay_store()
@@ -154,8 +214,8 @@ def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
 
 # -- refusals --------------------------------------------------------------------------------
 REFUSED = [
-    ('lbsgd', 'LBSGD', r'before its update is counted'),
-    ('nadam', 'Nadam', r"m_schedule .* optimizer='adam' or 'nag'"),
+    ('nadam', 'Nadam', r"m_schedule .* in the order the chunks' rounds complete, .* "
+                       r"optimizer='adam' or 'nag'"),
     ('dcasgd', 'DCASGD', r"local_rule='dc'"),
     ('sgld', 'SGLD', r'random noise'),
     ('groupadagrad', 'GroupAdaGrad', r'none of the optimizers'),
@@ -173,11 +233,46 @@ def test_refused_at_construction_naming_it_and_what_to_use(optimizer, name, why)
     assert "local_rule='sgd'" in message and "gluon.Trainer on kvstore='dist_delay'" in message
 
 
-def test_lars_with_momentum_correction_is_refused():
-    with pytest.raises(ValueError, match=r'cannot mirror LARS with momentum_correction=True: '
-                                         r'.* Pass momentum_correction=False'):
-        mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'lars', {'momentum': 0.9},
+def _schedule():
+    return mx.lr_scheduler.FactorScheduler(step=3, factor=0.5)
+
+
+#: (optimizer, params, what the message says) of the settings refused for LARS and LBSGD.
+REFUSED_SETTINGS = [
+    ('lars', {'momentum': 0.9, 'lr_scheduler': _schedule},
+     r'cannot mirror LARS with momentum_correction=True and an lr_scheduler: .* only the '
+     r"chunk that a server updates first gets the ratio, .* in the order in which the chunks' "
+     r'rounds complete, .* Without an lr_scheduler the ratio is 1 at every call and the mirror '
+     r'is exact\. Pass momentum_correction=False'),
+    ('lbsgd', {'momentum': 0.9, 'lr_scheduler': _schedule},
+     r'cannot mirror LBSGD with an lr_scheduler: it reads its learning rate before it counts '
+     r"the update, .* the chunk that a server updates first gets the schedule's previous "
+     r'value and the others the current one; .* drop the lr_scheduler'),
+    ('lbsgd', {'momentum': 0.9, 'warmup_strategy': 'lars', 'batch_scale': 2},
+     r"cannot mirror LBSGD with batch_scale=2: it sums batch_scale rounds' gradients before "
+     r"each update, .* not in its state, which the switch cannot fetch .* Use batch_scale=1"),
+]
+
+
+@pytest.mark.parametrize('optimizer,params,why', REFUSED_SETTINGS,
+                         ids=['lars-mc-schedule', 'lbsgd-schedule', 'lbsgd-batch-scale'])
+def test_settings_of_lars_and_lbsgd_that_the_servers_apply_by_order_are_refused(
+        optimizer, params, why):
+    params = {k: v() if callable(v) else v for k, v in params.items()}
+    with pytest.raises(ValueError, match=why) as info:
+        mxdelay.DelayedTrainer(make_params([mx.cpu()]), optimizer, params,
                                kvstore=delay_store())
+    assert "local_rule='sgd'" in str(info.value)
+    assert "gluon.Trainer on kvstore='dist_delay'" in str(info.value)
+
+
+@pytest.mark.parametrize('params', [
+    {'momentum': 0.9, 'momentum_correction': False, 'lr_scheduler': _schedule},
+    {'momentum': 0.0, 'lr_scheduler': _schedule},    # no momentum: nothing to correct
+    {'momentum': 0.9}], ids=['no-correction', 'no-momentum', 'no-schedule'])
+def test_lars_is_accepted_where_its_correction_is_deterministic(params):
+    params = {k: v() if callable(v) else v for k, v in params.items()}
+    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'lars', params, kvstore=delay_store())
 
 
 def test_refused_optimizer_is_accepted_by_the_literal_rule():

@@ -86,12 +86,15 @@ def symbol(lr_mult=None):
 
 def optimizer_of(config):
     """``(name, params)`` of a job config's optimizer: 'optimizer' (default 'sgd'), 'lr', 'wd',
-    'momentum' (sgd and nag only) and any 'optimizer_params'."""
+    'momentum' (sgd and nag only), any 'optimizer_params' and 'lr_schedule' (the arguments
+    of an ``mx.lr_scheduler.FactorScheduler``)."""
     name = config.get('optimizer', 'sgd')
     params = {'learning_rate': config['lr'], 'wd': config.get('wd', 0.0)}
     if name in ('sgd', 'nag'):
         params['momentum'] = config.get('momentum', 0.0)
     params.update(config.get('optimizer_params', {}))
+    if config.get('lr_schedule'):
+        params['lr_scheduler'] = mx.lr_scheduler.FactorScheduler(**config['lr_schedule'])
     return name, params
 
 

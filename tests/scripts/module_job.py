@@ -6,7 +6,8 @@ Usage: ``mxdelay-launch -n N -s S [mxdelay-run] python module_job.py CONFIG_JSON
 CONFIG keys: ``kvstore`` (the type string given to ``Module.fit``), ``mode``, ``epochs``,
 ``steps`` (batches per epoch), ``batch``, ``lr``, ``momentum``, ``wd``, ``lr_mult`` ({Symbol
 argument name: multiplier}, set as the Variable's ``lr_mult`` attribute),
-``optimizer_params`` (more arguments of the optimizer, e.g. ``{"rescale_grad": 0.05}``),
+``optimizer`` (default ``'sgd'``; it gets lr, momentum and wd), ``optimizer_params`` (more
+arguments of the optimizer, e.g. ``{"rescale_grad": 0.05}``),
 ``devices`` (contexts ``cpu(0) .. cpu(devices-1)``, default 1).
 
 ``module``: ``'plain'`` (default) ``mx.mod.Module``; ``'delayed'``: ``mxdelay.DelayedModule``
@@ -102,7 +103,7 @@ def main():
                                 save_optimizer_states=True)
 
     mod.fit(train, begin_epoch=begin, num_epoch=CONFIG['epochs'], kvstore=kvstore,
-            optimizer='sgd',
+            optimizer=CONFIG.get('optimizer', 'sgd'),
             optimizer_params=dict({'learning_rate': CONFIG['lr'],
                                    'momentum': CONFIG['momentum'], 'wd': CONFIG['wd']},
                                   **CONFIG.get('optimizer_params', {})),
