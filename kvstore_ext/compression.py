@@ -42,7 +42,7 @@ __all__ = ['Codec', 'TensorCodec', 'NONE', 'CompressionError', 'CompressionTypeE
 EXAMPLE = "e.g. compression_params={'type': '2bit', 'threshold': 0.5}"
 
 #: The modules of the built-in codecs; each registers its own on import.
-_BUILT_IN = ('kvstore_ext.twobit', 'kvstore_ext.wire')
+_BUILT_IN = ('kvstore_ext.twobit', 'kvstore_ext.wire', 'kvstore_ext.payload')
 
 
 class CompressionError(MXNetError, ValueError):

@@ -176,7 +176,8 @@ class Tensor(object):
     __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
                  'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
                  'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind',
-                 'model', 'payloads', 'model_round', 'model_pending', 'exchange', 'unread_out')
+                 'model', 'payloads', 'model_round', 'model_pending', 'exchange', 'unread_out',
+                 'scratch')
 
     def __init__(self, key, shape, dtype, chunks, wire=None):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
@@ -189,6 +190,9 @@ class Tensor(object):
         # Send/receive buffers of chunks 1.. for kvstore_ext.dense.DenseKeys.exchange.
         self.exchange = None
         self.pulled_slots = set()
+        # One-row-per-worker pushes (kvstore_ext.payload): per chunk, the row_sparse array
+        # that the empty pulls ordering a pull land in.
+        self.scratch = None
         self.views = {}           # handle of a user array -> (array, its chunk views, flat)
         # Set when placed (kvstore_ext.dense.DenseKeys.place): its codec's per-tensor object
         # (kvstore_ext.compression.TensorCodec) and its data path.
