@@ -28,7 +28,7 @@ from mxnet import nd
 
 import reference
 from scripts import mlp_model
-from support.model import BATCH, MLP_NAMES, backward_at, mlp_params
+from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
 from support.reference_jobs import MLP_BASE, run_mlp_job
@@ -382,3 +382,112 @@ def test_a_two_worker_job_matches_the_reference_bit_for_bit(tmp_path, setting, p
     assert any(not np.array_equal(h[name][i], unquantized.local[t][rank][name])
                for rank, h in histories.items() for name in MLP_NAMES
                for i, t in enumerate(h['rounds']))
+
+
+@pytest.mark.jobs
+def test_join_with_uneven_data_is_exact(tmp_path):
+    # Worker 1 has 5 batches per epoch against worker 0's 8 and joins at each epoch end: in
+    # the rounds it fills it pushes zero gradients, through its quantizer (its residual goes
+    # on being sent), as the reference does.
+    setting = {'type': 'int4', 'block_size': 16}
+    config = dict(MLP_BASE, compression=setting, record_grads=True, batches=[8, 5], epochs=2,
+                  join=True, delay=2, warmup_steps=3)
+    histories = run_mlp_job(tmp_path, 2, config)
+    assert list(histories[1]['rounds']) == [t for t in range(16) if t % 8 < 5]
+    trajectory = replay(histories, config, setting, None)
+    for rank, history in histories.items():
+        for i, t in enumerate(history['rounds']):
+            for name in MLP_NAMES:
+                np.testing.assert_array_equal(
+                    history[name][i], trajectory.local[t][rank][name],
+                    err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
+
+
+# -- what else must keep working -------------------------------------------------------------
+def test_two_devices_per_worker_and_sync_weights(monkeypatch):
+    # Gradients on 2 devices (halves: their sum is exact) are summed, then quantized: the
+    # same trajectory as one device, bit for bit; sync_weights then brings the servers' W.
+    monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
+    setting = {'type': 'ternary', 'block_size': 16}
+    steps, delay, warmup = 10, 3, 1
+
+    def work(rank, store):
+        ctxs = contexts(2)
+        params = mlp_params(ctxs)
+        trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=store, delay=delay,
+                                         warmup_steps=warmup, compression_params=setting)
+        history = []
+        for t in range(steps):
+            backward_at(params, ctxs, t, rank=rank)
+            trainer.step(BATCH)
+            history.append({p.name: p.data(ctxs[1]).asnumpy() for p in params})
+        trainer.sync_weights()
+        synced = [p.data(ctx).asnumpy() for p in params for ctx in ctxs]
+        servers = [server_weights(store, i) for i, _ in enumerate(params) for _ in ctxs]
+        return history, synced, servers
+    _, results = run_workers(2, work, num_servers=2)
+    assert_matches([r[0] for r in results], simulate(2, steps, delay, warmup, setting,
+                                                     chunk_size=50))
+    for _, synced, servers in results:
+        for mine, theirs in zip(synced, servers):
+            np.testing.assert_array_equal(mine, theirs)
+    # The delayed phase's local weights were not W: sync_weights changed them.
+    history, _, servers = results[0]
+    assert any(not np.array_equal(history[-1][name], servers[2 * i])
+               for i, name in enumerate(MLP_NAMES))
+
+
+def test_gluon_trainer_on_dist_delay_is_synchronous_sgd_of_the_quantized_gradients():
+    # gluon.Trainer on 'dist_delay' with the codec: every step a push of the quantized
+    # gradient and a pull of W, i.e. the reference's warm-up (synchronous) phase.
+    from mxnet import gluon
+    setting = {'type': 'int8', 'block_size': 32}
+    steps = 6
+
+    def work(rank, store):
+        params = mlp_params([mx.cpu()])
+        trainer = gluon.Trainer(params, 'sgd', dict(OPT), kvstore=store,
+                                compression_params=setting)
+        history = []
+        for t in range(steps):
+            backward_at(params, [mx.cpu()], t, rank=rank)
+            trainer.step(BATCH)
+            history.append({p.name: p.data().asnumpy() for p in params})
+        return history
+    _, histories = run_workers(2, work)
+    assert_matches(histories, simulate(2, steps, 1, steps, setting))
+    assert differs(histories, simulate(2, steps, 1, steps, None))
+
+
+def test_module_api_trains_with_the_codec_and_holds_the_servers_weights():
+    # Module.fit on a 'dist_delay' store with compression_params: one worker, whose weights
+    # after each batch are the servers' (update on kvstore), and which learn.
+    data = mx.sym.Variable('data')
+    net = mx.sym.FullyConnected(data, num_hidden=4, name='fc')
+    net = mx.sym.SoftmaxOutput(net, name='softmax')
+    rs = np.random.RandomState(0)
+    x = rs.randn(48, 5).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.float32) + 2 * (x[:, 1] > 0)
+    it = mx.io.NDArrayIter(x, y, batch_size=8)
+    kv = delay_store()
+    mod = mx.mod.Module(net, compression_params={'type': 'ternary', 'block_size': 8})
+    mod.bind(it.provide_data, it.provide_label)
+    mod.init_params(mx.init.Xavier())
+    mod.init_optimizer(kvstore=kv, optimizer='sgd', optimizer_params={'learning_rate': 0.5})
+    assert kv.compression.describe() == {'type': 'ternary', 'block_size': 8}
+    metric = mx.metric.Accuracy()
+    accuracy = []
+    for _ in range(6):
+        it.reset()
+        metric.reset()
+        for batch in it:
+            mod.forward_backward(batch)
+            mod.update()
+            mod.update_metric(metric, batch.label)
+            args, _ = mod.get_params()
+            for name in ('fc_weight', 'fc_bias'):
+                np.testing.assert_array_equal(args[name].asnumpy(),
+                                              server_weights(kv, name).reshape(
+                                                  args[name].shape))
+        accuracy.append(metric.get()[1])
+    assert accuracy[-1] > 0.8 and accuracy[-1] > accuracy[0], accuracy
