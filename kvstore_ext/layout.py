@@ -290,13 +290,16 @@ class Placement(object):
         self.server_chunks = [0] * layout.num_servers   # chunks placed on each server
         self.capacity = [layout.max_chunks(s) for s in range(layout.num_servers)]
 
-    def place(self, key, shape, dtype, wire=None):
+    def place(self, key, shape, dtype, wire=None, chunk_size=None):
         """Return a new :class:`Tensor` for `key`, its chunks placed; with `wire` float16,
-        pushed as float16 and pulled through the layout's pull keys."""
+        pushed as float16 and pulled through the layout's pull keys. `chunk_size`: a
+        smaller largest chunk for this tensor (a codec whose keys are larger than their
+        chunk, :mod:`kvstore_ext.payload`)."""
         size = num_elements(shape)
+        step = min(self.chunk_size, chunk_size or self.chunk_size)
         chunks = []
-        for start in range(0, max(size, 1), self.chunk_size):
-            stop = min(start + self.chunk_size, size)
+        for start in range(0, max(size, 1), step):
+            stop = min(start + step, size)
             chunks.append(self.add_chunk(start, stop, stop - start, wire))
         return Tensor(key, shape, dtype, chunks, wire)
 

@@ -36,7 +36,7 @@ from .pull_codecs import PulledModel
 from .wire import PullKeyDense
 
 __all__ = ['Blockwise', 'PayloadTensor', 'PayloadDense', 'PayloadModelDense', 'parse_payload',
-           'DEFAULT_BLOCK', 'MAX_BLOCK']
+           'largest_chunk', 'DEFAULT_BLOCK', 'MAX_BLOCK']
 
 #: The block size when ``compression_params`` has none.
 DEFAULT_BLOCK = 256
@@ -140,21 +140,23 @@ class PayloadDense(PullKeyDense):
     keys, one row per worker, and float32 pull keys."""
 
     def place(self, placement, key, value):
-        tensor = super(PayloadDense, self).place(placement, key, value)
-        bound = protocol.bigarray_bound()
+        """Place `key` in chunks whose (N, P) slot keys stay below
+        ``MXNET_KVSTORE_BIGARRAY_BOUND`` (MXNet would split a larger row_sparse key over the
+        servers by rows): at most ``MXDELAY_CHUNK_SIZE`` values, fewer where N x P would
+        reach the bound. Every worker computes the same chunks (N is the job's)."""
         workers = self._native.num_workers
-        for chunk in tensor.chunks:
-            size = workers * self._codec.payload_size(chunk.stop - chunk.start)
-            if size >= bound:
-                raise ValueError(
-                    'key %r: compression_params=%r sends each chunk as a (%d workers x %d) '
-                    'row_sparse key of %d elements, at least MXNET_KVSTORE_BIGARRAY_BOUND (%d), '
-                    'which MXNet would split over the servers; use a smaller MXDELAY_CHUNK_SIZE '
-                    '(at most about %d) or raise MXNET_KVSTORE_BIGARRAY_BOUND on every worker '
-                    'and server' % (key, self._codec.describe(), workers,
-                                    size // workers, size, bound,
-                                    (chunk.stop - chunk.start) * bound // size))
+        limit = largest_chunk(self._codec, workers, protocol.bigarray_bound())
+        if limit < 1:
+            raise ValueError(
+                'key %r: compression_params=%r sends each chunk as a row_sparse key of %d rows '
+                '(one per worker), which reaches MXNET_KVSTORE_BIGARRAY_BOUND (%d) even for a '
+                'chunk of one value; raise MXNET_KVSTORE_BIGARRAY_BOUND on every worker and '
+                'server' % (key, self._codec.describe(), workers, protocol.bigarray_bound()))
+        tensor = placement.place(key, value.shape, value.dtype, self._codec.wire_dtype,
+                                 chunk_size=limit)
+        tensor.codec = self._codec.for_tensor(tensor.size)
         tensor.codec.ranges = [(c.start, c.stop) for c in tensor.chunks]
+        tensor.kind = self
         return tensor
 
     def _shape(self, chunk):
@@ -220,6 +222,19 @@ class PayloadDense(PullKeyDense):
         self._acknowledged(tensor, list(self._earlier_rounds(tensor, last)) + [last],
                            [tensor.pull_heads[last % self._slots]])
         tensor.pulled_slots.add(last % self._slots)
+
+
+def largest_chunk(codec, workers, bound):
+    """The most values a chunk of `codec` can hold with `workers` rows below `bound`
+    elements (0 if none)."""
+    low, high = 0, bound
+    while low < high:   # the largest n with workers * payload_size(n) < bound
+        middle = (low + high + 1) // 2
+        if workers * codec.payload_size(middle) < bound:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class PayloadModelDense(PulledModel, PayloadDense):

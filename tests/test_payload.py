@@ -33,7 +33,7 @@ from support.native import delay_store, server_weights
 from support.native_workers import run_workers
 from support.reference_jobs import MLP_BASE, run_mlp_job
 from support.stores import offline_store
-from kvstore_ext import appliers, compression, quantize
+from kvstore_ext import appliers, compression, payload, quantize
 
 OPT = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}
 TYPES = ('int8', 'int4', 'ternary')
@@ -202,14 +202,31 @@ def test_float16_parameters_and_row_sparse_keys_are_refused():
         store.init(3, nd.sparse.zeros('row_sparse', (4, 2)))
 
 
-def test_a_chunk_whose_rows_reach_the_big_array_bound_is_refused(monkeypatch):
+def test_chunks_stay_below_the_big_array_bound(monkeypatch):
+    # MXNet splits a row_sparse key of MXNET_KVSTORE_BIGARRAY_BOUND elements or more over
+    # the servers by rows: the (N, P) slot keys are kept below it by smaller chunks, and the
+    # tensor still trains (w' == W).
     monkeypatch.setenv('MXNET_KVSTORE_BIGARRAY_BOUND', '1000')
     monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '999')
-    store = delay_store()
-    store.set_gradient_compression({'type': 'int8', 'block_size': 1})
-    with pytest.raises(ValueError, match=r"key 0: .* MXNET_KVSTORE_BIGARRAY_BOUND \(1000\).*"
-                                         r"smaller MXDELAY_CHUNK_SIZE"):
-        store.init(0, nd.zeros(999))
+    codec = compression.parse({'type': 'int8', 'block_size': 1})
+    assert payload.largest_chunk(codec, 1, 1000) == 799   # 799 scales + 200 words < 1000
+    assert payload.largest_chunk(codec, 2, 1000) == 399   # 2 x (399 + 100) < 1000
+    assert payload.largest_chunk(codec, 10 ** 4, 1000) == 0
+    kv = delay_store()
+    kv.set_gradient_compression({'type': 'int8', 'block_size': 1})
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+    kv.init(0, nd.ones(2000))
+    tensor = kv._tensors[0]
+    assert [(c.start, c.stop) for c in tensor.chunks] == [(0, 799), (799, 1598), (1598, 2000)]
+    for chunk in tensor.chunks:
+        assert np.prod(kv._native._stored[chunk.keys[0]].shape) < 1000
+    grad = nd.array(np.linspace(-1, 1, 2000))
+    kv.push(0, grad)
+    out = nd.zeros(2000)
+    kv.pull(0, out=out)
+    sent = kv.sent_gradient(0, grad).asnumpy()
+    np.testing.assert_array_equal(out.asnumpy(), np.float32(1) - np.float32(0.5) * sent)
+    np.testing.assert_array_equal(server_weights(kv, 0), out.asnumpy())
 
 
 # -- one process: the trainer against the servers and the reference ------------------------
