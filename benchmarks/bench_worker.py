@@ -29,7 +29,8 @@ Two kinds of run:
 
 Modes: ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``; ``delayed`` is
 ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. ``--compression`` (``fp16``,
-``2bit:THRESHOLD``) passes ``compression_params``; in ``sync`` mode the trainer is then the
+``2bit:THRESHOLD``, or ``int8``, ``int4``, ``ternary`` with an optional ``:BLOCK``, delayed
+only: stock MXNet does not know them) passes ``compression_params``; in ``sync`` mode the trainer is then the
 tests' ``PushThenPullTrainer`` (``tests/scripts/mlp_model.py``, stock MXNet only): stock
 Gluon's ``pushpull`` is refused with compression on ``'dist_sync'``. ``--pull-compression``
 (``fp16``, ``int8`` or ``int8:BLOCK``; ``delayed`` only) passes ``pull_compression``
@@ -157,7 +158,8 @@ def parse_args(argv=None):
     parser.add_argument('--momentum', type=float, default=0.9, help='sgd only')
     parser.add_argument('--wd', type=float, default=0.0)
     parser.add_argument('--seed', type=int, default=1)
-    parser.add_argument('--compression', default='none', metavar='none|fp16|2bit:THRESHOLD|int8|int4|ternary[:BLOCK]',
+    parser.add_argument('--compression', default='none',
+                        metavar='none|fp16|2bit:THRESHOLD|int8|int4|ternary[:BLOCK]',
                         help='compression_params of the trainer (default: %(default)s)')
     parser.add_argument('--pull-compression', default='none', metavar='none|fp16|int8[:BLOCK]',
                         help='pull_compression of DelayedTrainer, delayed only '

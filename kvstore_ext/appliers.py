@@ -39,9 +39,9 @@ from . import quantize, sparse
 from .finish import HEAD
 
 __all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD',
-           'OptimizerStep', 'ScaleSum', 'DecodeRows', 'SkipNonFinite', 'COUNTER', 'AUX', 'CODEC_SETTINGS',
-           'UPDATER_ERRORS', 'UpdaterError', 'StopOnError', 'LogAndGoOn', 'check_codec',
-           'choose', 'is_plain_sgd', 'sgd_step', 'store_counter']
+           'OptimizerStep', 'ScaleSum', 'DecodeRows', 'SkipNonFinite', 'COUNTER', 'AUX',
+           'CODEC_SETTINGS', 'UPDATER_ERRORS', 'UpdaterError', 'StopOnError', 'LogAndGoOn',
+           'check_codec', 'choose', 'is_plain_sgd', 'sgd_step', 'store_counter']
 
 _LOG = logging.getLogger(__name__)
 

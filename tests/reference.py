@@ -55,7 +55,8 @@ import math
 import numpy as np
 
 __all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step', 'adam_step',
-           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'quantize_blockwise', 'LossScale', 'RowSparseGrad',
+           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'quantize_blockwise', 'LossScale',
+           'RowSparseGrad',
            'pull_fp16', 'pull_int8', 'pulled_round']
 
 F32 = np.float32
