@@ -27,7 +27,6 @@ LEVELS = {'int8': 127, 'int4': 7, 'ternary': 1}
 
 #: Codes below this fit a normal float32 as above: 254 exponents, 2 signs, 2**23 mantissas.
 _CODES = 2 * 254 * 2 ** 23
-_MANTISSA = np.uint64(2 ** 23 - 1)
 
 
 def digits_per_word(h):
@@ -51,18 +50,29 @@ def quantize(p, h, block):
     Non-finite values of `p` get level 0 (their block's scale is then not finite)."""
     n = p.size
     blocks = -(-n // block)
-    padded = np.zeros(blocks * block, dtype=np.float32)
-    padded[:n] = p
+    if n % block:
+        padded = np.zeros(blocks * block, dtype=np.float32)
+        padded[:n] = p
+    else:
+        padded = np.ascontiguousarray(p, dtype=np.float32)
     padded = padded.reshape(blocks, block)
-    scales = (np.abs(padded).max(axis=1) / np.float32(h)).astype(np.float32)
+    # max|p| without a temporary |p|: max(max p, -min p)
+    scales = np.maximum(padded.max(axis=1), -padded.min(axis=1))
+    scales /= np.float32(h)
+    scales += np.float32(0)   # a block of zeros: max(0, -0) may be -0; its scale is +0
     nonzero = scales > 0
-    divisor = np.where(nonzero, scales, np.float32(1))[:, None]
+    divisor = scales if nonzero.all() else np.where(nonzero, scales, np.float32(1))
     with np.errstate(invalid='ignore', over='ignore'):
-        levels = np.clip(np.rint(padded / divisor), -h, h).astype(np.float32)
-    levels[~nonzero] = 0
-    # Non-finite values get 0, and -0.0 (rint of a small negative value) +0.0: the servers
+        levels = padded / divisor[:, None]
+    np.rint(levels, out=levels)
+    np.clip(levels, -h, h, out=levels)
+    if not nonzero.all():
+        levels[~nonzero] = 0
+    if not np.isfinite(scales).all():
+        levels[~np.isfinite(levels)] = 0
+    # -0.0 (rint of a small negative value) becomes +0.0, the rest unchanged: the servers
     # decode a digit to +0.0, and c's sign bit must be the worker's.
-    levels[~np.isfinite(levels) | (levels == 0)] = 0
+    levels += np.float32(0)
     levels = levels.reshape(-1)[:n]
     return levels, scales, levels_to_values(levels, scales, block)
 
@@ -70,29 +80,52 @@ def quantize(p, h, block):
 def levels_to_values(levels, scales, block):
     """``c = levels * scale`` of each value's block, in float32 (worker and servers alike)."""
     n = levels.size
-    per_value = np.repeat(scales, block)[:n]
+    full = n // block
+    out = np.empty(n, dtype=np.float32)
     with np.errstate(invalid='ignore', over='ignore'):
-        return (levels * per_value).astype(np.float32)
+        np.multiply(levels[:full * block].reshape(full, block), scales[:full, None],
+                    out=out[:full * block].reshape(full, block))
+        if full * block < n:
+            np.multiply(levels[full * block:], scales[full], out=out[full * block:])
+    return out
 
 
+# Codes are below 2**32, so float64 holds them, their products with the base and their
+# quotients' floors exactly (a quotient's rounding error, below 2**-21, cannot reach the
+# next integer, 1/L away): float64 arithmetic is faster than numpy's uint64 division.
 def pack(levels, h):
     """Pack float32 `levels` (integral in [-h, h]) into normal float32 words."""
-    base, count = 2 * h + 1, digits_per_word(h)
+    count = digits_per_word(h)
+    words = np.empty(-(-levels.size // count), dtype=np.float32)
+    step = _WORDS * count
+    for start in range(0, levels.size, step):
+        piece = levels[start:start + step]
+        words[start // count:start // count + -(-piece.size // count)] = _pack(piece, h, count)
+    return words
+
+
+def _pack(levels, h, count):
+    base = 2 * h + 1
     words = -(-levels.size // count)
-    digits = np.full(words * count, h, dtype=np.uint64)   # padding: level 0
-    digits[:levels.size] = (levels.astype(np.int64) + h).astype(np.uint64)
+    digits = np.empty(words * count, dtype=np.float64)
+    np.add(levels, h, out=digits[:levels.size])
+    digits[levels.size:] = h   # padding: level 0
     digits = digits.reshape(words, count)
     code = digits[:, count - 1].copy()
-    big = np.uint64(base)
     for j in range(count - 2, -1, -1):
-        code *= big
+        code *= base
         code += digits[:, j]
-    mantissa = code & _MANTISSA
-    high = code >> np.uint64(23)
-    sign = high // np.uint64(254)
-    exponent = np.uint64(1) + high % np.uint64(254)
-    bits = (sign << np.uint64(31)) | (exponent << np.uint64(23)) | mantissa
-    return bits.astype(np.uint32).view(np.float32)
+    high = np.floor(code / 2.0 ** 23)
+    code -= high * 2.0 ** 23                   # the mantissa
+    sign = np.floor(high / 254.0)
+    high -= sign * 254.0                       # the exponent field - 1
+    code += (high + 1.0) * 2.0 ** 23 + sign * 2.0 ** 31
+    return code.astype(np.uint32).view(np.float32)
+
+
+#: Words per piece of :func:`pack` and :func:`unpack`: their temporaries (float64, a few per
+#: word) stay small, in cache and off the allocator's mmap path.
+_WORDS = 8192
 
 
 def unpack(words, h, n):
@@ -104,23 +137,38 @@ def unpack(words, h, n):
         If a word is not one :func:`pack` makes (zero, subnormal, inf or NaN exponent, or a
         code of no digits): the payload was damaged or is of another type.
     """
-    base, count = 2 * h + 1, digits_per_word(h)
-    bits = np.ascontiguousarray(words, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    exponent = (bits >> np.uint64(23)) & np.uint64(0xFF)
+    count = digits_per_word(h)
+    words = np.ascontiguousarray(words, dtype=np.float32)
+    if words.size != -(-n // count):
+        raise ValueError('%d packed words for %d levels: expected %d' % (words.size, n,
+                                                                        -(-n // count)))
+    levels = np.empty(words.size * count, dtype=np.float32)
+    for start in range(0, words.size, _WORDS):
+        piece = words[start:start + _WORDS]
+        levels[start * count:(start + piece.size) * count] = _unpack(piece, h, count)
+    return levels[:n]
+
+
+def _unpack(words, h, count):
+    base = 2 * h + 1
+    bits = words.view(np.uint32)
+    exponent = (bits >> np.uint32(23)) & np.uint32(0xFF)
     if np.any((exponent == 0) | (exponent == 255)):
         raise ValueError('a packed word is zero, subnormal, inf or NaN: not a payload of %d '
                          'levels' % h)
-    high = (bits >> np.uint64(31)) * np.uint64(254) + exponent - np.uint64(1)
-    code = (high << np.uint64(23)) | (bits & _MANTISSA)
-    if np.any(code >= np.uint64(base ** count)):
+    code = (bits >> np.uint32(31)).astype(np.float64) * 254.0 + exponent - 1.0
+    code *= 2.0 ** 23
+    code += bits & np.uint32(2 ** 23 - 1)
+    if np.any(code >= float(base ** count)):
         raise ValueError('a packed word holds a code of more than %d base-%d digits'
                          % (count, base))
-    digits = np.empty((code.size, count), dtype=np.int64)
-    big = np.uint64(base)
+    levels = np.empty((code.size, count), dtype=np.float32)
     for j in range(count):
-        digits[:, j] = (code % big).astype(np.int64)
-        code //= big
-    return (digits.reshape(-1)[:n] - h).astype(np.float32)
+        quotient = np.floor(code / base)
+        code -= quotient * base                # digit j
+        np.subtract(code, h, out=levels[:, j], casting='same_kind')
+        code = quotient
+    return levels.reshape(-1)
 
 
 def encode(p, h, block):
