@@ -31,7 +31,7 @@ from scripts import mlp_model
 from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
-from support.reference_jobs import MLP_BASE, run_mlp_job
+from support.reference_jobs import MLP_BASE, batch_size, run_mlp_job
 from support.stores import offline_store
 from kvstore_ext import appliers, compression, payload, quantize
 
@@ -508,3 +508,42 @@ def test_module_api_trains_with_the_codec_and_holds_the_servers_weights():
                                                   args[name].shape))
         accuracy.append(metric.get()[1])
     assert accuracy[-1] > 0.8 and accuracy[-1] > accuracy[0], accuracy
+
+
+@pytest.mark.jobs
+def test_other_and_smaller_batch_sizes_quantize_the_scaled_gradient(tmp_path):
+    # Worker 1 uses batches of 4 against worker 0's 6, every epoch ends with a batch of 2,
+    # and worker 1 joins: a worker whose batch differs pushes its gradient times the factor
+    # (6 / its size), quantized with its residual; the local rule reads c / factor. The
+    # servers' final W (sync_weights) bit for bit (the replayed gradients fix the pushes);
+    # the local weights at 1e-6 (the rule scales c / factor by 1 / size, the reference c by
+    # 1 / 6).
+    setting = {'type': 'ternary', 'block_size': 16}
+    config = dict(MLP_BASE, compression=setting, record_grads=True, batches=[3, 5], epochs=2,
+                  join=True, delay=2, warmup_steps=2, batch_sizes={'1': 4}, last_batch=2,
+                  sync_at_end=True)
+    histories = run_mlp_job(tmp_path, 2, config)
+
+    def grad_fn(weights, rank, t):
+        rounds = list(histories[rank]['rounds'])
+        if t not in rounds:
+            return {name: np.zeros_like(w) for name, w in weights.items()}
+        factor = np.float32(config['batch'] / batch_size(config, rank, t))
+        return {name: histories[rank]['grad_' + name][rounds.index(t)] * factor
+                for name in MLP_NAMES}
+    steps = config['epochs'] * max(config['batches'])
+    trajectory = reference.simulate(
+        mlp_model.init_params(), grad_fn, 2, steps, config['delay'], config['warmup_steps'],
+        config['lr'], momentum=config['momentum'], wd=config['wd'],
+        rescale_grad=1.0 / config['batch'], blockwise=blockwise(setting))
+    assert any(batch_size(config, 1, t) != config['batch'] for t in histories[1]['rounds'])
+    for rank, history in histories.items():
+        for name in MLP_NAMES:
+            np.testing.assert_array_equal(history['synced_' + name],
+                                          trajectory.glob[steps - 1][name])
+    for rank, history in histories.items():
+        for i, t in enumerate(history['rounds']):
+            for name in MLP_NAMES:
+                np.testing.assert_allclose(
+                    history[name][i], trajectory.local[t][rank][name], rtol=1e-6, atol=1e-7,
+                    err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
