@@ -547,3 +547,21 @@ def test_other_and_smaller_batch_sizes_quantize_the_scaled_gradient(tmp_path):
                 np.testing.assert_allclose(
                     history[name][i], trajectory.local[t][rank][name], rtol=1e-6, atol=1e-7,
                     err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
+
+
+@pytest.mark.jobs
+def test_a_resumed_job_continues_bit_for_bit(tmp_path):
+    # Saved at step 8 (delayed phase, a pull pending), resumed by a new job: steps 9..15
+    # equal those of the job that never stopped (residuals, x̂ of the int8 pulls and the
+    # servers' W restored).
+    config = dict(MLP_BASE, compression={'type': 'int4', 'block_size': 16},
+                  pull_compression={'type': 'int8', 'block_size': 16}, delay=3, warmup_steps=3)
+    full = run_mlp_job(tmp_path / 'full', 2, config)
+    run_mlp_job(tmp_path / 'first', 2, dict(config, save_at=8, stop_after=10))
+    resumed = run_mlp_job(tmp_path / 'resumed', 2, dict(
+        config, resume_from=str(tmp_path / 'first' / 'out' / 'ckpt')))
+    for rank in range(2):
+        assert int(resumed[rank]['first']) == 9
+        for name in MLP_NAMES:
+            np.testing.assert_array_equal(resumed[rank][name], full[rank][name][9:],
+                                          err_msg='worker %d %s after resume' % (rank, name))
