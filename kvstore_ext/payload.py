@@ -163,6 +163,8 @@ class PayloadDense(PullKeyDense):
         return (self._native.num_workers, self._codec.payload_size(chunk.stop - chunk.start))
 
     def init_entries(self, tensor, value):
+        """Each chunk's R row_sparse slot keys (all N rows of zeros) and R float32 pull keys
+        (the chunk's initial value); the sizes registered are the chunks' values."""
         flat = value.reshape(-1)
         workers = self._native.num_workers
         keys, values, sizes = [], [], []
@@ -185,9 +187,19 @@ class PayloadDense(PullKeyDense):
                               for c in tensor.chunks]
 
     def push(self, tensor, grads, priority, factor=None, finite=None):
+        """Push round ``tensor.next_round`` of `tensor`: the sum of `grads` times `factor`,
+        quantized with the tensor's residual, each chunk's payload as row `rank` of its
+        slot key; `c` stays in the slot's send buffer (``sent``).
+
+        Raises
+        ------
+        ValueError
+            If `finite` (AMP's overflow flag) is given: the payload cannot carry it (the
+            trainers refuse AMP with any compression at construction).
+        """
         if finite is not None:
-            raise ValueError('compression_params=%r does not carry the AMP overflow flag; '
-                             'train without AMP or use fp16 compression'
+            raise ValueError('compression_params=%r cannot carry the AMP overflow flag; '
+                             'train without AMP or without compression_params'
                              % (self._codec.describe(),))
         self._fill(tensor, grads, factor, None)
         rank = self._native.rank
