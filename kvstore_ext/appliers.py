@@ -166,8 +166,10 @@ class DecodeRows(Applier):
         self._block = settings['block_size']
 
     def apply(self, chunk, grad, weight, stored):
-        self._inner.apply(chunk, mx.nd.array(self.decode(chunk, grad, weight.size).reshape(
-            weight.shape), dtype='float32'), weight, stored)
+        # The sum's memory as an NDArray (no copy): the round keeper waits for `stored`,
+        # i.e. for every operation that reads it, before the round ends.
+        total = self.decode(chunk, grad, weight.size).reshape(weight.shape)
+        self._inner.apply(chunk, mx.nd.from_numpy(total, zero_copy=True), weight, stored)
 
     def decode(self, chunk, grad, size):
         """The float32 numpy sum over the workers of the values `grad`'s rows stand for."""

@@ -103,8 +103,15 @@ class PayloadTensor(TensorCodec):
     def encode(self, source, buf, factor):
         """p = g * factor + r; per chunk, quantize p by blocks into its payload; the values
         sent, c, go into `buf`; r := p - c."""
-        super(PayloadTensor, self).encode(source, buf, factor)   # g * factor, as NDArray ops
-        p = self.residual + buf.asnumpy()   # waits for backward (and the slot's last pull)
+        if factor is None and source.context.device_type == 'cpu':
+            # Straight from the gradient, once the slot's ordering writes into `buf` (its
+            # last pull, §2.11) are done: no copy into `buf` first.
+            buf.wait_to_read()
+            p = source.asnumpy()          # waits for backward
+        else:
+            super(PayloadTensor, self).encode(source, buf, factor)   # g * factor, in MXNet
+            p = buf.asnumpy()             # waits for backward and the slot's last pull
+        p += self.residual                # p = g * factor + r (a sum: either order)
         sent = np.empty_like(p)
         payloads = []
         for start, stop in self.ranges:
@@ -138,6 +145,10 @@ class PayloadTensor(TensorCodec):
 class PayloadDense(PullKeyDense):
     """The data path of dense keys of a :class:`Blockwise` codec: row_sparse (N, P) slot
     keys, one row per worker, and float32 pull keys."""
+
+    def __init__(self, native, slots, codec):
+        super(PayloadDense, self).__init__(native, slots, codec)
+        self._row = None   # this worker's row id (an int64 NDArray), made at the first push
 
     def place(self, placement, key, value):
         """Place `key` in chunks whose (N, P) slot keys stay below
@@ -202,10 +213,12 @@ class PayloadDense(PullKeyDense):
                              'train without AMP or without compression_params'
                              % (self._codec.describe(),))
         self._fill(tensor, grads, factor, None)
-        rank = self._native.rank
-        rows = np.array([rank], dtype=np.int64)
-        values = [nd.sparse.row_sparse_array((payload.reshape(1, -1), rows),
-                                             shape=self._shape(chunk), dtype=np.float32)
+        if self._row is None:
+            self._row = nd.array([self._native.rank], dtype='int64')
+        # The payload's memory as an NDArray (no copy), copied once into the push's array.
+        values = [nd.sparse.row_sparse_array(
+            (nd.from_numpy(payload.reshape(1, -1), zero_copy=True), self._row),
+            shape=self._shape(chunk), dtype=np.float32)
                   for chunk, payload in zip(tensor.chunks, tensor.codec.payloads)]
         slot = tensor.next_round % self._slots
         self._native.push([c.keys[slot] for c in tensor.chunks], values, priority=priority)
