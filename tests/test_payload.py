@@ -307,6 +307,7 @@ CASES = [
     (3, 1, 2, 1, {'type': 'ternary', 'block_size': 7}, None),
     (2, 2, 2, 2, {'type': 'int4', 'block_size': 16}, {'type': 'int8', 'block_size': 32}),
     (3, 2, 4, 1, {'type': 'ternary', 'block_size': 16}, {'type': 'fp16'}),
+    (4, 2, 4, 2, {'type': 'ternary', 'block_size': 16}, {'type': 'int8', 'block_size': 16}),
 ]
 
 
