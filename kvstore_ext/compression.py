@@ -17,8 +17,9 @@ The codecs: :data:`NONE` (no ``compression_params``: pushes as they are), ``'fp1
 (:mod:`kvstore_ext.wire`), ``'2bit'`` (:mod:`kvstore_ext.twobit`, a quantizer inside
 :class:`kvstore_ext.feedback.ErrorFeedback`) and ``'int8'``, ``'int4'``, ``'ternary'``
 (:mod:`kvstore_ext.payload`: blockwise quantization, one row per worker in row_sparse
-slot keys, decoded by the servers; their ``server_settings`` carry the codec's description). A new codec is a module that subclasses
-:class:`Codec` and calls :func:`register`; nothing else changes. Compressed pulls are the
+slot keys, decoded by the servers, whose ``server_settings`` carry the codec's
+description). A new codec is a module that subclasses :class:`Codec` and calls
+:func:`register`; nothing else changes. Compressed pulls are the
 other direction and a setting of their own (``pull_compression``, :mod:`kvstore_ext.pull_codecs`,
 docs/design.md §2.12): they send ``C(W - x̂)`` from the servers at pulled rounds, with any
 push codec (``Codec.pulled_model_keys``: float16 pushes keep their pull keys for the exact
