@@ -149,6 +149,7 @@ class PayloadDense(PullKeyDense):
     def __init__(self, native, slots, codec):
         super(PayloadDense, self).__init__(native, slots, codec)
         self._row = None   # this worker's row id (an int64 NDArray), made at the first push
+        self._no_rows = None   # empty int64 row ids, made at the first pull
 
     def place(self, placement, key, value):
         """Place `key` in chunks whose (N, P) slot keys stay below
@@ -230,11 +231,12 @@ class PayloadDense(PullKeyDense):
         round's slot key writes the buffer MXNet's worker sent that push from (so it runs
         after it), and its (zero) norm is added to the targets, which are overwritten next."""
         norms = []
-        empty = nd.array(np.zeros(0), dtype='int64')
+        if self._no_rows is None:
+            self._no_rows = nd.array(np.zeros(0), dtype='int64')
         for rnd in rounds:
             for chunk, scratch in zip(tensor.chunks, tensor.scratch):
                 self._native.row_sparse_pull(chunk.keys[rnd % self._slots], out=scratch,
-                                              row_ids=empty)
+                                              row_ids=self._no_rows)
                 norms.append(nd.norm(scratch).reshape((1,)))
         for target in targets:
             for norm in norms:
