@@ -10,7 +10,7 @@ What is tested, and against what:
   formula (tests/reference.py ``quantize_blockwise``) and the servers' decode equals the
   worker's values **bit for bit**;
 - refusals at construction: bad parameters (argument, value, fix), float16 parameters,
-  row_sparse keys, too large chunks;
+  row_sparse keys, AMP; chunks cut below the big-array bound;
 - the one-worker invariant (w' == W at every step, k in 1 and 4) through the real wire and
   the real servers (support/native.py);
 - 1 to 3 workers in one process (support/native_workers.py) and a real 2-worker job on 2
@@ -25,6 +25,7 @@ import pytest
 import mxdelay
 import mxnet as mx
 from mxnet import nd
+from mxnet.contrib.amp.loss_scaler import LossScaler
 
 import reference
 from scripts import mlp_model
@@ -200,6 +201,17 @@ def test_float16_parameters_and_row_sparse_keys_are_refused():
     store.set_gradient_compression({'type': 'ternary'})
     with pytest.raises(ValueError, match="key 3 is row_sparse: compression_params=.*ternary"):
         store.init(3, nd.sparse.zeros('row_sparse', (4, 2)))
+
+
+@pytest.mark.parametrize('name', TYPES)
+def test_amp_is_refused_when_the_store_is_created(name):
+    trainer = mxdelay.DelayedTrainer(mlp_params([mx.cpu()]), 'sgd', dict(OPT),
+                                     kvstore=delay_store(), compression_params={'type': name})
+    trainer._amp_loss_scaler = LossScaler()   # what amp.init_trainer sets
+    with pytest.raises(ValueError, match="AMP's dynamic loss scaling cannot be combined with "
+                                         "compression_params=.*'%s'.*use "
+                                         "compression_params=None with AMP" % name):
+        trainer.rank  # pylint: disable=pointless-statement  (creates the kvstore)
 
 
 def test_chunks_stay_below_the_big_array_bound(monkeypatch):
