@@ -29,7 +29,8 @@ Two kinds of run:
 
 Modes: ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``; ``delayed`` is
 ``mxdelay.DelayedTrainer`` on ``'dist_delay'``. ``--compression`` (``fp16``,
-``2bit:THRESHOLD``) passes ``compression_params``; in ``sync`` mode the trainer is then the
+``2bit:THRESHOLD``, or ``int8``, ``int4``, ``ternary`` with an optional ``:BLOCK``, delayed
+only: stock MXNet does not know them) passes ``compression_params``; in ``sync`` mode the trainer is then the
 tests' ``PushThenPullTrainer`` (``tests/scripts/mlp_model.py``, stock MXNet only): stock
 Gluon's ``pushpull`` is refused with compression on ``'dist_sync'``. ``--pull-compression``
 (``fp16``, ``int8`` or ``int8:BLOCK``; ``delayed`` only) passes ``pull_compression``
@@ -157,7 +158,8 @@ def parse_args(argv=None):
     parser.add_argument('--momentum', type=float, default=0.9, help='sgd only')
     parser.add_argument('--wd', type=float, default=0.0)
     parser.add_argument('--seed', type=int, default=1)
-    parser.add_argument('--compression', default='none', metavar='none|fp16|2bit:THRESHOLD',
+    parser.add_argument('--compression', default='none',
+                        metavar='none|fp16|2bit:THRESHOLD|int8|int4|ternary[:BLOCK]',
                         help='compression_params of the trainer (default: %(default)s)')
     parser.add_argument('--pull-compression', default='none', metavar='none|fp16|int8[:BLOCK]',
                         help='pull_compression of DelayedTrainer, delayed only '
@@ -179,15 +181,22 @@ def parse_args(argv=None):
 
 
 def compression_params(text):
-    """``compression_params`` of `text`: 'none', 'fp16' or '2bit:THRESHOLD'."""
-    kind, _, threshold = text.partition(':')
-    if kind == 'none' and not threshold:
+    """``compression_params`` of `text`: 'none', 'fp16', '2bit:THRESHOLD', or 'int8', 'int4'
+    or 'ternary', each optionally ':BLOCK'."""
+    kind, colon, value = text.partition(':')
+    if kind == 'none' and not colon:
         return None
-    if kind == 'fp16' and not threshold:
+    if kind == 'fp16' and not colon:
         return {'type': 'fp16'}
-    if kind == '2bit' and threshold:
-        return {'type': '2bit', 'threshold': float(threshold)}
-    raise ValueError("--compression must be 'none', 'fp16' or '2bit:THRESHOLD', got %r" % text)
+    if kind == '2bit' and value:
+        return {'type': '2bit', 'threshold': float(value)}
+    if kind in ('int8', 'int4', 'ternary') and not colon:
+        return {'type': kind}
+    if kind in ('int8', 'int4', 'ternary') and value.isdigit():
+        return {'type': kind, 'block_size': int(value)}
+    raise ValueError("--compression must be 'none', 'fp16', '2bit:THRESHOLD', or 'int8', "
+                     "'int4' or 'ternary' with an optional ':BLOCK' (a positive integer), "
+                     "got %r" % text)
 
 
 def pull_compression(text):

@@ -103,6 +103,17 @@ METHODS = {
     # float16 pushes with int8 pulls: the fewest bytes of the exact-sum settings (§2.11).
     'k4-fp16-pull-int8': Method('k=4 + fp16 + pull int8', delay=4,
                                 extra=('--pull-compression', 'int8'), compression='fp16'),
+    # Blockwise quantized pushes with error feedback, one row per worker (§2.14), at the
+    # default block of 256 values.
+    'k4-int8': Method('k=4 + int8', delay=4, compression='int8'),
+    'k4-int4': Method('k=4 + int4', delay=4, compression='int4'),
+    'k4-ternary': Method('k=4 + ternary', delay=4, compression='ternary'),
+    'k4-int8-pull-int8': Method('k=4 + int8 + pull int8', delay=4,
+                                extra=('--pull-compression', 'int8'), compression='int8'),
+    'k4-int4-pull-int8': Method('k=4 + int4 + pull int8', delay=4,
+                                extra=('--pull-compression', 'int8'), compression='int4'),
+    'k4-ternary-pull-int8': Method('k=4 + ternary + pull int8', delay=4,
+                                   extra=('--pull-compression', 'int8'), compression='ternary'),
 }
 
 

@@ -19,6 +19,8 @@ applier                       used for
 :class:`PlainSGD`             a dense chunk under plain SGD: the single-tensor kernels (§3.4)
 :class:`OptimizerStep`        every other chunk: MXNet's updater (lazy for row_sparse, §2.10)
 :class:`ScaleSum`             decorator: the sum times the codec's ``sum_scale``
+:class:`DecodeRows`           decorator: the round's rows (one payload per worker, §2.14)
+                              decoded and summed in rank order
 :class:`SkipNonFinite`        decorator under AMP: an overflowed round is skipped (§11)
 ============================  ===========================================================
 
@@ -31,14 +33,15 @@ import logging
 import math
 
 import mxnet as mx
+import numpy as np
 
-from . import sparse
+from . import quantize, sparse
 from .finish import HEAD
 
 __all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD',
-           'OptimizerStep', 'ScaleSum', 'SkipNonFinite', 'COUNTER', 'AUX', 'CODEC_SETTINGS',
-           'UPDATER_ERRORS', 'UpdaterError', 'StopOnError', 'LogAndGoOn', 'check_codec',
-           'choose', 'is_plain_sgd', 'sgd_step', 'store_counter']
+           'OptimizerStep', 'ScaleSum', 'DecodeRows', 'SkipNonFinite', 'COUNTER', 'AUX',
+           'CODEC_SETTINGS', 'UPDATER_ERRORS', 'UpdaterError', 'StopOnError', 'LogAndGoOn',
+           'check_codec', 'choose', 'is_plain_sgd', 'sgd_step', 'store_counter']
 
 _LOG = logging.getLogger(__name__)
 
@@ -144,6 +147,50 @@ class ScaleSum(Applier):
                           weight, stored)
 
 
+class DecodeRows(Applier):
+    """Decorator for one-row-per-worker pushes (docs/design.md §2.14): the round's merged
+    row_sparse (N, P) array holds worker r's payload in row r; `inner` gets the float32 sum,
+    in rank order, of the values each payload stands for (:func:`kvstore_ext.quantize.decode`:
+    the very values the worker computed), shaped as the weights.
+
+    Parameters
+    ----------
+    inner : Applier
+    settings : dict
+        ``{'type': name, 'block_size': B}`` (checked by :func:`check_codec`).
+    """
+
+    def __init__(self, inner, settings):
+        self._inner = inner
+        self._levels = quantize.LEVELS[settings['type']]
+        self._block = settings['block_size']
+
+    def apply(self, chunk, grad, weight, stored):
+        # The sum's memory as an NDArray (no copy): the round keeper waits for `stored`,
+        # i.e. for every operation that reads it, before the round ends.
+        total = self.decode(chunk, grad, weight.size).reshape(weight.shape)
+        self._inner.apply(chunk, mx.nd.from_numpy(total, zero_copy=True), weight, stored)
+
+    def decode(self, chunk, grad, size):
+        """The float32 numpy sum over the workers of the values `grad`'s rows stand for."""
+        workers = grad.shape[0]
+        if grad.stype == 'row_sparse':
+            rows = grad.indices.asnumpy()
+            data = grad.data.asnumpy()
+        else:
+            rows, data = np.arange(workers), grad.asnumpy()
+        if sorted(rows.tolist()) != list(range(workers)):
+            raise RuntimeError('chunk %s: a round with the rows of workers %s, not of all %d: '
+                               'every worker pushes its own row' % (chunk, rows.tolist(),
+                                                                     workers))
+        order = np.argsort(rows)
+        total = None
+        for index in order:   # rank order: the sum does not depend on arrival order
+            values = quantize.decode(data[index], self._levels, self._block, size)
+            total = values if total is None else total + values
+        return total
+
+
 class SkipNonFinite(Applier):
     """Decorator under AMP: a round whose sum is not finite is skipped (docs/design.md §11).
 
@@ -203,6 +250,12 @@ def _raise(chunk, error):  # pylint: disable=unused-argument
     raise error
 
 
+def _payload_settings(value):
+    return (isinstance(value, dict) and set(value) == {'type', 'block_size'}
+            and value['type'] in quantize.LEVELS and isinstance(value['block_size'], int)
+            and not isinstance(value['block_size'], bool) and 1 <= value['block_size'] <= 2 ** 20)
+
+
 def _positive_finite(value):
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value) and value > 0)
@@ -214,6 +267,8 @@ def _positive_finite(value):
 CODEC_SETTINGS = {
     'sum_scale': (_positive_finite, 'a finite number above 0', ScaleSum),
     'aux': (_is_true, 'True', None),
+    'payload': (_payload_settings, "{'type': one of %s, 'block_size': an integer in 1..%d}"
+                % (sorted(quantize.LEVELS), 2 ** 20), DecodeRows),
 }
 
 #: The registration of an aux chunk (docs/design.md §2.13): the workers push aux states

@@ -14,9 +14,12 @@ Horovod's ``Compression.none/fp16``:
   rule's g, docs/design.md §1.4) and keeps, saves and loads the tensor's state.
 
 The codecs: :data:`NONE` (no ``compression_params``: pushes as they are), ``'fp16'``
-(:mod:`kvstore_ext.wire`) and ``'2bit'`` (:mod:`kvstore_ext.twobit`, a quantizer inside
-:class:`kvstore_ext.feedback.ErrorFeedback`). A new codec is a module that subclasses
-:class:`Codec` and calls :func:`register`; nothing else changes. Compressed pulls are the
+(:mod:`kvstore_ext.wire`), ``'2bit'`` (:mod:`kvstore_ext.twobit`, a quantizer inside
+:class:`kvstore_ext.feedback.ErrorFeedback`) and ``'int8'``, ``'int4'``, ``'ternary'``
+(:mod:`kvstore_ext.payload`: blockwise quantization, one row per worker in row_sparse
+slot keys, decoded by the servers, whose ``server_settings`` carry the codec's
+description). A new codec is a module that subclasses :class:`Codec` and calls
+:func:`register`; nothing else changes. Compressed pulls are the
 other direction and a setting of their own (``pull_compression``, :mod:`kvstore_ext.pull_codecs`,
 docs/design.md §2.12): they send ``C(W - x̂)`` from the servers at pulled rounds, with any
 push codec (``Codec.pulled_model_keys``: float16 pushes keep their pull keys for the exact
@@ -42,7 +45,7 @@ __all__ = ['Codec', 'TensorCodec', 'NONE', 'CompressionError', 'CompressionTypeE
 EXAMPLE = "e.g. compression_params={'type': '2bit', 'threshold': 0.5}"
 
 #: The modules of the built-in codecs; each registers its own on import.
-_BUILT_IN = ('kvstore_ext.twobit', 'kvstore_ext.wire')
+_BUILT_IN = ('kvstore_ext.twobit', 'kvstore_ext.wire', 'kvstore_ext.payload')
 
 
 class CompressionError(MXNetError, ValueError):
@@ -138,8 +141,9 @@ class Codec(object):
 
     def server_settings(self):
         """What the servers must do with every chunk of this codec, as JSON-able data in the
-        REGISTER command: ``{}`` (nothing), or ``{'sum_scale': s}`` (multiply the round's
-        float32 sum by `s` before the optimizer)."""
+        REGISTER command: ``{}`` (nothing), ``{'sum_scale': s}`` (multiply the round's
+        float32 sum by `s` before the optimizer), or ``{'payload': {'type': t, 'block_size':
+        B}}`` (decode each worker's row and sum in rank order, :mod:`kvstore_ext.payload`)."""
         return {}
 
     def prepare_servers(self, native, rank):

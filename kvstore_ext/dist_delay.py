@@ -348,7 +348,10 @@ class DistDelay(KVStoreBase):
         it, sends ``+t``, ``0`` or ``-t`` per value and keeps the rest (docs/design.md §2.8).
         ``'fp16'``: each worker casts its gradient to float16 in the copy into its send
         buffer; the servers sum every round in float32 and keep the weights and the optimizer
-        state in float32; pulls return float32 weights (docs/design.md §2.11). Pulls are compressed
+        state in float32; pulls return float32 weights (docs/design.md §2.11). ``'int8'``,
+        ``'int4'``, ``'ternary'``: blockwise quantization with error feedback, a scale per
+        block and worker, one row per worker on the wire, decoded and summed in rank order
+        on the servers (docs/design.md §2.14). Pulls are compressed
         only by :meth:`set_pull_compression`. Every worker must set the same, before the first :meth:`init` or command
         (Gluon's trainers call this when they create the store); compressed tensors must be
         float32.
@@ -356,8 +359,9 @@ class DistDelay(KVStoreBase):
         Parameters
         ----------
         compression_params : dict
-            E.g. ``{'type': '2bit', 'threshold': 0.5}`` (threshold default 0.5) or
-            ``{'type': 'fp16'}``.
+            E.g. ``{'type': '2bit', 'threshold': 0.5}`` (threshold default 0.5),
+            ``{'type': 'fp16'}`` or ``{'type': 'ternary', 'block_size': 256}`` (also
+            ``'int8'``, ``'int4'``; block size default 256).
 
         Raises
         ------

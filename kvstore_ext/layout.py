@@ -176,7 +176,8 @@ class Tensor(object):
     __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
                  'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
                  'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind',
-                 'model', 'payloads', 'model_round', 'model_pending', 'exchange', 'unread_out')
+                 'model', 'payloads', 'model_round', 'model_pending', 'exchange', 'unread_out',
+                 'scratch')
 
     def __init__(self, key, shape, dtype, chunks, wire=None):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
@@ -189,6 +190,9 @@ class Tensor(object):
         # Send/receive buffers of chunks 1.. for kvstore_ext.dense.DenseKeys.exchange.
         self.exchange = None
         self.pulled_slots = set()
+        # One-row-per-worker pushes (kvstore_ext.payload): per chunk, the row_sparse array
+        # that the empty pulls ordering a pull land in.
+        self.scratch = None
         self.views = {}           # handle of a user array -> (array, its chunk views, flat)
         # Set when placed (kvstore_ext.dense.DenseKeys.place): its codec's per-tensor object
         # (kvstore_ext.compression.TensorCodec) and its data path.
@@ -286,13 +290,16 @@ class Placement(object):
         self.server_chunks = [0] * layout.num_servers   # chunks placed on each server
         self.capacity = [layout.max_chunks(s) for s in range(layout.num_servers)]
 
-    def place(self, key, shape, dtype, wire=None):
+    def place(self, key, shape, dtype, wire=None, chunk_size=None):
         """Return a new :class:`Tensor` for `key`, its chunks placed; with `wire` float16,
-        pushed as float16 and pulled through the layout's pull keys."""
+        pushed as float16 and pulled through the layout's pull keys. `chunk_size`: a
+        smaller largest chunk for this tensor (a codec whose keys are larger than their
+        chunk, :mod:`kvstore_ext.payload`)."""
         size = num_elements(shape)
+        step = min(self.chunk_size, chunk_size or self.chunk_size)
         chunks = []
-        for start in range(0, max(size, 1), self.chunk_size):
-            stop = min(start + self.chunk_size, size)
+        for start in range(0, max(size, 1), step):
+            stop = min(start + step, size)
             chunks.append(self.add_chunk(start, stop, stop - start, wire))
         return Tensor(key, shape, dtype, chunks, wire)
 

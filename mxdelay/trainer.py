@@ -69,7 +69,9 @@ class DelayedTrainer(gluon.Trainer):
         'threshold': 0.5}`` (each worker sends its quantized gradient and keeps the error in a
         residual), or ``{'type': 'fp16'}`` (float16 pushes, half the bytes; the servers sum
         them in float32 and keep float32 weights, which the pulls return; float32 parameters
-        only). In the delayed phase the local rule steps with what the worker sent. Checked
+        only), or ``{'type': 'int8' | 'int4' | 'ternary', 'block_size': 256}`` (8, 4 or 1.6
+        bits a value plus a float32 scale per block, with error feedback; float32 dense
+        parameters, no AMP; docs/design.md §2.14). In the delayed phase the local rule steps with what the worker sent. Checked
         at construction.
     update_on_kvstore : bool or None, default None
         Must not be False with ``'dist_delay'``: the servers own the global update.

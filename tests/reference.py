@@ -55,7 +55,8 @@ import math
 import numpy as np
 
 __all__ = ['simulate', 'Trajectory', 'DEFAULT_LAMBDA', 'sgd_step', 'sgd_mom_step', 'adam_step',
-           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'LossScale', 'RowSparseGrad',
+           'nag_step', 'OPTIMIZERS', 'quantize_2bit', 'quantize_blockwise', 'LossScale',
+           'RowSparseGrad',
            'pull_fp16', 'pull_int8', 'pulled_round']
 
 F32 = np.float32
@@ -108,6 +109,25 @@ def sgd_update_step(w, grad, lr, wd, rescale):
     """MXNet 1.9.1's single-tensor ``sgd_update`` (what ``optimizer.NAG`` without momentum
     calls): ``(1 - lr*wd)*w - (lr*rescale)*grad``, an order other than :func:`sgd_step`'s."""
     return (F32(1) - lr * wd) * w - (lr * rescale) * grad
+
+
+def quantize_blockwise(residual, raw, levels, block, chunk_size=None):
+    """What a worker sends with ``'int8'``, ``'int4'`` or ``'ternary'`` pushes (docs/design.md
+    §2.14) on one tensor, with `levels` h (127, 7, 1): ``p = r + raw`` (float32); per chunk of
+    `chunk_size` values of the flattened tensor (the whole tensor if None) and per block of
+    `block` values in it, ``s = max|p| / h`` and ``c = clip(rint(p / s), -h, h) * s`` (0
+    where s == 0), in float32; ``r := p - c``. Returns ``(c, r)``, shaped as `raw`."""
+    p = (residual + raw).astype(F32).reshape(-1)
+    sent = np.zeros_like(p)
+    step = chunk_size or max(p.size, 1)
+    for start in range(0, p.size, step):
+        for lo in range(start, min(start + step, p.size), block):
+            hi = min(lo + block, start + step, p.size)
+            s = F32(np.max(np.abs(p[lo:hi])) / F32(levels))
+            if s > 0:
+                level = np.clip(np.rint(p[lo:hi] / s), -levels, levels).astype(F32)
+                sent[lo:hi] = (level + F32(0)) * s    # + 0: a level -0 sends +0
+    return sent.reshape(raw.shape), (p - sent).reshape(raw.shape)
 
 
 def quantize_2bit(residual, raw, t):
@@ -228,7 +248,7 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
              epsilon=1e-8, fp16=False, compression_threshold=None, overflow=(),
-             scale_window=2000, pull_compression=None):
+             scale_window=2000, pull_compression=None, blockwise=None):
     """Simulate docs/design.md §1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
@@ -262,6 +282,10 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
 
     `compression_threshold` t: each worker's raw gradient goes through
     :func:`quantize_2bit` with its own residual per tensor; ``grads`` then holds what was sent.
+
+    `blockwise` ``(h, block, chunk_size)``: blockwise pushes (``'int8'``: h 127, ``'int4'``:
+    7, ``'ternary'``: 1), each worker's raw gradient through :func:`quantize_blockwise` with
+    its own residual per tensor; ``grads`` then holds what was sent.
 
     `pull_compression` ('fp16', ``('int8', block)`` or ``('int8', block, chunk_size)``):
     compressed pulls (see the module's docstring); ``xhat`` then holds the pulled model
@@ -339,7 +363,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             gr = grad_fn(_copy(wk['w']), i, t)
             masks.append({n: _row_mask(gr[n].rows, W[n].shape) for n in names
                           if isinstance(gr[n], RowSparseGrad)})
-            if masks[-1] and (fp16 or compression_threshold is not None or overflow):
+            if masks[-1] and (fp16 or compression_threshold is not None or overflow
+                              or blockwise):
                 raise ValueError('the reference has row_sparse gradients without fp16, '
                                  'compression and overflows only')
             gr = {n: gr[n].values if n in masks[-1] else gr[n] for n in names}
@@ -350,6 +375,10 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 for n in names:
                     raws[i][n], residuals[i][n] = quantize_2bit(
                         residuals[i][n], raws[i][n], F32(compression_threshold))
+            if blockwise is not None:
+                for n in names:
+                    raws[i][n], residuals[i][n] = quantize_blockwise(
+                        residuals[i][n], raws[i][n], *blockwise)
 
         # Server, claim 4: round t = one update with the sum of the N round-t gradients.
         W_t, W = W, {}

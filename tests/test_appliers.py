@@ -222,7 +222,7 @@ def _entry(codec=None, chunk=0):
 
 
 @pytest.mark.parametrize('codec, message', [
-    ({'scale': 2.0}, r"chunk 0: unknown codec setting 'scale'=2\.0; known: aux, sum_scale"),
+    ({'scale': 2.0}, r"chunk 0: unknown codec setting 'scale'=2\.0; known: aux, payload, sum_scale"),
     ({'sum_scale': 0.0}, r'chunk 0: codec setting sum_scale=0\.0 is not a finite number above 0'),
     ({'sum_scale': -1}, r'chunk 0: codec setting sum_scale=-1 is not a finite number above 0'),
     ({'sum_scale': float('inf')}, r'sum_scale=inf is not a finite number above 0'),

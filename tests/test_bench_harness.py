@@ -419,3 +419,35 @@ def test_positional_scripts_answer_help_and_missing_arguments(capsys):
         done = subprocess.run([sys.executable, os.path.join(REPO, 'benchmarks', script), '-h'],
                               capture_output=True, text=True, timeout=60, check=False)
         assert done.returncode == 0 and 'Usage' in done.stdout, (script, done.stderr[-500:])
+
+
+# -- blockwise pushes (issue 20 item 3, docs/design.md §2.14) ----------------------------------
+#: method -> (label, worker arguments), written down when the methods were added
+BLOCKWISE = {
+    'k4-int8': ('k=4 + int8', DELAYED + ['4', '--compression', 'int8']),
+    'k4-int4': ('k=4 + int4', DELAYED + ['4', '--compression', 'int4']),
+    'k4-ternary': ('k=4 + ternary', DELAYED + ['4', '--compression', 'ternary']),
+    'k4-int8-pull-int8': ('k=4 + int8 + pull int8', DELAYED + [
+        '4', '--pull-compression', 'int8', '--compression', 'int8']),
+    'k4-int4-pull-int8': ('k=4 + int4 + pull int8', DELAYED + [
+        '4', '--pull-compression', 'int8', '--compression', 'int4']),
+    'k4-ternary-pull-int8': ('k=4 + ternary + pull int8', DELAYED + [
+        '4', '--pull-compression', 'int8', '--compression', 'ternary'])}
+
+
+def test_blockwise_methods_and_the_worker_compression_option():
+    import bench_worker  # pylint: disable=import-outside-toplevel
+    for name, (label, args) in BLOCKWISE.items():
+        method = harness.METHODS[name]
+        assert (method.label, method.args, method.stock, method.env) == (label, args, False, ())
+    base = ['--mode', 'delayed', '--out', 'x.json']
+    parsed = {text: bench_worker.parse_args(base + ['--compression', text]).compression
+              for text in ('int8', 'int4', 'ternary', 'ternary:64', 'fp16', '2bit:0.5')}
+    assert parsed == {'int8': {'type': 'int8'}, 'int4': {'type': 'int4'},
+                      'ternary': {'type': 'ternary'},
+                      'ternary:64': {'type': 'ternary', 'block_size': 64},
+                      'fp16': {'type': 'fp16'}, '2bit:0.5': {'type': '2bit', 'threshold': 0.5}}
+    for bad in ('int8:', 'int8:x', 'fp16:2', 'ternary:-1'):
+        with pytest.raises(ValueError, match="'int8', 'int4' or 'ternary' with an optional "
+                                             "':BLOCK'"):
+            bench_worker.compression_params(bad)

@@ -18,6 +18,10 @@ What it does is what MXNet's native store does in sync mode (``kvstore_dist.h``,
   docs/design.md §2.4; waiting for all of them is the same for pulls issued after a round's
   pushes, as the trainers issue them), then returns the stored value;
 - a pushpull is a push and then a pull;
+- a row_sparse push is merged with the other workers' as MXNet's server does (a row_sparse
+  sum: the one-row-per-worker pushes of docs/design.md §2.14 keep every row);
+  ``row_sparse_pull`` waits as a pull does and returns the rows asked for (none for empty
+  row ids);
 - ``_barrier`` is a barrier of all workers; commands run the servers' controllers.
 
 Every call holds one lock (the servers' code is not thread-safe); a waiting call releases
@@ -111,6 +115,16 @@ class Job(object):
                 for target in targets if isinstance(targets, (list, tuple)) else [targets]:
                     self._stored[key].copyto(target)
 
+    def row_sparse_pull(self, rank, keys, outs, ids):
+        with self._cond:
+            mine = self._pushed[rank]
+            self._wait(lambda: all(self._completed.get(k, 0) >= n for k, n in mine.items()))
+            for key, target, rows in zip(keys, outs, ids):
+                if rows.shape[0] == 0:   # no rows (MXNet's operators refuse empty ids)
+                    nd.sparse.zeros('row_sparse', target.shape, dtype=target.dtype).copyto(target)
+                else:
+                    nd.sparse.retain(self._stored[key], rows.astype('int64')).copyto(target)
+
     def set_multi_precision(self):
         with self._cond:
             self._multi_precision = True   # the native server's, never the controller's
@@ -162,6 +176,11 @@ class _Worker(object):
     def pull(self, keys, out=None, priority=0, ignore_sparse=True):
         keys, outs = _pairs(keys, out)
         self._job.pull(self.rank, keys, outs)
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        keys, outs = _pairs(key, out)
+        _, ids = _pairs(key, row_ids)
+        self._job.row_sparse_pull(self.rank, keys, outs, ids)
 
     def pushpull(self, keys, values, out=None, priority=0):
         # MXNet's answers the push with the key's value once its round is applied: here the
