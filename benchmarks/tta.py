@@ -394,8 +394,8 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
     # A folder of accuracy runs alone (no phases part) reports accuracy only.
     phases = report_lib.read_csv(phases_file) if os.path.exists(phases_file) else []
     metas = {part: report_lib.read_json(os.path.join(out, 'meta-%s.json' % part))
-             for part in ('full', 'phases', 'real') if os.path.exists(os.path.join(out, 'meta-%s.json'
-                                                                           % part))}
+             for part in ('full', 'phases', 'real')
+             if os.path.exists(os.path.join(out, 'meta-%s.json' % part))}
     methods = [m for m in METHODS if any(e['method'] == m for e in evals)]
     seeds = sorted({e['seed'] for e in evals})
     epochs = sorted({int(e['epoch']) for e in evals if e['epoch_end'] in (True, 'True')})
