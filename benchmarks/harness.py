@@ -38,7 +38,7 @@ __all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method
            'started', 'wait_all', 'run_window',
            'shaped_network', 'job_env', 'command_line', 'start_meta', 'finish_meta',
            'read_roles', 'stock_check', 'worker_env', 'run_method', 'parser', 'names', 'ints',
-           'ordered', 'Interrupted', 'handle_signals']
+           'ordered', 'Interrupted', 'handle_signals', 'interruptible']
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -199,13 +199,22 @@ class Job:
 
     def run(self, log_path, monitor=None):
         """Run to the end, output into `log_path` (its first line: the command); returns the
-        exit code. `monitor`: a context manager entered for the job's duration."""
+        exit code. `monitor`: a context manager entered for the job's duration.
+
+        The launcher runs in a session of its own. Whatever ends the wait early (the
+        launcher's timeout plus 60 s: :class:`subprocess.TimeoutExpired`; a signal that
+        :func:`interruptible` turned into :class:`Interrupted`; KeyboardInterrupt) first
+        stops the job (:func:`stop`: SIGTERM, on which the launcher stops its roles), then
+        propagates, so that the caller's namespaces can go too.
+        """
         with open(log_path, 'wb') as log, (monitor or contextlib.nullcontext()):
             log.write(('$ %s\n' % shlex.join(self.argv)).encode())
             log.flush()
-            return subprocess.run(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, env=self.env, cwd=REPO,
-                                  timeout=self.timeout + 60, check=False).returncode
+            popen = self.start(stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+            try:
+                return popen.wait(None if self.timeout is None else self.timeout + 60)
+            finally:
+                stop(popen)  # nothing to do once it has exited
 
     def start(self, **popen_args):
         """Start the job; ``popen_args``: Popen's output, cwd, ... (default: a session of
@@ -421,6 +430,20 @@ def handle_signals(signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
     (``with`` blocks and ``finally`` clauses run); a second signal during that is ignored."""
     for signum in signums:
         signal.signal(signum, _on_signal)
+
+
+@contextlib.contextmanager
+def interruptible(signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+    """:func:`handle_signals` for the ``with`` block, then the handlers there were before
+    (a driver called from another program, e.g. a test, leaves that program's handlers)."""
+    previous = {signum: signal.getsignal(signum) for signum in signums}
+    handle_signals(signums)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _STOPPING.clear()
 
 
 # -- a run's record -------------------------------------------------------------------------

@@ -29,26 +29,42 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
     on its own. Also the steady-state throughput of the delayed window (samples/s, as the
     earlier benchmark: 2 x steps x 128 over the first worker's start to the last worker's
     end, drain included). File: ``phases-runs.csv``.
+``real``
+    The check of the derivation on shaped links: on each network of ``--networks``, in one
+    set of namespaces per network (as ``phases``), the runs of ``full`` (``--epochs``, every
+    method, every seed of ``--seeds``, interleaved as ``full``, worker 0's kept weights
+    evaluated after training), with the real wall time of training to each evaluation.
+    Files: ``real-evals.csv``, ``real-runs.csv`` (``full``'s columns and the network).
 ``report``
-    From the files above: ``tta.json`` and ``results.md``. No run.
+    From the files above: ``tta.json`` and ``results.md``. No run. With real runs, also the
+    real wall time to ``--real-target`` (default ``epoch1``: dist_sync's mean accuracy at the
+    end of epoch 1 over the ``full`` seeds; ``epochN``, or an accuracy such as ``0.85``) on
+    each network and method beside the time derived for the same seed, target and link from
+    ``full`` and ``phases``, and their ratio.
 
 Derived time-to-accuracy: with 2 workers the trajectory does not depend on timing (exact
 rounds, a sum of two is commutative, seeded data order), so step n has the same weights on
 any link; a link changes only the time per step. The time of step n on a link is
 first_step + (n_sync - 1) * sync_step + n_delayed * delayed_step, with the per-phase times
 (median over rounds) of ``phases`` and n_sync = min(n, 201) for the delayed methods (warm-up
-plus the switch step). On loopback this is checked against the real wall time of ``full``.
+plus the switch step). On loopback this is checked against the real wall time of ``full``;
+on a shaped link, against the real wall time of ``real``.
+
+A stop signal (SIGINT, SIGTERM, SIGHUP) ends the running job (its launcher stops its roles)
+and removes the part's namespaces; the part's meta file is still written; exit 128 + signal.
 
 Usage (as root for the shaped networks)::
 
     python benchmarks/tta.py --part full
     python benchmarks/tta.py --part phases
+    python benchmarks/tta.py --part real --networks 100mbit --epochs 1 --seeds 1
     python benchmarks/tta.py --part report
 """
 import hashlib
 import json
 import logging
 import os
+import re
 import statistics
 import sys
 
@@ -73,7 +89,7 @@ EVAL_EVERY = 78        # a third of an epoch (234 steps)
 
 def parse_args(argv=None):
     parser = harness.parser(__doc__)
-    parser.add_argument('--part', choices=('full', 'phases', 'report'), required=True)
+    parser.add_argument('--part', choices=('full', 'phases', 'real', 'report'), required=True)
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'tta'),
                         help='results folder (default: %(default)s)')
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'tta'),
@@ -81,17 +97,27 @@ def parse_args(argv=None):
     parser.add_argument('--methods', default=','.join(DEFAULT_METHODS),
                         help='any of benchmarks/harness.py METHODS (default: %(default)s; '
                              'report: the runs\' methods outside the default)')
-    parser.add_argument('--seeds', default='1,2,3', help='full: seeds (default: %(default)s)')
-    parser.add_argument('--epochs', type=int, default=10, help='full (default: %(default)s)')
+    parser.add_argument('--seeds', default='1,2,3',
+                        help='full, real: seeds (default: %(default)s)')
+    parser.add_argument('--epochs', type=int, default=10,
+                        help='full, real (default: %(default)s)')
     parser.add_argument('--networks', default=','.join(NETWORKS),
-                        help='phases (default: %(default)s)')
+                        help='phases, real (default: %(default)s)')
     parser.add_argument('--rounds', type=int, default=3, help='phases (default: %(default)s)')
     parser.add_argument('--phase-steps', metavar='WARMUP,STEPS',
                         help='phases: these warm-up and delayed steps on every network instead '
                              'of the defaults (%s); for quick checks' % ', '.join(
                                  '%s %d,%d' % (n, v[2], v[3]) for n, v in NETWORKS.items()))
+    parser.add_argument('--real-target', default='epoch1', metavar='epochN|ACCURACY',
+                        help="report: the real runs' target, dist_sync's mean accuracy at the "
+                             'end of epoch N of the full runs, or a test accuracy '
+                             '(default: %(default)s)')
     parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
     args = parser.parse_args(argv)
+    try:
+        args.real_target = real_target(args.real_target)
+    except ValueError as err:
+        parser.error(str(err))
     if args.phase_steps:
         warmup, steps = (int(v) for v in args.phase_steps.split(','))
         for name, value in list(NETWORKS.items()):
@@ -109,6 +135,21 @@ def parse_args(argv=None):
         if name not in NETWORKS:
             parser.error('unknown network %s' % name)
     return args
+
+
+def real_target(text):
+    """``--real-target``: ``('epoch', N)`` for ``epochN``, or ``('accuracy', value)``."""
+    match = re.fullmatch(r'epoch([1-9][0-9]*)', text)
+    if match:
+        return ('epoch', int(match.group(1)))
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= 1:
+        raise ValueError('--real-target must be epochN (dist_sync\'s mean accuracy at the end '
+                         'of epoch N, e.g. epoch1) or a test accuracy in (0, 1], got %r' % text)
+    return ('accuracy', value)
 
 
 # -- one job -------------------------------------------------------------------------------
@@ -131,38 +172,75 @@ def _meta(args, argv, command):
 
 
 # -- full runs -----------------------------------------------------------------------------
+def train_run(args, part, method, seed, folder, timeout, hostfile=None, key=None):
+    """One training run of ``full`` (``--epochs``, evaluation after training) under `part`'s
+    name in the log; `key` (e.g. the network) starts its row and its evaluations.
+
+    Returns (run row, evaluation rows): the evaluations have the wall time of training to
+    each (from the first worker's first step to that step's end on the slower worker).
+    """
+    key = dict(key or {})
+    worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
+                   '--warmup-steps', str(FULL_WARMUP), '--eval-every', str(EVAL_EVERY),
+                   '--data-dir', args.data_dir]
+    code, results, monitor, info = harness.run_method(folder, METHODS[method], worker_args,
+                                                      timeout, hostfile)
+    row = dict(key, method=method, seed=seed, exit=code, **info)
+    name = ' '.join([part] + [str(v) for v in key.values()] + [method])
+    if code != 0:
+        _LOG.error('%s seed %d FAILED (exit %s): see %s', name, seed, code, folder)
+        return row, []
+    t0, ends = _step_ends(results)
+    end = max(r['end'] for r in results) - t0
+    per_epoch = results[0]['steps_per_epoch']
+    row.update(steps=len(ends), train_s=end, first_step_s=ends[0],
+               eval_s=results[0]['eval_s'], cpu_other=monitor.usage(t0, t0 + end)['other'],
+               mean_loss=results[0]['mean_loss'])
+    evals = [dict(key, method=method, seed=seed, step=record['step'],
+                  epoch=round(record['epoch'], 4), test_acc=record['test_acc'],
+                  wall_s=ends[record['step'] - 1], epoch_end=record['step'] % per_epoch == 0)
+             for record in results[0]['evals']]
+    _LOG.info('%s seed %d: %.1f s training; test acc per epoch %s; %s', name,
+              seed, end, ' '.join('%.4f' % r['test_acc'] for r in results[0]['evals']
+                                  if r['step'] % per_epoch == 0), row['stock_check'])
+    return row, evals
+
+
 def part_full(args, meta):
     evals, runs = [], []
     for index, seed in enumerate(args.seeds):
         for method in harness.ordered(args.methods, index + 1):
             folder = os.path.join(args.scratch, 'full', '%s-s%d' % (method, seed))
-            worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
-                           '--warmup-steps', str(FULL_WARMUP), '--eval-every', str(EVAL_EVERY),
-                           '--data-dir', args.data_dir]
-            code, results, monitor, info = harness.run_method(
-                folder, METHODS[method], worker_args, 300 + args.epochs * 234 * 1.0)
-            row = dict(method=method, seed=seed, exit=code, **info)
+            row, run_evals = train_run(args, 'full', method, seed, folder,
+                                       300 + args.epochs * 234 * 1.0)
             runs.append(row)
-            if code != 0:
-                _LOG.error('full %s seed %d FAILED (exit %s): see %s', method, seed, code, folder)
+            if row['exit'] != 0:
                 continue
-            t0, ends = _step_ends(results)
-            end = max(r['end'] for r in results) - t0
-            per_epoch = results[0]['steps_per_epoch']
-            row.update(steps=len(ends), train_s=end, first_step_s=ends[0],
-                       eval_s=results[0]['eval_s'], cpu_other=monitor.usage(t0, t0 + end)['other'],
-                       mean_loss=results[0]['mean_loss'])
-            for record in results[0]['evals']:
-                evals.append(dict(method=method, seed=seed, step=record['step'],
-                                  epoch=round(record['epoch'], 4),
-                                  test_acc=record['test_acc'],
-                                  wall_s=ends[record['step'] - 1],
-                                  epoch_end=record['step'] % per_epoch == 0))
-            _LOG.info('full %s seed %d: %.1f s training; test acc per epoch %s; %s', method,
-                      seed, end, ' '.join('%.4f' % r['test_acc'] for r in results[0]['evals']
-                                          if r['step'] % per_epoch == 0), row['stock_check'])
+            evals += run_evals
             report_lib.write_csv(os.path.join(args.out, 'full-evals.csv'), evals)
             report_lib.write_csv(os.path.join(args.out, 'full-runs.csv'), runs)
+    return runs
+
+
+# -- real runs on shaped links -------------------------------------------------------------
+def part_real(args, meta):
+    """``full``'s runs on each network of ``--networks``, one set of namespaces per network."""
+    evals, runs = [], []
+    for net_name in args.networks:
+        _, rate, _, _, bound = NETWORKS[net_name]
+        with harness.shaped_network(2 + NUM_WORKERS, rate, 'mxtta-') as (_, hostfile):
+            for index, seed in enumerate(args.seeds):
+                for method in harness.ordered(args.methods, index + 1):
+                    folder = os.path.join(args.scratch, 'real',
+                                          '%s-%s-s%d' % (net_name, method, seed))
+                    row, run_evals = train_run(args, 'real', method, seed, folder,
+                                               300 + args.epochs * 234 * bound, hostfile,
+                                               {'network': net_name})
+                    runs.append(row)
+                    evals += run_evals
+                    report_lib.write_csv(os.path.join(args.out, 'real-runs.csv'), runs)
+                    if evals:
+                        report_lib.write_csv(os.path.join(args.out, 'real-evals.csv'), evals)
     return runs
 
 
@@ -240,15 +318,84 @@ def derived_time(step, method, times):
             + n_delayed * times['delayed_step_ms'] / 1000)
 
 
-def build_report(out, command='python benchmarks/tta.py'):
+def real_check(out, evals, accuracy, times, real_target):
+    """The check of the derivation on shaped links, from ``real``'s files in `out`.
+
+    Per real run: the real wall time to the target (the first evaluation at or above it) and
+    the time derived for the same link, method and target from the full run of the same seed
+    (its first evaluation at or above the target) and ``phases``' step times; their ratio
+    (derived / real); and whether the real run trained as the full run did (the largest
+    difference of their test accuracies at the same steps). `real_target`:
+    :func:`real_target`'s value.
+    """
+    real_runs = report_lib.read_csv(os.path.join(out, 'real-runs.csv'))
+    evals_file = os.path.join(out, 'real-evals.csv')
+    real_evals = report_lib.read_csv(evals_file) if os.path.exists(evals_file) else []
+    kind, value = real_target
+    if kind == 'epoch':
+        row = next((a for a in accuracy.get('sync', []) if a['epoch'] == value), None)
+        if row is None:
+            raise ValueError('--real-target epoch%d: the full runs in %s have no dist_sync '
+                             'accuracy at the end of epoch %d; give an epoch they have or an '
+                             'accuracy' % (value, out, value))
+        target = row['mean']
+        definition = ("mean over seeds %s of dist_sync's test accuracy after epoch %d (full "
+                      'runs)' % (', '.join(str(v) for v in sorted({
+                          e['seed'] for e in evals if e['method'] == 'sync'})), value))
+    else:
+        target, definition = value, 'test accuracy %g (--real-target)' % value
+
+    def first_hit(points):
+        return next((e for e in points if e['test_acc'] >= target), None)
+
+    checks = []
+    for run in real_runs:
+        net_name, method, seed = run['network'], run['method'], run['seed']
+        check = dict(network=net_name, method=method, seed=seed, exit=run['exit'],
+                     cpu_other=run.get('cpu_other'), real_step=None, real_s=None,
+                     full_step=None, derived_s=None, ratio=None, max_acc_diff=None, evals=[])
+        checks.append(check)
+        points = sorted((e for e in real_evals if e['network'] == net_name
+                         and e['method'] == method and e['seed'] == seed),
+                        key=lambda e: e['step'])
+        full = {e['step']: e for e in evals if e['method'] == method and e['seed'] == seed}
+        phase_times = times.get((net_name, method))
+        for point in points:
+            derived = (derived_time(point['step'], method, phase_times) if phase_times
+                       else None)
+            same = full.get(point['step'])
+            check['evals'].append(dict(step=point['step'], epoch=point['epoch'],
+                                       test_acc=point['test_acc'], real_s=point['wall_s'],
+                                       full_test_acc=same['test_acc'] if same else None,
+                                       derived_s=derived))
+        common = [e for e in check['evals'] if e['full_test_acc'] is not None]
+        if common:
+            check['max_acc_diff'] = max(abs(e['test_acc'] - e['full_test_acc']) for e in common)
+        hit = first_hit(points)
+        full_hit = first_hit(sorted(full.values(), key=lambda e: e['step']))
+        if hit:
+            check.update(real_step=hit['step'], real_s=hit['wall_s'])
+        if full_hit:
+            check['full_step'] = full_hit['step']
+            if phase_times:
+                check['derived_s'] = derived_time(full_hit['step'], method, phase_times)
+        if hit and check['derived_s'] is not None:
+            check['ratio'] = check['derived_s'] / hit['wall_s']
+        if points:
+            check.update(last_step=points[-1]['step'], last_acc=points[-1]['test_acc'])
+    return dict(target=target, target_definition=definition, runs=checks,
+                rows=real_runs)
+
+
+def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 1)):
     evals = report_lib.read_csv(os.path.join(out, 'full-evals.csv'))
     runs = report_lib.read_csv(os.path.join(out, 'full-runs.csv'))
     phases_file = os.path.join(out, 'phases-runs.csv')
     # A folder of accuracy runs alone (no phases part) reports accuracy only.
     phases = report_lib.read_csv(phases_file) if os.path.exists(phases_file) else []
     metas = {part: report_lib.read_json(os.path.join(out, 'meta-%s.json' % part))
-             for part in ('full', 'phases') if os.path.exists(os.path.join(out, 'meta-%s.json'
-                                                                           % part))}
+             for part in ('full', 'phases', 'real')
+             if os.path.exists(os.path.join(out, 'meta-%s.json' % part))}
     methods = [m for m in METHODS if any(e['method'] == m for e in evals)]
     seeds = sorted({e['seed'] for e in evals})
     epochs = sorted({int(e['epoch']) for e in evals if e['epoch_end'] in (True, 'True')})
@@ -360,6 +507,9 @@ def build_report(out, command='python benchmarks/tta.py'):
                   tta={'%s/%s' % k: v for k, v in tta.items()},
                   fixed_time={'%s/%s' % k: v for k, v in fixed.items()},
                   validation=validation, runs=runs, metas=metas, steps_of=len(steps_of))
+    # 7. the check on shaped links: real runs of `real`, derived beside real
+    if os.path.exists(os.path.join(out, 'real-runs.csv')):
+        result['real'] = real_check(out, evals, accuracy, times, real_target)
     report_lib.write_json(os.path.join(out, 'tta.json'), result)
     write_markdown(out, result, methods, networks, phases, command)
     return result
@@ -381,7 +531,7 @@ def write_markdown(out, result, methods, networks, phases, command):
              '', 'Generated by `%s --part report` from the CSV files in this ' % command +
              'folder; do not edit. How they were made: `benchmarks/tta.py` (docstring) and '
              '[../README.md](../README.md) (rules).', '']
-    for part in ('full', 'phases'):
+    for part in ('full', 'phases', 'real'):
         if part in result['metas']:
             lines.append('- %s: %s' % (part, provenance.meta_line(result['metas'][part])))
     accuracy = result['accuracy']
@@ -493,6 +643,8 @@ def write_markdown(out, result, methods, networks, phases, command):
                            ', '.join(str(s) for s in v['quiet_seeds']) or 'none',
                            '%.2f' % v['quiet_ratio'] if v['quiet_ratio'] else '-']
                            for v in result['validation']], 'lrrrrlr')
+    if 'real' in result:
+        lines += _real_markdown(result['real'], label)
     lines += ['', '## Does timing change training?', '',
               'Per-step losses of worker 0 (a SHA-1 of the list) of the phase runs with the same '
               'method and steps, on different links, rounds, and loopback runs with the shaped '
@@ -521,7 +673,69 @@ def write_markdown(out, result, methods, networks, phases, command):
                        '%.2f / %.2f' % (r['load_before'], r['load_after']), r['stock_check'],
                        r['worker_env'], r.get('loss_digest', '-')] for r in phases],
                    'llrrrrrrrllll')
+    if 'real' in result:
+        lines += ['', '### Real runs (shaped links)', '']
+        lines += table('network | method | seed | exit | training s | first step s | other '
+                       'cores | load before/after | stock check | MXNET_* seen by the workers', [[
+                           NETWORKS[r['network']][0], label[r['method']], r['seed'], r['exit'],
+                           _cell(r, 'train_s', '%.1f'), _cell(r, 'first_step_s', '%.2f'),
+                           _cell(r, 'cpu_other', '%.2f'),
+                           '%.2f / %.2f' % (r['load_before'], r['load_after']), r['stock_check'],
+                           r['worker_env']] for r in result['real']['rows']], 'llrrrrrlll')
     report_lib.write_lines(os.path.join(out, 'results.md'), lines)
+
+
+def _seconds(value):
+    return '-' if value is None else '%.1f s' % value
+
+
+def _real_markdown(real, label):
+    """The section of the real runs on shaped links (:func:`real_check`'s result)."""
+    table = report_lib.table
+    lines = ['', '## Check of the derivation on shaped links: real runs to %.4f' % real[
+        'target'], '',
+        'Target: %s. Real: the wall time of training (evaluation excluded) of a real run on the '
+        'link (part `real`) to its first evaluation at or above the target. Derived: the time '
+        'to the same target of the loopback full run of the same seed, from its steps and the '
+        "link's per-phase step times (median over rounds), the warm-up included. Other cores: "
+        'what other processes used during the real run (noisy above %g).'
+        % (real['target_definition'], report_lib.NOISE_CORES), '']
+
+    def at(step, seconds):
+        return '-' if step is None else '%s (step %d)' % (_seconds(seconds), step)
+    body = []
+    for c in real['runs']:
+        if c['exit'] != 0:
+            real_cell = 'run failed (exit %s)' % c['exit']
+        elif c['real_step'] is None:
+            real_cell = 'not reached (%.4f at step %s)' % (c['last_acc'], c['last_step']) \
+                if 'last_step' in c else 'not reached'
+        else:
+            real_cell = at(c['real_step'], c['real_s'])
+        derived_cell = at(c['full_step'], c['derived_s']) if c['derived_s'] is not None else (
+            'not reached in the full run' if c['full_step'] is None else 'no phases on the link')
+        body.append([NETWORKS[c['network']][0], label[c['method']], c['seed'], real_cell,
+                     derived_cell, '-' if c['ratio'] is None else '%.2f' % c['ratio'],
+                     '-' if c['cpu_other'] is None else '%.2f%s' % (c['cpu_other'], (
+                         ' (noisy)' if c['cpu_other'] > report_lib.NOISE_CORES else '')),
+                     '-' if c['max_acc_diff'] is None else (
+                         'yes' if c['max_acc_diff'] == 0 else 'no: up to %.4f apart'
+                         % c['max_acc_diff'])])
+    lines += table('network | method | seed | real time to target | derived time to target | '
+                   'derived / real | other cores | test accuracies equal to the full run\'s',
+                   body, 'llrrrrrl')
+    lines += ['', 'Every evaluation of the real runs: real and derived wall time of training '
+              'to that step.', '']
+    lines += table('network | method | seed | step | epoch | test accuracy (full run) | real '
+                   '| derived | derived / real', [[
+                       NETWORKS[c['network']][0], label[c['method']], c['seed'], e['step'],
+                       '%.2f' % e['epoch'], '%.4f (%s)' % (e['test_acc'], '-' if e[
+                           'full_test_acc'] is None else '%.4f' % e['full_test_acc']),
+                       _seconds(e['real_s']), _seconds(e['derived_s']),
+                       '-' if e['derived_s'] is None else '%.2f' % (e['derived_s'] / e[
+                           'real_s'])] for c in real['runs'] for e in c['evals']],
+                   'llrrrrrrr')
+    return lines
 
 
 def main(argv=None, command='python benchmarks/tta.py'):
@@ -532,22 +746,31 @@ def main(argv=None, command='python benchmarks/tta.py'):
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.scratch, exist_ok=True)
     if args.part == 'report':
-        build_report(args.out, command)
+        build_report(args.out, command, args.real_target)
         _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
         return 0
-    if args.part == 'phases' and any(NETWORKS[n][1] for n in args.networks):
+    if args.part in ('phases', 'real') and any(NETWORKS[n][1] for n in args.networks):
         reason = netns.netns_available()
         if reason:
             _LOG.error('shaped networks unavailable: %s', reason)
             return 2
-        netns.remove_stale()
+        stale = netns.remove_stale()
+        if stale:
+            _LOG.warning('deleted namespaces left by a killed benchmark: %s', ', '.join(stale))
     meta = _meta(args, argv, command)
     _LOG.info('%s', meta['command'])
-    try:
-        rows = (part_full if args.part == 'full' else part_phases)(args, meta)
-    finally:
-        report_lib.write_json(os.path.join(args.out, 'meta-%s.json' % args.part),
-                              harness.finish_meta(meta))
+    part = {'full': part_full, 'phases': part_phases, 'real': part_real}[args.part]
+    # A stop signal unwinds the part: Job.run stops the launcher (which stops its roles), the
+    # `with` of the namespaces deletes them, and the meta file is written.
+    with harness.interruptible():
+        try:
+            rows = part(args, meta)
+        except harness.Interrupted as stop:
+            _LOG.error('stopped by %s; the job and the namespaces are cleaned up', stop)
+            return 128 + stop.signum
+        finally:
+            report_lib.write_json(os.path.join(args.out, 'meta-%s.json' % args.part),
+                                  harness.finish_meta(meta))
     failed = [row for row in rows if row['exit'] != 0]
     return 1 if failed else 0
 

@@ -4,11 +4,14 @@ The expected values were captured from the scripts before they moved onto the ha
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 from unittest import mock
 
 import pytest
+
+from support.jobs import PidFile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
@@ -99,10 +102,11 @@ def test_job_of_every_method(scenario, hostfile, driver_env):  # pylint: disable
 def test_run_worker(tmp_path, monkeypatch, driver_env):  # pylint: disable=unused-argument
     seen = {}
 
-    def fake_run(argv, **kwargs):
+    def fake_popen(argv, **kwargs):
         seen.update(argv=argv, **kwargs)
-        return subprocess.CompletedProcess(argv, 1)
-    monkeypatch.setattr(subprocess, 'run', fake_run)
+        return mock.Mock(pid=2 ** 22 - 7, poll=lambda: 1,
+                         wait=lambda timeout=None: seen.update(timeout=timeout) or 1)
+    monkeypatch.setattr(subprocess, 'Popen', fake_popen)
     folder = str(tmp_path / 'run')
     code, results, _, roles = harness.run_worker(folder, tta.METHODS['k4'].args, 2640, '/h')
     assert (code, results, roles) == (1, [], {})
@@ -110,7 +114,7 @@ def test_run_worker(tmp_path, monkeypatch, driver_env):  # pylint: disable=unuse
         sys.executable, LAUNCHER, '-n', '2', '-s', '1', '--timeout', '2640', '--launcher',
         'netns', '-H', '/h', '--', sys.executable, WORKER, '--mode', 'delayed', '--delay', '4',
         '--out', os.path.join(folder, 'worker-{rank}.json')]
-    assert seen['cwd'] == REPO and seen['timeout'] == 2700
+    assert seen['cwd'] == REPO and seen['timeout'] == 2700 and seen['start_new_session']
     _assert_clean(seen['env'])
     with open(os.path.join(folder, 'log.txt'), encoding='utf-8') as src:
         assert src.readline().startswith('$ %s %s -n 2' % (sys.executable, LAUNCHER))
@@ -175,8 +179,13 @@ class _Launched:
             {'cpu_ms': 1.0, 'check': 0.5}) + '\n', stderr='')
 
     def popen(self, argv, **kwargs):
+        kwargs = dict(kwargs)
         self.calls.append((list(argv), kwargs))
-        return mock.Mock(pid=2 ** 22 - 7, returncode=1, poll=lambda: 1, wait=lambda *a, **k: 1)
+
+        def wait(timeout=None):  # Job.run's wait: its timeout goes with the call's arguments
+            kwargs.setdefault('timeout', timeout)
+            return 1
+        return mock.Mock(pid=2 ** 22 - 7, returncode=1, poll=lambda: 1, wait=wait)
 
     def only(self):
         """The argv and the environment's changes of the one job started."""
@@ -191,18 +200,21 @@ def _changes(env):
 
 
 class _Net:
-    """A shaped network without namespaces (netns.ShapedNetwork's interface)."""
+    """A shaped network without namespaces (netns.ShapedNetwork's interface); :attr:`log`
+    has every network's rate when it was created and closed."""
     switch = 'sw'
+    log = []
 
     def __init__(self, count=4, rate=None):
         self.nodes = [('ns%d' % i, '10.77.0.%d' % (i + 1)) for i in range(count)]
         self.rate = rate
 
     def __enter__(self):
+        self.log.append(('created', self.rate))
         return self
 
     def __exit__(self, *exc):
-        pass
+        self.log.append(('closed', self.rate))
 
     def write_hostfile(self, path):
         with open(path, 'w', encoding='ascii') as dst:
@@ -262,6 +274,105 @@ def test_tta_full_and_phases_jobs(tmp_path, launched):
             '--out', os.path.join(scratch, 'phases', '1gbit-k8-r1', 'worker-{rank}.json')]
     assert kwargs['timeout'] == 422 and _changes(kwargs['env']) == CLEAN
     assert launched.calls[4][0][6:8] == ['--timeout', '241']  # loopback with 1gbit's steps
+
+
+def test_tta_real_jobs(tmp_path, launched):
+    # full's runs (same worker arguments), in one set of namespaces per network, interleaved
+    # seed by seed as full; the launcher's timeout with the network's bound per step.
+    out, scratch = str(tmp_path / 'out'), str(tmp_path / 's')
+    _Net.log.clear()
+    assert tta.main(['--part', 'real', '--out', out, '--scratch', scratch, '--seeds', '1,2',
+                     '--epochs', '1', '--methods', 'sync,k4', '--networks', '1gbit,100mbit']) == 1
+    names = [argv[-1].split(os.sep)[-2] for argv, _ in launched.calls]
+    assert names == ['1gbit-sync-s1', '1gbit-k4-s1', '1gbit-k4-s2', '1gbit-sync-s2',
+                     '100mbit-sync-s1', '100mbit-k4-s1', '100mbit-k4-s2', '100mbit-sync-s2']
+    assert _Net.log == [('created', '1gbit'), ('closed', '1gbit'), ('created', '100mbit'),
+                        ('closed', '100mbit')]
+    argv, kwargs = launched.calls[5]
+    hosts = argv[argv.index('-H') + 1]
+    assert argv == _launch(2, '-s', 1, '--timeout', 2640, '--launcher', 'netns', '-H', hosts) + [
+        sys.executable, WORKER] + DELAYED + ['4', '--epochs', '1', '--seed', '1',
+                                             '--warmup-steps', '200', '--eval-every', '78'] + (
+        DATA + ['--out', os.path.join(scratch, 'real', '100mbit-k4-s1', 'worker-{rank}.json')])
+    assert kwargs['timeout'] == 2700 and _changes(kwargs['env']) == CLEAN
+    assert kwargs['start_new_session']
+    assert launched.calls[0][0][6:8] == ['--timeout', '768']  # 300 + 234 steps x 2 s (1gbit)
+    rows = tta.report_lib.read_csv(os.path.join(out, 'real-runs.csv'))
+    assert [(r['network'], r['method'], r['seed'], r['exit']) for r in rows] == [
+        (n.split('-')[0], n.split('-')[1], int(n[-1]), 1) for n in names]
+    meta = tta.report_lib.read_json(os.path.join(out, 'meta-real.json'))
+    assert meta['command'].startswith('python benchmarks/tta.py --part real ')
+    assert not os.path.exists(os.path.join(out, 'real-evals.csv'))  # no run succeeded
+
+
+def test_tta_stops_the_job_and_removes_the_namespaces_on_a_signal(tmp_path, launched,
+                                                                  monkeypatch):
+    # The signal arrives while the driver waits for the second job: that launcher gets
+    # SIGTERM (it stops its roles), the namespaces go, the meta file is written, the driver
+    # returns 128 + SIGTERM, and the caller's signal handlers are back.
+    stopped, handlers = [], {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    popen = launched.popen
+
+    def popen_then_signal(argv, **kwargs):
+        job = popen(argv, **kwargs)
+        if len(launched.calls) == 2:
+            job.poll = lambda: None  # still running
+
+            def wait(timeout=None):
+                if timeout == 15.0:  # harness.stop's grace: the launcher ends on SIGTERM
+                    return 143
+                return signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # raises
+            job.wait = wait
+            job.send_signal = stopped.append
+        return job
+    monkeypatch.setattr(subprocess, 'Popen', popen_then_signal)
+    _Net.log.clear()
+    out = str(tmp_path / 'out')
+    assert tta.main(['--part', 'real', '--out', out, '--scratch', str(tmp_path / 's'),
+                     '--seeds', '1', '--epochs', '1', '--methods', 'sync,k4',
+                     '--networks', '100mbit']) == 128 + signal.SIGTERM
+    assert stopped == [signal.SIGTERM] and len(launched.calls) == 2
+    assert _Net.log == [('created', '100mbit'), ('closed', '100mbit')]
+    assert os.path.exists(os.path.join(out, 'meta-real.json'))
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+# A driver that runs one launcher job under harness.interruptible(): argv 1 is benchmarks/,
+# 2 the job's log, the rest the roles' command.
+SIGNALLED_DRIVER = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+import harness
+with harness.interruptible():
+    try:
+        harness.Job(sys.argv[3:], 600, num_workers=2).run(sys.argv[2])
+    except harness.Interrupted as stop:
+        sys.exit(128 + stop.signum)
+'''
+
+
+@pytest.mark.jobs
+@pytest.mark.parametrize('signum', ['SIGTERM', 'SIGINT'])
+def test_a_signal_to_the_driver_stops_its_launcher_and_roles(tmp_path, signum):
+    signum = getattr(signal, signum)
+    pids = PidFile(tmp_path / 'pids')
+    log = str(tmp_path / 'log.txt')
+    driver = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, '-c', SIGNALLED_DRIVER, os.path.join(REPO, 'benchmarks'), log]
+        + pids.wrap(['sleep', '1000']), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        pids.wait(4)                     # scheduler, server, 2 workers
+        driver.send_signal(signum)       # to the driver alone, not to its launcher
+        _, stderr = driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert driver.returncode == 128 + signum, stderr
+    pids.assert_all_dead(timeout=5)
+    with open(log, encoding='utf-8') as src:
+        assert 'received SIGTERM; stopping the job' in src.read()
 
 
 def test_accuracy_cnn_job(tmp_path, launched):
@@ -451,3 +562,104 @@ def test_blockwise_methods_and_the_worker_compression_option():
         with pytest.raises(ValueError, match="'int8', 'int4' or 'ternary' with an optional "
                                              "':BLOCK'"):
             bench_worker.compression_params(bad)
+
+
+# -- tta.py's report of the real runs on shaped links (issue 20 item 5) ------------------------
+def _accuracy(method, seed, step):
+    """The synthetic runs' test accuracy: 0.01 per evaluation, seed 2 0.005 above, k=4 0.01
+    below dist_sync."""
+    return round(0.80 + 0.01 * (step // 78) + 0.005 * (seed - 1) - 0.01 * (method == 'k4'), 4)
+
+
+def _tta_folder(out, real=True):
+    """full (2 seeds, 5 epochs), phases (1gbit) and, with `real`, real runs (1gbit, seed 1,
+    1 epoch; k=4's accuracy at step 156 is 0.01 above its full run's)."""
+    def evals(key, seeds, epochs, wall):
+        return [dict(key, method=m, seed=seed, step=step, epoch=round(step / 234, 4),
+                     test_acc=round(_accuracy(m, seed, step) + (
+                         0.01 if key and m == 'k4' and step == 156 else 0), 4),
+                     wall_s=wall(step), epoch_end=step % 234 == 0)
+                for seed in seeds for m in ('sync', 'k4')
+                for step in range(78, 234 * epochs + 1, 78)]
+    run = dict(exit=0, load_before=1.0, load_after=2.0, job_s=9.0, stock_check='ok',
+               worker_env='(none)', steps=234, train_s=8.0, first_step_s=1.0, eval_s=1.0,
+               cpu_other=0.5, mean_loss=0.4)
+    os.makedirs(out)
+    tta.report_lib.write_csv(os.path.join(out, 'full-evals.csv'),
+                             evals({}, (1, 2), 5, lambda step: 0.01 * step))
+    tta.report_lib.write_csv(os.path.join(out, 'full-runs.csv'), [
+        dict(method=m, seed=s, **run) for s in (1, 2) for m in ('sync', 'k4')])
+    tta.report_lib.write_csv(os.path.join(out, 'phases-runs.csv'), [dict(
+        network='1gbit', method=m, round=1, exit=0, warmup=40, steps=80, load_before=1.0,
+        load_after=1.0, stock_check='ok', worker_env='(none)', first_step_s=1.0, sync_steps=40,
+        sync_step_ms=100.0, delayed_steps=80, delayed_step_ms=50.0, drain_s=0.1,
+        window_samples_per_s=1000.0, cpu_other=0.1, noisy=False, loss_digest='x')
+        for m in ('sync', 'k4')])
+    if real:
+        tta.report_lib.write_csv(os.path.join(out, 'real-evals.csv'), evals(
+            {'network': '1gbit'}, (1,), 1, lambda step: 2 + 0.1 * step))
+        tta.report_lib.write_csv(os.path.join(out, 'real-runs.csv'), [
+            dict(network='1gbit', method=m, seed=1, **run) for m in ('sync', 'k4')])
+
+
+def test_tta_report_of_real_runs(tmp_path):
+    out = str(tmp_path / 'out')
+    _tta_folder(out)
+    result = tta.build_report(out, real_target=('accuracy', 0.82))
+    real = result['real']
+    assert (real['target'], real['target_definition']) == (0.82, 'test accuracy 0.82 '
+                                                                  '(--real-target)')
+    sync, k4 = real['runs']
+    # dist_sync: 0.82 at step 156 in both runs; derived 1 s + 155 synchronous steps x 0.1 s
+    assert (sync['real_step'], sync['full_step'], sync['max_acc_diff']) == (156, 156, 0)
+    assert sync['real_s'] == pytest.approx(2 + 15.6, abs=1e-9)
+    assert sync['derived_s'] == pytest.approx(1 + 155 * 0.1, abs=1e-9)
+    assert sync['ratio'] == pytest.approx(16.5 / 17.6, abs=1e-9)
+    # k=4: 0.82 at step 156 in the real run, at 234 in the full run: the full run's step
+    # gives the derived time, 200 synchronous and 33 delayed steps after the first step
+    assert (k4['real_step'], k4['full_step']) == (156, 234)
+    assert k4['max_acc_diff'] == pytest.approx(0.01, abs=1e-9)
+    assert k4['derived_s'] == pytest.approx(1 + 200 * 0.1 + 33 * 0.05, abs=1e-9)
+    assert k4['ratio'] == pytest.approx(22.65 / 17.6, abs=1e-9)
+    assert [(e['step'], e['derived_s']) for e in k4['evals']] == [
+        (78, pytest.approx(8.7)), (156, pytest.approx(16.5)), (234, pytest.approx(22.65))]
+    with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
+        text = src.read()
+    assert '## Check of the derivation on shaped links: real runs to 0.8200' in text
+    assert ('| 1 Gbit/s links | dist_sync (stock) | 1 | 17.6 s (step 156) | 16.5 s (step 156) | '
+            '0.94 | 0.50 (noisy) | yes |') in text
+    assert '| 1 Gbit/s links | k=4 | 1 | 17.6 s (step 156) | 22.6 s (step 234) | 1.29 |' in text
+    assert 'no: up to 0.0100 apart' in text and '### Real runs (shaped links)' in text
+    # The default target, dist_sync's mean at the end of epoch 1 (0.83, 0.835): 0.8325 is
+    # after the real runs' only epoch.
+    real = tta.build_report(out)['real']
+    assert real['target'] == pytest.approx(0.8325, abs=1e-12)
+    assert real['target_definition'] == ("mean over seeds 1, 2 of dist_sync's test accuracy "
+                                         'after epoch 1 (full runs)')
+    assert [(c['real_step'], c['full_step'], c['last_step']) for c in real['runs']] == [
+        (None, 312, 234), (None, 390, 234)]
+    with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
+        assert 'not reached (0.8300 at step 234)' in src.read()
+    with pytest.raises(ValueError, match='--real-target epoch6: the full runs'):
+        tta.build_report(out, real_target=('epoch', 6))
+
+
+def test_tta_report_without_real_runs_is_unchanged(tmp_path):
+    out = str(tmp_path / 'out')
+    _tta_folder(out, real=False)
+    result = tta.build_report(out)
+    assert 'real' not in result and 'real' not in result['metas']
+    with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
+        text = src.read()
+    assert 'shaped links: real runs' not in text and 'Real runs' not in text
+
+
+def test_tta_real_target_option():
+    assert tta.parse_args(['--part', 'report']).real_target == ('epoch', 1)
+    assert tta.parse_args(['--part', 'report', '--real-target', 'epoch12']).real_target == (
+        'epoch', 12)
+    assert tta.parse_args(['--part', 'report', '--real-target', '0.85']).real_target == (
+        'accuracy', 0.85)
+    for bad in ('epoch0', '1.5', '0', 'x', 'epoch'):
+        with pytest.raises(ValueError, match=r'--real-target must be epochN .* got %r' % bad):
+            tta.real_target(bad)
