@@ -19,6 +19,9 @@ What is tested, and against what:
   so the test sees the quantization;
 - a checkpoint resume bit for bit (the residuals are saved).
 """
+import os
+import sys
+
 import numpy as np
 import pytest
 
@@ -34,11 +37,13 @@ from support.native import delay_store, server_weights
 from support.native_workers import run_workers
 from support.reference_jobs import MLP_BASE, batch_size, run_mlp_job
 from support.stores import offline_store
+from support.jobs import SCRIPTS, assert_ok, kv_results, run_job
 from kvstore_ext import appliers, compression, payload, quantize
 
 OPT = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}
 TYPES = ('int8', 'int4', 'ternary')
 H = quantize.LEVELS
+ROWS_WIRE_JOB = os.path.join(SCRIPTS, 'rows_wire_job.py')
 
 
 def blockwise(setting, chunk_size=None):
@@ -578,3 +583,24 @@ def test_a_resumed_job_continues_bit_for_bit(tmp_path):
         for name in MLP_NAMES:
             np.testing.assert_array_equal(resumed[rank][name], full[rank][name][9:],
                                           err_msg='worker %d %s after resume' % (rank, name))
+
+
+@pytest.mark.jobs
+def test_stock_mxnet_merges_disjoint_row_sparse_pushes_bit_for_bit():
+    # The premise of the wire, on MXNet's own server and workers (no mxdelay in any role):
+    # 3 workers, 3 rounds, each worker's row of packed words and scales comes back with
+    # every bit. The control word, a signalling NaN, shows that the check sees a changed
+    # bit: the merge's float additions return it quieted (seen in every row; a merge that
+    # copied the first row it received would leave that one, hence 'at least once').
+    width, rounds, workers = 4000, 3, 3
+    result = run_job([sys.executable, ROWS_WIRE_JOB, str(width), str(rounds)],
+                     num_workers=workers, num_servers=1, timeout=120)
+    assert_ok(result)
+    results = kv_results(result)
+    assert sorted(results) == list(range(workers))
+    for rank, data in results.items():
+        assert not data['mxdelay_imported']
+        changed = [words for round_rows in data['differing'] for words in round_rows]
+        assert len(changed) == rounds * workers
+        assert all(words in ([], [width - 1]) for words in changed), (rank, data['differing'])
+        assert [width - 1] in changed, 'the control word came back unchanged: %r' % changed
