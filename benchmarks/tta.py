@@ -396,8 +396,12 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
     metas = {part: report_lib.read_json(os.path.join(out, 'meta-%s.json' % part))
              for part in ('full', 'phases', 'real')
              if os.path.exists(os.path.join(out, 'meta-%s.json' % part))}
-    methods = [m for m in METHODS if any(e['method'] == m for e in evals)]
     seeds = sorted({e['seed'] for e in evals})
+    # Methods whose full runs cover fewer seeds than the folder's are left out of the tables
+    # over seeds (their means would not be comparable), and named in the report.
+    seeds_of = {m: sorted({e['seed'] for e in evals if e['method'] == m}) for m in METHODS}
+    methods = [m for m in METHODS if seeds_of[m] == seeds]
+    partial = {m: seeds_of[m] for m in METHODS if seeds_of[m] and seeds_of[m] != seeds}
     epochs = sorted({int(e['epoch']) for e in evals if e['epoch_end'] in (True, 'True')})
 
     def acc(method, seed, step):
@@ -501,7 +505,7 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
                         digests=sorted({str(p['loss_digest']) for p in rows}))
                    for (m, w, n), rows in same.items()]
     result = dict(target=target, determinism=determinism, target_definition="mean over seeds of dist_sync's test "
-                  'accuracy after epoch 5', seeds=seeds, per_epoch=per_epoch,
+                  'accuracy after epoch 5', seeds=seeds, per_epoch=per_epoch, partial=partial,
                   eval_every=EVAL_EVERY, accuracy=accuracy,
                   times={'%s/%s' % k: v for k, v in times.items()},
                   tta={'%s/%s' % k: v for k, v in tta.items()},
@@ -540,6 +544,10 @@ def write_markdown(out, result, methods, networks, phases, command):
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
         'seeds %s. Delayed methods: rule `mirror`, warm-up 200 steps.' % ', '.join(
             str(s) for s in result['seeds']), '']
+    if result.get('partial'):
+        lines += ['Left out of every table over seeds (full runs of fewer seeds): %s.' % '; '.join(
+            '%s (seed %s)' % (label[m], ', '.join(str(s) for s in seeds))
+            for m, seeds in result['partial'].items()), '']
     lines += table(['epoch'] + [label[m] for m in methods], [
         [row['epoch']] + ['%.4f (%.4f-%.4f)' % (accuracy[m][index]['mean'], accuracy[m][index][
             'min'], accuracy[m][index]['max']) for m in methods]

@@ -663,3 +663,25 @@ def test_tta_real_target_option():
     for bad in ('epoch0', '1.5', '0', 'x', 'epoch'):
         with pytest.raises(ValueError, match=r'--real-target must be epochN .* got %r' % bad):
             tta.real_target(bad)
+
+
+def test_tta_report_leaves_out_methods_of_fewer_seeds(tmp_path):
+    # A method with full runs of seed 1 only (of seeds 1, 2) has no mean over the seeds: it is
+    # named, and left out of the tables over seeds, instead of failing the report.
+    out = str(tmp_path / 'out')
+    _tta_folder(out, real=False)
+    evals = tta.report_lib.read_csv(os.path.join(out, 'full-evals.csv'))
+    extra = [dict(e, method='k8') for e in evals if e['method'] == 'k4' and e['seed'] == 1]
+    tta.report_lib.write_csv(os.path.join(out, 'full-evals.csv'), evals + extra)
+    saved = dict(tta.METHODS)
+    tta.METHODS.update(harness.methods('k8'))
+    try:
+        result = tta.build_report(out)
+    finally:
+        tta.METHODS.clear()
+        tta.METHODS.update(saved)
+    assert result['partial'] == {'k8': [1]}
+    assert sorted(result['accuracy']) == ['k4', 'sync']
+    with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
+        assert 'Left out of every table over seeds (full runs of fewer seeds): k=8 (seed 1).' in (
+            src.read())
