@@ -68,7 +68,8 @@ OPTIMIZERS = {
             ['--optimizer', 'sgd', '--lr', '0.05', '--momentum', '0.9', '--wd', '1e-4']),
     'adam': ('Adam (lr 1e-3)', ['--optimizer', 'adam', '--lr', '0.001', '--wd', '0']),
 }
-METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4', 'k4-aux', 'k8-aux')
+METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4', 'k4-aux', 'k8-aux',
+                          'k4-ternary-pull-int8')
 TARGETS = ('k4', 'k8')  # within TARGET_POINTS of dist_sync
 TARGET_POINTS = 0.5
 DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'

@@ -54,7 +54,9 @@ EXPECTED = {
         'k8': ('k=8', DELAYED + ['8']), 'k16': ('k=16', DELAYED + ['16']),
         'sgd-k4': ("literal 'sgd' rule, k=4", DELAYED + ['4', '--local-rule', 'sgd']),
         'k4-aux': ('k=4, mean BatchNorm statistics', DELAYED + ['4', '--aux-states']),
-        'k8-aux': ('k=8, mean BatchNorm statistics', DELAYED + ['8', '--aux-states'])},
+        'k8-aux': ('k=8, mean BatchNorm statistics', DELAYED + ['8', '--aux-states']),
+        'k4-ternary-pull-int8': ('k=4 + ternary + pull int8', DELAYED + [
+            '4', '--pull-compression', 'int8', '--compression', 'ternary'])},
     'scaling': {
         'sync': ('dist_sync (stock)', ['--mode', 'sync']),
         'k4': ('k=4', DELAYED + ['4', '--local-rule', 'mirror']),
