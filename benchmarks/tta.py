@@ -7,7 +7,8 @@ with an explicit environment: the driver's, minus every ``DMLC_*``, ``MXNET_*`` 
 ``MXDELAY_*`` variable. Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's native
 ``dist_sync``; no process of the job imports mxdelay, which each process checks and records),
 and ``k2`` ``k4`` ``k8`` (``mxdelay.DelayedTrainer``, rule ``'mirror'``, the default warm-up
-of 200 synchronous steps in full runs). The worker is ``benchmarks/bench_worker.py``.
+of 200 synchronous steps in full runs, unless the method sets its own:
+:attr:`harness.Method.warmup`). The worker is ``benchmarks/bench_worker.py``.
 
 Parts (``--part``), each one invocation, each writing its results and a ``meta-<part>.json``
 (commit and dirty flag, command, machine, load before and after, date) into ``--out``:
