@@ -52,13 +52,27 @@ _STRIPPED = ('DMLC_', 'MXNET_', 'MXDELAY_')
 @dataclasses.dataclass(frozen=True)
 class Method:
     """One method of ``bench_worker.py``: its label and what it runs; :attr:`args` are the
-    worker arguments it implies."""
+    worker arguments it implies.
+
+    `warmup` is the number of synchronous warm-up steps of a delayed method's training runs,
+    None for the script's own default (``tta.py``: 200). It is not in :attr:`args`: each
+    script passes ``--warmup-steps`` itself (its short timing runs shorten the warm-up), and
+    two methods that differ only in it run the same job per step (:attr:`job`).
+    """
     label: str
     trainer: str = 'delayed'          # bench_worker's --mode: sync or delayed
     delay: Optional[int] = None
     extra: Tuple[str, ...] = ()       # further worker arguments (e.g. the local rule)
     compression: Optional[str] = None
     env: Tuple[Tuple[str, str], ...] = ()   # variables added to the job's environment
+    warmup: Optional[int] = None      # warm-up steps of training runs; None: the script's
+
+    def __post_init__(self):
+        if self.warmup is not None and (not isinstance(self.warmup, int) or self.warmup < 0
+                                        or self.stock):
+            raise ValueError('Method %r: warmup=%r; give a whole number of steps >= 0 for a '
+                             'delayed method, or None for the script\'s default'
+                             % (self.label, self.warmup))
 
     @property
     def args(self):
@@ -71,6 +85,12 @@ class Method:
     def stock(self):
         """Whether this is a stock baseline: no process of its job may import mxdelay."""
         return self.trainer == 'sync'
+
+    @property
+    def job(self):
+        """What a step runs: worker arguments and environment (the warm-up's length and the
+        label left out). Methods with equal jobs have the same per-phase step times."""
+        return tuple(self.args), self.env
 
 
 TWO_BIT_THRESHOLD = 0.5
@@ -114,7 +134,16 @@ METHODS = {
                                 extra=('--pull-compression', 'int8'), compression='int4'),
     'k4-ternary-pull-int8': Method('k=4 + ternary + pull int8', delay=4,
                                    extra=('--pull-compression', 'int8'), compression='ternary'),
+    'k8-fp16-pull-int8': Method('k=8 + fp16 + pull int8', delay=8,
+                                extra=('--pull-compression', 'int8'), compression='fp16'),
 }
+# The same with shorter warm-ups (issue 20: the shortest warm-up that keeps accuracy).
+for _k in (4, 8):
+    for _w in (0, 50, 100):
+        METHODS['k%d-fp16-pull-int8-w%d' % (_k, _w)] = dataclasses.replace(
+            METHODS['k%d-fp16-pull-int8' % _k], warmup=_w,
+            label='k=%d + fp16 + pull int8, warm-up %d' % (_k, _w))
+del _k, _w
 
 
 def methods(*names):

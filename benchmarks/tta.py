@@ -7,7 +7,8 @@ with an explicit environment: the driver's, minus every ``DMLC_*``, ``MXNET_*`` 
 ``MXDELAY_*`` variable. Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's native
 ``dist_sync``; no process of the job imports mxdelay, which each process checks and records),
 and ``k2`` ``k4`` ``k8`` (``mxdelay.DelayedTrainer``, rule ``'mirror'``, the default warm-up
-of 200 synchronous steps in full runs). The worker is ``benchmarks/bench_worker.py``.
+of 200 synchronous steps in full runs, unless the method sets its own:
+:attr:`harness.Method.warmup`). The worker is ``benchmarks/bench_worker.py``.
 
 Parts (``--part``), each one invocation, each writing its results and a ``meta-<part>.json``
 (commit and dirty flag, command, machine, load before and after, date) into ``--out``:
@@ -46,9 +47,12 @@ Derived time-to-accuracy: with 2 workers the trajectory does not depend on timin
 rounds, a sum of two is commutative, seeded data order), so step n has the same weights on
 any link; a link changes only the time per step. The time of step n on a link is
 first_step + (n_sync - 1) * sync_step + n_delayed * delayed_step, with the per-phase times
-(median over rounds) of ``phases`` and n_sync = min(n, 201) for the delayed methods (warm-up
-plus the switch step). On loopback this is checked against the real wall time of ``full``;
-on a shaped link, against the real wall time of ``real``.
+(median over rounds) of ``phases`` and n_sync = min(n, W + 1) for the delayed methods (warm-up
+plus the switch step; W is the method's warm-up, :func:`warmup_of`). On loopback this is
+checked against the real wall time of ``full``; on a shaped link, against the real wall time
+of ``real``. A method's warm-up length does not change its step times: a method without phase
+runs of its own takes those of a method with the same job (:attr:`harness.Method.job`: the
+same worker arguments and environment, another warm-up), and the report names which.
 
 A stop signal (SIGINT, SIGTERM, SIGHUP) ends the running job (its launcher stops its roles)
 and removes the part's namespaces; the part's meta file is still written; exit 128 + signal.
@@ -158,6 +162,13 @@ def is_stock(method):
     return METHODS[method].stock
 
 
+def warmup_of(method):
+    """The warm-up steps of `method`'s full runs: its own (:attr:`harness.Method.warmup`), or
+    FULL_WARMUP."""
+    warmup = METHODS[method].warmup
+    return FULL_WARMUP if warmup is None else warmup
+
+
 def _step_ends(results):
     """The first worker's first step start, and each step's end on the slower worker after it."""
     t0 = min(r['first'] for r in results)
@@ -168,7 +179,8 @@ def _meta(args, argv, command):
     return harness.start_meta(harness.command_line(command, argv), settings={
         'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
         'networks': {n: NETWORKS[n] for n in args.networks}, 'rounds': args.rounds,
-        'full_warmup': FULL_WARMUP, 'eval_every': EVAL_EVERY})
+        'full_warmup': FULL_WARMUP, 'eval_every': EVAL_EVERY,
+        'warmups': {m: warmup_of(m) for m in args.methods if not is_stock(m)}})
 
 
 # -- full runs -----------------------------------------------------------------------------
@@ -181,7 +193,7 @@ def train_run(args, part, method, seed, folder, timeout, hostfile=None, key=None
     """
     key = dict(key or {})
     worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
-                   '--warmup-steps', str(FULL_WARMUP), '--eval-every', str(EVAL_EVERY),
+                   '--warmup-steps', str(warmup_of(method)), '--eval-every', str(EVAL_EVERY),
                    '--data-dir', args.data_dir]
     code, results, monitor, info = harness.run_method(folder, METHODS[method], worker_args,
                                                       timeout, hostfile)
@@ -312,7 +324,7 @@ def part_phases(args, meta):
 # -- report --------------------------------------------------------------------------------
 def derived_time(step, method, times):
     """Derived wall time of step `step` (1-based) from per-phase times (seconds)."""
-    n_sync = step if is_stock(method) else min(step, FULL_WARMUP + 1)
+    n_sync = step if is_stock(method) else min(step, warmup_of(method) + 1)
     n_delayed = step - n_sync
     return (times['first_step_s'] + (n_sync - 1) * times['sync_step_ms'] / 1000
             + n_delayed * times['delayed_step_ms'] / 1000)
@@ -421,6 +433,15 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
                                          sd=statistics.stdev(values) if len(values) > 1 else 0.0,
                                          values=values))
     target = next(a['mean'] for a in accuracy['sync'] if a['epoch'] == 5)
+    # steps to the target, per seed (no link involved): the first evaluation at or above it
+    steps_to_target = {}
+    for method in methods:
+        steps_to_target[method] = []
+        for seed in seeds:
+            hit = min((e for e in evals if e['method'] == method and e['seed'] == seed
+                       and e['test_acc'] >= target), key=lambda e: e['step'], default=None)
+            steps_to_target[method].append(None if hit is None else dict(
+                step=hit['step'], epoch=hit['epoch'], test_acc=hit['test_acc']))
     # 2. per-phase times: median over rounds
     networks = [n for n in NETWORKS if any(p['network'] == n for p in phases)]
     times = {}
@@ -438,6 +459,16 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
                 rounds=len(rows), noisy=sum(1 for r in rows if r.get('noisy') in (True, 'True')),
                 window_min=min(r['window_samples_per_s'] for r in rows),
                 window_max=max(r['window_samples_per_s'] for r in rows))
+        # A method without phase runs takes those of a timed method with the same job (the
+        # warm-up's length changes how many steps are synchronous, not how long each takes).
+        for method in methods:
+            if (net_name, method) in times:
+                continue
+            source = next((m for m in METHODS if (net_name, m) in times
+                           and 'phases_of' not in times[net_name, m]
+                           and METHODS[m].job == METHODS[method].job), None)
+            if source:
+                times[net_name, method] = dict(times[net_name, source], phases_of=source)
     # 3. time to accuracy, per seed: the first evaluation at or above the target
     tta = {}
     for net_name in networks:
@@ -506,7 +537,8 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
                    for (m, w, n), rows in same.items()]
     result = dict(target=target, determinism=determinism, target_definition="mean over seeds of dist_sync's test "
                   'accuracy after epoch 5', seeds=seeds, per_epoch=per_epoch, partial=partial,
-                  eval_every=EVAL_EVERY, accuracy=accuracy,
+                  eval_every=EVAL_EVERY, accuracy=accuracy, steps_to_target=steps_to_target,
+                  warmups={m: warmup_of(m) for m in methods if not is_stock(m)},
                   times={'%s/%s' % k: v for k, v in times.items()},
                   tta={'%s/%s' % k: v for k, v in tta.items()},
                   fixed_time={'%s/%s' % k: v for k, v in fixed.items()},
@@ -528,6 +560,14 @@ def _spread(values, text=lambda v: '%.4f' % v):
     return '%s (%s-%s)' % (text(statistics.mean(values)), text(min(values)), text(max(values)))
 
 
+def _warmup_text(methods, steps='steps'):
+    """The delayed methods' warm-ups in words: one number if all have the same."""
+    warmups = {m: warmup_of(m) for m in methods if not is_stock(m)}
+    if len(set(warmups.values())) <= 1:
+        return '%d %s' % (next(iter(warmups.values()), FULL_WARMUP), steps)
+    return ', '.join('%d %s (%s)' % (w, steps, METHODS[m].label) for m, w in warmups.items())
+
+
 def write_markdown(out, result, methods, networks, phases, command):
     label = {m: METHODS[m].label for m in METHODS}
     table = report_lib.table
@@ -542,8 +582,8 @@ def write_markdown(out, result, methods, networks, phases, command):
     lines += ['', '## Test accuracy over %d seeds (loopback, real runs, %d epochs)' % (
         len(result['seeds']), len(accuracy['sync'])), '',
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
-        'seeds %s. Delayed methods: rule `mirror`, warm-up 200 steps.' % ', '.join(
-            str(s) for s in result['seeds']), '']
+        'seeds %s. Delayed methods: rule `mirror`, warm-up %s.' % (', '.join(
+            str(s) for s in result['seeds']), _warmup_text(methods)), '']
     if result.get('partial'):
         lines += ['Left out of every table over seeds (full runs of fewer seeds): %s.' % '; '.join(
             '%s (seed %s)' % (label[m], ', '.join(str(s) for s in seeds))
@@ -556,7 +596,24 @@ def write_markdown(out, result, methods, networks, phases, command):
     lines += table(['epoch'] + [label[m] for m in methods[1:]], [
         [row['epoch']] + ['%+.2f' % (100 * (accuracy[m][index]['mean'] - row['mean']))
                           for m in methods[1:]]
-        for index, row in enumerate(accuracy['sync'])], 'r' * len(methods))
+        for index, row in enumerate(accuracy['sync'])]
+        + [['lowest'] + ['%+.2f' % (min(
+            100 * (a['mean'] - s['mean']) for a, s in zip(accuracy[m], accuracy['sync'])))
+            for m in methods[1:]]], 'r' * len(methods))
+    lines += ['', '## Steps to %.4f (dist_sync\'s mean epoch-5 accuracy)' % result['target'], '',
+              'The first evaluation (every %d steps, a third of an epoch; %d steps an epoch) '
+              'at or above the target, per seed (%s): step (epoch); the same steps on any '
+              'link.' % (result['eval_every'], result['per_epoch'],
+                         ', '.join(str(s) for s in result['seeds'])), '']
+    lines += table(['method', 'warm-up'] + ['seed %d' % s for s in result['seeds']] + [
+        'mean step, seeds reaching it'], [
+            [label[m], '-' if is_stock(m) else warmup_of(m)] + [
+                '%d (%.2g)' % (p['step'], p['epoch']) if p else 'not reached'
+                for p in result['steps_to_target'][m]] + [
+                '%.0f, %d of %d' % (statistics.mean(p['step'] for p in reached), len(reached),
+                                    len(result['seeds'])) if reached else '-']
+            for m in methods for reached in [[p for p in result['steps_to_target'][m] if p]]],
+        'lr' + 'r' * (len(result['seeds']) + 1))
     lines += ['', '## Per-phase step times (median over rounds)', '',
               'Short runs with seed 1, interleaved; synchronous = stock steps of dist_sync or '
               'the warm-up steps of a delayed method; first step includes the kvstore\'s '
@@ -564,8 +621,10 @@ def write_markdown(out, result, methods, networks, phases, command):
     times = [(n, m, result['times'].get('%s/%s' % (n, m))) for n in networks for m in METHODS]
     lines += table('network | method | rounds | first step | synchronous ms/step | delayed '
                    'ms/step | steady-state samples/s (delayed window; min-max)', [[
-                       NETWORKS[n][0], label[m], '%d%s' % (t['rounds'], ' (%d noisy)' % t[
-                           'noisy'] if t['noisy'] else ''), '%.2f s' % t['first_step_s'],
+                       NETWORKS[n][0], label[m], '%d%s%s' % (t['rounds'], ' (%d noisy)' % t[
+                           'noisy'] if t['noisy'] else '', ', those of %s (same job)' % label[
+                               t['phases_of']] if 'phases_of' in t else ''),
+                       '%.2f s' % t['first_step_s'],
                        '%.1f' % t['sync_step_ms'],
                        '-' if is_stock(m) else '%.1f' % t['delayed_step_ms'],
                        '%.0f (%.0f-%.0f)' % (t['window_samples_per_s'], t['window_min'],
@@ -576,8 +635,8 @@ def write_markdown(out, result, methods, networks, phases, command):
         'Wall time of training (evaluation excluded) until the first evaluation (every %d '
         'steps, a third of an epoch) at or above the target; mean (min-max) over seeds; '
         '*derived* from the real runs\' steps and the per-phase step times, the warm-up of '
-        '200 synchronous steps included. Loopback also gives the real time of the full runs.'
-        % result['eval_every'], '']
+        '%s included. Loopback also gives the real time of the full runs.'
+        % (result['eval_every'], _warmup_text(methods, 'synchronous steps')), '']
     body = []
     for net_name in networks:
         cells = []

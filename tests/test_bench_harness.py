@@ -687,3 +687,112 @@ def test_tta_report_leaves_out_methods_of_fewer_seeds(tmp_path):
     with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
         assert 'Left out of every table over seeds (full runs of fewer seeds): k=8 (seed 1).' in (
             src.read())
+
+
+# -- the warm-up's length, a property of a method (issue 20: how short can it be) ------------
+#: method -> (label, warm-up steps of tta.py's full runs); the worker arguments are those of
+#: k4-fp16-pull-int8 (PULL) or of k=8 with the same compression
+WARMUPS = {
+    'k4-fp16-pull-int8': ('k=4 + fp16 + pull int8', 200),
+    'k4-fp16-pull-int8-w0': ('k=4 + fp16 + pull int8, warm-up 0', 0),
+    'k4-fp16-pull-int8-w50': ('k=4 + fp16 + pull int8, warm-up 50', 50),
+    'k4-fp16-pull-int8-w100': ('k=4 + fp16 + pull int8, warm-up 100', 100),
+    'k8-fp16-pull-int8': ('k=8 + fp16 + pull int8', 200),
+    'k8-fp16-pull-int8-w0': ('k=8 + fp16 + pull int8, warm-up 0', 0),
+    'k8-fp16-pull-int8-w50': ('k=8 + fp16 + pull int8, warm-up 50', 50),
+    'k8-fp16-pull-int8-w100': ('k=8 + fp16 + pull int8, warm-up 100', 100)}
+K8_FP16_INT8 = DELAYED + ['8', '--pull-compression', 'int8', '--compression', 'fp16']
+
+
+def test_warmup_methods(tmp_path, launched, monkeypatch):
+    for name, (label, _) in WARMUPS.items():
+        method = harness.METHODS[name]
+        args = PULL['k4-fp16-pull-int8'][1] if name.startswith('k4') else K8_FP16_INT8
+        assert (method.label, method.args, method.env) == (label, args, ())
+        assert method.job == harness.METHODS[name.split('-w')[0]].job
+    assert harness.METHODS['k4-fp16-pull-int8'].job != harness.METHODS['k8-fp16-pull-int8'].job
+    # Every other method keeps the script's default warm-up.
+    assert [n for n, m in harness.METHODS.items() if m.warmup is not None] == [
+        n for n in WARMUPS if '-w' in n]
+    monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS))
+    scratch = str(tmp_path / 's')
+    assert tta.main(['--part', 'full', '--out', str(tmp_path / 'out'), '--scratch', scratch,
+                     '--seeds', '1', '--epochs', '5', '--methods',
+                     'sync,' + ','.join(WARMUPS)]) == 1
+    ran = {argv[-1].split(os.sep)[-2]: argv for argv, _ in launched.calls}
+    assert list(ran) == ['sync-s1'] + [n + '-s1' for n in WARMUPS]
+    assert '--warmup-steps' in ran['sync-s1']  # bench_worker ignores it in --mode sync
+    for name, (_, warmup) in WARMUPS.items():
+        argv = ran[name + '-s1']
+        assert argv[argv.index(WORKER) + 1:argv.index('--out')] == list(
+            harness.METHODS[name].args) + ['--epochs', '5', '--seed', '1', '--warmup-steps',
+                                           str(warmup), '--eval-every', '78'] + DATA
+    meta = json.load(open(os.path.join(str(tmp_path / 'out'), 'meta-full.json'),
+                          encoding='utf-8'))
+    assert meta['settings']['warmups'] == {n: w for n, (_, w) in WARMUPS.items()}
+
+
+def test_warmup_in_derived_time(monkeypatch):
+    monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS, **harness.methods(*WARMUPS)))
+    times = {'first_step_s': 10.0, 'sync_step_ms': 800.0, 'delayed_step_ms': 700.0}
+    # step n: first step + (min(n, W + 1) - 1) synchronous steps + the rest delayed
+    assert tta.derived_time(1170, 'k4-fp16-pull-int8', times) == pytest.approx(
+        10 + 200 * 0.8 + 969 * 0.7)
+    assert tta.derived_time(1170, 'k4-fp16-pull-int8-w50', times) == pytest.approx(
+        10 + 50 * 0.8 + 1119 * 0.7)
+    assert tta.derived_time(1170, 'k8-fp16-pull-int8-w0', times) == pytest.approx(
+        10 + 1169 * 0.7)
+    assert tta.derived_time(30, 'k4-fp16-pull-int8-w100', times) == pytest.approx(10 + 29 * 0.8)
+    assert tta.derived_time(1170, 'sync', times) == pytest.approx(10 + 1169 * 0.8)
+
+
+def test_report_takes_phases_of_the_same_job(tmp_path, monkeypatch):
+    # Accuracy runs of k=4 with W=200 and W=50, phase runs of W=200 only: W=50's derived time
+    # uses W=200's step times, and the report says so.
+    monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS, **harness.methods(*WARMUPS)))
+    out = str(tmp_path)
+    evals, runs, phases = [], [], []
+    for method, accs in (('sync', (0.80, 0.90)), ('k4-fp16-pull-int8', (0.81, 0.89)),
+                         ('k4-fp16-pull-int8-w50', (0.82, 0.91))):
+        for seed in (1, 2):
+            runs.append(dict(method=method, seed=seed, exit=0, load_before=0.1,
+                             load_after=0.1, stock_check='ok', worker_env='(none)'))
+            for epoch in range(1, 6):
+                evals.append(dict(method=method, seed=seed, step=234 * epoch, epoch=epoch,
+                                  test_acc=accs[epoch == 5], wall_s=float(epoch),
+                                  epoch_end=True))
+        if method != 'k4-fp16-pull-int8-w50':
+            phases.append(dict(network='100mbit', method=method, round=1, exit=0, warmup=12,
+                               steps=32, first_step_s=2.0, sync_step_ms=1000.0,
+                               delayed_step_ms=500.0, window_samples_per_s=100.0, noisy=False,
+                               loss_digest='x', load_before=0.1, load_after=0.1,
+                               stock_check='ok', worker_env='-', cpu_other=0.0))
+    import report as report_lib  # pylint: disable=import-outside-toplevel
+    report_lib.write_csv(os.path.join(out, 'full-evals.csv'), evals)
+    report_lib.write_csv(os.path.join(out, 'full-runs.csv'), runs)
+    report_lib.write_csv(os.path.join(out, 'phases-runs.csv'), phases)
+    result = tta.build_report(out)
+    assert result['target'] == pytest.approx(0.90)
+    assert result['steps_to_target'] == {
+        'sync': [dict(step=1170, epoch=5, test_acc=0.90)] * 2,
+        'k4-fp16-pull-int8': [None, None],
+        'k4-fp16-pull-int8-w50': [dict(step=1170, epoch=5, test_acc=0.91)] * 2}
+    assert result['times']['100mbit/k4-fp16-pull-int8-w50'] == dict(
+        result['times']['100mbit/k4-fp16-pull-int8'], phases_of='k4-fp16-pull-int8')
+    assert [p['derived_s'] for p in result['tta']['100mbit/k4-fp16-pull-int8-w50']] == [
+        pytest.approx(2 + 50 * 1.0 + 1119 * 0.5)] * 2
+    text = open(os.path.join(out, 'results.md'), encoding='utf-8').read()
+    assert ('warm-up 200 steps (k=4 + fp16 + pull int8), 50 steps (k=4 + fp16 + pull int8, '
+            'warm-up 50).') in text
+    assert '| 100 Mbit/s links | k=4 + fp16 + pull int8, warm-up 50 | 1, those of k=4 + fp16 ' \
+           '+ pull int8 (same job) |' in text
+    assert '| lowest | -1.00 | +1.00 |' in text  # the least of the per-epoch differences
+    assert '| k=4 + fp16 + pull int8, warm-up 50 | 50 | 1170 (5) | 1170 (5) | 1170, 2 of 2 |' \
+        in text
+
+
+def test_method_warmup_is_checked():
+    with pytest.raises(ValueError, match='warmup=-1'):
+        harness.Method('k=4', delay=4, warmup=-1)
+    with pytest.raises(ValueError, match='delayed method'):
+        harness.Method('stock', trainer='sync', warmup=0)
