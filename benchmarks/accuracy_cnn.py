@@ -321,7 +321,8 @@ def readme_rows(summary, runs, out):
 def plot(path, summary):
     plt = report_lib.pyplot()
     styles = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
-              'sgd-k4': ('C7', '-.'), 'k4-aux': ('C0', ':'), 'k8-aux': ('C1', ':')}
+              'sgd-k4': ('C7', '-.'), 'k4-aux': ('C0', ':'), 'k8-aux': ('C1', ':'),
+              'k4-ternary-pull-int8': ('C4', '-')}
     fig, axes = plt.subplots(1, len(OPTIMIZERS), figsize=(12.8, 4.8))
     for ax, (optimizer, (label, _)) in zip(axes, OPTIMIZERS.items()):
         shown, literal = [], []
