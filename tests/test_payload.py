@@ -35,7 +35,8 @@ from scripts import mlp_model
 from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
-from support.reference_jobs import MLP_BASE, batch_size, run_mlp_job
+from support.reference_jobs import (MLP_BASE, assert_equal_to_reference, batch_size,
+                                    differs_from_reference, run_mlp_job)
 from support.stores import offline_store
 from support.jobs import SCRIPTS, assert_ok, kv_results, run_job
 from kvstore_ext import appliers, compression, payload, quantize
@@ -299,21 +300,6 @@ def simulate(num_workers, steps, delay, warmup, setting, pull_compression=None,
         blockwise=None if setting is None else blockwise(setting, chunk_size))
 
 
-def assert_matches(histories, trajectory):
-    for rank, history in enumerate(histories):
-        for t, weights in enumerate(history):
-            for name in MLP_NAMES:
-                np.testing.assert_array_equal(
-                    weights[name], trajectory.local[t][rank][name],
-                    err_msg='worker %d, step %d, parameter %s' % (rank, t, name))
-
-
-def differs(histories, trajectory):
-    return any(not np.array_equal(weights[name], trajectory.local[t][rank][name])
-               for rank, history in enumerate(histories)
-               for t, weights in enumerate(history) for name in MLP_NAMES)
-
-
 CASES = [
     # (num_workers, num_servers, delay, warmup, compression_params, pull_compression)
     (1, 1, 1, 0, {'type': 'int8', 'block_size': 16}, None),
@@ -340,9 +326,9 @@ def test_workers_match_the_reference_bit_for_bit(monkeypatch, num_workers, num_s
     steps = 12
     _, histories = run_workers(num_workers, lambda rank, store: train(
         store, rank, steps, delay, warmup, setting, pull), num_servers=num_servers)
-    assert_matches(histories, simulate(num_workers, steps, delay, warmup, setting, pull,
+    assert_equal_to_reference(histories, simulate(num_workers, steps, delay, warmup, setting, pull,
                                        chunk_size=50))
-    assert differs(histories, simulate(num_workers, steps, delay, warmup, None, pull,
+    assert differs_from_reference(histories, simulate(num_workers, steps, delay, warmup, None, pull,
                                        chunk_size=50))
 
 
@@ -461,7 +447,7 @@ def test_two_devices_per_worker_and_sync_weights(monkeypatch):
         servers = [server_weights(store, i) for i, _ in enumerate(params) for _ in ctxs]
         return history, synced, servers
     _, results = run_workers(2, work, num_servers=2)
-    assert_matches([r[0] for r in results], simulate(2, steps, delay, warmup, setting,
+    assert_equal_to_reference([r[0] for r in results], simulate(2, steps, delay, warmup, setting,
                                                      chunk_size=50))
     for _, synced, servers in results:
         for mine, theirs in zip(synced, servers):
@@ -490,8 +476,8 @@ def test_gluon_trainer_on_dist_delay_is_synchronous_sgd_of_the_quantized_gradien
             history.append({p.name: p.data().asnumpy() for p in params})
         return history
     _, histories = run_workers(2, work)
-    assert_matches(histories, simulate(2, steps, 1, steps, setting))
-    assert differs(histories, simulate(2, steps, 1, steps, None))
+    assert_equal_to_reference(histories, simulate(2, steps, 1, steps, setting))
+    assert differs_from_reference(histories, simulate(2, steps, 1, steps, None))
 
 
 def test_module_api_trains_with_the_codec_and_holds_the_servers_weights():

@@ -40,7 +40,8 @@ from scripts import mlp_model
 from support.model import BATCH, MLP_NAMES, backward_at, mlp_params, numpy_grad
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
-from support.reference_jobs import MLP_BASE, run_mlp_job
+from support.reference_jobs import (MLP_BASE, assert_equal_to_reference, differs_from_reference,
+                                    run_mlp_job)
 
 FP16 = {'type': 'fp16'}
 INT8 = {'type': 'int8', 'block_size': 32}
@@ -104,21 +105,6 @@ def train(store, rank, steps, delay, warmup, pull_compression, compression=None,
     if after is not None:
         after(trainer, params)
     return history, agreed
-
-
-def assert_matches(histories, trajectory):
-    for rank, history in enumerate(histories):
-        for t, weights in enumerate(history):
-            for name in MLP_NAMES:
-                np.testing.assert_array_equal(
-                    weights[name], trajectory.local[t][rank][name],
-                    err_msg='worker %d, step %d, parameter %s' % (rank, t, name))
-
-
-def differs(histories, trajectory):
-    return any(not np.array_equal(weights[name], trajectory.local[t][rank][name])
-               for rank, history in enumerate(histories)
-               for t, weights in enumerate(history) for name in MLP_NAMES)
 
 
 # -- the schedule ----------------------------------------------------------------------------
@@ -231,8 +217,8 @@ def test_model_keys_follow_the_state_keys_and_leave_other_keys_unchanged():
 def test_one_worker_matches_the_reference_bit_for_bit(setting, delay, warmup, compression):
     history, agreed = train(delay_store(), 0, 12, delay, warmup, setting, compression)
     assert all(agreed) and agreed
-    assert_matches([history], simulate(1, 12, delay, warmup, setting, compression))
-    assert differs([history], simulate(1, 12, delay, warmup, None, compression))
+    assert_equal_to_reference([history], simulate(1, 12, delay, warmup, setting, compression))
+    assert differs_from_reference([history], simulate(1, 12, delay, warmup, None, compression))
 
 
 CASES = [
@@ -267,9 +253,9 @@ def test_workers_match_the_reference_bit_for_bit(monkeypatch, num_workers, num_s
     histories = [history for history, _ in results]
     for _, agreed in results:
         assert agreed and all(agreed), 'a worker\'s x̂ differed from the servers\''
-    assert_matches(histories, simulate(num_workers, steps, delay, warmup, setting, compression,
+    assert_equal_to_reference(histories, simulate(num_workers, steps, delay, warmup, setting, compression,
                                        chunk_size=50))
-    assert differs(histories, simulate(num_workers, steps, delay, warmup, None, compression))
+    assert differs_from_reference(histories, simulate(num_workers, steps, delay, warmup, None, compression))
 
 
 def test_no_drift_repeated_pulls_bring_the_model_to_w():
@@ -579,7 +565,7 @@ def test_join_with_uneven_data_matches_the_reference():
         mlp_model.init_params(), grad_fn, 2, steps, delay, warmup, OPT['learning_rate'],
         momentum=OPT['momentum'], wd=OPT['wd'], rescale_grad=1.0 / BATCH,
         pull_compression=reference_of(INT8))
-    assert_matches([results[0][0], results[1][0]], trajectory)
+    assert_equal_to_reference([results[0][0], results[1][0]], trajectory)
 
 
 def test_two_devices_get_the_pulled_model():
@@ -594,4 +580,4 @@ def test_two_devices_get_the_pulled_model():
         for p in params:
             np.testing.assert_array_equal(p.data(ctxs[0]).asnumpy(), p.data(ctxs[1]).asnumpy())
         history.append({p.name: p.data(ctxs[0]).asnumpy() for p in params})
-    assert_matches([history], simulate(1, 9, 2, 2, FP16))
+    assert_equal_to_reference([history], simulate(1, 9, 2, 2, FP16))

@@ -10,8 +10,10 @@ import numpy as np
 import reference
 from scripts import mlp_model
 from support.jobs import SCRIPTS, assert_ok, run_job, stock_env
+from support.model import MLP_NAMES
 
 __all__ = ['RTOL', 'ATOL', 'MLP_BASE', 'STOCK_SCRIPT', 'run_mlp_job', 'simulate_mlp_job',
+           'assert_equal_to_reference', 'differs_from_reference',
            'assert_matches_reference', 'has_data', 'batch_size', 'simulate_uneven',
            'assert_uneven_matches_reference', 'run_stock_job']
 
@@ -63,6 +65,24 @@ def assert_matches_reference(histories, trajectory, first=0):
                 np.testing.assert_allclose(
                     got[t], want, rtol=RTOL, atol=ATOL,
                     err_msg='worker %d, step %d, parameter %s' % (rank, first + t, name))
+
+
+def assert_equal_to_reference(histories, trajectory):
+    """In-process workers' weights (`histories`: per rank, a dict per step of the MLP's
+    parameters) equal the reference's local weights bit for bit, step by step."""
+    for rank, history in enumerate(histories):
+        for t, weights in enumerate(history):
+            for name in MLP_NAMES:
+                np.testing.assert_array_equal(
+                    weights[name], trajectory.local[t][rank][name],
+                    err_msg='worker %d, step %d, parameter %s' % (rank, t, name))
+
+
+def differs_from_reference(histories, trajectory):
+    """Whether any weight of :func:`assert_equal_to_reference`'s `histories` differs."""
+    return any(not np.array_equal(weights[name], trajectory.local[t][rank][name])
+               for rank, history in enumerate(histories)
+               for t, weights in enumerate(history) for name in MLP_NAMES)
 
 
 # -- uneven data: mlp_job's plans of batches per worker (tests/test_uneven_data.py) -------
