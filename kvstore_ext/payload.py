@@ -29,7 +29,7 @@ import numbers
 import numpy as np
 from mxnet import nd
 
-from . import protocol, quantize
+from . import heap, protocol, quantize
 from .compression import (Codec, CompressionError, CompressionTypeError, TensorCodec,
                           float32_only, register)
 from .pull_codecs import PulledModel
@@ -95,6 +95,7 @@ class PayloadTensor(TensorCodec):
     def __init__(self, codec, size):
         super(PayloadTensor, self).__init__()
         self._codec = codec
+        heap.keep_large_blocks()   # the encode's temporaries: no page faults per round
         self.residual = np.zeros(size, dtype=np.float32)
         self.payloads = None
         self._factor = None
