@@ -3,9 +3,9 @@
 The push codecs ``'int8'``, ``'int4'`` and ``'ternary'`` (docs/design.md §2.14) encode on the
 workers and decode on the servers in numpy, with temporaries of a chunk's size (megabytes)
 every round. glibc serves blocks from 128 KiB up by ``mmap`` and gives them back on
-``free``: each round's temporaries are then fresh pages, and the page faults cost more
-system time than the arithmetic (measured on the loopback phases job: 5.2 s of system time
-for 90 steps against 1.9 s with the settings below). :func:`keep_large_blocks` raises
+``free``: each round's temporaries are then fresh pages, and their page faults cost
+system time (on a loopback job of two workers, a large part of the extra CPU time of these
+codecs over float16 pushes; not a committed measurement). :func:`keep_large_blocks` raises
 glibc's mmap threshold to 32 MiB and its trim threshold to 64 MiB, so such blocks come from
 the heap and stay mapped: at most 64 MiB of freed memory is kept. A process-wide setting,
 applied once per process where such a codec is used; nothing is done without glibc.
