@@ -35,7 +35,7 @@ import math
 import mxnet as mx
 import numpy as np
 
-from . import quantize, sparse
+from . import heap, quantize, sparse
 from .finish import HEAD
 
 __all__ = ['Applier', 'StoreCounter', 'CopySum', 'AuxSum', 'CopyAllRows', 'PlainSGD',
@@ -164,6 +164,7 @@ class DecodeRows(Applier):
         self._inner = inner
         self._levels = quantize.LEVELS[settings['type']]
         self._block = settings['block_size']
+        heap.keep_large_blocks()   # the decode's temporaries: no page faults per round
 
     def apply(self, chunk, grad, weight, stored):
         # The sum's memory as an NDArray (no copy): the round keeper waits for `stored`,

@@ -29,7 +29,7 @@ import numbers
 import numpy as np
 from mxnet import nd
 
-from . import protocol, quantize
+from . import heap, protocol, quantize
 from .compression import (Codec, CompressionError, CompressionTypeError, TensorCodec,
                           float32_only, register)
 from .pull_codecs import PulledModel
@@ -95,6 +95,7 @@ class PayloadTensor(TensorCodec):
     def __init__(self, codec, size):
         super(PayloadTensor, self).__init__()
         self._codec = codec
+        heap.keep_large_blocks()   # the encode's temporaries: no page faults per round
         self.residual = np.zeros(size, dtype=np.float32)
         self.payloads = None
         self._factor = None
@@ -120,7 +121,8 @@ class PayloadTensor(TensorCodec):
             payloads.append(payload)
             sent[start:stop] = values
         np.subtract(p, sent, out=self.residual)
-        buf[:] = sent
+        # An engine copy (no wait here for the buffer's readers); `sent` lives on in it.
+        nd.from_numpy(sent.reshape(buf.shape), zero_copy=True).copyto(buf)
         self.payloads = payloads
         self._factor = factor
 
@@ -148,7 +150,6 @@ class PayloadDense(PullKeyDense):
 
     def __init__(self, native, slots, codec):
         super(PayloadDense, self).__init__(native, slots, codec)
-        self._row = None   # this worker's row id (an int64 NDArray), made at the first push
         self._no_rows = None   # empty int64 row ids, made at the first pull
 
     def place(self, placement, key, value):
@@ -214,13 +215,16 @@ class PayloadDense(PullKeyDense):
                              'train without AMP or without compression_params'
                              % (self._codec.describe(),))
         self._fill(tensor, grads, factor, None)
-        if self._row is None:
-            self._row = nd.array([self._native.rank], dtype='int64')
-        # The payload's memory as an NDArray (no copy), copied once into the push's array.
-        values = [nd.sparse.row_sparse_array(
-            (nd.from_numpy(payload.reshape(1, -1), zero_copy=True), self._row),
-            shape=self._shape(chunk), dtype=np.float32)
-                  for chunk, payload in zip(tensor.chunks, tensor.codec.payloads)]
+        # Row `rank` of an (N, P) array of zeros, made row_sparse by MXNet's engine (the
+        # payload's words are never zero, so exactly that row is kept, bit for bit): an
+        # asynchronous operation, where nd.sparse.row_sparse_array copies synchronously, so
+        # waiting in the engine's queue behind backward (docs/design.md §2.14, "CPU").
+        rank = self._native.rank
+        values = []
+        for chunk, payload in zip(tensor.chunks, tensor.codec.payloads):
+            rows = np.zeros(self._shape(chunk), dtype=np.float32)
+            rows[rank] = payload
+            values.append(nd.from_numpy(rows, zero_copy=True).tostype('row_sparse'))
         slot = tensor.next_round % self._slots
         self._native.push([c.keys[slot] for c in tensor.chunks], values, priority=priority)
         tensor.next_round += 1
