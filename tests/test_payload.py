@@ -590,3 +590,16 @@ def test_stock_mxnet_merges_disjoint_row_sparse_pushes_bit_for_bit():
         assert len(changed) == rounds * workers
         assert all(words in ([], [width - 1]) for words in changed), (rank, data['differing'])
         assert [width - 1] in changed, 'the control word came back unchanged: %r' % changed
+
+
+def test_the_heap_thresholds_are_set_once_where_glibc_accepts_them(monkeypatch):
+    from kvstore_ext import heap  # pylint: disable=import-outside-toplevel
+    import platform  # pylint: disable=import-outside-toplevel
+    if platform.libc_ver()[0] != 'glibc':
+        pytest.skip('mallopt is glibc\'s')
+    calls = []
+    monkeypatch.setattr(heap, '_DONE', [])
+    real = heap._set  # pylint: disable=protected-access
+    monkeypatch.setattr(heap, '_set', lambda: calls.append(1) or real())
+    assert heap.keep_large_blocks() is True     # glibc accepted both settings
+    assert heap.keep_large_blocks() is True and calls == [1]
