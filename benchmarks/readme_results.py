@@ -37,7 +37,7 @@ TTA = os.path.join('docs', 'benchmarks', 'tta')
 ROUNDTRIP = os.path.join('docs', 'benchmarks', 'roundtrip-cpu-cost', 'after')
 COMPRESS = os.path.join('docs', 'benchmarks', 'compress')
 # The first screen's figure: the best method measured (docs/benchmarks/tta-payload/procedure.md).
-HEADLINE_FOLDER = 'docs/benchmarks/tta-payload/combined'
+HEADLINE_FOLDER = 'docs/benchmarks/tta-payload/combined-2777c42'
 HEADLINE_METHOD = 'k4-ternary-pull-int8'
 NETWORKS = (('100mbit', '100 Mbit/s'), ('1gbit', '1 Gbit/s'), ('loopback', 'loopback'))
 DELAYED = ('k2', 'k4', 'k8')
