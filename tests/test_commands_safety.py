@@ -337,9 +337,20 @@ def test_workers_of_another_protocol_version_are_refused_in_a_real_job(tmp_path)
                      num_workers=2, timeout=75, extra_launcher_args=('--timeout', '60'))
     pids.assert_all_dead()
     assert result.returncode not in (0, 124), result   # failed, and not by the timeout
+    # The server refuses each worker's hello; each worker raises the refusal, unless the
+    # launcher's fail-fast stopped it first when the other worker's error ended the job (a
+    # race: the job ends at the first failing worker).
+    for rank in range(2):
+        assert ('server 0: command failed: worker %d speaks protocol 3, server 0 speaks 4: '
+                'install the same mxdelay version everywhere' % rank) in result.stderr, result
+    refusal = re.compile(r"^ValueError: mxdelay server 0 refused the hand-shake: worker [01] "
+                         r"speaks protocol 3, server 0 speaks 4: install the same mxdelay "
+                         r"version everywhere$")
+    raised = []
     for rank in range(2):
         lines = worker_lines(result.stderr, rank)
-        assert any(re.search(r"^ValueError: mxdelay server 0 refused the hand-shake: worker [01] "
-                             r"speaks protocol 3, server 0 speaks 4: install the same mxdelay "
-                             r"version everywhere$", line) for line in lines), result.stderr
+        errors = [line for line in lines if re.match(r'^\w*(Error|Exception):', line)]
+        assert all(refusal.search(line) for line in errors), result.stderr
+        raised.append(bool(errors))
         assert 'initialised' not in worker_lines(result.stdout, rank)
+    assert any(raised), result.stderr
