@@ -13,19 +13,12 @@ known to change (it comes back quieted): the check's own control. After each rou
 worker pulls every row and prints ``RESULT {json}``: per round and row, the positions of the
 32-bit words that differ from what that row's worker pushed.
 """
-import importlib.abc
 import json
 import sys
 
+from stock_guard import refuse_mxdelay
 
-class _Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path=None, target=None):  # pylint: disable=unused-argument
-        if fullname.split('.')[0] in ('mxdelay', 'kvstore_ext'):
-            raise ImportError('%s must not be imported in a stock job' % fullname)
-        return None
-
-
-sys.meta_path.insert(0, _Refuse())
+refuse_mxdelay()
 
 # pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402

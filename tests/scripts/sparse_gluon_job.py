@@ -11,7 +11,6 @@ sparse ``dot``, whose gradient of W is row_sparse), loss ``sum((y - target)^2)``
 targets depend on (rank, step, device) only. Writes ``OUT_DIR/worker<rank>.npy``: W after
 every step, shape (steps, V, D).
 """
-import importlib.abc
 import json
 import os
 import sys
@@ -24,12 +23,8 @@ if STORE == 'stock_client':
 if STORE in ('dist_delay', 'stock_client'):
     import mxdelay  # noqa: F401  before mxnet: the servers are mxdelay's
 else:
-    class _Refuse(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname, path=None, target=None):  # pylint: disable=unused-argument
-            if fullname.split('.')[0] in ('mxdelay', 'kvstore_ext'):
-                raise ImportError('%s must not be imported in a stock job' % fullname)
-            return None
-    sys.meta_path.insert(0, _Refuse())
+    from stock_guard import refuse_mxdelay
+    refuse_mxdelay()
 
 # pylint: disable=wrong-import-position
 import numpy as np  # noqa: E402

@@ -19,22 +19,13 @@ worker that finds either module imported, or a kvstore that is not MXNet's own, 
 code 3 at once (``os._exit``: a worker leaving by an exception would hang in ps-lite).
 """
 import atexit
-import importlib.abc
 import json
 import os
 import sys
 
-FORBIDDEN = ('mxdelay', 'kvstore_ext')
+from stock_guard import FORBIDDEN, refuse_mxdelay
+
 STOCK_VIOLATION = 3
-
-
-class _Refuse(importlib.abc.MetaPathFinder):
-    """Make ``import mxdelay`` (or kvstore_ext, or a submodule) fail in this process."""
-
-    def find_spec(self, fullname, path=None, target=None):  # pylint: disable=unused-argument
-        if fullname.split('.')[0] in FORBIDDEN:
-            raise ImportError('%s must not be imported in a stock job' % fullname)
-        return None
 
 
 def _imported():
@@ -54,7 +45,7 @@ def _write_record():
     os.replace(path + '.tmp', path)
 
 
-sys.meta_path.insert(0, _Refuse())
+refuse_mxdelay()
 atexit.register(_write_record)
 
 # pylint: disable=wrong-import-position
