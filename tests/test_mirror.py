@@ -26,7 +26,8 @@ import mxdelay
 import mxnet as mx
 from mxnet import nd
 
-from support.model import BATCH, backward_at, backward_with, mlp_params as make_params, numpy_grad
+from support.model import (BATCH, backward_at, backward_with, mlp_params as make_params,
+                           numpy_grad, train_steps)
 from support.native import delay_store, events, server_optimizer, server_weights
 from support.native_workers import run_workers
 from kvstore_ext.layout import KeyLayout
@@ -353,28 +354,20 @@ def test_flatten_state_order():
 
 # -- checkpoints -------------------------------------------------------------------------------
 def test_delayed_save_and_load_with_adam_resume_bit_for_bit(tmp_path):
-    def run(trainer, params, first, steps, out):
-        for step in range(first, first + steps):
-            backward_at(params, [mx.cpu()], step)
-            trainer.step(BATCH)
-            out.append([p.data().asnumpy() for p in params])
-
     args = dict(delay=3, warmup_steps=1)
     opt = {'learning_rate': 0.01, 'wd': 1e-3}
     params = make_params([mx.cpu()])
-    full = []
-    run(mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=delay_store(), **args),
-        params, 0, 10, full)
+    full = train_steps(mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=delay_store(),
+                                              **args), params, 0, 10)
     params = make_params([mx.cpu()])
     trainer = mxdelay.DelayedTrainer(params, 'adam', dict(opt), kvstore=delay_store(), **args)
-    run(trainer, params, 0, 5, [])
+    train_steps(trainer, params, 0, 5)
     trainer.save_states(str(tmp_path / 'ckpt'))
     params2 = make_params([mx.cpu()])
     trainer2 = mxdelay.DelayedTrainer(params2, 'adam', dict(opt), kvstore=delay_store(),
                                       **args)
     trainer2.load_states(str(tmp_path / 'ckpt'))
-    resumed = []
-    run(trainer2, params2, 5, 5, resumed)
+    resumed = train_steps(trainer2, params2, 5, 5)
     for t, (got, want) in enumerate(zip(resumed, full[5:])):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w, err_msg='step %d' % (5 + t))

@@ -32,7 +32,7 @@ from mxnet.contrib.amp.loss_scaler import LossScaler
 
 import reference
 from scripts import mlp_model
-from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params
+from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params, train_steps
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
 from support.reference_jobs import (MLP_BASE, assert_equal_to_reference, batch_size,
@@ -337,27 +337,19 @@ def test_save_and_load_resume_bit_for_bit(tmp_path):
     # trajectory of the one that never stopped, bit for bit.
     args = dict(delay=3, warmup_steps=1, compression_params={'type': 'ternary',
                                                              'block_size': 8})
-
-    def run(trainer, params, first, steps, out):
-        for step in range(first, first + steps):
-            backward_at(params, [mx.cpu()], step)
-            trainer.step(BATCH)
-            out.append([p.data().asnumpy() for p in params])
     params = mlp_params([mx.cpu()])
-    full = []
-    run(mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(), **args),
-        params, 0, 12, full)
+    full = train_steps(mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(),
+                                              **args), params, 0, 12)
     params = mlp_params([mx.cpu()])
     trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(), **args)
-    run(trainer, params, 0, 6, [])
+    train_steps(trainer, params, 0, 6)
     residuals = trainer._kvstore.residuals()
     assert residuals and any(np.any(r != 0) for r in residuals.values())
     trainer.save_states(str(tmp_path / 'ckpt'))
     params2 = mlp_params([mx.cpu()])
     trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT), kvstore=delay_store(), **args)
     trainer2.load_states(str(tmp_path / 'ckpt'))
-    resumed = []
-    run(trainer2, params2, 6, 6, resumed)
+    resumed = train_steps(trainer2, params2, 6, 6)
     for t, (got, want) in enumerate(zip(resumed, full[6:])):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w, err_msg='step %d' % (6 + t))

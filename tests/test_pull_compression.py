@@ -37,7 +37,8 @@ from kvstore_ext import pull_codecs
 from kvstore_ext.layout import KeyLayout
 from mxdelay.schedule import DelaySchedule
 from scripts import mlp_model
-from support.model import BATCH, MLP_NAMES, backward_at, mlp_params, numpy_grad
+from support.model import (BATCH, MLP_NAMES, backward_at, mlp_params, numpy_grad,
+                           train_steps)
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
 from support.reference_jobs import (MLP_BASE, assert_equal_to_reference, differs_from_reference,
@@ -313,26 +314,18 @@ def test_sync_weights_is_exact_and_leaves_the_pulled_model(monkeypatch, setting,
 @pytest.mark.parametrize('compression', [None, PUSH_FP16], ids=['push32', 'push16'])
 def test_save_and_load_resume_bit_for_bit(tmp_path, compression):
     args = dict(delay=3, warmup_steps=1, pull_compression=INT8, compression_params=compression)
-
-    def run(trainer, params, first, steps, out):
-        for step in range(first, first + steps):
-            backward_at(params, [mx.cpu()], step)
-            trainer.step(BATCH)
-            out.append([p.data().asnumpy() for p in params])
     params = mlp_params([mx.cpu()])
-    full = []
-    run(mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(), **args),
-        params, 0, 12, full)
+    full = train_steps(mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(),
+                                              **args), params, 0, 12)
     params = mlp_params([mx.cpu()])
     trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(), **args)
-    run(trainer, params, 0, 6, [])        # step 5 ends a period: a pull pending
+    train_steps(trainer, params, 0, 6)        # step 5 ends a period: a pull pending
     trainer.save_states(str(tmp_path / 'ckpt'))
     params2 = mlp_params([mx.cpu()])
     trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT), kvstore=delay_store(), **args)
     trainer2.load_states(str(tmp_path / 'ckpt'))
     assert trainer2._kvstore.pulled_models().keys() == trainer._kvstore.pulled_models().keys()
-    resumed = []
-    run(trainer2, params2, 6, 6, resumed)
+    resumed = train_steps(trainer2, params2, 6, 6)
     for t, (got, want) in enumerate(zip(resumed, full[6:])):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w, err_msg='step %d' % (6 + t))

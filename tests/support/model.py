@@ -7,7 +7,7 @@ from mxnet import autograd, gluon, nd
 from scripts import mlp_model
 
 __all__ = ['small_params', 'BATCH', 'MLP_NAMES', 'contexts', 'mlp_params', 'numpy_grad',
-           'backward_with', 'backward_at']
+           'backward_with', 'backward_at', 'train_steps']
 
 
 def small_params():
@@ -66,3 +66,14 @@ def backward_at(params, ctxs, step, rank=0):
     read from the first device)."""
     weights = {p.name: p.data(ctxs[0]).astype('float32').asnumpy() for p in params}
     backward_with(params, ctxs, numpy_grad(weights, rank, step))
+
+
+def train_steps(trainer, params, first, steps):
+    """Steps `first` .. `first + steps - 1` of mlp_model's gradients on one CPU device; returns
+    the weights (numpy, in `params`' order) after each step."""
+    history = []
+    for step in range(first, first + steps):
+        backward_at(params, [mx.cpu()], step)
+        trainer.step(BATCH)
+        history.append([p.data().asnumpy() for p in params])
+    return history
