@@ -13,7 +13,7 @@ from mxnet import nd
 
 from .compression import Codec, TensorCodec
 
-__all__ = ['Quantizer', 'ErrorFeedback', 'FeedbackTensor']
+__all__ = ['Quantizer', 'ErrorFeedback', 'ResidualTensor', 'FeedbackTensor']
 
 
 class Quantizer(Codec):
@@ -68,7 +68,31 @@ class ErrorFeedback(Codec):
         return self.quantizer.push_bytes(size, dtype)
 
 
-class FeedbackTensor(TensorCodec):
+class ResidualTensor(TensorCodec):
+    """What every codec with error feedback keeps per tensor: a float32 ``residual`` (set by
+    the subclass: an NDArray or a numpy array, on the CPU) saved and loaded with the
+    checkpoint, and the batch-size factor of its last push, which :meth:`sent` divides out.
+    Subclasses set ``residual`` and ``_factor``, and implement :meth:`encode` and
+    :meth:`state`."""
+
+    _factor = None
+
+    def sent(self, buf, grad):
+        """The values sent divided by the push's batch-size factor, if any."""
+        if self._factor is None:
+            return super(ResidualTensor, self).sent(buf, grad)
+        out = self._copy_of(buf, grad)
+        nd._internal._div_scalar(out, scalar=self._factor, out=out)  # pylint: disable=protected-access
+        return out
+
+    def state_size(self):
+        return self.residual.size
+
+    def load_state(self, value):
+        self.residual[:] = np.asarray(value, dtype=np.float32).reshape(-1)
+
+
+class FeedbackTensor(ResidualTensor):
     """One tensor's residual for `quantizer` (`size` elements) and its last push's factor."""
 
     def __init__(self, quantizer, size):
@@ -89,19 +113,5 @@ class FeedbackTensor(TensorCodec):
             self._quantizer.quantize(buf, self.residual)
         self._factor = factor
 
-    def sent(self, buf, grad):
-        """The quantized values divided by the push's batch-size factor, if any."""
-        if self._factor is None:
-            return super(FeedbackTensor, self).sent(buf, grad)
-        out = self._copy_of(buf, grad)
-        nd._internal._div_scalar(out, scalar=self._factor, out=out)
-        return out
-
     def state(self):
         return self.residual.asnumpy()
-
-    def state_size(self):
-        return self.residual.size
-
-    def load_state(self, value):
-        self.residual[:] = np.asarray(value, dtype=np.float32).reshape(-1)

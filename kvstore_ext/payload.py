@@ -30,8 +30,9 @@ import numpy as np
 from mxnet import nd
 
 from . import heap, protocol, quantize
-from .compression import (Codec, CompressionError, CompressionTypeError, TensorCodec,
+from .compression import (Codec, CompressionError, CompressionTypeError,
                           float32_only, register)
+from .feedback import ResidualTensor
 from .pull_codecs import PulledModel
 from .wire import PullKeyDense
 
@@ -88,7 +89,7 @@ class Blockwise(Codec):
         return 4 * self.payload_size(size) + 8
 
 
-class PayloadTensor(TensorCodec):
+class PayloadTensor(ResidualTensor):
     """One tensor's residual (float32, numpy, on the CPU), its last push's payloads (one per
     chunk) and batch-size factor."""
 
@@ -126,22 +127,8 @@ class PayloadTensor(TensorCodec):
         self.payloads = payloads
         self._factor = factor
 
-    def sent(self, buf, grad):
-        """The values sent (c) divided by the push's batch-size factor, if any."""
-        if self._factor is None:
-            return super(PayloadTensor, self).sent(buf, grad)
-        out = self._copy_of(buf, grad)
-        nd._internal._div_scalar(out, scalar=self._factor, out=out)  # pylint: disable=protected-access
-        return out
-
     def state(self):
         return self.residual.copy()
-
-    def state_size(self):
-        return self.residual.size
-
-    def load_state(self, value):
-        self.residual[:] = np.asarray(value, dtype=np.float32).reshape(-1)
 
 
 class PayloadDense(PullKeyDense):
