@@ -254,7 +254,8 @@ def _raise(chunk, error):  # pylint: disable=unused-argument
 def _payload_settings(value):
     return (isinstance(value, dict) and set(value) == {'type', 'block_size'}
             and value['type'] in quantize.LEVELS and isinstance(value['block_size'], int)
-            and not isinstance(value['block_size'], bool) and 1 <= value['block_size'] <= 2 ** 20)
+            and not isinstance(value['block_size'], bool)
+            and 1 <= value['block_size'] <= quantize.MAX_BLOCK)
 
 
 def _positive_finite(value):
@@ -269,7 +270,7 @@ CODEC_SETTINGS = {
     'sum_scale': (_positive_finite, 'a finite number above 0', ScaleSum),
     'aux': (_is_true, 'True', None),
     'payload': (_payload_settings, "{'type': one of %s, 'block_size': an integer in 1..%d}"
-                % (sorted(quantize.LEVELS), 2 ** 20), DecodeRows),
+                % (sorted(quantize.LEVELS), quantize.MAX_BLOCK), DecodeRows),
 }
 
 #: The registration of an aux chunk (docs/design.md §2.13): the workers push aux states

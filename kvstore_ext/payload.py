@@ -42,7 +42,7 @@ __all__ = ['Blockwise', 'PayloadTensor', 'PayloadDense', 'PayloadModelDense', 'p
 #: The block size when ``compression_params`` has none.
 DEFAULT_BLOCK = 256
 #: The largest block size.
-MAX_BLOCK = 2 ** 20
+MAX_BLOCK = quantize.MAX_BLOCK
 _EXAMPLE = "e.g. compression_params={'type': 'int8', 'block_size': 256}"
 
 

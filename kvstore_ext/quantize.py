@@ -20,10 +20,13 @@ with the same float32 operations, so that the servers' ``c`` is the worker's bit
 import numpy as np
 
 __all__ = ['LEVELS', 'digits_per_word', 'payload_size', 'quantize', 'pack', 'unpack',
-           'encode', 'decode', 'levels_to_values']
+           'encode', 'decode', 'levels_to_values', 'MAX_BLOCK']
 
 #: The largest level h of each type.
 LEVELS = {'int8': 127, 'int4': 7, 'ternary': 1}
+
+#: The largest block size (the workers' settings and the servers' check alike).
+MAX_BLOCK = 2 ** 20
 
 #: Codes below this fit a normal float32 as above: 254 exponents, 2 signs, 2**23 mantissas.
 _CODES = 2 * 254 * 2 ** 23
