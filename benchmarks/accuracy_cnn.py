@@ -69,7 +69,8 @@ OPTIMIZERS = {
     'adam': ('Adam (lr 1e-3)', ['--optimizer', 'adam', '--lr', '0.001', '--wd', '0']),
 }
 METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4', 'k4-aux', 'k8-aux',
-                          'k4-ternary-pull-int8')
+                          'k4-ternary-pull-int8', 'k4-fv', 'k8-fv', 'k16-fv',
+                          'k4-ternary-pull-int8-fv')
 TARGETS = ('k4', 'k8')  # within TARGET_POINTS of dist_sync
 TARGET_POINTS = 0.5
 DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'
@@ -322,7 +323,9 @@ def plot(path, summary):
     plt = report_lib.pyplot()
     styles = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
               'sgd-k4': ('C7', '-.'), 'k4-aux': ('C0', ':'), 'k8-aux': ('C1', ':'),
-              'k4-ternary-pull-int8': ('C4', '-')}
+              'k4-ternary-pull-int8': ('C4', '-'), 'k4-fv': ('C0', '--'),
+              'k8-fv': ('C1', '--'), 'k16-fv': ('C2', '--'),
+              'k4-ternary-pull-int8-fv': ('C4', '--')}
     fig, axes = plt.subplots(1, len(OPTIMIZERS), figsize=(12.8, 4.8))
     for ax, (optimizer, (label, _)) in zip(axes, OPTIMIZERS.items()):
         shown, literal = [], []

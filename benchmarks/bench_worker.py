@@ -7,7 +7,9 @@ only). ``--model resnet18`` is Gluon's model zoo ``resnet18_v1(classes=10)`` on 
 data instead (the scaling benchmark's communication-heavy model): :class:`SyntheticShard`,
 fixed random 3x32x32 images and labels seeded by seed and rank (window runs only). The
 optimizer is ``--optimizer`` (SGD with ``--momentum`` or Adam), ``--lr``, ``--wd``, on the
-servers (and mirrored locally by ``DelayedTrainer``). The loop is a stock Gluon loop:
+servers (and mirrored locally by ``DelayedTrainer``); ``--freeze-second-moment`` (delayed
+Adam only) makes it ``mxdelay.FrozenVarianceAdam`` frozen at the switch
+(``freeze_after=--warmup-steps``, docs/design.md §1.4). The loop is a stock Gluon loop:
 forward, backward, ``trainer.step``, read the loss (as a loop that logs its loss does; this
 is where a worker waits for what the step left pending). Every step's end
 (``time.time()``, comparable across the processes of one machine) and loss are recorded.
@@ -24,7 +26,7 @@ Two kinds of run:
   before each of these copies, so that worker 0 copies the servers' global weights (its own
   BatchNorm running statistics, which are not trained parameters; with ``--aux-states``
   ``sync_weights(aux_states=True)``: the workers' mean statistics, docs/design.md §2.13); the
-  workers' next local steps then start from them (docs/design.md §1.5). Stock
+  workers' next local steps then start from them (docs/design.md §1.4). Stock
   ``dist_sync``'s worker 0 holds the global weights after every step anyway.
 
 Modes: ``sync`` is stock ``gluon.Trainer`` on ``'dist_sync'``; ``delayed`` is
@@ -153,6 +155,9 @@ def parse_args(argv=None):
     parser.add_argument('--model', choices=tuple(INPUT_SHAPE), default='mlp',
                         help="resnet18: synthetic data, window runs only (default: %(default)s)")
     parser.add_argument('--optimizer', choices=('sgd', 'adam'), default='sgd')
+    parser.add_argument('--freeze-second-moment', action='store_true',
+                        help="delayed Adam only: 'frozenvarianceadam' with freeze_after "
+                             '--warmup-steps')
     parser.add_argument('--batch-size', type=int, default=128)
     parser.add_argument('--lr', type=float, default=0.05)
     parser.add_argument('--momentum', type=float, default=0.9, help='sgd only')
@@ -174,6 +179,9 @@ def parse_args(argv=None):
         parser.error('--pull-compression %s needs --mode delayed (stock dist_sync has no '
                      'compressed pulls); drop it for --mode %s'
                      % (args.pull_compression['type'], args.mode))
+    if args.freeze_second_moment and (args.mode != 'delayed' or args.optimizer != 'adam'):
+        parser.error('--freeze-second-moment needs --mode delayed and --optimizer adam, got '
+                     '--mode %s --optimizer %s' % (args.mode, args.optimizer))
     if args.model == 'resnet18' and args.epochs is not None:
         parser.error('--model resnet18 trains on synthetic data: no --epochs (accuracy) runs, '
                      'got --epochs %d; drop --epochs for a window run' % args.epochs)
@@ -230,6 +238,9 @@ def main(argv=None):
     opt = {'learning_rate': args.lr, 'wd': args.wd}
     if args.optimizer == 'sgd':
         opt['momentum'] = args.momentum
+    optimizer = args.optimizer
+    if args.freeze_second_moment:
+        optimizer, opt['freeze_after'] = 'frozenvarianceadam', args.warmup_steps
     kvstore = mx.kv.create('dist_delay' if args.mode == 'delayed' else 'dist_sync')
     rank, num_workers = kvstore.rank, kvstore.num_workers
     if args.mode != 'delayed':
@@ -247,7 +258,7 @@ def main(argv=None):
     net.hybridize()
     if args.mode == 'delayed':
         trainer = sys.modules['mxdelay'].DelayedTrainer(
-            net.collect_params(), args.optimizer, opt, kvstore=kvstore, delay=args.delay,
+            net.collect_params(), optimizer, opt, kvstore=kvstore, delay=args.delay,
             warmup_steps=args.warmup_steps, local_rule=args.local_rule,
             compression_params=args.compression, pull_compression=args.pull_compression)
     elif args.compression and args.mode == 'sync':
@@ -298,7 +309,7 @@ def main(argv=None):
     nd.waitall()  # what the last step left pending belongs to the window
     end = time.time()
     result = {'rank': rank, 'num_workers': num_workers, 'mode': args.mode,
-              'model': args.model, 'optimizer': args.optimizer, 'optimizer_params': opt,
+              'model': args.model, 'optimizer': optimizer, 'optimizer_params': opt,
               'local_rule': args.local_rule if args.mode == 'delayed' else None,
               'global_model': args.global_model and args.mode == 'delayed',
               'aux_states': args.aux_states and args.global_model and args.mode == 'delayed',

@@ -96,6 +96,7 @@ class Method:
 TWO_BIT_THRESHOLD = 0.5
 _TWO_BIT = '2bit:%g' % TWO_BIT_THRESHOLD
 _MIRROR = ('--local-rule', 'mirror')
+_FROZEN = ('--freeze-second-moment',)
 #: name -> Method: every method of every benchmark, declared once.
 METHODS = {
     'sync': Method('dist_sync (stock)', trainer='sync'),
@@ -136,6 +137,13 @@ METHODS = {
                                    extra=('--pull-compression', 'int8'), compression='ternary'),
     'k8-fp16-pull-int8': Method('k=8 + fp16 + pull int8', delay=8,
                                 extra=('--pull-compression', 'int8'), compression='fp16'),
+    # Adam with its second moment frozen at the switch (mxdelay.FrozenVarianceAdam, §1.4).
+    'k4-fv': Method('k=4, v frozen', delay=4, extra=_FROZEN),
+    'k8-fv': Method('k=8, v frozen', delay=8, extra=_FROZEN),
+    'k16-fv': Method('k=16, v frozen', delay=16, extra=_FROZEN),
+    'k4-ternary-pull-int8-fv': Method('k=4 + ternary + pull int8, v frozen', delay=4,
+                                      extra=('--pull-compression', 'int8') + _FROZEN,
+                                      compression='ternary'),
 }
 # The same with shorter warm-ups (issue 20: the shortest warm-up that keeps accuracy).
 for _k in (4, 8):

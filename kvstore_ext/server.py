@@ -24,6 +24,8 @@ import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
 from . import agreement, appliers, checkpoint, env, finish, protocol, pull_codecs, registry
+# The servers build the workers' optimizer by its registered name: mxdelay's own included.
+from . import frozen_variance  # noqa: F401
 from .layout import KeyLayout
 from .optimizers import (PER_STEP_FIELDS, UnknownOptimizerError, describe_optimizer,
                          flatten_state, format_differences, optimizer_differences,

@@ -11,12 +11,14 @@ import importlib
 import kvstore_ext  # noqa: F401  prepares MXNet's import; runs the scheduler and server roles
 
 __all__ = ['DelayedTrainer', 'DelayedModule', 'DistDelay', 'StepObserver', 'ArgumentTypeError',
+           'FrozenVarianceAdam',
            'timeline', 'local_rank', 'local_size', '__version__']
 __version__ = '0.1.0'
 
 _LAZY = {'DelayedTrainer': 'mxdelay.trainer', 'DelayedModule': 'mxdelay.module',
          'DistDelay': 'kvstore_ext.dist_delay',
-         'StepObserver': 'mxdelay.observer', 'ArgumentTypeError': 'kvstore_ext.checks'}
+         'StepObserver': 'mxdelay.observer', 'ArgumentTypeError': 'kvstore_ext.checks',
+         'FrozenVarianceAdam': 'kvstore_ext.frozen_variance'}
 _SUBMODULES = ('timeline', 'trace', 'trainer', 'rules', 'schedule', 'observer',
                'module')
 

@@ -11,6 +11,7 @@ from mxnet import gluon
 from mxnet.kvstore import KVStoreBase
 
 from kvstore_ext import compression, pull_codecs
+from kvstore_ext import frozen_variance  # noqa: F401  registers 'frozenvarianceadam' by name
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
                                  check_real, check_rounds)
 from kvstore_ext.dist_delay import DistDelay

@@ -89,10 +89,19 @@ def adam_step(w, grad, mean, var, lr, wd, rescale, beta1, beta2, epsilon):
     return w - lr * mean / (np.sqrt(var) + epsilon), mean, var
 
 
-def adam_lr(lr, t, beta1, beta2):
+def adam_lr(lr, t, beta1, beta2, freeze_after=None):
     """Adam's learning rate of its update number `t` (from 1), as ``optimizer.Adam``
-    computes it in float64, rounded to float32 for the kernel."""
-    return F32(lr * (math.sqrt(1. - beta2 ** t) / (1. - beta1 ** t)))
+    computes it in float64, rounded to float32 for the kernel; with `freeze_after`,
+    ``mxdelay.FrozenVarianceAdam``'s (the second moment's correction stops at that update)."""
+    t2 = t if freeze_after is None else min(t, freeze_after)
+    return F32(lr * (math.sqrt(1. - beta2 ** t2) / (1. - beta1 ** t)))
+
+
+def adam_beta2(opt, t):
+    """The kernel's beta2 at update `t`: 1 (the second moment kept) once
+    ``mxdelay.FrozenVarianceAdam`` has frozen it."""
+    frozen = opt['freeze_after'] is not None and t > opt['freeze_after']
+    return F32(1) if frozen else opt['b2']
 
 
 def nag_step(w, grad, mom, lr, wd, rescale, mu):
@@ -205,7 +214,7 @@ def _lazy(mask, new, old):
 
 
 #: The servers' optimizers the reference knows.
-OPTIMIZERS = ('sgd', 'adam', 'nag')
+OPTIMIZERS = ('sgd', 'adam', 'nag', 'frozenvarianceadam')
 
 
 class LossScale:
@@ -247,7 +256,7 @@ def _copy(d):
 def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentum=0.0, wd=0.0,
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
-             epsilon=1e-8, fp16=False, compression_threshold=None, overflow=(),
+             epsilon=1e-8, freeze_after=None, fp16=False, compression_threshold=None, overflow=(),
              scale_window=2000, pull_compression=None, blockwise=None):
     """Simulate docs/design.md §1 for ``steps`` steps; returns a :class:`Trajectory`.
 
@@ -271,7 +280,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     reads what it pushed, docs/design.md §1.4).
 
     `optimizer` is the servers' (:data:`OPTIMIZERS`; ``beta1``, ``beta2``, ``epsilon`` are
-    Adam's, `momentum` NAG's too). With 'adam' or 'nag', rule 'mirror' runs that optimizer
+    Adam's, `momentum` NAG's too; ``'frozenvarianceadam'`` is Adam whose second moment stops
+    after update `freeze_after`). With 'adam' or 'nag', rule 'mirror' runs that optimizer
     on each worker with rescale ``float32(N * rescale_grad)`` and the server's update count
     (round t is update t + 1), its state a copy of the server's after round W; lam must be 0.
 
@@ -316,7 +326,10 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     W = {n: np.array(init[n], dtype=F32) for n in names}       # server: W_0
     mom = {n: np.zeros_like(W[n]) for n in names}              # server momentum state
     var = {n: np.zeros_like(W[n]) for n in names}              # Adam's second moment
-    opt = dict(optimizer=optimizer, mu=mu, b1=F32(beta1), b2=F32(beta2), eps=F32(epsilon),
+    if (optimizer == 'frozenvarianceadam') != (freeze_after is not None):
+        raise ValueError('freeze_after goes with optimizer frozenvarianceadam only')
+    optimizer = 'adam' if optimizer == 'frozenvarianceadam' else optimizer
+    opt = dict(optimizer=optimizer, freeze_after=freeze_after, mu=mu, b1=F32(beta1), b2=F32(beta2), eps=F32(epsilon),
                beta1=beta1, beta2=beta2, N=N, rg_n=F32(N * rescale_grad))
     workers = [{'w': _copy(W),                                 # w' (before step 0: W_0)
                 'pre': None,                                   # pre_weight (set at t = W)
@@ -397,8 +410,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             kept = (mom[n], var[n])
             if optimizer == 'adam':                        # update number u
                 W[n], mom[n], var[n] = adam_step(
-                    W_t[n], G, mom[n], var[n], adam_lr(lr_t * lr_mult[n], u, beta1, beta2),
-                    wd_n[n], rg, opt['b1'], opt['b2'], opt['eps'])
+                    W_t[n], G, mom[n], var[n],
+                    adam_lr(lr_t * lr_mult[n], u, beta1, beta2, freeze_after),
+                    wd_n[n], rg, opt['b1'], adam_beta2(opt, u), opt['eps'])
             elif optimizer == 'nag' and momentum > 0:
                 W[n], mom[n] = nag_step(W_t[n], G, mom[n], lr_s[n], wd_n[n], rg, mu)
             elif optimizer == 'nag':
@@ -496,8 +510,9 @@ def _mirror(opt, w, raw, wk, n, lr_l, lr_l64, wd, t):
     """Rule 'mirror' with Adam or NAG on the servers: that optimizer on ``N * g``."""
     if opt['optimizer'] == 'adam':
         w, wk['v'][n], wk['var'][n] = adam_step(
-            w, raw, wk['v'][n], wk['var'][n], adam_lr(lr_l64, t + 1, opt['beta1'], opt['beta2']),
-            wd, opt['rg_n'], opt['b1'], opt['b2'], opt['eps'])
+            w, raw, wk['v'][n], wk['var'][n],
+            adam_lr(lr_l64, t + 1, opt['beta1'], opt['beta2'], opt['freeze_after']),
+            wd, opt['rg_n'], opt['b1'], adam_beta2(opt, t + 1), opt['eps'])
         return w
     if opt['mu'] > 0:
         w, wk['v'][n] = nag_step(w, raw, wk['v'][n], lr_l, wd, opt['rg_n'], opt['mu'])

@@ -56,7 +56,13 @@ EXPECTED = {
         'k4-aux': ('k=4, mean BatchNorm statistics', DELAYED + ['4', '--aux-states']),
         'k8-aux': ('k=8, mean BatchNorm statistics', DELAYED + ['8', '--aux-states']),
         'k4-ternary-pull-int8': ('k=4 + ternary + pull int8', DELAYED + [
-            '4', '--pull-compression', 'int8', '--compression', 'ternary'])},
+            '4', '--pull-compression', 'int8', '--compression', 'ternary']),
+        'k4-fv': ('k=4, v frozen', DELAYED + ['4', '--freeze-second-moment']),
+        'k8-fv': ('k=8, v frozen', DELAYED + ['8', '--freeze-second-moment']),
+        'k16-fv': ('k=16, v frozen', DELAYED + ['16', '--freeze-second-moment']),
+        'k4-ternary-pull-int8-fv': ('k=4 + ternary + pull int8, v frozen', DELAYED + [
+            '4', '--pull-compression', 'int8', '--freeze-second-moment', '--compression',
+            'ternary'])},
     'scaling': {
         'sync': ('dist_sync (stock)', ['--mode', 'sync']),
         'k4': ('k=4', DELAYED + ['4', '--local-rule', 'mirror']),

@@ -44,6 +44,8 @@ OPTIMIZERS = {
     'sgd-plain': ('sgd', {'learning_rate': 0.1}),
     'nag': ('nag', {'learning_rate': 0.1, 'momentum': 0.9}),
     'adam': ('adam', {'learning_rate': 0.01}),
+    # Frozen two steps into the delayed phase (WARMUP 3): both halves are mirrored.
+    'frozenvarianceadam': ('frozenvarianceadam', {'learning_rate': 0.01, 'freeze_after': 5}),
     'rmsprop': ('rmsprop', {'learning_rate': 0.01}),
     'rmsprop-centered': ('rmsprop', {'learning_rate': 0.01, 'centered': True}),
     'adagrad': ('adagrad', {'learning_rate': 0.05}),
@@ -121,7 +123,8 @@ def test_one_worker_local_weights_are_the_global_weights(name, delay):
 
 
 @pytest.mark.parametrize('name', ['adam', 'nag', 'rmsprop-centered', 'ftml', 'sgd', 'lamb',
-                                  'lars', 'lars-mc', 'lbsgd', 'lbsgd-lars'])
+                                  'lars', 'lars-mc', 'lbsgd', 'lbsgd-lars',
+                                  'frozenvarianceadam'])
 def test_invariant_with_schedule_clipping_multipliers_and_two_devices(name):
     # LARS with momentum_correction and LBSGD without the schedule (refused with one); the
     # multipliers are what LARS's correction would see without mxdelay.rules'
@@ -138,7 +141,7 @@ def test_invariant_with_schedule_clipping_multipliers_and_two_devices(name):
         del OPTIMIZERS['_case']
 
 
-@pytest.mark.parametrize('name', ['adam', 'sgd', 'nag'])
+@pytest.mark.parametrize('name', ['adam', 'sgd', 'nag', 'frozenvarianceadam'])
 def test_invariant_with_float16_weights_and_multi_precision(name):
     # The servers keep a float32 master copy; the local optimizer too (fetched with the
     # state), and it is applied to the float16 weights as on the servers: bit for bit.

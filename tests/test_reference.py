@@ -424,6 +424,23 @@ def test_server_is_mxnet_adam_and_nag(optimizer, params):
     assert_server_is_updater(traj, updater)
 
 
+def test_server_is_mxdelay_frozen_variance_adam():
+    """The reference's 'frozenvarianceadam' server is mxdelay.FrozenVarianceAdam's updater
+    bit for bit, across its freeze (update 3 of 6), and differs from Adam after it."""
+    mx = pytest.importorskip('mxnet')
+    from mxdelay import FrozenVarianceAdam  # pylint: disable=import-outside-toplevel
+    traj = run(num_workers=2, steps=6, warmup_steps=6, optimizer='frozenvarianceadam', lr=0.01,
+               freeze_after=3)
+    assert_server_is_updater(traj, mx.optimizer.get_updater(FrozenVarianceAdam(
+        freeze_after=3, learning_rate=0.01, wd=WD, rescale_grad=RG)))
+    adam = run(num_workers=2, steps=6, warmup_steps=6, optimizer='adam', lr=0.01)
+    for t in range(6):
+        same = all(np.array_equal(traj.glob[t][n], adam.glob[t][n]) for n in adam.glob[t])
+        assert same == (t < 3), t
+    with pytest.raises(ValueError, match='freeze_after goes with'):
+        run(optimizer='adam', freeze_after=3)
+
+
 def adam_closed_form(w, g, m, v, lr, t, wd, rescale):
     """Adam's step t (from 1) as Kingma and Ba write it, with MXNet's weight decay inside the
     gradient and its bias correction folded into the learning rate; float64."""

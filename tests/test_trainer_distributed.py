@@ -137,6 +137,11 @@ OPTIMIZER_CASES = [
     (2, 1, {'optimizer': 'adam', 'lr': 0.01, 'delay': 3, 'warmup_steps': 2}),
     (3, 2, {'optimizer': 'adam', 'lr': 0.01, 'delay': 2, 'warmup_steps': 1,
             'optimizer_params': {'beta1': 0.8, 'beta2': 0.99}}),
+    # FrozenVarianceAdam (docs/design.md §1.5): frozen at the switch, and mid delayed phase.
+    (2, 1, {'optimizer': 'frozenvarianceadam', 'lr': 0.01, 'delay': 3, 'warmup_steps': 2,
+            'optimizer_params': {'freeze_after': 2}}),
+    (3, 2, {'optimizer': 'frozenvarianceadam', 'lr': 0.01, 'delay': 2, 'warmup_steps': 1,
+            'optimizer_params': {'freeze_after': 4, 'beta2': 0.99}}),
     (2, 2, {'optimizer': 'nag', 'delay': 2, 'warmup_steps': 3}),
     (3, 1, {'optimizer': 'nag', 'delay': 4, 'warmup_steps': 0}),
 ]

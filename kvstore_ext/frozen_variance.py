@@ -1,0 +1,87 @@
+"""Adam with a frozen second moment, an optimizer mxdelay adds to MXNet's registry.
+
+:class:`FrozenVarianceAdam` is Adam whose second moment stops moving after a given number of
+updates (docs/design.md §1.4). Importing this module registers it with MXNet as
+``'frozenvarianceadam'``, so ``DelayedTrainer(params, 'frozenvarianceadam', ...)``,
+``gluon.Trainer`` and ``mx.optimizer.create`` accept it by name, and a checkpoint can name it.
+mxdelay's servers import it (they build the workers' optimizer by name) and so do
+:class:`mxdelay.DelayedTrainer` and ``mxdelay.FrozenVarianceAdam``.
+"""
+import math
+
+import mxnet as mx
+from mxnet import nd
+
+from .checks import check_int
+
+__all__ = ['FrozenVarianceAdam']
+
+
+@mx.optimizer.register
+class FrozenVarianceAdam(mx.optimizer.Adam):
+    """Adam whose second moment is frozen after `freeze_after` updates of each weight.
+
+    Updates 1 to `freeze_after` are MXNet's :class:`mxnet.optimizer.Adam`, bit for bit.
+    From update ``freeze_after + 1`` on, the second moment ``v`` and its bias correction stay
+    as they were after update `freeze_after`; the first moment and the weights move as in
+    Adam::
+
+        rescaled_grad = clip(grad * rescale_grad + wd * weight, clip_gradient)
+        m = beta1 * m + (1 - beta1) * rescaled_grad
+        lr_t = learning_rate * sqrt(1 - beta2**T) / (1 - beta1**t),  T = min(t, freeze_after)
+        w = w - lr_t * m / (sqrt(v) + epsilon)
+
+    After the freeze the step is linear in the gradients: momentum SGD with a fixed
+    per-coordinate preconditioner. This is what lets a delayed update keep Adam's accuracy
+    (docs/design.md §1.4): between pulls the workers' local steps and the servers' steps divide
+    by the same ``v``, where Adam's local copy would learn its own ``v`` from one worker's
+    noisier gradient; and a compressed gradient's error feedback, which sums to the true
+    gradient over a few steps, passes through a linear step unchanged, where Adam's ``v`` would
+    square the compressor's bursts. With :class:`mxdelay.DelayedTrainer`, `freeze_after`
+    equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates (the servers'
+    update count is the round number).
+
+    Parameters
+    ----------
+    freeze_after : int
+        The number of updates of each weight that move the second moment (>= 1; at 0 there
+        would be no second moment to divide by).
+    learning_rate, beta1, beta2, epsilon, lazy_update
+        As in :class:`mxnet.optimizer.Adam`.
+    **kwargs
+        As in :class:`mxnet.optimizer.Optimizer`.
+
+    Raises
+    ------
+    TypeError
+        If `freeze_after` is not an int (:class:`mxdelay.ArgumentTypeError`).
+    ValueError
+        If `freeze_after` is below 1.
+    """
+
+    def __init__(self, freeze_after, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
+                 lazy_update=True, **kwargs):
+        freeze_after = check_int('freeze_after', freeze_after, minimum=1,
+                  fix='the number of updates whose gradients move the second moment, e.g. '
+                      "DelayedTrainer's warmup_steps")
+        super(FrozenVarianceAdam, self).__init__(
+            learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon,
+            lazy_update=lazy_update, **kwargs)
+        self.freeze_after = freeze_after
+
+    def update(self, index, weight, grad, state):
+        self._update_count(index)
+        lr = self._get_lr(index)
+        wd = self._get_wd(index)
+        t = self._index_update_count[index]
+        frozen = t > self.freeze_after
+        lr *= (math.sqrt(1. - self.beta2 ** min(t, self.freeze_after)) /
+               (1. - self.beta1 ** t))
+        # beta2 = 1 makes MXNet's kernel keep v as it is: v := 1 * v + 0 * g^2.
+        kwargs = {'beta1': self.beta1, 'beta2': 1.0 if frozen else self.beta2,
+                  'epsilon': self.epsilon, 'rescale_grad': self.rescale_grad}
+        if self.clip_gradient:
+            kwargs['clip_gradient'] = self.clip_gradient
+        mean, var = state
+        nd.adam_update(weight, grad, mean, var, out=weight, lazy_update=self.lazy_update,
+                       lr=lr, wd=wd, **kwargs)

@@ -1,0 +1,124 @@
+"""mxdelay.FrozenVarianceAdam (docs/design.md §1.4), one process, against MXNet's Adam and a
+float64 closed form.
+
+Its updates 1 to ``freeze_after`` are MXNet's Adam bit for bit; later ones keep the second
+moment (bit for bit) and its bias correction, and move the first moment and the weights as
+Adam does. The mirror and distributed runs are in test_mirror.py (one-worker invariant) and
+test_trainer_distributed.py (2 and 3 workers against tests/reference.py).
+"""
+import pickle
+
+import numpy as np
+import pytest
+
+import mxnet as mx
+
+from kvstore_ext.optimizers import build_optimizer, optimizer_record
+from mxdelay import ArgumentTypeError
+from mxdelay import FrozenVarianceAdam
+
+SHAPE = (5, 3)
+STEPS = 8
+PARAMS = dict(learning_rate=0.01, wd=1e-3, rescale_grad=0.5)
+
+
+def gradient(step, index=0):
+    return mx.nd.array(np.random.RandomState(100 * index + step).randn(*SHAPE))
+
+
+def run(optimizer, steps=STEPS, index=0):
+    """(weight, mean, var) as numpy after every update of one weight by `optimizer`."""
+    weight = mx.nd.array(np.random.RandomState(7).randn(*SHAPE))
+    state = optimizer.create_state(index, weight)
+    out = []
+    for step in range(steps):
+        optimizer.update(index, weight, gradient(step, index), state)
+        out.append((weight.asnumpy(), state[0].asnumpy(), state[1].asnumpy()))
+    return out
+
+
+@pytest.mark.parametrize('extra', [{}, {'clip_gradient': 0.3}, {'beta1': 0.8, 'beta2': 0.99}])
+def test_updates_up_to_freeze_after_are_mxnet_adam_bit_for_bit(extra):
+    frozen = run(FrozenVarianceAdam(freeze_after=4, **PARAMS, **extra))
+    adam = run(mx.optimizer.Adam(**PARAMS, **extra))
+    for step in range(STEPS):
+        same = all(np.array_equal(f, a) for f, a in zip(frozen[step], adam[step]))
+        assert same == (step < 4), step
+
+
+def closed_form(freeze_after, lr=0.01, wd=1e-3, rescale=0.5, b1=0.9, b2=0.999, eps=1e-8):
+    """The docstring's rule in float64."""
+    w = np.random.RandomState(7).randn(*SHAPE)
+    m, v, out = np.zeros(SHAPE), np.zeros(SHAPE), []
+    for step in range(STEPS):
+        t = step + 1
+        g = rescale * gradient(step).asnumpy().astype(np.float64) + wd * w
+        m = b1 * m + (1 - b1) * g
+        if t <= freeze_after:
+            v = b2 * v + (1 - b2) * g * g
+        lr_t = lr * np.sqrt(1 - b2 ** min(t, freeze_after)) / (1 - b1 ** t)
+        w = w - lr_t * m / (np.sqrt(v) + eps)
+        out.append((w, m, v))
+    return out
+
+
+def test_frozen_updates_keep_the_second_moment_and_follow_the_closed_form():
+    got = run(FrozenVarianceAdam(freeze_after=3, **PARAMS))
+    for step, (want, have) in enumerate(zip(closed_form(3), got)):
+        for name, w, h in zip(('weight', 'mean', 'var'), want, have):
+            np.testing.assert_allclose(h, w, rtol=1e-5, atol=1e-7,
+                                       err_msg='update %d, %s' % (step + 1, name))
+        if step >= 3:
+            np.testing.assert_array_equal(have[2], got[2][2])   # v after update 3, exactly
+            assert not np.array_equal(have[1], got[step - 1][1])  # m still moves
+
+
+def test_lazy_update_freezes_and_leaves_other_rows():
+    # row_sparse gradients (lazy_update, MXNet's default): rows outside a gradient keep their
+    # weights and moments, and the frozen rows keep their second moment.
+    optimizer = FrozenVarianceAdam(freeze_after=1, learning_rate=0.01)
+    weight = mx.nd.ones(SHAPE)
+    state = optimizer.create_state(0, weight)
+    rows = mx.nd.array([1, 3], dtype='int64')
+    for step in range(3):
+        before = [a.asnumpy() for a in (weight, state[0], state[1])]
+        grad = mx.nd.sparse.row_sparse_array((gradient(step).asnumpy()[[1, 3]], rows),
+                                             shape=SHAPE)
+        optimizer.update(0, weight, grad, state)
+        after = [a.asnumpy() for a in (weight, state[0], state[1])]
+        for b, a in zip(before, after):
+            np.testing.assert_array_equal(a[[0, 2, 4]], b[[0, 2, 4]])
+        assert not np.array_equal(after[0][[1, 3]], before[0][[1, 3]])
+        assert np.array_equal(after[2], before[2]) == (step >= 1), step
+
+
+@pytest.mark.parametrize('value,error,match', [
+    (0, ValueError, 'freeze_after must be an integer >= 1, got 0'),
+    (-3, ValueError, 'freeze_after must be an integer >= 1, got -3'),
+    (200.0, ArgumentTypeError, r'freeze_after must be an integer >= 1, got 200\.0'),
+    (True, ArgumentTypeError, 'freeze_after must be an integer >= 1, got True'),
+    (None, ArgumentTypeError, 'freeze_after must be an integer >= 1, got None'),
+])
+def test_bad_freeze_after_is_refused(value, error, match):
+    with pytest.raises(error, match=match) as info:
+        FrozenVarianceAdam(freeze_after=value)
+    assert 'warmup_steps' in str(info.value)      # the fix
+    with pytest.raises(TypeError, match='freeze_after'):
+        FrozenVarianceAdam()                          # no default: the freeze is a choice
+
+
+def test_registered_pickled_and_checkpointed_by_name():
+    optimizer = mx.optimizer.create('frozenvarianceadam', freeze_after=2, **PARAMS)
+    assert type(optimizer) is FrozenVarianceAdam and optimizer.freeze_after == 2
+    want = run(FrozenVarianceAdam(freeze_after=2, **PARAMS))
+    for copy in (lambda o: pickle.loads(pickle.dumps(o)),
+                 lambda o: build_optimizer(optimizer_record(o))):
+        # Half way through (update 2 of 4 done), a copy continues bit for bit.
+        optimizer = FrozenVarianceAdam(freeze_after=2, **PARAMS)
+        weight = mx.nd.array(np.random.RandomState(7).randn(*SHAPE))
+        state = optimizer.create_state(0, weight)
+        for step in range(STEPS):
+            if step == 2:
+                optimizer = copy(optimizer)
+            optimizer.update(0, weight, gradient(step), state)
+            np.testing.assert_array_equal(weight.asnumpy(), want[step][0])
