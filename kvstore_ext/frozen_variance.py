@@ -38,8 +38,8 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
     noisier gradient; and a compressed gradient's error feedback, which sums to the true
     gradient over a few steps, passes through a linear step unchanged, where Adam's ``v`` would
     square the compressor's bursts. With :class:`mxdelay.DelayedTrainer`, `freeze_after`
-    equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates (the servers'
-    update count is the round number).
+    equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates: round t is the
+    servers' update t + 1, so ``v`` holds the gradients of the warm-up's rounds.
 
     Parameters
     ----------
@@ -61,9 +61,10 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
 
     def __init__(self, freeze_after, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  lazy_update=True, **kwargs):
-        freeze_after = check_int('freeze_after', freeze_after, minimum=1,
-                  fix='the number of updates whose gradients move the second moment, e.g. '
-                      "DelayedTrainer's warmup_steps")
+        freeze_after = check_int(
+            'freeze_after', freeze_after, minimum=1,
+            fix="the number of updates whose gradients move the second moment, e.g. "
+                "DelayedTrainer's warmup_steps")
         super(FrozenVarianceAdam, self).__init__(
             learning_rate=learning_rate, beta1=beta1, beta2=beta2, epsilon=epsilon,
             lazy_update=lazy_update, **kwargs)
