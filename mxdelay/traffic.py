@@ -7,9 +7,11 @@ the values of each chunk as they travel, i.e. its dtype's bytes per element, flo
 (``'fp16'`` pushes), MXNet's 2bit packing of 16 values into a float32, the blockwise
 codecs' payload row and its row id (``'int8'``, ``'int4'``, ``'ternary'`` at the default
 block of 256 values, :meth:`kvstore_ext.payload.Blockwise.push_bytes`, on the chunks they
-would have), or a compressed pull's payload (:func:`kvstore_ext.pull_codecs.payload_bytes`). Not counted: ps-lite's
-headers (keys and lengths of each message), the store's per-round flag (a few elements),
-and row_sparse keys, whose messages carry the rows of each step (their number is given).
+would have), or a compressed pull's payload (:func:`kvstore_ext.pull_codecs.payload_bytes`).
+Not counted: ps-lite's headers (keys and lengths of each message), the store's per-round
+flag (a few elements), and row_sparse keys, whose messages carry the rows of each step
+(their number is given). Measured on the wire, headers included, the real MLP job's bytes
+are within 1% of this count (docs/benchmarks/wire-bytes).
 A step pushes every trained parameter once; a pull brings every one once (warm-up and
 switch: every step; delayed phase: every k-th step).
 """

@@ -342,7 +342,8 @@ UNTOUCHED_BYTES = {
         'int8 pulls': [4 * sum(SIZES), sum(_words(1 + -(-n // 256) + 64 * -(-n // 256))
                                            for n in SIZES)]}}
 assert UNTOUCHED_BYTES['push'] == 11048 and UNTOUCHED_BYTES['settings']['2bit pushes'][0] == 692
-assert UNTOUCHED_BYTES['settings']['ternary pushes'][0] == 4 * (8 + 1 + 3 + 1 + 103 + 4 + 32 + 1) + 32
+assert UNTOUCHED_BYTES['settings']['ternary pushes'][0] == (
+    4 * (8 + 1 + 3 + 1 + 103 + 4 + 32 + 1) + 32)
 
 
 @pytest.mark.jobs
