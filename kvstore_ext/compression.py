@@ -177,6 +177,11 @@ class Codec(object):
         """A new :class:`TensorCodec` for a dense tensor of `size` elements."""
         return TensorCodec()
 
+    def chunk_limit(self, workers):
+        """The most values a dense chunk of this codec may hold in a job of `workers`
+        workers, where its keys are larger than the chunk; None: the job's chunk size."""
+        return None
+
     def push_bytes(self, size, dtype):
         """Bytes of the values a push of a chunk of `size` elements of `dtype` carries."""
         return size * np.dtype(self.wire_dtype or dtype).itemsize

@@ -917,7 +917,9 @@ class DistDelay(KVStoreBase):
         key : int or str
         codec : kvstore_ext.compression.Codec, optional
             The push codec to count with (default: this store's; ``compression.NONE``: the
-            tensor's dtype).
+            tensor's dtype). Another codec than this store's is counted on the chunks it
+            would have (``Codec.chunk_limit``: a blockwise codec's may be smaller), and so
+            is `pull_codec` with it.
         pull_codec : kvstore_ext.pull_codecs.PullCodec or False, optional
             The pull codec to count with (default: this store's; False: exact pulls, the
             tensor's dtype).
@@ -933,7 +935,11 @@ class DistDelay(KVStoreBase):
             return None
         codec = self._codec if codec is None else codec
         pull_codec = self._pull_codec if pull_codec is None else (pull_codec or None)
-        sizes = [chunk.stop - chunk.start for chunk in tensor.chunks]
+        if codec is self._codec:
+            sizes = [chunk.stop - chunk.start for chunk in tensor.chunks]
+        else:   # the chunks `codec` would have: a blockwise codec's may be smaller
+            sizes = [stop - start for start, stop in self._placement.spans(
+                tensor.size, codec.chunk_limit(self.num_workers))]
         return (sum(codec.push_bytes(n, tensor.dtype) for n in sizes),
                 np.dtype(tensor.dtype).itemsize * tensor.size if pull_codec is None
                 else pull_codecs.bytes_per_pull(pull_codec, sizes))

@@ -295,13 +295,15 @@ class Placement(object):
         pushed as float16 and pulled through the layout's pull keys. `chunk_size`: a
         smaller largest chunk for this tensor (a codec whose keys are larger than their
         chunk, :mod:`kvstore_ext.payload`)."""
-        size = num_elements(shape)
-        step = min(self.chunk_size, chunk_size or self.chunk_size)
-        chunks = []
-        for start in range(0, max(size, 1), step):
-            stop = min(start + step, size)
-            chunks.append(self.add_chunk(start, stop, stop - start, wire))
+        chunks = [self.add_chunk(start, stop, stop - start, wire)
+                  for start, stop in self.spans(num_elements(shape), chunk_size)]
         return Tensor(key, shape, dtype, chunks, wire)
+
+    def spans(self, size, chunk_size=None):
+        """``[(start, stop)]``: the element ranges of the chunks :meth:`place` gives a tensor
+        of `size` elements (`chunk_size` as there); places nothing."""
+        step = min(self.chunk_size, chunk_size or self.chunk_size)
+        return [(start, min(start + step, size)) for start in range(0, max(size, 1), step)]
 
     def add_chunk(self, start, stop, load, wire=None):
         """Place the next chunk, ``[start, stop)`` of its tensor, holding `load` elements;

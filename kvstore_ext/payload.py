@@ -84,6 +84,10 @@ class Blockwise(Codec):
         """Float32 elements of the payload of a chunk of `size` values."""
         return quantize.payload_size(size, self.levels, self.block)
 
+    def chunk_limit(self, workers):
+        # The (N, P) slot keys stay below MXNET_KVSTORE_BIGARRAY_BOUND (PayloadDense.place).
+        return largest_chunk(self, workers, protocol.bigarray_bound())
+
     def push_bytes(self, size, dtype):
         # One row of floats, plus its int64 row id.
         return 4 * self.payload_size(size) + 8
@@ -145,7 +149,7 @@ class PayloadDense(PullKeyDense):
         servers by rows): at most ``MXDELAY_CHUNK_SIZE`` values, fewer where N x P would
         reach the bound. Every worker computes the same chunks (N is the job's)."""
         workers = self._native.num_workers
-        limit = largest_chunk(self._codec, workers, protocol.bigarray_bound())
+        limit = self._codec.chunk_limit(workers)
         if limit < 1:
             raise ValueError(
                 'key %r: compression_params=%r sends each chunk as a row_sparse key of %d rows '

@@ -4,10 +4,14 @@ compression (for the timeline's summary, the step log and the estimate of
 
 Counted from the kvstore's keys (:meth:`kvstore_ext.dist_delay.DistDelay.payload_bytes`):
 the values of each chunk as they travel, i.e. its dtype's bytes per element, float16's 2
-(``'fp16'`` pushes), MXNet's 2bit packing of 16 values into a float32, or a compressed
-pull's payload (:func:`kvstore_ext.pull_codecs.payload_bytes`). Not counted: ps-lite's
-headers (keys and lengths of each message), the store's per-round flag (a few elements),
-and row_sparse keys, whose messages carry the rows of each step (their number is given).
+(``'fp16'`` pushes), MXNet's 2bit packing of 16 values into a float32, the blockwise
+codecs' payload row and its row id (``'int8'``, ``'int4'``, ``'ternary'`` at the default
+block of 256 values, :meth:`kvstore_ext.payload.Blockwise.push_bytes`, on the chunks they
+would have), or a compressed pull's payload (:func:`kvstore_ext.pull_codecs.payload_bytes`).
+Not counted: ps-lite's headers (keys and lengths of each message), the store's per-round
+flag (a few elements), and row_sparse keys, whose messages carry the rows of each step
+(their number is given). Measured on the wire, headers included, the real MLP job's bytes
+are within 1% of this count (docs/benchmarks/wire-bytes).
 A step pushes every trained parameter once; a pull brings every one once (warm-up and
 switch: every step; delayed phase: every k-th step).
 """
@@ -16,10 +20,14 @@ from kvstore_ext import compression, pull_codecs
 __all__ = ['SETTINGS', 'round_bytes']
 
 #: (name, compression_params, pull_compression): the settings the estimate compares, each
-#: alone. 2bit's threshold does not change its bytes.
+#: alone. 2bit's threshold does not change its bytes; the blockwise codecs are counted at
+#: their default block size.
 SETTINGS = (('no compression', None, None),
             ('fp16 pushes', {'type': 'fp16'}, None),
             ('2bit pushes', {'type': '2bit'}, None),
+            ('int8 pushes', {'type': 'int8'}, None),
+            ('int4 pushes', {'type': 'int4'}, None),
+            ('ternary pushes', {'type': 'ternary'}, None),
             ('fp16 pulls', None, {'type': 'fp16'}),
             ('int8 pulls', None, {'type': 'int8'}))
 

@@ -31,6 +31,7 @@ import positional  # noqa: E402
 import provenance  # noqa: E402
 import scaling  # noqa: E402
 import tta  # noqa: E402
+import wire_bytes  # noqa: E402
 import worker_cpu  # noqa: E402
 # pylint: enable=wrong-import-position
 
@@ -802,3 +803,79 @@ def test_method_warmup_is_checked():
         harness.Method('k=4', delay=4, warmup=-1)
     with pytest.raises(ValueError, match='delayed method'):
         harness.Method('stock', trainer='sync', warmup=0)
+
+
+# -- wire_bytes.py: bytes per delayed step of the real job (docs/benchmarks/wire-bytes) -------
+def _ceil(a, b):
+    return -(-a // b)
+
+
+def test_wire_bytes_expected_from_the_format():
+    """The format's bytes of the MLP's chunks (at most 524288 values), written out by hand:
+    ternary packs 20 levels per float32 word plus a float32 scale per block of 256 and an
+    int64 row id per chunk; an int8 pull is a float32 header, a scale per block and a byte
+    per value rounded up to whole blocks."""
+    chunks = [524288, 278528, 1024, 524288, 524288, 1024, 10240, 10]
+    assert wire_bytes.chunks() == chunks and sum(chunks) == 1863690
+    ternary = sum(4 * (_ceil(n, 256) + _ceil(n, 20)) + 8 for n in chunks)
+    int8_pull = sum(4 * (1 + _ceil(n, 256) + 64 * _ceil(n, 256)) for n in chunks)
+    assert (ternary, int8_pull) == (401944, 1893092)
+    assert wire_bytes.expected(harness.METHODS['sync']) == (4 * 1863690, 4 * 1863690)
+    assert wire_bytes.expected(harness.METHODS['k4-ternary-pull-int8']) == (
+        ternary, int8_pull / 4)
+    assert wire_bytes.expected(harness.METHODS['k4']) == (4 * 1863690, 1863690)
+    assert wire_bytes.expected(harness.METHODS['k4-int4']) == (
+        sum(4 * (_ceil(n, 256) + _ceil(n, 8)) + 8 for n in chunks), 1863690)
+
+
+def _wire_rows():
+    """Two methods, one round: a 16-step and an 80-step job each; nodes a (scheduler),
+    b (server), c and d (workers)."""
+    def row(method, steps, worker_tx, worker_rx):
+        return {'method': method, 'round': 1, 'steps': steps,
+                'eth0': {'a': [0, 0], 'b': [7, 9], 'c': [worker_tx, worker_rx],
+                         'd': [worker_tx + 64 * steps, worker_rx]}}
+    return [row('sync', 16, 1000, 2000), row('sync', 80, 1000 + 64 * 800, 2000 + 64 * 800),
+            row('k4-ternary-pull-int8', 80, 50 + 64 * 40, 64 * 50),
+            row('k4-ternary-pull-int8', 16, 50, 0)]
+
+
+def test_wire_bytes_per_step_is_the_difference_of_the_two_jobs():
+    summary = wire_bytes.summarize(_wire_rows(), ['sync', 'k4-ternary-pull-int8'],
+                                   ['a', 'b', 'c', 'd'])
+    sync, headline = summary
+    # worker d sends 64 bytes per step more than c: the mean is c's + 32
+    assert sync['rounds'] == [dict(round=1, worker_tx=832.0, worker_rx=800.0, server_tx=0.0,
+                                   server_rx=0.0, workers=[[800.0, 800.0], [864.0, 800.0]])]
+    assert (headline['worker_tx'], headline['worker_rx']) == (72.0, 50.0)
+    assert headline['worker_tx_range'] == [72.0, 72.0]
+    assert headline['worker_tx_ratio'] == pytest.approx(832 / 72, abs=1e-12)
+    assert headline['worker_rx_ratio'] == pytest.approx(16.0, abs=1e-12)
+    assert headline['worker_both_ratio'] == pytest.approx(1632 / 122, abs=1e-12)
+    assert sync['worker_both_ratio'] == 1.0
+    assert headline['expected_tx'] == 401944
+
+
+def test_wire_bytes_job(tmp_path, launched, monkeypatch):
+    monkeypatch.setattr(fp16_bytes, 'counters', lambda net: {n: (0, 0) for n, _ in net.nodes})
+    args = wire_bytes.parse_args(['--scratch', str(tmp_path)])
+    row = wire_bytes.run_one(args, _Net(4), '/h', 'k4-ternary-pull-int8', 16, 2)
+    assert row['error'].startswith('exit [1]')
+    argv, env = launched.only()
+    assert argv == _launch(2, '-s', 1, '--timeout', 300, '--launcher', 'netns', '-H', '/h') + [
+        sys.executable, WORKER] + DELAYED + ['4', '--pull-compression', 'int8', '--compression',
+                                             'ternary', '--warmup-steps', '8', '--steps', '16',
+                                             '--seed', '1'] + DATA + [
+        '--out', str(tmp_path / 'k4-ternary-pull-int8-16-r2' / 'worker-{rank}.json')]
+    assert env == CLEAN
+    assert row['eth0'] == {'ns%d' % i: [0, 0] for i in range(4)}
+
+
+def test_wire_bytes_refuses_windows_off_the_pull_period(capsys):
+    with pytest.raises(SystemExit):
+        wire_bytes.parse_args(['--steps', '16,46'])
+    assert "B - A = 30 must be a multiple of every method's delay (1, 4)" in (
+        capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        wire_bytes.parse_args(['--steps', '48,16'])
+    assert wire_bytes.parse_args(['--steps', '8,24', '--methods', 'sync,k8']).steps == [8, 24]

@@ -15,7 +15,13 @@ worker, mxdelay's real servers in process) trains mlp_model (parameters of 128, 
 - a bad value is refused at construction, naming the variable;
 - ``round_bytes`` as configured with 2bit pushes and int8 pulls: exact (MXNet's 2bit packs
   16 values per float32; an int8 pull of a chunk of n <= 256 values is a float32 header, a
-  scale, and 256 bytes of levels).
+  scale, and 256 bytes of levels);
+- the blockwise push codecs' settings ('int8', 'int4', 'ternary' pushes, block 256): a
+  chunk of n values sends a float32 scale per block, ceil(n/D) float32 words of D levels
+  (D = 4, 8, 20) and the row's int64 id, the format's exact bytes; as configured (ternary
+  pushes) equal to the setting; and counted on the chunks the codec would have where its
+  (N, P) keys must be smaller than the store's chunks (64 workers, a bound of 1100
+  elements: int8 splits the 128-value tensor into two chunks of 64, ternary does not).
 """
 import logging
 import re
@@ -122,3 +128,41 @@ def test_round_bytes_as_configured():
     assert counted['pull_compression'] == {'type': 'int8', 'block_size': 256}
     assert counted['settings']['no compression'] == [4 * sum(SIZES)] * 2
     assert counted['settings']['fp16 pushes'] == [2 * sum(SIZES), 4 * sum(SIZES)]
+
+
+def _blockwise(digits, sizes=SIZES):
+    return sum(4 * (-(-n // 256) + -(-n // digits)) + 8 for n in sizes)
+
+
+def test_round_bytes_of_the_blockwise_push_codecs():
+    assert (_blockwise(4), _blockwise(8), _blockwise(20)) == (
+        4 * (1 + 32 + 1 + 4 + 1 + 16 + 1 + 1) + 32, 4 * (1 + 16 + 1 + 2 + 1 + 8 + 1 + 1) + 32,
+        4 * (1 + 7 + 1 + 1 + 1 + 4 + 1 + 1) + 32) == (260, 156, 100)
+    trainer, params = trainer_of()
+    train(trainer, params, 1)
+    settings = trainer.round_bytes()['settings']
+    float32 = 4 * sum(SIZES)
+    assert settings['int8 pushes'] == [_blockwise(4), float32]
+    assert settings['int4 pushes'] == [_blockwise(8), float32]
+    assert settings['ternary pushes'] == [_blockwise(20), float32]
+    trainer, params = trainer_of(compression_params={'type': 'ternary'},
+                                 pull_compression={'type': 'int8'})
+    train(trainer, params, 1)
+    counted = trainer.round_bytes()
+    assert counted['push'] == counted['settings']['ternary pushes'][0] == _blockwise(20)
+    assert counted['pull'] == len(SIZES) * 4 * (1 + 1 + 256 // 4)
+    assert counted['settings']['no compression'] == [float32] * 2
+
+
+def test_round_bytes_counts_a_blockwise_codec_on_its_own_chunks(monkeypatch):
+    trainer, params = trainer_of()
+    train(trainer, params, 1)
+    # As if the job had 64 workers and MXNET_KVSTORE_BIGARRAY_BOUND=1100: an int8 chunk of n
+    # values needs 64 x (ceil(n/256) + ceil(n/4)) < 1100 elements, so n <= 64; ternary's
+    # 128 values take 64 x (1 + 7) = 512.
+    monkeypatch.setattr(trainer._kvstore._native, 'num_workers', 64)
+    monkeypatch.setenv('MXNET_KVSTORE_BIGARRAY_BOUND', '1100')
+    settings = trainer.round_bytes()['settings']
+    assert settings['int8 pushes'][0] == _blockwise(4, (64, 64, 16, 64, 4)) == 272
+    assert settings['ternary pushes'][0] == _blockwise(20) == 100
+    assert settings['no compression'] == [4 * sum(SIZES)] * 2

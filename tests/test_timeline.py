@@ -315,12 +315,18 @@ print('keys', trainer.keys_per_step)
 # Its 4 float32 parameters have 2048, 64, 640 and 10 values (one chunk each), in bytes of
 # the values: float32 4 a value; float16 2; MXNet's 2bit 16 values per float32, rounded up;
 # fp16 pulls a float32 header and 2 bytes a value, in float32 words; int8 pulls a header,
-# a float32 scale per block of 256 and a byte per value of the blocks, in float32 words.
+# a float32 scale per block of 256 and a byte per value of the blocks, in float32 words;
+# the blockwise push codecs (block 256) a float32 scale per block, D levels per float32 word
+# (int8 4, int4 8, ternary 20) and the payload row's int64 id.
 SIZES = (2048, 64, 640, 10)
 
 
 def _words(n):
     return 4 * n
+
+
+def _blockwise(digits):
+    return sum(_words(-(-n // 256) + -(-n // digits)) + 8 for n in SIZES)
 
 
 UNTOUCHED_BYTES = {
@@ -329,10 +335,15 @@ UNTOUCHED_BYTES = {
         'no compression': [4 * sum(SIZES), 4 * sum(SIZES)],
         'fp16 pushes': [2 * sum(SIZES), 4 * sum(SIZES)],
         '2bit pushes': [sum(_words(-(-n // 16)) for n in SIZES), 4 * sum(SIZES)],
+        'int8 pushes': [_blockwise(4), 4 * sum(SIZES)],
+        'int4 pushes': [_blockwise(8), 4 * sum(SIZES)],
+        'ternary pushes': [_blockwise(20), 4 * sum(SIZES)],
         'fp16 pulls': [4 * sum(SIZES), sum(_words(1 + -(-n // 2)) for n in SIZES)],
         'int8 pulls': [4 * sum(SIZES), sum(_words(1 + -(-n // 256) + 64 * -(-n // 256))
                                            for n in SIZES)]}}
 assert UNTOUCHED_BYTES['push'] == 11048 and UNTOUCHED_BYTES['settings']['2bit pushes'][0] == 692
+assert UNTOUCHED_BYTES['settings']['ternary pushes'][0] == (
+    4 * (8 + 1 + 3 + 1 + 103 + 4 + 32 + 1) + 32)
 
 
 @pytest.mark.jobs
