@@ -6,7 +6,7 @@ example would import mxdelay), and its per-worker shards (``fashion_mnist_data``
 only). ``--model resnet18`` is Gluon's model zoo ``resnet18_v1(classes=10)`` on synthetic
 data instead (the scaling benchmark's communication-heavy model): :class:`SyntheticShard`,
 fixed random 3x32x32 images and labels seeded by seed and rank (window runs only). The
-optimizer is ``--optimizer`` (SGD with ``--momentum`` or Adam), ``--lr``, ``--wd``, on the
+optimizer is ``--optimizer`` (SGD with ``--momentum``, Adam or LAMB), ``--lr``, ``--wd``, on the
 servers (and mirrored locally by ``DelayedTrainer``); ``--freeze-second-moment`` (delayed
 Adam only) makes it ``mxdelay.FrozenVarianceAdam`` frozen at the switch
 (``freeze_after=--warmup-steps``, docs/design.md §1.4). The loop is a stock Gluon loop:
@@ -154,7 +154,7 @@ def parse_args(argv=None):
                              'mean BatchNorm statistics')
     parser.add_argument('--model', choices=tuple(INPUT_SHAPE), default='mlp',
                         help="resnet18: synthetic data, window runs only (default: %(default)s)")
-    parser.add_argument('--optimizer', choices=('sgd', 'adam'), default='sgd')
+    parser.add_argument('--optimizer', choices=('sgd', 'adam', 'lamb'), default='sgd')
     parser.add_argument('--freeze-second-moment', action='store_true',
                         help="delayed Adam only: 'frozenvarianceadam' with freeze_after "
                              '--warmup-steps')

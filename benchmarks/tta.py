@@ -1,7 +1,8 @@
 """Time-to-accuracy, accuracy over seeds, and per-phase step times on shaped links (issue 14).
 
 Every job: the Fashion-MNIST MLP 784-1024-1024-10, batch 128 per worker, 2 workers + 1
-server, SGD lr 0.05 momentum 0.9, ``OMP_NUM_THREADS=1`` in every process, launched by
+server, ``--optimizer`` (:data:`OPTIMIZERS`; default SGD lr 0.05 momentum 0.9) for every
+method, ``OMP_NUM_THREADS=1`` in every process, launched by
 ``mxdelay/launcher.py`` run as a plain file (it imports neither mxdelay's package nor MXNet)
 with an explicit environment: the driver's, minus every ``DMLC_*``, ``MXNET_*`` and
 ``MXDELAY_*`` variable. Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's native
@@ -88,6 +89,13 @@ DEFAULT_METHODS = ('sync', 'k2', 'k4', 'k8')
 NETWORKS = {name: harness.NETWORKS[name][:2] + steps for name, steps in (
     ('loopback', (100, 304, 1.0)), ('1gbit', (40, 80, 2.0)), ('100mbit', (12, 32, 10.0)))}
 FULL_WARMUP = 200      # the default of DelayedTrainer and of the example
+#: --optimizer -> (label, bench_worker arguments): the servers' optimizer of every method.
+#: LAMB's rate: the best of 0.002, 0.005, 0.01, 0.02 in a 2-epoch single-process pilot of
+#: gluon.Trainer at batch 256 (0.8715 after 2 epochs; 0.02 fell to 0.80).
+OPTIMIZERS = {
+    'sgd': ('SGD (lr 0.05, momentum 0.9)', []),
+    'lamb': ('LAMB (lr 0.005, wd 0)', ['--optimizer', 'lamb', '--lr', '0.005', '--wd', '0']),
+}
 EVAL_EVERY = 78        # a third of an epoch (234 steps)
 
 
@@ -101,6 +109,9 @@ def parse_args(argv=None):
     parser.add_argument('--methods', default=','.join(DEFAULT_METHODS),
                         help='any of benchmarks/harness.py METHODS (default: %(default)s; '
                              'report: the runs\' methods outside the default)')
+    parser.add_argument('--optimizer', choices=tuple(OPTIMIZERS), default='sgd',
+                        help='full, phases, real: the servers\' optimizer of every method '
+                             '(default: %(default)s)')
     parser.add_argument('--seeds', default='1,2,3',
                         help='full, real: seeds (default: %(default)s)')
     parser.add_argument('--epochs', type=int, default=10,
@@ -178,6 +189,7 @@ def _step_ends(results):
 def _meta(args, argv, command):
     return harness.start_meta(harness.command_line(command, argv), settings={
         'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
+        'optimizer': args.optimizer,
         'networks': {n: NETWORKS[n] for n in args.networks}, 'rounds': args.rounds,
         'full_warmup': FULL_WARMUP, 'eval_every': EVAL_EVERY,
         'warmups': {m: warmup_of(m) for m in args.methods if not is_stock(m)}})
@@ -194,7 +206,7 @@ def train_run(args, part, method, seed, folder, timeout, hostfile=None, key=None
     key = dict(key or {})
     worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
                    '--warmup-steps', str(warmup_of(method)), '--eval-every', str(EVAL_EVERY),
-                   '--data-dir', args.data_dir]
+                   '--data-dir', args.data_dir] + OPTIMIZERS[args.optimizer][1]
     code, results, monitor, info = harness.run_method(folder, METHODS[method], worker_args,
                                                       timeout, hostfile)
     row = dict(key, method=method, seed=seed, exit=code, **info)
@@ -292,7 +304,8 @@ def part_phases(args, meta):
                     folder = os.path.join(args.scratch, 'phases',
                                           '%s-%s-r%d' % (net_name, method, round_index))
                     worker_args = ['--warmup-steps', str(warmup), '--steps', str(steps),
-                                   '--seed', '1', '--data-dir', args.data_dir]
+                                   '--seed', '1', '--data-dir', args.data_dir
+                                   ] + OPTIMIZERS[args.optimizer][1]
                     code, results, monitor, info = harness.run_method(
                         folder, METHODS[method], worker_args,
                         120 + (warmup + 1 + steps) * bound, hostfile)
@@ -568,6 +581,12 @@ def _warmup_text(methods, steps='steps'):
     return ', '.join('%d %s (%s)' % (w, steps, METHODS[m].label) for m, w in warmups.items())
 
 
+def _optimizer_label(result):
+    """The full runs' optimizer (runs from before --optimizer: SGD)."""
+    meta = result['metas'].get('full', {})
+    return OPTIMIZERS[meta.get('settings', {}).get('optimizer', 'sgd')][0]
+
+
 def write_markdown(out, result, methods, networks, phases, command):
     label = {m: METHODS[m].label for m in METHODS}
     table = report_lib.table
@@ -582,8 +601,9 @@ def write_markdown(out, result, methods, networks, phases, command):
     lines += ['', '## Test accuracy over %d seeds (loopback, real runs, %d epochs)' % (
         len(result['seeds']), len(accuracy['sync'])), '',
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
-        'seeds %s. Delayed methods: rule `mirror`, warm-up %s.' % (', '.join(
-            str(s) for s in result['seeds']), _warmup_text(methods)), '']
+        'seeds %s. Optimizer: %s. Delayed methods: rule `mirror`, warm-up %s.' % (', '.join(
+            str(s) for s in result['seeds']), _optimizer_label(result), _warmup_text(methods)),
+        '']
     if result.get('partial'):
         lines += ['Left out of every table over seeds (full runs of fewer seeds): %s.' % '; '.join(
             '%s (seed %s)' % (label[m], ', '.join(str(s) for s in seeds))

@@ -285,6 +285,21 @@ def test_tta_full_and_phases_jobs(tmp_path, launched):
     assert launched.calls[4][0][6:8] == ['--timeout', '241']  # loopback with 1gbit's steps
 
 
+def test_tta_optimizer_reaches_every_method(tmp_path, launched):
+    # --optimizer lamb: the same arguments for the stock and the delayed job, after the
+    # method's own (the default, sgd, adds none: bench_worker's defaults, as before).
+    out, scratch = str(tmp_path / 'out'), str(tmp_path / 's')
+    assert tta.main(['--part', 'full', '--out', out, '--scratch', scratch, '--seeds', '1',
+                     '--epochs', '1', '--methods', 'sync,k4', '--optimizer', 'lamb']) == 1
+    lamb = ['--optimizer', 'lamb', '--lr', '0.005', '--wd', '0']
+    for argv, _ in launched.calls:
+        assert argv[argv.index('--data-dir') + 2:argv.index('--out')] == lamb
+    with open(os.path.join(out, 'meta-full.json'), encoding='utf-8') as src:
+        assert json.load(src)['settings']['optimizer'] == 'lamb'
+    with pytest.raises(SystemExit):
+        tta.parse_args(['--part', 'full', '--optimizer', 'nadam'])
+
+
 def test_tta_real_jobs(tmp_path, launched):
     # full's runs (same worker arguments), in one set of namespaces per network, interleaved
     # seed by seed as full; the launcher's timeout with the network's bound per step.
