@@ -27,9 +27,16 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
     Adam::
 
         rescaled_grad = clip(grad * rescale_grad + wd * weight, clip_gradient)
+        v = v if v != 0 else (1 - beta2) * rescaled_grad**2      (elementwise)
         m = beta1 * m + (1 - beta1) * rescaled_grad
         lr_t = learning_rate * sqrt(1 - beta2**T) / (1 - beta1**t),  T = min(t, freeze_after)
         w = w - lr_t * m / (sqrt(v) + epsilon)
+
+    A coordinate whose gradients were all 0 until the freeze (``v`` exactly 0: nothing was
+    measured, e.g. a unit that was dead, or a value that a ternary compressor sent as 0 every
+    time) takes its ``v`` from its first non-zero gradient, as Adam's own update of a zero
+    ``v`` would, and keeps it: divided by ``sqrt(0) + epsilon`` its first step would be some
+    1e5 times the learning rate.
 
     After the freeze the step is linear in the gradients: momentum SGD with a fixed
     per-coordinate preconditioner. This is what lets a delayed update keep Adam's accuracy
@@ -56,7 +63,8 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
     TypeError
         If `freeze_after` is not an int (:class:`mxdelay.ArgumentTypeError`).
     ValueError
-        If `freeze_after` is below 1.
+        If `freeze_after` is below 1; at an update, if the gradient is not dense (row_sparse
+        gradients: use ``'adam'``, whose lazy update has no such fill).
     """
 
     def __init__(self, freeze_after, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
@@ -71,6 +79,11 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
         self.freeze_after = freeze_after
 
     def update(self, index, weight, grad, state):
+        if grad.stype != 'default':
+            raise ValueError(
+                "FrozenVarianceAdam takes dense gradients only, got a %s gradient for the "
+                "weight of index %r; use optimizer 'adam' for Parameters with sparse "
+                "gradients" % (grad.stype, index))
         self._update_count(index)
         lr = self._get_lr(index)
         wd = self._get_wd(index)
@@ -84,5 +97,12 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
         if self.clip_gradient:
             kwargs['clip_gradient'] = self.clip_gradient
         mean, var = state
+        if frozen:
+            # v == 0: nothing measured yet; this gradient measures it (Adam's own β2 * 0 +
+            # (1 - β2) * g^2), and the kernel below keeps it.
+            scaled = grad * self.rescale_grad + weight * wd
+            if self.clip_gradient:
+                scaled = nd.clip(scaled, -self.clip_gradient, self.clip_gradient)
+            var += (var == 0) * ((1. - self.beta2) * nd.square(scaled))
         nd.adam_update(weight, grad, mean, var, out=weight, lazy_update=self.lazy_update,
                        lr=lr, wd=wd, **kwargs)

@@ -34,6 +34,7 @@ import mxnet as mx
 from mxnet import nd
 
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
+from kvstore_ext.frozen_variance import FrozenVarianceAdam
 from kvstore_ext.optimizers import flatten_state
 
 __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'DriftCorrected', 'RuleContext',
@@ -404,6 +405,11 @@ class MirrorRule(LocalRule):
                 "tensor's. Use local_rule='sgd' or gluon.Trainer on kvstore='dist_delay'"
                 % name)
         sparse = [p.name for p in _sparse_grad_params(optimizer).values()]
+        if sparse and isinstance(optimizer, FrozenVarianceAdam):
+            raise ValueError(
+                "optimizer 'frozenvarianceadam' takes dense gradients only (its frozen second "
+                'moment is filled where it is 0, docs/design.md §1.4), and Parameter %s has '
+                "row_sparse gradients; use optimizer 'adam'" % ', '.join(sparse))
         lazy = next((n for n in mro if n in SPARSE_MIRRORED), None)
         if sparse and (lazy is None or not getattr(optimizer, 'lazy_update', False)):
             raise ValueError(

@@ -97,11 +97,15 @@ def adam_lr(lr, t, beta1, beta2, freeze_after=None):
     return F32(lr * (math.sqrt(1. - beta2 ** t2) / (1. - beta1 ** t)))
 
 
-def adam_beta2(opt, t):
-    """The kernel's beta2 at update `t`: 1 (the second moment kept) once
-    ``mxdelay.FrozenVarianceAdam`` has frozen it."""
-    frozen = opt['freeze_after'] is not None and t > opt['freeze_after']
-    return F32(1) if frozen else opt['b2']
+def frozen_adam_step(opt, t, w, grad, mean, var, lr, wd, rescale):
+    """Adam's step `t` (:func:`adam_step`), or ``mxdelay.FrozenVarianceAdam``'s after its
+    freeze: the kernel with beta2 = 1 (v kept), after a coordinate still at v = 0 has taken
+    ``float32(1 - beta2) * g * g`` of its gradient ``g = grad*rescale + w*wd``."""
+    if opt['freeze_after'] is None or t <= opt['freeze_after']:
+        return adam_step(w, grad, mean, var, lr, wd, rescale, opt['b1'], opt['b2'], opt['eps'])
+    g = grad * rescale + w * wd
+    var = np.where(var == 0, F32(1.0 - opt['beta2']) * (g * g), var)
+    return adam_step(w, grad, mean, var, lr, wd, rescale, opt['b1'], F32(1), opt['eps'])
 
 
 def nag_step(w, grad, mom, lr, wd, rescale, mu):
@@ -409,10 +413,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
                 rows = np.logical_or.reduce([mk[n] for mk in masks])
             kept = (mom[n], var[n])
             if optimizer == 'adam':                        # update number u
-                W[n], mom[n], var[n] = adam_step(
-                    W_t[n], G, mom[n], var[n],
-                    adam_lr(lr_t * lr_mult[n], u, beta1, beta2, freeze_after),
-                    wd_n[n], rg, opt['b1'], adam_beta2(opt, u), opt['eps'])
+                W[n], mom[n], var[n] = frozen_adam_step(
+                    opt, u, W_t[n], G, mom[n], var[n],
+                    adam_lr(lr_t * lr_mult[n], u, beta1, beta2, freeze_after), wd_n[n], rg)
             elif optimizer == 'nag' and momentum > 0:
                 W[n], mom[n] = nag_step(W_t[n], G, mom[n], lr_s[n], wd_n[n], rg, mu)
             elif optimizer == 'nag':
@@ -509,10 +512,10 @@ def _rule(rule, w, raw, gs, wk, n, lam, lr_l, wd, rg, mu, m, N):
 def _mirror(opt, w, raw, wk, n, lr_l, lr_l64, wd, t):
     """Rule 'mirror' with Adam or NAG on the servers: that optimizer on ``N * g``."""
     if opt['optimizer'] == 'adam':
-        w, wk['v'][n], wk['var'][n] = adam_step(
-            w, raw, wk['v'][n], wk['var'][n],
+        w, wk['v'][n], wk['var'][n] = frozen_adam_step(
+            opt, t + 1, w, raw, wk['v'][n], wk['var'][n],
             adam_lr(lr_l64, t + 1, opt['beta1'], opt['beta2'], opt['freeze_after']),
-            wd, opt['rg_n'], opt['b1'], adam_beta2(opt, t + 1), opt['eps'])
+            wd, opt['rg_n'])
         return w
     if opt['mu'] > 0:
         w, wk['v'][n] = nag_step(w, raw, wk['v'][n], lr_l, wd, opt['rg_n'], opt['mu'])

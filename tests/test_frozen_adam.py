@@ -64,7 +64,7 @@ def closed_form(freeze_after, lr=0.01, wd=1e-3, rescale=0.5, b1=0.9, b2=0.999, e
 
 def test_frozen_updates_keep_the_second_moment_and_follow_the_closed_form():
     got = run(FrozenVarianceAdam(freeze_after=3, **PARAMS))
-    for step, (want, have) in enumerate(zip(closed_form(3), got)):
+    for step, (want, have) in enumerate(zip(closed_form(3), got)):   # no v == 0 here
         for name, w, h in zip(('weight', 'mean', 'var'), want, have):
             np.testing.assert_allclose(h, w, rtol=1e-5, atol=1e-7,
                                        err_msg='update %d, %s' % (step + 1, name))
@@ -73,23 +73,37 @@ def test_frozen_updates_keep_the_second_moment_and_follow_the_closed_form():
             assert not np.array_equal(have[1], got[step - 1][1])  # m still moves
 
 
-def test_lazy_update_freezes_and_leaves_other_rows():
-    # row_sparse gradients (lazy_update, MXNet's default): rows outside a gradient keep their
-    # weights and moments, and the frozen rows keep their second moment.
-    optimizer = FrozenVarianceAdam(freeze_after=1, learning_rate=0.01)
-    weight = mx.nd.ones(SHAPE)
+def test_a_coordinate_measured_only_after_the_freeze_takes_its_first_gradient():
+    # Column 0's gradients are 0 up to the freeze (v = 0 there: nothing measured); its first
+    # non-zero gradient sets v = (1 - beta2) * g^2, Adam's own update of a zero v, which then
+    # stays; the step is Adam-sized, not g / epsilon.
+    optimizer = FrozenVarianceAdam(freeze_after=3, learning_rate=0.01)
+    weight = mx.nd.zeros(SHAPE)
     state = optimizer.create_state(0, weight)
-    rows = mx.nd.array([1, 3], dtype='int64')
-    for step in range(3):
-        before = [a.asnumpy() for a in (weight, state[0], state[1])]
-        grad = mx.nd.sparse.row_sparse_array((gradient(step).asnumpy()[[1, 3]], rows),
-                                             shape=SHAPE)
-        optimizer.update(0, weight, grad, state)
-        after = [a.asnumpy() for a in (weight, state[0], state[1])]
-        for b, a in zip(before, after):
-            np.testing.assert_array_equal(a[[0, 2, 4]], b[[0, 2, 4]])
-        assert not np.array_equal(after[0][[1, 3]], before[0][[1, 3]])
-        assert np.array_equal(after[2], before[2]) == (step >= 1), step
+    mask = np.ones(SHAPE, np.float32)
+    mask[:, 0] = 0
+    for step in range(6):
+        grad = gradient(step).asnumpy() * (mask if step < 4 else 1)
+        before = weight.asnumpy()
+        optimizer.update(0, weight, mx.nd.array(grad), state)
+        var = state[1].asnumpy()
+        if step < 4:
+            assert (var[:, 0] == 0).all() and (var[:, 1:] > 0).all()
+        if step == 4:
+            np.testing.assert_array_equal(var[:, 0], np.float32(0.001) * grad[:, 0] ** 2)
+            assert np.abs(weight.asnumpy() - before).max() < 0.1   # /epsilon would be 1e5
+        if step == 5:
+            np.testing.assert_array_equal(var, held)
+        held = var
+
+
+def test_sparse_gradients_are_refused():
+    optimizer = FrozenVarianceAdam(freeze_after=1)
+    weight = mx.nd.ones(SHAPE)
+    grad = mx.nd.sparse.row_sparse_array((np.ones((1, 3)), [1]), shape=SHAPE)
+    with pytest.raises(ValueError, match="dense gradients only, got a row_sparse gradient for "
+                                         "the weight of index 0; use optimizer 'adam'"):
+        optimizer.update(0, weight, grad, optimizer.create_state(0, weight))
 
 
 @pytest.mark.parametrize('value,error,match', [
@@ -122,3 +136,28 @@ def test_registered_pickled_and_checkpointed_by_name():
                 optimizer = copy(optimizer)
             optimizer.update(0, weight, gradient(step), state)
             np.testing.assert_array_equal(weight.asnumpy(), want[step][0])
+
+
+def test_reference_step_is_the_optimizer_bit_for_bit():
+    # tests/reference.py's frozen_adam_step (the numpy reference of the distributed tests)
+    # against the optimizer, across the freeze, with wd and a coordinate unmeasured until
+    # after it (the v == 0 fill).
+    import reference  # pylint: disable=import-outside-toplevel
+    f32 = np.float32
+    optimizer = FrozenVarianceAdam(freeze_after=3, **PARAMS)
+    opt = dict(freeze_after=3, b1=f32(0.9), b2=f32(0.999), eps=f32(1e-8), beta2=0.999)
+    start = np.random.RandomState(7).randn(*SHAPE)
+    start[:, 0] = 0     # with a zero gradient, wd * w is 0 too: v stays 0 until update 6
+    weight = mx.nd.array(start)
+    state = optimizer.create_state(0, weight)
+    w, m, v = weight.asnumpy(), np.zeros(SHAPE, f32), np.zeros(SHAPE, f32)
+    for step in range(STEPS):
+        grad = gradient(step).asnumpy()
+        grad[:, 0] *= step >= 5
+        assert (state[1].asnumpy()[:, 0] == 0).all() == (step <= 5)
+        optimizer.update(0, weight, mx.nd.array(grad), state)
+        lr = reference.adam_lr(0.01, step + 1, 0.9, 0.999, 3)
+        w, m, v = reference.frozen_adam_step(opt, step + 1, w, grad, m, v, lr, f32(1e-3),
+                                             f32(0.5))
+        for have, want in zip((weight, state[0], state[1]), (w, m, v)):
+            np.testing.assert_array_equal(have.asnumpy(), want, err_msg='update %d' % (step + 1))

@@ -308,6 +308,14 @@ def test_amp_with_sparse_gradients_is_refused():
         trainer.rank  # pylint: disable=pointless-statement  (creates the kvstore)
 
 
+def test_frozen_variance_adam_with_sparse_gradients_is_refused():
+    _, trainer_params = _params()
+    with pytest.raises(ValueError, match="(?s)'frozenvarianceadam' takes dense gradients only.*"
+                                         "Parameter .*embedding.* use optimizer 'adam'"):
+        mxdelay.DelayedTrainer(trainer_params, 'frozenvarianceadam', {'freeze_after': 5},
+                               kvstore='dist_delay')
+
+
 @pytest.mark.parametrize('optimizer,params,why', [
     ('nag', {'momentum': 0.9}, 'NAG has no lazy update'),
     ('adam', {'lazy_update': False}, 'Adam was given lazy_update=False'),
