@@ -39,6 +39,9 @@ and a digest of its per-step losses, every process's provenance records), ``meta
 ``readme-rows.md`` (the rows for README.md's results section). Logs and the workers' raw
 outputs go to ``--scratch``.
 
+A stop signal (SIGINT, SIGTERM, SIGHUP) ends the running job and writes the report of the
+runs made so far; exit 128 + signal.
+
 Usage::
 
     python benchmarks/accuracy_cnn.py                  # every run, then the report
@@ -179,24 +182,32 @@ def write_meta(out, meta):
 
 
 # -- report --------------------------------------------------------------------------------
+def _mean_acc(rows):
+    """{epoch: mean test accuracy of `rows`}."""
+    epochs = sorted({e['epoch'] for e in rows})
+    return {ep: sum(e['test_acc'] for e in rows if e['epoch'] == ep)
+            / sum(1 for e in rows if e['epoch'] == ep) for ep in epochs}
+
+
 def summarize(evals):
-    """{(optimizer, method): {'acc': {epoch: mean over seeds}, 'seeds': n, ...}} and gaps."""
+    """{(optimizer, method): {'acc': {epoch: mean over seeds}, 'seeds': [...], ...}} and the
+    gaps to dist_sync's mean over the same seeds (a method run on fewer seeds than dist_sync
+    is compared with dist_sync's runs of those seeds only)."""
     summary = {}
     for optimizer in OPTIMIZERS:
         for method in METHODS:
             rows = [e for e in evals if e['optimizer'] == optimizer and e['method'] == method]
-            if not rows:
-                continue
-            epochs = sorted({e['epoch'] for e in rows})
-            acc = {ep: sum(e['test_acc'] for e in rows if e['epoch'] == ep)
-                   / sum(1 for e in rows if e['epoch'] == ep) for ep in epochs}
-            summary[optimizer, method] = dict(acc=acc, seeds=sorted({e['seed'] for e in rows}))
+            if rows:
+                summary[optimizer, method] = dict(acc=_mean_acc(rows),
+                                                  seeds=sorted({e['seed'] for e in rows}))
     for (optimizer, method), entry in summary.items():
         base = summary.get((optimizer, 'sync'))
-        if method == 'sync' or not base:
+        if method == 'sync' or not base or not set(entry['seeds']) <= set(base['seeds']):
             continue
-        gaps = {ep: 100 * (entry['acc'][ep] - base['acc'][ep])
-                for ep in entry['acc'] if ep in base['acc']}
+        base_acc = _mean_acc([e for e in evals if e['optimizer'] == optimizer and
+                              e['method'] == 'sync' and e['seed'] in entry['seeds']])
+        gaps = {ep: 100 * (entry['acc'][ep] - base_acc[ep])
+                for ep in entry['acc'] if ep in base_acc}
         if gaps:
             worst = min(gaps, key=lambda ep: (gaps[ep], ep))
             entry.update(gaps=gaps, worst_epoch=worst, worst_points=gaps[worst])
@@ -206,6 +217,16 @@ def summarize(evals):
 def _acc(entry, epoch):
     value = entry['acc'].get(epoch)
     return '-' if value is None else '%.4f' % value
+
+
+def _method_label(method, entry, seeds):
+    """The method's label, with its seeds where they are not all of the folder's (its gaps
+    are then to dist_sync's runs of those seeds)."""
+    label = METHODS[method].label
+    if entry['seeds'] != seeds:
+        label += ' (seed%s %s)' % ('s' if len(entry['seeds']) > 1 else '',
+                                   ', '.join(str(s) for s in entry['seeds']))
+    return label
 
 
 def write_markdown(out, summary, runs, meta):
@@ -263,14 +284,15 @@ def write_markdown(out, summary, runs, meta):
             else:
                 gap_cells = ['-'] * 4
             lines.append('| %s | %s | %s | %s | %s |' % (
-                label, METHODS[method].label, _acc(entry, 5), _acc(entry, last),
+                label, _method_label(method, entry, seeds), _acc(entry, 5), _acc(entry, last),
                 ' | '.join(gap_cells)))
     for optimizer, (label, _) in OPTIMIZERS.items():
         methods = [m for m in METHODS if (optimizer, m) in summary]
         if not methods:
             continue
         lines += ['', '## %s: test accuracy per epoch' % label, ''] + report_lib.table(
-            ['epoch'] + [METHODS[m].label for m in methods], [[epoch] + [
+            ['epoch'] + [_method_label(m, summary[optimizer, m], seeds) for m in methods], [
+                [epoch] + [
                 _acc(summary[optimizer, m], epoch) + ('' if gap is None else ' (%+.2f)' % gap)
                 for m in methods
                 for gap in [summary[optimizer, m].get('gaps', {}).get(epoch)]]
@@ -381,7 +403,16 @@ def main(argv=None):
                 'methods': {k: v.args for k, v in METHODS.items()}})
         _LOG.info('%s', meta['command'])
         write_meta(args.out, meta)
-        rows = run_all(args, meta)
+        # A stop signal ends the running job (Job.run stops its launcher, which stops its
+        # roles); the files of the runs made so far stay, and the report is written from them.
+        with harness.interruptible():
+            try:
+                rows = run_all(args, meta)
+            except harness.Interrupted as stop:
+                _LOG.error('stopped by %s; the running job is stopped', stop)
+                if os.path.exists(os.path.join(args.out, 'runs.csv')):
+                    build_report(args.out)
+                return 128 + stop.signum
         if any(row['exit'] != 0 for row in rows):
             build_report(args.out)
             return 1

@@ -300,6 +300,34 @@ def test_tta_optimizer_reaches_every_method(tmp_path, launched):
         tta.parse_args(['--part', 'full', '--optimizer', 'nadam'])
 
 
+def test_accuracy_cnn_stops_the_job_on_a_signal(tmp_path, launched, monkeypatch):
+    # A signal while the driver waits for the first job: its launcher gets SIGTERM, the
+    # driver returns 128 + SIGTERM with its meta file written and no report (no run made),
+    # and the caller's signal handlers are back.
+    stopped, handlers = [], {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    popen = launched.popen
+
+    def popen_then_signal(argv, **kwargs):
+        job = popen(argv, **kwargs)
+        job.poll = lambda: None  # still running
+
+        def wait(timeout=None):
+            if timeout == 15.0:  # harness.stop's grace: the launcher ends on SIGTERM
+                return 143
+            return signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # raises
+        job.wait = wait
+        job.send_signal = stopped.append
+        return job
+    monkeypatch.setattr(subprocess, 'Popen', popen_then_signal)
+    out = str(tmp_path / 'out')
+    assert accuracy_cnn.main(['--out', out, '--scratch', str(tmp_path / 's'),
+                              '--runs', 'adam/sync,adam/k8-fv']) == 128 + signal.SIGTERM
+    assert stopped == [signal.SIGTERM] and len(launched.calls) == 1
+    assert os.path.exists(os.path.join(out, 'meta.json'))
+    assert not os.path.exists(os.path.join(out, 'results.md'))
+    assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
 def test_tta_real_jobs(tmp_path, launched):
     # full's runs (same worker arguments), in one set of namespaces per network, interleaved
     # seed by seed as full; the launcher's timeout with the network's bound per step.
