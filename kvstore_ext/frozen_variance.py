@@ -39,13 +39,12 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
     1e5 times the learning rate.
 
     After the freeze the step is linear in the gradients: momentum SGD with a fixed
-    per-coordinate preconditioner. This is what lets a delayed update keep Adam's accuracy
-    (docs/design.md §1.4): between pulls the workers' local steps and the servers' steps divide
-    by the same ``v``, where Adam's local copy would learn its own ``v`` from one worker's
-    noisier gradient; and a compressed gradient's error feedback, which sums to the true
-    gradient over a few steps, passes through a linear step unchanged, where Adam's ``v`` would
-    square the compressor's bursts. With :class:`mxdelay.DelayedTrainer`, `freeze_after`
-    equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates: round t is the
+    per-coordinate preconditioner. With a delayed update (docs/design.md §1.4) the workers'
+    local steps between pulls and the servers' steps then divide by the same ``v``, where
+    Adam's local copy would learn its own ``v`` from one worker's noisier gradient; and a
+    compressed push's error feedback, which makes the sum over a few steps right but not each
+    value, passes through a linear step as a sum. With :class:`mxdelay.DelayedTrainer`,
+    `freeze_after` equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates: round t is the
     servers' update t + 1, so ``v`` holds the gradients of the warm-up's rounds.
 
     Parameters
