@@ -44,8 +44,9 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
     Adam's local copy would learn its own ``v`` from one worker's noisier gradient; and a
     compressed push's error feedback, which makes the sum over a few steps right but not each
     value, passes through a linear step as a sum. With :class:`mxdelay.DelayedTrainer`,
-    `freeze_after` equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates: round t is the
-    servers' update t + 1, so ``v`` holds the gradients of the warm-up's rounds.
+    `freeze_after` equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates:
+    round t is the servers' update t + 1, so ``v`` holds the gradients of the warm-up's
+    rounds.
 
     Parameters
     ----------
