@@ -42,7 +42,7 @@ from .checks import (ArgumentTypeError, check_bool, check_int, check_optional_te
 from .dense import DenseKeys
 from .finish import FinishCounter, counter_size
 from .layout import KeyLayout, Placement
-from .optimizers import describe_optimizer
+from .optimizers import describe_optimizer, whole_tensor_name
 from .protocol import Command
 from .statefetch import StateFetch
 from .store_errors import StoreValueError, UnknownKeyError
@@ -230,7 +230,11 @@ class DistDelay(KVStoreBase):
                                    if schedule else {}))}
         replies = self._link.start(layout, hello, codec)
         self._job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
-        self._placement = Placement(layout, self._chunk_size)
+        # LAMB, LARS, LBSGD read norms of whole tensors: each is kept in one chunk below
+        # MXNet's bound, as dist_sync keeps it in one key (the servers refuse a split one).
+        whole = self._optimizer is not None and whole_tensor_name(self._optimizer) is not None
+        self._placement = Placement(layout, self._chunk_size,
+                                    protocol.bigarray_bound() if whole else None)
         self._dense = (codec.pulled_model_keys(self._native, slots, self._pull_codec, schedule)
                        if schedule else codec.dense_keys(self._native, slots))
         self._rows = sparse.RowSparseKeys(self._native, slots, codec)

@@ -280,11 +280,16 @@ class Placement(object):
         The job's keys.
     chunk_size : int
         Largest number of elements per chunk.
+    whole_below : int, optional
+        Keep a tensor of fewer elements than this in one chunk, whatever `chunk_size`
+        (an optimizer that reads whole-tensor norms; `chunk_size` still applies to larger
+        tensors and where a codec asks for smaller chunks).
     """
 
-    def __init__(self, layout, chunk_size):
+    def __init__(self, layout, chunk_size, whole_below=None):
         self.layout = layout
         self.chunk_size = chunk_size
+        self.whole_below = whole_below
         self.next_chunk_id = 0
         self.server_load = [0] * layout.num_servers     # elements placed on each server
         self.server_chunks = [0] * layout.num_servers   # chunks placed on each server
@@ -303,6 +308,8 @@ class Placement(object):
         """``[(start, stop)]``: the element ranges of the chunks :meth:`place` gives a tensor
         of `size` elements (`chunk_size` as there); places nothing."""
         step = min(self.chunk_size, chunk_size or self.chunk_size)
+        if chunk_size is None and self.whole_below and size < self.whole_below:
+            step = max(size, 1)
         return [(start, min(start + step, size)) for start in range(0, max(size, 1), step)]
 
     def add_chunk(self, start, stop, load, wire=None):

@@ -235,3 +235,15 @@ def test_stats_of_too_many_chunks_is_an_error_reply(tmp_path, num_workers, fits)
         assert got[0] is ok, (chunks, got[1] if not ok else len(got[1]['chunks']))
         if not ok:
             assert 'is too long for the status key' in got[1]
+
+
+def test_whole_tensors_are_one_chunk_below_the_bound_only():
+    # Placement(whole_below=bound) (an optimizer with whole-tensor norms): a tensor below the
+    # bound is one chunk whatever the chunk size; one at the bound is chunked as usual; a
+    # codec's smaller chunks (chunk_size given) still apply.
+    placement = Placement(KeyLayout(2, 5), chunk_size=100, whole_below=1000)
+    assert [len(placement.place(k, shape, np.float32).chunks) for k, shape in (
+        ('small', (50,)), ('large', (999,)), ('bound', (1000,)), ('empty', (0,)))] == [1, 1, 10, 1]
+    spans = placement.spans(999, chunk_size=30)
+    assert len(spans) == 34 and spans[0] == (0, 30) and spans[-1] == (990, 999)
+    assert Placement(KeyLayout(2, 5), chunk_size=100).spans(999)[-1] == (900, 999)

@@ -44,7 +44,7 @@ from mxnet import autograd, gluon, nd
 
 from support.jobs import SCRIPTS, run_job, stock_env
 from support.model import BATCH, backward_at, mlp_params
-from support.native import delay_store
+from support.native import delay_store, server_weights
 from support.reference_jobs import run_mlp_job, run_stock_job
 from kvstore_ext import protocol
 from kvstore_ext.optimizers import whole_tensor_name, whole_tensor_refusal
@@ -290,41 +290,37 @@ def test_refusal_of_a_tensor_at_or_beyond_mxnets_bound_says_to_raise_the_bound()
 @pytest.mark.parametrize('optimizer,params,base', [
     ('lamb', {}, 'LAMB'), ('lars', {'momentum': 0.9}, 'LARS'),
     ('lbsgd', {'momentum': 0.9, 'warmup_strategy': 'lars'}, 'LBSGD')])
-def test_delayed_trainer_with_a_split_tensor_fails_at_its_first_step(monkeypatch, optimizer,
-                                                                     params, base):
-    # In process (support/native.py): the trainer initialises the store at its first step;
-    # the servers refuse the registration and the worker raises their message, which names
-    # the parameter, its size, the chunk size and the fix. mlp_params' w1 is 16 x 8.
+def test_delayed_trainer_keeps_whole_tensors_whole_beyond_the_chunk_size(monkeypatch, optimizer,
+                                                                        params, base):
+    # In process (support/native.py). MXDELAY_CHUNK_SIZE=64 would split mlp_params' w1
+    # (16 x 8 = 128 elements): for an optimizer that reads whole-tensor norms the store keeps
+    # every tensor below MXNet's bound in one chunk (as dist_sync keeps it in one key), so the
+    # job trains, with one worker exactly as the servers' optimizer. (A tensor at or above
+    # the bound is split and refused: test_refusal_of_a_tensor_at_or_beyond_mxnets_bound...,
+    # and test_store_parts' placement test.)
     monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '64')
     parameters = mlp_params([mx.cpu()])
-    trainer = mxdelay.DelayedTrainer(parameters, optimizer, params, kvstore=delay_store(),
-                                     delay=2, warmup_steps=1)
-    backward_at(parameters, [mx.cpu()], 0)
-    with pytest.raises(RuntimeError, match=(
-            r"register failed: %s: .* whole .* MXDELAY_CHUNK_SIZE=64 elements, and parameter "
-            r"'w1' \(128 elements\) spans 2 chunks: .* Fix: set MXDELAY_CHUNK_SIZE to at least "
-            r"128 \(the largest tensor\) on every worker" % base)):
+    kv = delay_store()
+    trainer = mxdelay.DelayedTrainer(parameters, optimizer, params, kvstore=kv, delay=2,
+                                     warmup_steps=1)
+    for step in range(5):
+        backward_at(parameters, [mx.cpu()], step)
         trainer.step(BATCH)
+    assert whole_tensor_name(trainer._optimizer) == base   # pylint: disable=protected-access
+    assert [len(kv._tensors[i].chunks) for i in range(4)] == [1, 1, 1, 1]  # pylint: disable=protected-access
+    for i, param in enumerate(parameters):
+        np.testing.assert_array_equal(param.data().asnumpy(), server_weights(kv, i))
 
 
 @pytest.mark.jobs
-def test_whole_tensor_optimizer_split_into_chunks_is_refused(tmp_path):
-    # MXDELAY_CHUNK_SIZE=64 splits l1_weight (16 x 8 = 128 elements) into 2 chunks: LAMB is
-    # refused before the first round, naming it all, and the job fails. With the default
-    # chunk size every tensor is one chunk and LAMB equals stock dist_sync bit for bit
-    # (test_synchronous_phase_equals_stock_dist_sync[lamb]).
-    out = tmp_path / 'out'
-    out.mkdir()
-    config = dict(_config('lamb'), trainer='gluon', kvstore='dist_delay')
-    result = run_job([sys.executable, os.path.join(SCRIPTS, 'mlp_job.py'), json.dumps(config),
-                      str(out)], num_workers=2, timeout=90,
-                     env=dict(stock_env(), MXDELAY_CHUNK_SIZE=64))
-    assert result.returncode != 0, result.stdout
-    assert ("LAMB: its trust ratio is computed from the norms of the whole weight and update, "
-            "but the mxdelay servers apply the optimizer per chunk of MXDELAY_CHUNK_SIZE=64 "
-            "elements, and parameter 'l1_weight' (128 elements) spans 2 chunks: each chunk "
-            "would get its own ratio, unlike dist_sync. Fix: "
-            "set MXDELAY_CHUNK_SIZE to at least 128 (the largest tensor) on every worker, below "
-            "MXNET_KVSTORE_BIGARRAY_BOUND=1000000; or use another optimizer (e.g. Adam or SGD)"
-            in result.stderr), result.stderr
-    assert not list(out.glob('worker*.npz'))
+def test_whole_tensor_optimizer_beyond_the_chunk_size_equals_stock_dist_sync(tmp_path):
+    # MXDELAY_CHUNK_SIZE=64 would split l1_weight (16 x 8 = 128 elements) into 2 chunks; with
+    # LAMB the store keeps it in one (as stock dist_sync keeps it in one key below MXNet's
+    # bound), and gluon.Trainer on dist_delay equals stock dist_sync bit for bit.
+    config = _config('lamb')
+    stock = run_stock_job(tmp_path / 'stock', config)
+    gluon_runs = run_mlp_job(tmp_path / 'gluon', 2, dict(config, trainer='gluon',
+                                                        kvstore='dist_delay'),
+                             env=dict(stock_env(), MXDELAY_CHUNK_SIZE=64))
+    assert np.abs(stock[0]['w1'][-1] - mlp_model.init_params()['w1']).max() > 1e-3
+    _assert_parity(gluon_runs, stock, 'gluon.Trainer on dist_delay (lamb, chunk size 64)', 0.0)
