@@ -300,25 +300,33 @@ def test_tta_optimizer_reaches_every_method(tmp_path, launched):
         tta.parse_args(['--part', 'full', '--optimizer', 'nadam'])
 
 
+def _signal_during_job(number, launched, monkeypatch):
+    """Make job `number` (from 1) still run when the driver waits for it, and SIGTERM arrive
+    then (the driver's handler runs); returns the list of signals sent to that launcher."""
+    stopped, popen = [], launched.popen
+
+    def popen_then_signal(argv, **kwargs):
+        job = popen(argv, **kwargs)
+        if len(launched.calls) == number:
+            job.poll = lambda: None  # still running
+
+            def wait(timeout=None):
+                if timeout == 15.0:  # harness.stop's grace: the launcher ends on SIGTERM
+                    return 143
+                return signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # raises
+            job.wait = wait
+            job.send_signal = stopped.append
+        return job
+    monkeypatch.setattr(subprocess, 'Popen', popen_then_signal)
+    return stopped
+
+
 def test_accuracy_cnn_stops_the_job_on_a_signal(tmp_path, launched, monkeypatch):
     # A signal while the driver waits for the first job: its launcher gets SIGTERM, the
     # driver returns 128 + SIGTERM with its meta file written and no report (no run made),
     # and the caller's signal handlers are back.
-    stopped, handlers = [], {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    popen = launched.popen
-
-    def popen_then_signal(argv, **kwargs):
-        job = popen(argv, **kwargs)
-        job.poll = lambda: None  # still running
-
-        def wait(timeout=None):
-            if timeout == 15.0:  # harness.stop's grace: the launcher ends on SIGTERM
-                return 143
-            return signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # raises
-        job.wait = wait
-        job.send_signal = stopped.append
-        return job
-    monkeypatch.setattr(subprocess, 'Popen', popen_then_signal)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopped = _signal_during_job(1, launched, monkeypatch)
     out = str(tmp_path / 'out')
     assert accuracy_cnn.main(['--out', out, '--scratch', str(tmp_path / 's'),
                               '--runs', 'adam/sync,adam/k8-fv']) == 128 + signal.SIGTERM
@@ -362,22 +370,8 @@ def test_tta_stops_the_job_and_removes_the_namespaces_on_a_signal(tmp_path, laun
     # The signal arrives while the driver waits for the second job: that launcher gets
     # SIGTERM (it stops its roles), the namespaces go, the meta file is written, the driver
     # returns 128 + SIGTERM, and the caller's signal handlers are back.
-    stopped, handlers = [], {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    popen = launched.popen
-
-    def popen_then_signal(argv, **kwargs):
-        job = popen(argv, **kwargs)
-        if len(launched.calls) == 2:
-            job.poll = lambda: None  # still running
-
-            def wait(timeout=None):
-                if timeout == 15.0:  # harness.stop's grace: the launcher ends on SIGTERM
-                    return 143
-                return signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)  # raises
-            job.wait = wait
-            job.send_signal = stopped.append
-        return job
-    monkeypatch.setattr(subprocess, 'Popen', popen_then_signal)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    stopped = _signal_during_job(2, launched, monkeypatch)
     _Net.log.clear()
     out = str(tmp_path / 'out')
     assert tta.main(['--part', 'real', '--out', out, '--scratch', str(tmp_path / 's'),
