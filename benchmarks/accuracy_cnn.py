@@ -15,7 +15,10 @@ epsilon, wd 0). Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's ``dist_syn
 ``k4``, ``k8``, ``k16`` (``mxdelay.DelayedTrainer``, rule ``'mirror'``) and ``sgd-k4`` (the
 literal rule ``local_rule='sgd'``, k=4); warm-up 200 synchronous steps. ``k4-aux`` and
 ``k8-aux``: ``k4`` and ``k8`` whose global model has the workers' mean BatchNorm statistics
-(``sync_weights(aux_states=True)``, docs/design.md §2.13); not in the default runs.
+(``sync_weights(aux_states=True)``, docs/design.md §2.13); ``k4-ternary-pull-int8``: k=4 with
+ternary pushes and int8 pulls; the ``-fv`` methods (Adam only): ``mxdelay.FrozenVarianceAdam``
+with its second moment frozen at the switch (docs/design.md §1.4); none of these in the
+default runs.
 
 Accuracy is that of the *global* model on the 10000 test images after every epoch: for the
 delayed methods every worker calls ``trainer.sync_weights()`` at each epoch's end (it is part

@@ -6,8 +6,8 @@ example would import mxdelay), and its per-worker shards (``fashion_mnist_data``
 only). ``--model resnet18`` is Gluon's model zoo ``resnet18_v1(classes=10)`` on synthetic
 data instead (the scaling benchmark's communication-heavy model): :class:`SyntheticShard`,
 fixed random 3x32x32 images and labels seeded by seed and rank (window runs only). The
-optimizer is ``--optimizer`` (SGD with ``--momentum``, Adam or LAMB), ``--lr``, ``--wd``, on the
-servers (and mirrored locally by ``DelayedTrainer``); ``--freeze-second-moment`` (delayed
+optimizer is ``--optimizer`` (SGD with ``--momentum``, Adam or LAMB), ``--lr``, ``--wd``, on
+the servers (and mirrored locally by ``DelayedTrainer``); ``--freeze-second-moment`` (delayed
 Adam only) makes it ``mxdelay.FrozenVarianceAdam`` frozen at the switch
 (``freeze_after=--warmup-steps``, docs/design.md §1.4). The loop is a stock Gluon loop:
 forward, backward, ``trainer.step``, read the loss (as a loop that logs its loss does; this

@@ -333,7 +333,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     if (optimizer == 'frozenvarianceadam') != (freeze_after is not None):
         raise ValueError('freeze_after goes with optimizer frozenvarianceadam only')
     optimizer = 'adam' if optimizer == 'frozenvarianceadam' else optimizer
-    opt = dict(optimizer=optimizer, freeze_after=freeze_after, mu=mu, b1=F32(beta1), b2=F32(beta2), eps=F32(epsilon),
+    opt = dict(optimizer=optimizer, freeze_after=freeze_after, mu=mu, b1=F32(beta1),
+               b2=F32(beta2), eps=F32(epsilon),
                beta1=beta1, beta2=beta2, N=N, rg_n=F32(N * rescale_grad))
     workers = [{'w': _copy(W),                                 # w' (before step 0: W_0)
                 'pre': None,                                   # pre_weight (set at t = W)
