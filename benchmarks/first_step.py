@@ -242,7 +242,13 @@ def main():
     parser.add_argument('--rounds', type=int, default=1)
     parser.add_argument('--timeout', type=int, default=300)
     parser.add_argument('--out', required=True)
+    parser.add_argument('--report-only', action='store_true',
+                        help='rewrite OUT.md from OUT.json, running nothing')
     args = parser.parse_args()
+    if args.report_only:
+        report.write_lines(args.out + '.md', markdown(report.read_json(args.out + '.json'),
+                                                      report))
+        return
     raw = args.out + '-raw'
     os.makedirs(raw, exist_ok=True)
     meta = harness.start_meta(harness.command_line('python benchmarks/first_step.py'))
@@ -302,8 +308,12 @@ def markdown(result, report):
         if one and zero and two and one['roles']:
             def diff(a, b, role, index):
                 return a['roles'][role][index] - b['roles'][role][index]
-            for role, index in (('server', 1), ('server', 0), ('worker0', 0), ('worker1', 0)):
+            for role, index in (('server', 1), ('server', 0)):
                 cells.append('%.2f' % (diff(one, zero, role, index) / 1e6))
+            # the worker that sent more is rank 0 (it alone sends the init); node order is
+            # not rank order
+            sent = sorted((diff(one, zero, w, 0) for w in ('worker0', 'worker1')), reverse=True)
+            cells += ['%.2f' % (b / 1e6) for b in sent]
             cells.append('%.2f' % (diff(two, one, 'server', 1) / 1e6))
             cells.append('%.2f' % (diff(two, one, 'server', 0) / 1e6))
         else:
@@ -316,7 +326,7 @@ def markdown(result, report):
               '1-step job (one synchronous step). rx = received, tx = sent.', '']
     lines += report.table('network | method | round | exit (0/1/2 steps) | first s (1-step) | '
                           'first s (2-step) | server rx first MB | server tx first MB | '
-                          'worker0 tx first MB | worker1 tx first MB | server rx step MB | '
+                          'rank-0 worker tx first MB | other worker tx first MB | server rx step MB | '
                           'server tx step MB', rows, 'lllrrrrrrrrr')
     lines += ['', '## Worker-side calls to the native store in the first step', '',
               'From the 1-step jobs of the first network and round: payload bytes (MB) '
