@@ -25,8 +25,9 @@ class KeyKind(object):
     Every kind has ``place(placement, key, value)`` (returns the key's tensor),
     ``init_entries(tensor, value)``, ``after_init(tensors)``, ``server_settings()``,
     ``push(tensor, grads, priority, factor=None, finite=None)``, ``pull(tensor, outs,
-    priority, ignore_sparse=True)``, ``initial_pull(tensor, value, outs, priority)``, ``row_sparse_pull(tensor, outs, row_ids, priority)``,
-    ``send_buffer(tensor)`` and ``element_range(tensor, chunk)``. Where :attr:`exchanges`,
+    priority, ignore_sparse=True)``, ``initial_pull(tensor, value, outs, priority)``,
+    ``row_sparse_pull(tensor, outs, row_ids, priority)``, ``send_buffer(tensor)`` and
+    ``element_range(tensor, chunk)``. Where :attr:`exchanges`,
     also ``exchange(tensor, grads, outs, priority, factor=None, finite=None)``: the push and
     the pull of one round in one request (:class:`DenseKeys`).
 
