@@ -21,9 +21,9 @@ job's minus the 1-step job's. The first step's time is each worker's first step 
 its loop's start; the job's is the slower worker's.
 
 Every worker also logs, on the worker side, every call to MXNet's native store (``init``,
-``push``, ``pull``, ``pushpull``, ``row_sparse_pull``, ``broadcast``): the calling function, the native
-keys' kinds (mxdelay's slot, pull, model and finish keys) and the payload bytes (a dense
-value's elements times its item size; a row_sparse value's data plus 8 bytes a row id).
+``push``, ``pull``, ``pushpull``, ``row_sparse_pull``, ``broadcast``): the calling function,
+the native keys' kinds (mxdelay's slot, pull, model and finish keys) and the payload bytes (a
+dense value's elements times its item size; a row_sparse value's data plus 8 bytes a row id).
 MXNet's ``init`` sends only from rank 0, so its bytes are counted on rank 0 only.
 
 Usage (writes ``OUT.json`` and ``OUT.md``; the raw per-job files go under ``OUT-raw/``)::
@@ -386,7 +386,8 @@ def markdown(result, report):
               '1-step job (one synchronous step). rx = received, tx = sent.', '']
     lines += report.table('network | method | round | exit (0/1/2 steps) | first s (1-step) | '
                           'first s (2-step) | server rx first MB | server tx first MB | '
-                          'rank-0 worker tx first MB | other worker tx first MB | server rx step MB | '
+                          'rank-0 worker tx first MB | other worker tx first MB | '
+                          'server rx step MB | '
                           'server tx step MB', rows, 'lllrrrrrrrrr')
     lines += ['', '## Worker-side calls to the native store in the first step', '',
               'From the 1-step jobs of the first network and round: payload bytes (MB) '
