@@ -25,8 +25,9 @@ class KeyKind(object):
     Every kind has ``place(placement, key, value)`` (returns the key's tensor),
     ``init_entries(tensor, value)``, ``after_init(tensors)``, ``server_settings()``,
     ``push(tensor, grads, priority, factor=None, finite=None)``, ``pull(tensor, outs,
-    priority, ignore_sparse=True)``, ``row_sparse_pull(tensor, outs, row_ids, priority)``,
-    ``send_buffer(tensor)`` and ``element_range(tensor, chunk)``. Where :attr:`exchanges`,
+    priority, ignore_sparse=True)``, ``initial_pull(tensor, value, outs, priority)``,
+    ``row_sparse_pull(tensor, outs, row_ids, priority)``, ``send_buffer(tensor)`` and
+    ``element_range(tensor, chunk)``. Where :attr:`exchanges`,
     also ``exchange(tensor, grads, outs, priority, factor=None, finite=None)``: the push and
     the pull of one round in one request (:class:`DenseKeys`).
 
@@ -54,6 +55,11 @@ class KeyKind(object):
     def close(self):
         """Drop the native store (the worker leaves the job)."""
         self._native = None
+
+    def initial_pull(self, tensor, value, outs, priority):
+        """Right after the init of `tensor` with this worker's `value` (``broadcast``): the
+        initial value into `outs`. Here a pull."""
+        self.pull(tensor, outs, priority)
 
 
 class DenseKeys(KeyKind):
@@ -97,6 +103,22 @@ class DenseKeys(KeyKind):
 
     def after_init(self, tensors):
         """After the native init of `tensors` (collective): nothing for these keys."""
+
+    def initial_pull(self, tensor, value, outs, priority):
+        """Right after the init of `tensor` (``broadcast``): its initial value into `outs`.
+
+        The servers hold rank 0's `value` bit for bit (MXNet's native init pushes rank 0's
+        value and no other), so rank 0 copies it instead of pulling it back: the first step
+        then moves one copy of the model to each other worker, as stock ``dist_sync``'s
+        broadcast does to every worker. An out of another dtype is pulled (the pull's own
+        refusal or cast)."""
+        if self._native.rank != 0 or any(o.dtype != value.dtype for o in outs):
+            self.pull(tensor, outs, priority)
+            return
+        source = tensor.views_of(value)[2]
+        for out in outs:
+            if out.handle.value != value.handle.value:   # Gluon passes the value as an out
+                source.copyto(tensor.views_of(out)[2])
 
     # -- push ----------------------------------------------------------------------------
     def push(self, tensor, grads, priority, factor=None, finite=None):

@@ -514,10 +514,20 @@ class DistDelay(KVStoreBase):
         return 1.0, 1.0, str(key)
 
     def broadcast(self, key, value, out, priority=0):
-        """Initialise `key` with rank 0's `value` and pull it into `out` on every worker."""
+        """Initialise `key` with rank 0's `value` and give that value to every worker in `out`.
+
+        What the servers hold is rank 0's `value`, bit for bit (MXNet's init pushes rank
+        0's), so the key's kind lets rank 0 copy it instead of pulling it back, and the other
+        workers pull it once (with compressed pulls, that pull is also their initial x̂):
+        docs/design.md §2.4.
+        """
         as_lists(key, out, 'out', priority)  # check before anything is placed
         self.init(key, value)
-        self.pull(key, out=out, priority=priority)
+        keys, outs = self._checked_lists(key, out, 'out', priority)
+        _, values = as_lists(key, value)
+        for k, v, o in zip(keys, values, outs):
+            tensor = self._tensors[k]
+            tensor.kind.initial_pull(tensor, _listed(v)[0], _listed(o), priority)
 
     def push(self, key, value, priority=0):
         """Push this worker's next round of `key`: the sum of `value` over its devices.

@@ -336,6 +336,10 @@ class PulledModel(object):
     def place(self, placement, key, value):
         tensor = super(PulledModel, self).place(placement, key, value)
         tensor.model = nd.zeros(tensor.size, dtype=np.float32)
+        if self._native.rank == 0:
+            # x̂ = W_0, which is rank 0's value bit for bit (MXNet's init pushes rank 0's):
+            # rank 0 keeps a copy instead of pulling it back (after_init).
+            value.reshape(-1).copyto(tensor.model)
         tensor.payloads = [Payload(self.pull_codec, c.stop - c.start) for c in tensor.chunks]
         tensor.model_round = -1
         tensor.model_pending = False
@@ -351,7 +355,8 @@ class PulledModel(object):
     def after_init(self, tensors):
         """Collective: the data path's own (float16 pushes: the pull keys' round of zeros),
         then one round of zeros into the model keys (the servers keep their stored arrays
-        from it), waited for; then each tensor's ``x̂`` := W_0, an exact pull."""
+        from it), waited for; then each tensor's ``x̂`` := W_0, an exact pull on every
+        worker but rank 0, which copied its own value at :meth:`place`."""
         super(PulledModel, self).after_init(tensors)
         keys, views = [], []
         for tensor in tensors:
@@ -365,8 +370,18 @@ class PulledModel(object):
                     # A write waits for the push that reads the buffer to be acknowledged.
                     nd._internal._plus_scalar(payload.head, scalar=0.0, out=payload.head)  # pylint: disable=protected-access
                     payload.head.wait_to_read()
-        for tensor in tensors:
-            self.pull(tensor, [tensor.model], 0)   # before any push: W_0, waited for
+        if self._native.rank != 0:
+            for tensor in tensors:
+                self.pull(tensor, [tensor.model], 0)   # before any push: W_0, waited for
+
+    def initial_pull(self, tensor, value, outs, priority):
+        """``broadcast``'s initial value: ``x̂``, which is W_0 (:meth:`after_init`), copied
+        into `outs`; no second transfer."""
+        if any(out.dtype != tensor.model.dtype for out in outs):
+            super(PulledModel, self).initial_pull(tensor, value, outs, priority)
+            return
+        for out in outs:
+            tensor.model.copyto(tensor.views_of(out)[2])
 
     def _before_push(self, tensor, slot):
         if tensor.model_pending:

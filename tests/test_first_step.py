@@ -1,0 +1,103 @@
+"""What the store's ``broadcast`` (Gluon's first step) pulls (issue 20, docs/design.md §2.4).
+
+MXNet's native init pushes rank 0's value and no other, so the servers hold rank 0's value
+bit for bit: rank 0 copies its own value instead of pulling it back, and the other workers
+pull it once, also with compressed pulls, whose initial x̂ that one pull is. Checked in one
+process (2 workers in threads over mxdelay's real servers, support/native_workers.py), for
+every kind of dense data path (slot keys; float16 and blockwise pushes' pull keys; each
+with and without compressed pulls), with chunks:
+
+- every worker ends with rank 0's value, bit for bit, in each out (the value itself, which
+  Gluon passes among the outs, and a second array), and in x̂ (the servers start theirs
+  from the stored value, rank 0's; that x̂ stays the servers' after every pulled round is
+  tests/test_pull_compression.py's);
+- the native pulls issued: none on rank 0, one of each chunk on the other worker (before
+  the fix: two of each chunk on every worker with compressed pulls, one without).
+"""
+import numpy as np
+import pytest
+
+import mxdelay  # noqa: F401  before mxnet
+from mxnet import nd
+
+from support.native_workers import run_workers
+
+SHAPES = {0: (16, 8), 1: (7,)}      # chunks of 50: key 0 spans 3 chunks
+CASES = [(None, None), ({'type': 'fp16'}, None), ({'type': 'ternary'}, None),
+         (None, {'type': 'int8'}), ({'type': 'fp16'}, {'type': 'int8'}),
+         ({'type': 'ternary'}, {'type': 'int8'}), ({'type': '2bit', 'threshold': 0.5},
+                                                    {'type': 'fp16'})]
+IDS = ['%s-pull%s' % (push['type'] if push else 'push32', pull['type'] if pull else '32')
+       for push, pull in CASES]
+
+
+def initial(rank, key):
+    """Worker `rank`'s own initial value of `key` (different on every worker)."""
+    rng = np.random.default_rng([rank, key])
+    return rng.standard_normal(SHAPES[key]).astype(np.float32)
+
+
+@pytest.mark.parametrize('push,pull', CASES, ids=IDS)
+def test_broadcast_gives_rank0s_value_rank0_pulls_nothing_others_once(monkeypatch, push, pull):
+    monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
+
+    def work(rank, store):
+        store.set_config(delay=2, warmup_steps=1)
+        if push is not None:
+            store.set_gradient_compression(push)
+        if pull is not None:
+            store.set_pull_compression(pull)
+        pulled = []
+        native = store._native
+        native_pull = native.pull
+
+        def counting_pull(keys, out=None, priority=0, ignore_sparse=True):
+            pulled.extend(keys if isinstance(keys, (list, tuple)) else [keys])
+            return native_pull(keys, out=out, priority=priority, ignore_sparse=ignore_sparse)
+        native.pull = counting_pull
+        values, others = {}, {}
+        for key in sorted(SHAPES):
+            values[key] = nd.array(initial(rank, key))
+            others[key] = nd.zeros(SHAPES[key])
+            store.broadcast(key, values[key], [values[key], others[key]])
+            values[key].wait_to_read()
+            others[key].wait_to_read()
+        # The keys that hold W (slot keys, or the pull keys of float16 and blockwise pushes);
+        # the other pulls are the commands' status keys.
+        weight_keys = {k for t in store._tensors.values() for c in t.chunks for k in c.pull_keys}
+        pulled = [k for k in pulled if k in weight_keys]
+        chunks = {key: len(store._tensors[key].chunks) for key in SHAPES}
+        models = {key: t.model.asnumpy() for key, t in store._tensors.items()} \
+            if pull is not None else {}
+        return ({key: (values[key].asnumpy(), others[key].asnumpy()) for key in SHAPES},
+                pulled, chunks, models)
+
+    _, results = run_workers(2, work)
+    for rank, (arrays, pulled, chunks, models) in enumerate(results):
+        for key in SHAPES:
+            expected = initial(0, key)
+            mine, other = arrays[key]
+            assert mine.tobytes() == expected.tobytes(), (rank, key)
+            assert other.tobytes() == expected.tobytes(), (rank, key)
+            if pull is not None:   # the servers start x̂ from the same value (rank 0's)
+                assert models[key].tobytes() == expected.reshape(-1).tobytes(), (rank, key)
+        assert chunks[0] == 3
+        expected_pulls = 0 if rank == 0 else sum(chunks.values())
+        assert len(pulled) == expected_pulls, (rank, pulled)
+
+
+def test_rank1_value_does_not_leak_into_the_servers(monkeypatch):
+    # The other workers' values are ignored as MXNet's init ignores them: a pull after
+    # broadcast, on either worker, reads rank 0's value from the servers.
+    monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
+
+    def work(rank, store):
+        value = nd.array(initial(rank, 0))
+        store.broadcast(0, value, value)
+        out = nd.zeros(SHAPES[0])
+        store.pull(0, out=out)
+        return out.asnumpy()
+
+    _, results = run_workers(2, work)
+    for out in results:
+        assert out.tobytes() == initial(0, 0).tobytes()
