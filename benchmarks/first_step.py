@@ -35,7 +35,6 @@ import collections
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -195,20 +194,11 @@ def role(method, steps, out):
 
 
 # -- the driver -------------------------------------------------------------------------------
-def counters(net):
-    """{namespace: (tx bytes, rx bytes)} of every node's eth0."""
-    result = {}
-    for name, _ in net.nodes:
-        link = json.loads(subprocess.run(['ip', '-n', name, '-j', '-s', 'link', 'show', 'eth0'],
-                                         capture_output=True, text=True, check=True).stdout)[0]
-        result[name] = (link['stats64']['tx']['bytes'], link['stats64']['rx']['bytes'])
-    return result
-
-
 def run_job(harness, net, hostfile, method, steps, raw, timeout):
     """One job; returns {'exit', 'roles': {role: [tx, rx]} or None, 'workers': [...]}."""
     tag = os.path.join(raw, '%s-%dsteps-%d' % (method, steps, int(time.time() * 1000)))
     command = [sys.executable, os.path.abspath(__file__), '--role', method, str(steps), tag]
+    from fp16_bytes import counters  # pylint: disable=import-outside-toplevel  (driver only)
     before = counters(net) if net else None
     job = harness.Job(command, timeout, NUM_WORKERS, hostfile=hostfile,
                       env={'PYTHONPATH': harness.REPO})
