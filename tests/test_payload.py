@@ -35,8 +35,10 @@ from scripts import mlp_model
 from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params, train_steps
 from support.native import delay_store, server_weights
 from support.native_workers import run_workers
-from support.reference_jobs import (MLP_BASE, assert_equal_to_reference, batch_size,
-                                    differs_from_reference, run_mlp_job)
+from support.reference_jobs import (MLP_BASE, assert_equal_to_reference,
+                                    assert_rounds_equal_reference, batch_size,
+                                    differs_from_reference, rounds_differ_from_reference,
+                                    run_mlp_job)
 from support.stores import offline_store
 from support.jobs import SCRIPTS, assert_ok, kv_results, run_job
 from kvstore_ext import appliers, compression, payload, quantize
@@ -385,16 +387,9 @@ def test_a_two_worker_job_matches_the_reference_bit_for_bit(tmp_path, setting, p
     histories = run_mlp_job(tmp_path, 2, config, num_servers=2,
                             env={'MXDELAY_CHUNK_SIZE': 50})
     trajectory = replay(histories, config, setting, 50)
-    for rank, history in histories.items():
-        for i, t in enumerate(history['rounds']):
-            for name in MLP_NAMES:
-                np.testing.assert_array_equal(
-                    history[name][i], trajectory.local[t][rank][name],
-                    err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
+    assert_rounds_equal_reference(histories, trajectory)
     unquantized = replay(histories, config, None, 50)
-    assert any(not np.array_equal(h[name][i], unquantized.local[t][rank][name])
-               for rank, h in histories.items() for name in MLP_NAMES
-               for i, t in enumerate(h['rounds']))
+    assert rounds_differ_from_reference(histories, unquantized)
 
 
 @pytest.mark.jobs
@@ -408,12 +403,7 @@ def test_join_with_uneven_data_is_exact(tmp_path):
     histories = run_mlp_job(tmp_path, 2, config)
     assert list(histories[1]['rounds']) == [t for t in range(16) if t % 8 < 5]
     trajectory = replay(histories, config, setting, None)
-    for rank, history in histories.items():
-        for i, t in enumerate(history['rounds']):
-            for name in MLP_NAMES:
-                np.testing.assert_array_equal(
-                    history[name][i], trajectory.local[t][rank][name],
-                    err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
+    assert_rounds_equal_reference(histories, trajectory)
 
 
 # -- what else must keep working -------------------------------------------------------------

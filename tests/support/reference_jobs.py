@@ -85,6 +85,24 @@ def differs_from_reference(histories, trajectory):
                for t, weights in enumerate(history) for name in MLP_NAMES)
 
 
+def assert_rounds_equal_reference(histories, trajectory):
+    """mlp_job's recorded weights (`histories`: per rank, each parameter after each of the
+    worker's ``rounds``) equal the reference's local weights of those rounds, bit for bit."""
+    for rank, history in histories.items():
+        for i, t in enumerate(history['rounds']):
+            for name in MLP_NAMES:
+                np.testing.assert_array_equal(
+                    history[name][i], trajectory.local[t][rank][name],
+                    err_msg='worker %d, round %d, parameter %s' % (rank, t, name))
+
+
+def rounds_differ_from_reference(histories, trajectory):
+    """Whether any weight of :func:`assert_rounds_equal_reference`'s `histories` differs."""
+    return any(not np.array_equal(h[name][i], trajectory.local[t][rank][name])
+               for rank, h in histories.items() for name in MLP_NAMES
+               for i, t in enumerate(h['rounds']))
+
+
 # -- uneven data: mlp_job's plans of batches per worker (tests/test_uneven_data.py) -------
 def has_data(config, rank, t):
     """Worker `rank` has a batch in round `t` (mlp_job's plan)."""
