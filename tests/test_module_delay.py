@@ -255,9 +255,10 @@ def test_delayed_module_matches_reference(tmp_path, num_workers, num_servers, ov
                                            rtol=RTOL, atol=ATOL, err_msg='%d %s' % (rank, name))
 
 
-@pytest.mark.jobs
-def test_explicit_rescale_grad_is_kept_as_dist_sync_keeps_it(tmp_path):
-    config = dict(BASE, epochs=2, optimizer_params={'rescale_grad': 0.05})
+def _modules_equal_stock(tmp_path, config):
+    """Run `config` as stock dist_sync (plain Module), plain Module on 'dist_delay' and
+    DelayedModule's warm-up (2 workers); assert the last two equal the first bit for bit
+    and return the stock job's weights."""
     stock = run_module_job(tmp_path / 'stock', dict(config, mode='stock', module='plain',
                                                     kvstore='dist_sync'), 2, env=stock_env())
     plain = run_module_job(tmp_path / 'plain', dict(config, module='plain'), 2)
@@ -268,6 +269,13 @@ def test_explicit_rescale_grad_is_kept_as_dist_sync_keeps_it(tmp_path):
                                           err_msg='plain Module, %d %s' % (rank, name))
             np.testing.assert_array_equal(delayed[rank][name], stock[rank][name],
                                           err_msg='DelayedModule, %d %s' % (rank, name))
+    return stock
+
+
+@pytest.mark.jobs
+def test_explicit_rescale_grad_is_kept_as_dist_sync_keeps_it(tmp_path):
+    config = dict(BASE, epochs=2, optimizer_params={'rescale_grad': 0.05})
+    stock = _modules_equal_stock(tmp_path, config)
     # Synchronous SGD with rescale 0.05; dividing it by N would be far off.
     sync = dict(config, delay=1, warmup_steps=8)
     assert_reference(stock, simulate(sync, 2, rescale_grad=0.05))
@@ -282,17 +290,8 @@ def test_lars_names_its_biases_on_mxdelays_servers_as_on_stock_dist_sync(tmp_pat
     # (before, plain Module differed by 6.4e-3 in w1). The default chunk size: LARS refuses
     # a tensor split into chunks.
     config = dict(BASE, epochs=2, optimizer='lars', optimizer_params={'eta': 0.1})
-    stock = run_module_job(tmp_path / 'stock', dict(config, mode='stock', module='plain',
-                                                    kvstore='dist_sync'), 2, env=stock_env())
-    plain = run_module_job(tmp_path / 'plain', dict(config, module='plain'), 2)
-    delayed = run_module_job(tmp_path / 'delayed', dict(config, delay=2, warmup_steps=8), 2)
+    stock = _modules_equal_stock(tmp_path, config)
     assert np.abs(stock[0]['b1'][-1] - mlp_model.init_params()['b1']).max() > 1e-3
-    for rank in range(2):
-        for name in SHORT:
-            np.testing.assert_array_equal(plain[rank][name], stock[rank][name],
-                                          err_msg='plain Module, %d %s' % (rank, name))
-            np.testing.assert_array_equal(delayed[rank][name], stock[rank][name],
-                                          err_msg='DelayedModule, %d %s' % (rank, name))
 
 
 @pytest.mark.jobs
