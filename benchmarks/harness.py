@@ -116,6 +116,7 @@ METHODS = {
     'k8-aux': Method('k=8, mean BatchNorm statistics', delay=8, extra=('--aux-states',)),
     'drift-k4': Method("rule 'drift', k=4", delay=4, extra=('--local-rule', 'drift')),
     'drift-k8': Method("rule 'drift', k=8", delay=8, extra=('--local-rule', 'drift')),
+    'drift-k16': Method("rule 'drift', k=16", delay=16, extra=('--local-rule', 'drift')),
     # Compressed pulls (docs/design.md §2.12); 2bit at 0.05, the best fixed threshold for
     # SGD-momentum measured earlier (0.5, the stock default above, trained to 0.38).
     'k4-pull-fp16': Method('k=4 + pull fp16', delay=4, extra=('--pull-compression', 'fp16')),
