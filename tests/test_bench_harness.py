@@ -29,6 +29,7 @@ import netns as bench_netns  # noqa: E402
 import overlap  # noqa: E402
 import positional  # noqa: E402
 import provenance  # noqa: E402
+import report  # noqa: E402
 import scaling  # noqa: E402
 import tta  # noqa: E402
 import wire_bytes  # noqa: E402
@@ -63,7 +64,9 @@ EXPECTED = {
         'k16-fv': ('k=16, v frozen', DELAYED + ['16', '--freeze-second-moment']),
         'k4-ternary-pull-int8-fv': ('k=4 + ternary + pull int8, v frozen', DELAYED + [
             '4', '--pull-compression', 'int8', '--freeze-second-moment', '--compression',
-            'ternary'])},
+            'ternary']),
+        'drift-k8': ("rule 'drift', k=8", DELAYED + ['8', '--local-rule', 'drift']),
+        'drift-k16': ("rule 'drift', k=16", DELAYED + ['16', '--local-rule', 'drift'])},
     'scaling': {
         'sync': ('dist_sync (stock)', ['--mode', 'sync']),
         'k4': ('k=4', DELAYED + ['4', '--local-rule', 'mirror']),
@@ -334,6 +337,44 @@ def test_accuracy_cnn_stops_the_job_on_a_signal(tmp_path, launched, monkeypatch)
     assert os.path.exists(os.path.join(out, 'meta.json'))
     assert not os.path.exists(os.path.join(out, 'results.md'))
     assert {s: signal.getsignal(s) for s in handlers} == handlers
+
+
+def _cnn_folder(path, runs):
+    """A results folder of accuracy_cnn with `runs`: (optimizer, method, seed, exit, acc)."""
+    os.makedirs(path)
+    report.write_csv(os.path.join(path, 'runs.csv'), [
+        dict(optimizer=o, method=m, seed=s, exit=e) for o, m, s, e, _ in runs])
+    report.write_csv(os.path.join(path, 'accuracy.csv'), [
+        dict(optimizer=o, method=m, seed=s, epoch=i + 1, test_acc=a)
+        for o, m, s, _, acc in runs for i, a in enumerate(acc)])
+
+
+def test_accuracy_cnn_include(tmp_path, monkeypatch):
+    # --include adds the named runs of another folder (exit 0 only, named pairs only); a run
+    # found in two folders is reported once if its accuracies are the same, and is an error
+    # if they differ (with 2 workers a run repeats exactly: a difference is a changed run).
+    monkeypatch.setattr(accuracy_cnn, 'REPO', str(tmp_path))
+    _cnn_folder(str(tmp_path / 'out'), [('adam', 'k8', 1, 0, [0.8, 0.9])])
+    _cnn_folder(str(tmp_path / 'a'), [('adam', 'sync', 1, 0, [0.85, 0.91]),
+                                      ('adam', 'sync', 2, 134, []),
+                                      ('sgd', 'sync', 1, 0, [0.7, 0.8])])
+    _cnn_folder(str(tmp_path / 'b'), [('adam', 'sync', 1, 0, [0.85, 0.91]),
+                                      ('adam', 'sync', 2, 0, [0.86, 0.92])])
+    include = accuracy_cnn.parse_args(['--include', 'a:adam/sync', '--include',
+                                       'b:adam/sync']).include
+    evals, runs = accuracy_cnn.read_results(str(tmp_path / 'out'), include)
+    assert [(r['folder'], r['optimizer'], r['method'], r['seed']) for r in runs] == [
+        ('.', 'adam', 'k8', 1), ('a', 'adam', 'sync', 1), ('b', 'adam', 'sync', 2)]
+    summary = accuracy_cnn.summarize(evals)
+    assert summary['adam', 'k8']['gaps'] == pytest.approx({1: -5.0, 2: -1.0})
+    _cnn_folder(str(tmp_path / 'c'), [('adam', 'sync', 1, 0, [0.85, 0.9])])
+    with pytest.raises(RuntimeError, match='differs between a and c'):
+        accuracy_cnn.read_results(str(tmp_path / 'out'), include[:1] + [
+            accuracy_cnn.parse_include('c:adam/sync')])
+    for bad, message in (('a', 'not FOLDER:'), ('a:adam/nope', 'not FOLDER:'),
+                         ('missing:adam/sync', 'has no accuracy.csv')):
+        with pytest.raises(ValueError, match=message):
+            accuracy_cnn.parse_include(bad)
 
 
 def test_tta_real_jobs(tmp_path, launched):
@@ -811,10 +852,9 @@ def test_report_takes_phases_of_the_same_job(tmp_path, monkeypatch):
                                delayed_step_ms=500.0, window_samples_per_s=100.0, noisy=False,
                                loss_digest='x', load_before=0.1, load_after=0.1,
                                stock_check='ok', worker_env='-', cpu_other=0.0))
-    import report as report_lib  # pylint: disable=import-outside-toplevel
-    report_lib.write_csv(os.path.join(out, 'full-evals.csv'), evals)
-    report_lib.write_csv(os.path.join(out, 'full-runs.csv'), runs)
-    report_lib.write_csv(os.path.join(out, 'phases-runs.csv'), phases)
+    report.write_csv(os.path.join(out, 'full-evals.csv'), evals)
+    report.write_csv(os.path.join(out, 'full-runs.csv'), runs)
+    report.write_csv(os.path.join(out, 'phases-runs.csv'), phases)
     result = tta.build_report(out)
     assert result['target'] == pytest.approx(0.90)
     assert result['steps_to_target'] == {
