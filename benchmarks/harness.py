@@ -158,6 +158,12 @@ for _k in (4, 8):
             METHODS['k%d-fp16-pull-int8' % _k], warmup=_w,
             label='k=%d + fp16 + pull int8, warm-up %d' % (_k, _w))
 del _k, _w
+# Stock dist_sync with MXNet's 2bit at thresholds below its documented 0.5 (which does not
+# train the MLP): the search for stock's best threshold (issue 20).
+for _t in ('0.1', '0.05', '0.02', '0.01', '0.005', '0.002'):
+    METHODS['sync-2bit-' + _t] = Method('dist_sync + 2bit %s (stock)' % _t, trainer='sync',
+                                        compression='2bit:' + _t)
+del _t
 
 
 def methods(*names):
