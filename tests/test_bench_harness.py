@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.join(REPO, 'benchmarks'))
 
 # pylint: disable=wrong-import-position
 import accuracy_cnn  # noqa: E402
+import accuracy_gaps  # noqa: E402
 import amp_cost  # noqa: E402
 import compress  # noqa: E402
 import faults  # noqa: E402
@@ -375,6 +376,39 @@ def test_accuracy_cnn_include(tmp_path, monkeypatch):
                          ('missing:adam/sync', 'has no accuracy.csv')):
         with pytest.raises(ValueError, match=message):
             accuracy_cnn.parse_include(bad)
+
+
+def _tta_evals(folder, runs):
+    """A tta.py folder's full-evals.csv with `runs`: {(method, seed): epoch-end accuracies}
+    (plus one evaluation between epoch ends, which the gaps must ignore)."""
+    os.makedirs(folder)
+    rows = []
+    for (method, seed), acc in runs.items():
+        rows.append(dict(method=method, seed=seed, step=1, epoch=0.5, test_acc=0.0,
+                         epoch_end=False))
+        rows += [dict(method=method, seed=seed, step=2 * (i + 1), epoch=i + 1, test_acc=a,
+                      epoch_end=True) for i, a in enumerate(acc)]
+    report.write_csv(os.path.join(folder, 'full-evals.csv'), rows)
+
+
+def test_accuracy_gaps(tmp_path):
+    # Means over the method's seeds minus the baseline's over the same seeds, per epoch;
+    # a run found twice must repeat; the files written name the folders and the command.
+    a, b, c = (str(tmp_path / n) for n in 'abc')
+    _tta_evals(a, {('sync', 1): [0.80, 0.90], ('sync', 2): [0.70, 0.80],
+                   ('sync', 3): [0.60, 0.60]})
+    _tta_evals(b, {('k4', 1): [0.81, 0.88], ('k4', 2): [0.70, 0.78], ('sync', 1): [0.80, 0.90]})
+    table = accuracy_gaps.gaps(accuracy_gaps.read_runs([a, b]))
+    assert table['sync']['seeds'] == [1, 2, 3] and 'gaps' not in table['sync']
+    assert table['k4']['gaps'] == pytest.approx([0.5, -2.0])
+    assert (table['k4']['worst_epoch'], table['k4']['worst_points']) == (2, pytest.approx(-2.0))
+    _tta_evals(c, {('sync', 2): [0.70, 0.81]})
+    with pytest.raises(RuntimeError, match='sync seed 2 differs'):
+        accuracy_gaps.read_runs([a, c])
+    assert accuracy_gaps.main(['--out', str(tmp_path), a, b]) == 0
+    written = report.read_json(str(tmp_path / 'gaps.json'))
+    assert written['methods']['k4']['worst_points'] == pytest.approx(-2.0)
+    assert '| k4 | 1, 2 |' in (tmp_path / 'gaps.md').read_text()
 
 
 def test_tta_real_jobs(tmp_path, launched):
