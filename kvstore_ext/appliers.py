@@ -366,13 +366,29 @@ def store_counter(total, counter, out=None):
     (docs/design.md §11): in round t every worker pushes 1, plus 1 if its gradients
     overflowed, at element ``3 + t mod R`` and 0 elsewhere, so the element that is not 0 is
     round t's and the others keep older rounds.
+
+    A selection in MXNet's engine (no wait on the server's updater thread, which applies
+    every key's rounds one after the other): each element is `total`'s or `counter`'s bits.
     """
-    values = total.asnumpy()
-    ring = counter.asnumpy()
-    marked = values != 0
-    marked[:HEAD] = True
-    ring[marked] = values[marked]
-    mx.nd.array(ring, dtype=ring.dtype).copyto(counter if out is None else out)
+    # pylint: disable=protected-access
+    nonzero = mx.nd._internal._not_equal_scalar(total, scalar=0.0)   # `!=` without its checks
+    taken = mx.nd.broadcast_maximum(nonzero, _head_mask(total))
+    mx.nd.where(taken, total, counter, out=counter if out is None else out)
+
+
+_HEAD_MASKS = {}
+
+
+def _head_mask(like):
+    """1 at the counter's head (elements 0 to 2, always taken), 0 on its ring; shaped,
+    typed and placed like `like` (one per shape, dtype and device)."""
+    key = (like.shape, np.dtype(like.dtype).str, like.context)
+    if key not in _HEAD_MASKS:
+        mask = np.zeros(like.size, dtype=like.dtype)
+        mask[:HEAD] = 1
+        _HEAD_MASKS[key] = mx.nd.array(mask.reshape(like.shape), ctx=like.context,
+                                       dtype=like.dtype)
+    return _HEAD_MASKS[key]
 
 
 def sgd_step(optimizer, updater, index, grad, weight, out=None):

@@ -295,3 +295,29 @@ def test_a_checkpoint_saved_without_codec_settings_has_none(tmp_path):
     again = str(tmp_path / 'new.server0')
     scaled.command(Command.SAVE, {'rank': 0, 'paths': [again]})
     assert scaled.command(Command.LOAD, {'rank': 0, 'paths': [again]})['chunks'] == 1
+
+
+def _store_counter_numpy(total, counter):
+    """The finish counter's round in numpy: the head always takes the round's sums, the ring
+    the elements that are not 0."""
+    taken = total != 0
+    taken[:appliers.HEAD] = True
+    return np.where(taken, total, counter)
+
+
+@pytest.mark.parametrize('dtype', [np.float32, np.float16])
+@pytest.mark.parametrize('into', ['counter', 'out'])
+def test_store_counter_takes_the_head_and_the_marked_ring_elements_bit_for_bit(dtype, into):
+    # Zeros (+0 and -0) in the head and on the ring, a NaN and an inf mark (an overflowed
+    # round's flag can be neither, but a selection must not care), a changed head of 0.
+    total = np.array([0, 2, -0.0, 0, 3, -0.0, np.nan, 0, np.inf], dtype=dtype)
+    counter = np.array([5, 1, 7, 4, 9, 8, 6, -2, 0], dtype=dtype)
+    expected = _store_counter_numpy(total, counter)
+    counter_nd = nd.array(counter, dtype=dtype)
+    out = nd.zeros(counter.shape, dtype=dtype) if into == 'out' else None
+    appliers.store_counter(nd.array(total, dtype=dtype), counter_nd, out)
+    got = (counter_nd if out is None else out).asnumpy()
+    assert got.dtype == expected.dtype
+    assert got.tobytes() == expected.tobytes()
+    if out is not None:
+        assert counter_nd.asnumpy().tobytes() == counter.tobytes()   # the input unchanged
