@@ -101,6 +101,7 @@ def main(argv=None):
     table = gaps(read_runs(args.folders), args.baseline)
     if args.baseline not in table:
         parser.error('no run of the baseline %r in %s' % (args.baseline, folders))
+    os.makedirs(args.out, exist_ok=True)
     command = 'python benchmarks/accuracy_gaps.py --out %s %s' % (
         os.path.relpath(args.out, provenance.REPO) if os.path.isabs(args.out) else args.out,
         ' '.join(folders))

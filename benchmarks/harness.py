@@ -137,6 +137,8 @@ METHODS = {
                                 extra=('--pull-compression', 'int8'), compression='int4'),
     'k4-ternary-pull-int8': Method('k=4 + ternary + pull int8', delay=4,
                                    extra=('--pull-compression', 'int8'), compression='ternary'),
+    'k8-ternary-pull-int8': Method('k=8 + ternary + pull int8', delay=8,
+                                   extra=('--pull-compression', 'int8'), compression='ternary'),
     'k8-fp16-pull-int8': Method('k=8 + fp16 + pull int8', delay=8,
                                 extra=('--pull-compression', 'int8'), compression='fp16'),
     # Adam with its second moment frozen at the switch (mxdelay.FrozenVarianceAdam, §1.4).
