@@ -15,8 +15,9 @@ docs/results.md (every figure, one row each), from:
 - ``docs/benchmarks/compress-after-cpu/phases-runs.csv`` (``compress.py --part phases``).
 - ``docs/benchmarks/scaling/runs.csv`` and ``scaling-run2/runs.csv``
   (``python benchmarks/scaling.py``, twice): the issue's scaling targets.
-- ``docs/benchmarks/cnn/accuracy.csv`` and the ``readme-rows.md`` of ``cnn/`` and
-  ``cnn-seeds/`` (``python benchmarks/accuracy_cnn.py``): the BatchNorm CNN's accuracy.
+- ``docs/benchmarks/cnn/accuracy.csv`` and the ``readme-rows.md`` of ``cnn/``, ``cnn-seeds/``
+  and ``cnn-rules-3seeds/`` (``python benchmarks/accuracy_cnn.py``): the BatchNorm CNN's
+  accuracy.
 
 Usage: ``python benchmarks/readme_results.py [--check]`` (``--check``: exit 1 if README.md or
 docs/results.md differs from what would be written, and write nothing).
@@ -333,8 +334,9 @@ def full_table():
     rows += compression_rows()
     rows += scaling_rows()
     # The CNN accuracy rows are made by benchmarks/accuracy_cnn.py from its results files
-    # (seed 1: cnn/; Adam's dist_sync and k=8 again with seed 2: cnn-seeds/).
-    for folder in ('cnn', 'cnn-seeds'):
+    # (seed 1: cnn/; Adam's dist_sync and k=8 again with seed 2: cnn-seeds/; 3 seeds of every
+    # configuration of issue 21: cnn-rules-3seeds/).
+    for folder in ('cnn', 'cnn-seeds', 'cnn-rules-3seeds'):
         with open(os.path.join(REPO, 'docs', 'benchmarks', folder, 'readme-rows.md'),
                   encoding='utf-8') as rows_file:
             rows.extend(line.rstrip('\n') for line in rows_file if line.startswith('| '))
