@@ -95,6 +95,7 @@ FULL_WARMUP = 200      # the default of DelayedTrainer and of the example
 OPTIMIZERS = {
     'sgd': ('SGD (lr 0.05, momentum 0.9)', []),
     'lamb': ('LAMB (lr 0.005, wd 0)', ['--optimizer', 'lamb', '--lr', '0.005', '--wd', '0']),
+    'adam': ('Adam (lr 1e-3, wd 0)', ['--optimizer', 'adam', '--lr', '0.001', '--wd', '0']),
 }
 EVAL_EVERY = 78        # a third of an epoch (234 steps)
 
