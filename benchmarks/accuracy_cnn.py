@@ -17,7 +17,8 @@ literal rule ``local_rule='sgd'``, k=4); warm-up 200 synchronous steps. ``k4-aux
 ``k8-aux``: ``k4`` and ``k8`` whose global model has the workers' mean BatchNorm statistics
 (``sync_weights(aux_states=True)``, docs/design.md §2.13); ``k4-ternary-pull-int8``: k=4 with
 ternary pushes and int8 pulls; the ``-fv`` methods (Adam only): ``mxdelay.FrozenVarianceAdam``
-with its second moment frozen at the switch (docs/design.md §1.4); none of these in the
+with its second moment frozen at the switch (docs/design.md §1.4); ``drift-k8`` and
+``drift-k16``: the drift-corrected rule ``local_rule='drift'`` (§1.4); none of these in the
 default runs.
 
 Accuracy is that of the *global* model on the 10000 test images after every epoch: for the
@@ -41,6 +42,11 @@ and a digest of its per-step losses, every process's provenance records), ``meta
 (command, commit, machine, load, date), and from them ``results.md``, ``accuracy.png`` and
 ``readme-rows.md`` (the rows for README.md's results section). Logs and the workers' raw
 outputs go to ``--scratch``.
+
+``--include FOLDER:OPTIMIZER/METHOD,...`` (repeatable) adds runs of another results folder
+to the report, e.g. the stock runs of an earlier invocation instead of making them again:
+with 2 workers a run repeats bit for bit, and a run found in two folders must be identical
+(else the report raises). The runs table names each run's folder.
 
 A stop signal (SIGINT, SIGTERM, SIGHUP) ends the running job and writes the report of the
 runs made so far; exit 128 + signal.
