@@ -23,35 +23,35 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
 
     Updates 1 to `freeze_after` are MXNet's :class:`mxnet.optimizer.Adam`, bit for bit.
     From update ``freeze_after + 1`` on, the second moment ``v`` and its bias correction stay
-    as they were after update `freeze_after`; the first moment and the weights move as in
-    Adam::
+    as they were after update `freeze_after`, except that ``v`` never falls below
+    ``(1 - beta2) * g**2``, the bound every Adam update keeps; the first moment and the
+    weights move as in Adam::
 
-        rescaled_grad = clip(grad * rescale_grad + wd * weight, clip_gradient)
-        v = v if v != 0 else (1 - beta2) * rescaled_grad**2      (elementwise)
-        m = beta1 * m + (1 - beta1) * rescaled_grad
+        g = clip(grad * rescale_grad + wd * weight, clip_gradient)
+        v = max(v, (1 - beta2) * g**2)                            (elementwise)
+        m = beta1 * m + (1 - beta1) * g
         lr_t = learning_rate * sqrt(1 - beta2**T) / (1 - beta1**t),  T = min(t, freeze_after)
         w = w - lr_t * m / (sqrt(v) + epsilon)
 
-    A coordinate whose gradients were all 0 until the freeze (``v`` exactly 0: nothing was
-    measured, e.g. a unit that was dead, or a value that a ternary compressor sent as 0 every
-    time) takes its ``v`` from its first non-zero gradient, as Adam's own update of a zero
-    ``v`` would, and keeps it: divided by ``sqrt(0) + epsilon`` its first step would be some
-    1e5 times the learning rate.
+    The bound is what keeps a step near the learning rate: Adam's own ``v`` is at least
+    ``(1 - beta2) * g**2`` after each update, so ``|g| / sqrt(v)`` stays below
+    ``1 / sqrt(1 - beta2)``. A frozen ``v`` that the warm-up measured as 0 or nearly 0 (a
+    unit that was inactive then, an input that was almost always 0, a value a ternary
+    compressor sent as 0) would otherwise divide a later, larger gradient by almost
+    nothing: on the benchmark's MLP (Adam lr 1e-3) the unbounded rule went to inf some 30
+    steps after the freeze in every seed (docs/benchmarks/mlp-adam-fv). The bound moves
+    ``v`` only for a gradient more than ``1 / sqrt(1 - beta2)`` (32 at the default) times
+    ``sqrt(v)``; elsewhere ``v`` is kept bit for bit.
 
-    After the freeze the step is linear in the gradients: momentum SGD with a fixed
-    per-coordinate preconditioner. With a delayed update (docs/design.md §1.4) the workers'
-    local steps between pulls and the servers' steps then divide by the same ``v``, where
-    Adam's local copy would learn its own ``v`` from one worker's noisier gradient; and a
-    compressed push's error feedback, which makes the sum over a few steps right but not each
-    value, passes through a linear step as a sum. With :class:`mxdelay.DelayedTrainer`,
-    `freeze_after` equal to ``warmup_steps`` freezes ``v`` at the switch to delayed updates:
-    round t is the servers' update t + 1, so ``v`` holds the gradients of the warm-up's
-    rounds.
-
-    It can diverge: nothing raises ``v`` for a coordinate whose gradients grow after the
-    freeze, and on the benchmark's MLP (Adam lr 1e-3, k=8) training went to inf some 30 steps
-    after it in every seed, where the BatchNorm CNN trained well at k=4 to 16
-    (docs/limits.md). Check it on your job against ``'adam'``.
+    After the freeze the step is linear in the gradients wherever the bound does not move
+    ``v``: momentum SGD with a fixed per-coordinate preconditioner. With a delayed update
+    (docs/design.md §1.4) the workers' local steps between pulls and the servers' steps then
+    divide by the same ``v``, where Adam's local copy would learn its own ``v`` from one
+    worker's noisier gradient; and a compressed push's error feedback, which makes the sum
+    over a few steps right but not each value, passes through a linear step as a sum. With
+    :class:`mxdelay.DelayedTrainer`, `freeze_after` equal to ``warmup_steps`` freezes ``v``
+    at the switch to delayed updates: round t is the servers' update t + 1, so ``v`` holds
+    the gradients of the warm-up's rounds.
 
     Parameters
     ----------
@@ -103,11 +103,10 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
             kwargs['clip_gradient'] = self.clip_gradient
         mean, var = state
         if frozen:
-            # v == 0: nothing measured yet; this gradient measures it (Adam's own β2 * 0 +
-            # (1 - β2) * g^2), and the kernel below keeps it.
+            # Adam's bound v >= (1 - β2) g^2, which the kernel below (β2 = 1) does not keep.
             scaled = grad * self.rescale_grad + weight * wd
             if self.clip_gradient:
                 scaled = nd.clip(scaled, -self.clip_gradient, self.clip_gradient)
-            var += (var == 0) * ((1. - self.beta2) * nd.square(scaled))
+            nd.broadcast_maximum(var, (1. - self.beta2) * nd.square(scaled), out=var)
         nd.adam_update(weight, grad, mean, var, out=weight, lazy_update=self.lazy_update,
                        lr=lr, wd=wd, **kwargs)

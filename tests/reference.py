@@ -99,12 +99,12 @@ def adam_lr(lr, t, beta1, beta2, freeze_after=None):
 
 def frozen_adam_step(opt, t, w, grad, mean, var, lr, wd, rescale):
     """Adam's step `t` (:func:`adam_step`), or ``mxdelay.FrozenVarianceAdam``'s after its
-    freeze: the kernel with beta2 = 1 (v kept), after a coordinate still at v = 0 has taken
-    ``float32(1 - beta2) * g * g`` of its gradient ``g = grad*rescale + w*wd``."""
+    freeze: the kernel with beta2 = 1 (v kept), after ``v := max(v, float32(1 - beta2) * g *
+    g)`` with its gradient ``g = grad*rescale + w*wd``."""
     if opt['freeze_after'] is None or t <= opt['freeze_after']:
         return adam_step(w, grad, mean, var, lr, wd, rescale, opt['b1'], opt['b2'], opt['eps'])
     g = grad * rescale + w * wd
-    var = np.where(var == 0, F32(1.0 - opt['beta2']) * (g * g), var)
+    var = np.maximum(var, F32(1.0 - opt['beta2']) * (g * g))
     return adam_step(w, grad, mean, var, lr, wd, rescale, opt['b1'], F32(1), opt['eps'])
 
 
