@@ -354,6 +354,21 @@ def test_port_option(tmp_path):
     assert scheduler_port(result.stderr) == port
 
 
+@pytest.mark.parametrize('scheduler_says, runs', [
+    ('Check failed: my_node_.port != -1 : bind failed', 2),   # a lost race for the port
+    ('some other failure', 1),
+])
+def test_run_job_runs_again_only_when_the_scheduler_could_not_bind(monkeypatch, scheduler_says,
+                                                                   runs):
+    from support import jobs  # pylint: disable=import-outside-toplevel
+    failed = JobResult(1, '', '[scheduler] MXNetError: %s\n' % scheduler_says, 0.5)
+    results = [failed, JobResult(0, 'done', '', 1.0)]
+    want = results[runs - 1]
+    monkeypatch.setattr(jobs, '_run_job_once', lambda *args: results.pop(0))
+    assert run_job(['true'], num_workers=1) is want
+    assert len(results) == 2 - runs
+
+
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize('command, message', [
     ([], 'no command given'),

@@ -201,7 +201,25 @@ def run_job(command, num_workers, num_servers=1, env=None, timeout=120, cwd=None
     ------
     AssertionError
         If the job outlives `timeout`; the message has everything the job printed.
+
+    Notes
+    -----
+    A job whose scheduler could not bind its port (ps-lite's ``bind failed``: another
+    process took the free port the launcher picked before the scheduler bound it, a race on
+    a busy machine) is run once more, on a new port; nothing of it ran past the start.
     """
+    result = _run_job_once(command, num_workers, num_servers, env, timeout, cwd,
+                           extra_launcher_args)
+    if result.returncode != 0 and any(
+            'bind failed' in line for line in role_lines(result.stderr, 'scheduler')):
+        sys.stderr.write('job %r: the scheduler could not bind its port; run again\n'
+                         % (command,))
+        result = _run_job_once(command, num_workers, num_servers, env, timeout, cwd,
+                               extra_launcher_args)
+    return result
+
+
+def _run_job_once(command, num_workers, num_servers, env, timeout, cwd, extra_launcher_args):
     started = time.monotonic()
     with started_job(command, num_workers, num_servers, env, cwd, extra_launcher_args) as popen:
         try:
