@@ -6,7 +6,9 @@ Procedure (fixed before the run; the defaults below are the full run's):
   ``sync``: stock ``gluon.Trainer`` on MXNet's native ``'dist_sync'``, no mxdelay in any
   process (every process checks and records it; ``stock_check`` column);
   ``k4``: ``mxdelay.DelayedTrainer`` on ``'dist_delay'``, k=4, rule ``'mirror'``;
-  ``k4-fp16``: the same with ``compression_params={'type': 'fp16'}`` (float16 pushes).
+  ``k4-fp16``: the same with ``compression_params={'type': 'fp16'}`` (float16 pushes);
+  only when ``--methods`` names it, ``k4-ternary-pull-int8``: k=4 with ternary pushes and
+  int8 pulls (issue 20's compressed configuration).
 - **Models**: ``mlp``, the example's ``build_net('mlp')`` (784-1024-1024-10, 1.86M
   parameters), Fashion-MNIST shards, batch 128 per worker, SGD lr 0.05 momentum 0.9;
   ``resnet18``, Gluon's model zoo ``resnet18_v1(classes=10)`` (11.18M trained parameters)
@@ -23,7 +25,7 @@ Procedure (fixed before the run; the defaults below are the full run's):
   same for every method) and times the next ``--steps`` steps (mlp 40, resnet18 8: whole
   k=4 periods). Within a configuration the methods run in ``--rounds`` (1) rounds; round r
   of the c-th configuration (0-based, in the order model, N, S) takes the methods in the
-  order sync, k4, k4-fp16 rotated left by c, reversed when r is even, so that slow drifts
+  order of ``--methods`` rotated left by c, reversed when r is even, so that slow drifts
   of the shared machine hit all alike and no method is always first. No run is repeated
   or dropped; a run during which processes outside the job used more than 0.25 cores
   (``cpu_other``) is flagged *noisy* (on shaped links the bridge's packet work is charged to
@@ -88,7 +90,9 @@ __all__ = ['METHODS', 'MODELS', 'main']
 _LOG = logging.getLogger('scaling')
 REPO = harness.REPO
 
-METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16')
+METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16',
+                          'k4-ternary-pull-int8')
+DEFAULT_METHODS = 'sync,k4,k4-fp16'   # the issue-13 grid's; ternary on request (issue 20)
 PERIOD = 4  # k of the delayed methods: the windows hold whole periods
 _fmt, _table = report.fmt, report.table
 #: name -> label, bench_worker arguments, batch per worker, float32 MB of the gradient,
@@ -131,7 +135,7 @@ def parse_args(argv):
                         help='raw per-run files and logs (default: %(default)s)')
     parser.add_argument('--models', default=','.join(MODELS),
                         type=harness.names(MODELS), help='(default: %(default)s)')
-    parser.add_argument('--methods', default=','.join(METHODS),
+    parser.add_argument('--methods', default=DEFAULT_METHODS,
                         type=harness.names(METHODS), help='(default: %(default)s)')
     parser.add_argument('--workers', default='2,4,8', type=harness.ints,
                         help='(default: %(default)s)')
