@@ -72,7 +72,9 @@ EXPECTED = {
         'sync': ('dist_sync (stock)', ['--mode', 'sync']),
         'k4': ('k=4', DELAYED + ['4', '--local-rule', 'mirror']),
         'k4-fp16': ('k=4 + fp16', DELAYED + ['4', '--local-rule', 'mirror',
-                                             '--compression', 'fp16'])},
+                                             '--compression', 'fp16']),
+        'k4-ternary-pull-int8': ('k=4 + ternary + pull int8', DELAYED + [
+            '4', '--pull-compression', 'int8', '--compression', 'ternary'])},
 }
 SCENARIOS = {'tta': tta, 'compress': compress, 'accuracy_cnn': accuracy_cnn,
              'scaling': scaling}

@@ -42,7 +42,7 @@ def test_ratio_efficiency_and_verdicts():
 
 
 def test_method_order_rotates_and_reverses():
-    methods = list(scaling.METHODS)
+    methods = scaling.parse_args([]).methods
     assert scaling._order(methods, 0, 1) == ['sync', 'k4', 'k4-fp16']
     assert scaling._order(methods, 1, 1) == ['k4', 'k4-fp16', 'sync']
     assert scaling._order(methods, 4, 2) == ['sync', 'k4-fp16', 'k4']
