@@ -5,7 +5,9 @@ were made by several invocations (a stopped invocation completed later, or a met
 after its baseline), this script reads every ``full-evals.csv`` given, takes the evaluations
 at epoch ends, and compares each method's mean over its seeds with the baseline's mean over
 the same seeds, epoch by epoch (in points). A run (method, seed) found in two files must
-have the same accuracies in both (with 2 workers a run repeats bit for bit).
+have the same accuracies in both (with 2 workers a run repeats bit for bit). A folder given
+as ``FOLDER:METHOD,...`` contributes those methods only (a method whose library changed
+between two folders is taken from one).
 
 Writes ``gaps.json`` and ``gaps.md`` into ``--out``.
 
@@ -14,6 +16,8 @@ Usage::
     python benchmarks/accuracy_gaps.py --out docs/benchmarks/mlp-lamb-2 \\
         docs/benchmarks/mlp-lamb-2 docs/benchmarks/mlp-lamb-2/delayed \\
         docs/benchmarks/mlp-lamb-2/delayed-s3
+    python benchmarks/accuracy_gaps.py --out docs/benchmarks/mlp-adam-bound \
+        docs/benchmarks/mlp-adam-ternary:sync docs/benchmarks/mlp-adam-bound
 """
 import argparse
 import os
@@ -28,11 +32,15 @@ __all__ = ['main', 'read_runs', 'gaps']
 
 def read_runs(folders):
     """{(method, seed): [epoch-end accuracies, epoch 1 first]} of the ``full-evals.csv`` of
-    every folder; raises if a run differs between two folders."""
+    every folder (``FOLDER:METHOD,...``: those methods only); raises if a run differs between
+    two folders."""
     runs, where = {}, {}
-    for folder in folders:
+    for spec in folders:
+        folder, methods = split_spec(spec)
         found = {}
         for row in report_lib.read_csv(os.path.join(folder, 'full-evals.csv')):
+            if methods is not None and row['method'] not in methods:
+                continue
             if str(row['epoch_end']).lower() in ('true', '1'):
                 found.setdefault((row['method'], row['seed']), []).append(
                     (row['epoch'], row['test_acc']))
@@ -44,6 +52,17 @@ def read_runs(folders):
             runs.setdefault(key, acc)
             where.setdefault(key, folder)
     return runs
+
+
+def split_spec(spec):
+    """'FOLDER' -> (FOLDER, None); 'FOLDER:M1,M2' -> (FOLDER, {'M1', 'M2'})."""
+    folder, sep, methods = spec.rpartition(':')
+    if not sep:
+        return spec, None
+    chosen = {m for m in methods.split(',') if m}
+    if not folder or not chosen:
+        raise ValueError('%r is not FOLDER or FOLDER:METHOD[,...]' % spec)
+    return folder, chosen
 
 
 def gaps(runs, baseline='sync'):
@@ -92,13 +111,17 @@ def write_markdown(path, table, folders, command):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('folders', nargs='+', help='tta.py results folders (full-evals.csv)')
+    parser.add_argument('folders', nargs='+', help='tta.py results folders (full-evals.csv), '
+                        'each optionally :METHOD,... to read those methods only')
     parser.add_argument('--out', required=True, help='where gaps.json and gaps.md go')
     parser.add_argument('--baseline', default='sync', help='(default: %(default)s)')
     args = parser.parse_args(argv)
     folders = [os.path.relpath(f, provenance.REPO) if os.path.isabs(f) else f
                for f in args.folders]
-    table = gaps(read_runs(args.folders), args.baseline)
+    try:
+        table = gaps(read_runs(args.folders), args.baseline)
+    except ValueError as err:
+        parser.error(str(err))
     if args.baseline not in table:
         parser.error('no run of the baseline %r in %s' % (args.baseline, folders))
     os.makedirs(args.out, exist_ok=True)

@@ -404,9 +404,16 @@ def test_accuracy_gaps(tmp_path):
     assert table['sync']['seeds'] == [1, 2, 3] and 'gaps' not in table['sync']
     assert table['k4']['gaps'] == pytest.approx([0.5, -2.0])
     assert (table['k4']['worst_epoch'], table['k4']['worst_points']) == (2, pytest.approx(-2.0))
-    _tta_evals(c, {('sync', 2): [0.70, 0.81]})
+    _tta_evals(c, {('sync', 2): [0.70, 0.81], ('k4', 1): [0.5, 0.5]})
     with pytest.raises(RuntimeError, match='sync seed 2 differs'):
         accuracy_gaps.read_runs([a, c])
+    # FOLDER:METHODS reads those methods only: c's k4 without its differing sync.
+    want = accuracy_gaps.read_runs([a])
+    want['k4', 1] = [0.5, 0.5]
+    assert accuracy_gaps.read_runs([a, c + ':k4']) == want
+    for bad in (c + ':', ':k4'):
+        with pytest.raises(ValueError, match='is not FOLDER or FOLDER:METHOD'):
+            accuracy_gaps.read_runs([bad])
     assert accuracy_gaps.main(['--out', str(tmp_path), a, b]) == 0
     written = report.read_json(str(tmp_path / 'gaps.json'))
     assert written['methods']['k4']['worst_points'] == pytest.approx(-2.0)
