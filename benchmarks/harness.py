@@ -154,12 +154,13 @@ METHODS = {
     'k8-bound2m': Method('k=8, bound 2M', delay=8, env=_BOUND_2M),
 }
 # The same with shorter warm-ups (issue 20: the shortest warm-up that keeps accuracy).
-for _k in (4, 8):
+for _name, _label in (('k4-fp16-pull-int8', 'k=4 + fp16 + pull int8'),
+                      ('k8-fp16-pull-int8', 'k=8 + fp16 + pull int8'),
+                      ('k4-ternary-pull-int8', 'k=4 + ternary + pull int8')):
     for _w in (0, 50, 100):
-        METHODS['k%d-fp16-pull-int8-w%d' % (_k, _w)] = dataclasses.replace(
-            METHODS['k%d-fp16-pull-int8' % _k], warmup=_w,
-            label='k=%d + fp16 + pull int8, warm-up %d' % (_k, _w))
-del _k, _w
+        METHODS['%s-w%d' % (_name, _w)] = dataclasses.replace(
+            METHODS[_name], warmup=_w, label='%s, warm-up %d' % (_label, _w))
+del _name, _label, _w
 # Stock dist_sync with MXNet's 2bit at thresholds below its documented 0.5 (which does not
 # train the MLP): the search for stock's best threshold (issue 20).
 for _t in ('0.1', '0.05', '0.02', '0.01', '0.005', '0.002'):
