@@ -839,9 +839,13 @@ def test_warmup_methods(tmp_path, launched, monkeypatch):
         assert (method.label, method.args, method.env) == (label, args, ())
         assert method.job == harness.METHODS[name.split('-w')[0]].job
     assert harness.METHODS['k4-fp16-pull-int8'].job != harness.METHODS['k8-fp16-pull-int8'].job
+    for w in (0, 50, 100):
+        method = harness.METHODS['k4-ternary-pull-int8-w%d' % w]
+        assert method.label == 'k=4 + ternary + pull int8, warm-up %d' % w
+        assert (method.warmup, method.args) == (w, harness.METHODS['k4-ternary-pull-int8'].args)
     # Every other method keeps the script's default warm-up.
     assert [n for n, m in harness.METHODS.items() if m.warmup is not None] == [
-        n for n in WARMUPS if '-w' in n]
+        n for n in WARMUPS if '-w' in n] + ['k4-ternary-pull-int8-w%d' % w for w in (0, 50, 100)]
     monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS))
     scratch = str(tmp_path / 's')
     assert tta.main(['--part', 'full', '--out', str(tmp_path / 'out'), '--scratch', scratch,
