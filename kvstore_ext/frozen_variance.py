@@ -69,7 +69,7 @@ class FrozenVarianceAdam(mx.optimizer.Adam):
         If `freeze_after` is not an int (:class:`mxdelay.ArgumentTypeError`).
     ValueError
         If `freeze_after` is below 1; at an update, if the gradient is not dense (row_sparse
-        gradients: use ``'adam'``, whose lazy update has no such fill).
+        gradients: use ``'adam'``, whose lazy update needs no such bound).
     """
 
     def __init__(self, freeze_after, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,

@@ -407,9 +407,9 @@ class MirrorRule(LocalRule):
         sparse = [p.name for p in _sparse_grad_params(optimizer).values()]
         if sparse and isinstance(optimizer, FrozenVarianceAdam):
             raise ValueError(
-                "optimizer 'frozenvarianceadam' takes dense gradients only (its frozen second "
-                'moment is filled where it is 0, docs/design.md §1.4), and Parameter %s has '
-                "row_sparse gradients; use optimizer 'adam'" % ', '.join(sparse))
+                "optimizer 'frozenvarianceadam' takes dense gradients only (the bound on its "
+                'frozen second moment is written for them, docs/design.md §1.4), and Parameter '
+                "%s has row_sparse gradients; use optimizer 'adam'" % ', '.join(sparse))
         lazy = next((n for n in mro if n in SPARSE_MIRRORED), None)
         if sparse and (lazy is None or not getattr(optimizer, 'lazy_update', False)):
             raise ValueError(
