@@ -82,7 +82,7 @@ OPTIMIZERS = {
 }
 METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4', 'k4-aux', 'k8-aux',
                           'k4-ternary-pull-int8', 'k4-fv', 'k8-fv', 'k16-fv',
-                          'k4-ternary-pull-int8-fv', 'drift-k8', 'drift-k16')
+                          'k4-ternary-pull-int8-fv', 'drift-k4', 'drift-k8', 'drift-k16')
 TARGETS = ('k4', 'k8')  # within TARGET_POINTS of dist_sync
 TARGET_POINTS = 0.5
 DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'

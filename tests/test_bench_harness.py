@@ -66,6 +66,7 @@ EXPECTED = {
         'k4-ternary-pull-int8-fv': ('k=4 + ternary + pull int8, v frozen', DELAYED + [
             '4', '--pull-compression', 'int8', '--freeze-second-moment', '--compression',
             'ternary']),
+        'drift-k4': ("rule 'drift', k=4", DELAYED + ['4', '--local-rule', 'drift']),
         'drift-k8': ("rule 'drift', k=8", DELAYED + ['8', '--local-rule', 'drift']),
         'drift-k16': ("rule 'drift', k=16", DELAYED + ['16', '--local-rule', 'drift'])},
     'scaling': {
