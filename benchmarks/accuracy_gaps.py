@@ -16,7 +16,7 @@ Usage::
     python benchmarks/accuracy_gaps.py --out docs/benchmarks/mlp-lamb-2 \\
         docs/benchmarks/mlp-lamb-2 docs/benchmarks/mlp-lamb-2/delayed \\
         docs/benchmarks/mlp-lamb-2/delayed-s3
-    python benchmarks/accuracy_gaps.py --out docs/benchmarks/mlp-adam-bound \
+    python benchmarks/accuracy_gaps.py --out docs/benchmarks/mlp-adam-bound \\
         docs/benchmarks/mlp-adam-ternary:sync docs/benchmarks/mlp-adam-bound
 """
 import argparse
