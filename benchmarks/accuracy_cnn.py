@@ -83,6 +83,13 @@ OPTIMIZERS = {
 METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4', 'k4-aux', 'k8-aux',
                           'k4-ternary-pull-int8', 'k4-fv', 'k8-fv', 'k16-fv',
                           'k4-ternary-pull-int8-fv', 'drift-k4', 'drift-k8', 'drift-k16')
+#: method -> (matplotlib colour, line style) of accuracy.png; one for every method
+PLOT_STYLES = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
+               'sgd-k4': ('C7', '-.'), 'k4-aux': ('C0', ':'), 'k8-aux': ('C1', ':'),
+               'k4-ternary-pull-int8': ('C4', '-'), 'k4-fv': ('C0', '--'),
+               'k8-fv': ('C1', '--'), 'k16-fv': ('C2', '--'),
+               'k4-ternary-pull-int8-fv': ('C4', '--'), 'drift-k4': ('C0', '-.'),
+               'drift-k8': ('C1', '-.'), 'drift-k16': ('C2', '-.')}
 TARGETS = ('k4', 'k8')  # within TARGET_POINTS of dist_sync
 TARGET_POINTS = 0.5
 DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'
@@ -392,12 +399,6 @@ def readme_rows(summary, runs, out):
 
 def plot(path, summary):
     plt = report_lib.pyplot()
-    styles = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
-              'sgd-k4': ('C7', '-.'), 'k4-aux': ('C0', ':'), 'k8-aux': ('C1', ':'),
-              'k4-ternary-pull-int8': ('C4', '-'), 'k4-fv': ('C0', '--'),
-              'k8-fv': ('C1', '--'), 'k16-fv': ('C2', '--'),
-              'k4-ternary-pull-int8-fv': ('C4', '--'), 'drift-k8': ('C1', '-.'),
-              'drift-k16': ('C2', '-.')}
     fig, axes = plt.subplots(1, len(OPTIMIZERS), figsize=(12.8, 4.8))
     for ax, (optimizer, (label, _)) in zip(axes, OPTIMIZERS.items()):
         shown, literal = [], []
@@ -407,7 +408,7 @@ def plot(path, summary):
                 continue
             epochs = sorted(entry['acc'])
             acc = [entry['acc'][e] for e in epochs]
-            color, style = styles[method]
+            color, style = PLOT_STYLES[method]
             ax.plot(epochs, acc, marker='o', ms=4, color=color, ls=style,
                     label='%s: %.4f' % (METHODS[method].label, acc[-1]))
             (literal if method == 'sgd-k4' else shown).extend(acc)

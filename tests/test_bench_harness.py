@@ -94,6 +94,10 @@ def _assert_clean(env):
     assert env['OMP_NUM_THREADS'] == '1' and env['PYTHONUNBUFFERED'] == '1'
 
 
+def test_accuracy_cnn_plots_every_method():
+    assert set(accuracy_cnn.PLOT_STYLES) == set(accuracy_cnn.METHODS)
+
+
 @pytest.mark.parametrize('scenario', sorted(EXPECTED))
 def test_methods(scenario):
     table = SCENARIOS[scenario].METHODS
