@@ -33,6 +33,8 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, '..', 'examples'))
+# The example's model and evaluation (the example imports mxdelay first, then mxnet).
+from train_fashion_mnist import build_net, evaluate  # noqa: E402  pylint: disable=wrong-import-position
 import fashion_mnist_data as data  # noqa: E402  pylint: disable=wrong-import-position
 import mxnet as mx  # noqa: E402  pylint: disable=wrong-import-position
 from mxnet import autograd, gluon, nd  # noqa: E402  pylint: disable=wrong-import-position
@@ -63,9 +65,7 @@ def adam_update(w, g, m, v, u, rule, rescale):
 
 def build(seed):
     mx.random.seed(seed)
-    net = gluon.nn.HybridSequential()
-    net.add(gluon.nn.Dense(1024, activation='relu'), gluon.nn.Dense(1024, activation='relu'),
-            gluon.nn.Dense(10))
+    net = build_net('mlp')
     net.initialize(mx.init.Xavier(magnitude=2.24))
     net(nd.zeros((1, 1, 28, 28)))
     net.hybridize()
@@ -75,9 +75,7 @@ def build(seed):
 def accuracy(net, params, weights, test):
     for p, w in zip(params, weights):
         p.set_data(nd.array(w))
-    correct = sum(int((net(nd.array(x)).argmax(axis=1) == nd.array(y)).sum().asscalar())
-                  for x, y in data.iterate(*test, 1000))
-    return correct / len(test[1])
+    return evaluate(net, *test, mx.cpu())
 
 
 def simulate(rule, seed, delay, epochs, data_dir):
