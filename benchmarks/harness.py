@@ -276,17 +276,19 @@ class Job:
             self.argv, stdin=subprocess.DEVNULL, env=self.env, **popen_args)
 
 
-def run_worker(folder, worker_args, timeout, hostfile=None, env=None):
+def run_worker(folder, worker_args, timeout, hostfile=None, env=None,
+               num_workers=NUM_WORKERS, num_servers=1):
     """Run one launcher job of bench_worker.py with `worker_args` (``--out`` added) in the
     emptied `folder` (its log, the workers' results and the role records go there); `env`:
-    variables added to the job's environment (:attr:`Method.env`).
+    variables added to the job's environment (:attr:`Method.env`); `num_workers` workers and
+    `num_servers` servers.
 
     Returns (exit code, worker results, the CpuMonitor of the job, the role records).
     """
     _empty(folder)
     out = os.path.join(folder, 'worker-{rank}.json')
     job = Job([sys.executable, WORKER] + worker_args + ['--out', out], timeout,
-              hostfile=hostfile, env=env)
+              num_workers, num_servers, hostfile=hostfile, env=env)
     monitor = CpuMonitor({os.getpid(): 'driver'})
     code = job.run(os.path.join(folder, 'log.txt'), monitor)
     results = []
@@ -380,19 +382,23 @@ def _empty(folder):
         os.remove(os.path.join(folder, stale))
 
 
-def run_method(folder, method, worker_args, timeout, hostfile=None):
+def run_method(folder, method, worker_args, timeout, hostfile=None,
+               num_workers=NUM_WORKERS, num_servers=1):
     """:func:`run_worker` of `method` (a :class:`Method`: its arguments first, then
-    `worker_args`), and what every row of such a run records.
+    `worker_args`) with `num_workers` workers and `num_servers` servers, and what every row of
+    such a run records.
 
     Returns (exit code, worker results, CpuMonitor, info): `info` holds ``load_before``,
     ``load_after`` (1-minute load average), ``job_s``, ``stock_check`` and ``worker_env``.
     """
     load, started = os.getloadavg()[0], time.time()
     code, results, monitor, roles = run_worker(folder, method.args + list(worker_args), timeout,
-                                               hostfile, dict(method.env) or None)
+                                               hostfile, dict(method.env) or None,
+                                               num_workers, num_servers)
     return code, results, monitor, dict(
         load_before=load, load_after=os.getloadavg()[0], job_s=time.time() - started,
-        stock_check=stock_check(method.stock, roles), worker_env=worker_env(roles))
+        stock_check=stock_check(method.stock, roles, 1 + num_servers + num_workers),
+        worker_env=worker_env(roles))
 
 
 def stop(popen, grace=15.0):

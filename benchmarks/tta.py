@@ -1,7 +1,7 @@
 """Time-to-accuracy, accuracy over seeds, and per-phase step times on shaped links (issue 14).
 
-Every job: the Fashion-MNIST MLP 784-1024-1024-10, batch 128 per worker, 2 workers + 1
-server, ``--optimizer`` (:data:`OPTIMIZERS`; default SGD lr 0.05 momentum 0.9) for every
+Every job: the Fashion-MNIST MLP 784-1024-1024-10, batch 128 per worker, ``--workers``
+workers and ``--servers`` servers (default 2 and 1), ``--optimizer`` (:data:`OPTIMIZERS`; default SGD lr 0.05 momentum 0.9) for every
 method, ``OMP_NUM_THREADS=1`` in every process, launched by
 ``mxdelay/launcher.py`` run as a plain file (it imports neither mxdelay's package nor MXNet)
 with an explicit environment: the driver's, minus every ``DMLC_*``, ``MXNET_*`` and
@@ -17,8 +17,8 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
 ``full``
     Real training runs on loopback: ``--epochs`` (10) epochs, every method, every seed of
     ``--seeds`` (1,2,3). The methods are interleaved (seed by seed, every other seed in the
-    reverse order). Worker 0 keeps its weights every 78 steps (a third of an epoch) and at
-    every epoch end, and evaluates them on the 10000 test images after training. Wall time
+    reverse order). Worker 0 keeps its weights every third of an epoch (78 steps of 234 with
+    2 workers, 39 of 117 with 4) and at every epoch end, and evaluates them on the 10000 test images after training. Wall time
     is that of training only, from the first worker's first step to each step's end on the
     slower worker. Files: ``full-evals.csv`` (one row per evaluation), ``full-runs.csv``.
 ``phases``
@@ -29,8 +29,8 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
     time is the job's time over the ``--steps`` steps after the switch, divided by them
     (whole k=8 periods). The first step (it includes the kvstore's initial push) is timed
     on its own. Also the steady-state throughput of the delayed window (samples/s, as the
-    earlier benchmark: 2 x steps x 128 over the first worker's start to the last worker's
-    end, drain included). File: ``phases-runs.csv``.
+    earlier benchmark: workers x steps x 128 over the first worker's start to the last
+    worker's end, drain included). File: ``phases-runs.csv``.
 ``real``
     The check of the derivation on shaped links: on each network of ``--networks``, in one
     set of namespaces per network (as ``phases``), the runs of ``full`` (``--epochs``, every
@@ -46,7 +46,10 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
 
 Derived time-to-accuracy: with 2 workers the trajectory does not depend on timing (exact
 rounds, a sum of two is commutative, seeded data order), so step n has the same weights on
-any link; a link changes only the time per step. The time of step n on a link is
+any link; a link changes only the time per step. With more workers the servers add the
+pushes in the order they arrive, so the last bits of a sum, and from there the trajectory,
+may differ from run to run (the report's loss digests show whether they did): the derivation
+then rests on steps to accuracy being the same in distribution, which ``real`` checks. The time of step n on a link is
 first_step + (n_sync - 1) * sync_step + n_delayed * delayed_step, with the per-phase times
 (median over rounds) of ``phases`` and n_sync = min(n, W + 1) for the delayed methods (warm-up
 plus the switch step; W is the method's warm-up, :func:`warmup_of`). On loopback this is
@@ -81,7 +84,8 @@ import report as report_lib
 _LOG = logging.getLogger('tta')
 
 REPO = harness.REPO
-NUM_WORKERS, BATCH = harness.NUM_WORKERS, harness.BATCH
+BATCH = harness.BATCH
+TRAIN_IMAGES = 60000
 METHODS = harness.methods('sync', 'k2', 'k4', 'k8', 'drift-k4', 'drift-k8')
 #: What --methods runs unless told (the drift rule's runs are asked for by name).
 DEFAULT_METHODS = ('sync', 'k2', 'k4', 'k8')
@@ -97,7 +101,16 @@ OPTIMIZERS = {
     'lamb': ('LAMB (lr 0.005, wd 0)', ['--optimizer', 'lamb', '--lr', '0.005', '--wd', '0']),
     'adam': ('Adam (lr 1e-3, wd 0)', ['--optimizer', 'adam', '--lr', '0.001', '--wd', '0']),
 }
-EVAL_EVERY = 78        # a third of an epoch (234 steps)
+
+
+def steps_per_epoch(workers):
+    """Steps of an epoch with `workers` workers (bench_worker's shards: whole batches)."""
+    return TRAIN_IMAGES // (BATCH * workers)
+
+
+def eval_every(workers):
+    """Steps between worker 0's kept weights: a third of an epoch (78 with 2 workers)."""
+    return steps_per_epoch(workers) // 3
 
 
 def parse_args(argv=None):
@@ -128,8 +141,15 @@ def parse_args(argv=None):
                         help="report: the real runs' target, dist_sync's mean accuracy at the "
                              'end of epoch N of the full runs, or a test accuracy '
                              '(default: %(default)s)')
+    parser.add_argument('--workers', type=int, default=harness.NUM_WORKERS,
+                        help='full, phases, real: workers of every job (default: %(default)s)')
+    parser.add_argument('--servers', type=int, default=1,
+                        help='full, phases, real: servers of every job (default: %(default)s)')
     parser.add_argument('--data-dir', default='/usr/share/datasets/fashion-mnist')
     args = parser.parse_args(argv)
+    for name in ('workers', 'servers'):
+        if getattr(args, name) < 1:
+            parser.error('--%s %d: give 1 or more' % (name, getattr(args, name)))
     try:
         args.real_target = real_target(args.real_target)
     except ValueError as err:
@@ -192,7 +212,8 @@ def _meta(args, argv, command):
         'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
         'optimizer': args.optimizer,
         'networks': {n: NETWORKS[n] for n in args.networks}, 'rounds': args.rounds,
-        'full_warmup': FULL_WARMUP, 'eval_every': EVAL_EVERY,
+        'full_warmup': FULL_WARMUP, 'eval_every': eval_every(args.workers),
+        'workers': args.workers, 'servers': args.servers,
         'warmups': {m: warmup_of(m) for m in args.methods if not is_stock(m)}})
 
 
@@ -206,10 +227,12 @@ def train_run(args, part, method, seed, folder, timeout, hostfile=None, key=None
     """
     key = dict(key or {})
     worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
-                   '--warmup-steps', str(warmup_of(method)), '--eval-every', str(EVAL_EVERY),
+                   '--warmup-steps', str(warmup_of(method)),
+                   '--eval-every', str(eval_every(args.workers)),
                    '--data-dir', args.data_dir] + OPTIMIZERS[args.optimizer][1]
     code, results, monitor, info = harness.run_method(folder, METHODS[method], worker_args,
-                                                      timeout, hostfile)
+                                                      timeout, hostfile, args.workers,
+                                                      args.servers)
     row = dict(key, method=method, seed=seed, exit=code, **info)
     name = ' '.join([part] + [str(v) for v in key.values()] + [method])
     if code != 0:
@@ -237,7 +260,8 @@ def part_full(args, meta):
         for method in harness.ordered(args.methods, index + 1):
             folder = os.path.join(args.scratch, 'full', '%s-s%d' % (method, seed))
             row, run_evals = train_run(args, 'full', method, seed, folder,
-                                       300 + args.epochs * 234 * 1.0)
+                                       300 + args.epochs * steps_per_epoch(args.workers)
+                                       * 0.5 * args.workers)
             runs.append(row)
             if row['exit'] != 0:
                 continue
@@ -253,13 +277,15 @@ def part_real(args, meta):
     evals, runs = [], []
     for net_name in args.networks:
         _, rate, _, _, bound = NETWORKS[net_name]
-        with harness.shaped_network(2 + NUM_WORKERS, rate, 'mxtta-') as (_, hostfile):
+        with harness.shaped_network(1 + args.servers + args.workers, rate,
+                                    'mxtta-') as (_, hostfile):
             for index, seed in enumerate(args.seeds):
                 for method in harness.ordered(args.methods, index + 1):
                     folder = os.path.join(args.scratch, 'real',
                                           '%s-%s-s%d' % (net_name, method, seed))
                     row, run_evals = train_run(args, 'real', method, seed, folder,
-                                               300 + args.epochs * 234 * bound, hostfile,
+                                               300 + args.epochs * steps_per_epoch(
+                                                   args.workers) * bound, hostfile,
                                                {'network': net_name})
                     runs.append(row)
                     evals += run_evals
@@ -282,7 +308,7 @@ def phase_row(results, warmup, steps):
                 delayed_steps=steps,
                 delayed_step_ms=1000 * (ends[switch + steps - 1] - ends[switch - 1]) / steps,
                 drain_s=end - t0 - ends[-1],
-                window_samples_per_s=NUM_WORKERS * steps * BATCH / (end - start),
+                window_samples_per_s=len(results) * steps * BATCH / (end - start),
                 losses=results[0]['losses'], window=(start - t0, end - t0))
 
 
@@ -299,7 +325,8 @@ def part_phases(args, meta):
                     plan.append(('loopback-as-%s' % other, ('loopback',  None)
                                  + NETWORKS[other][2:4] + (1.0,), 1))
     for net_name, (label, rate, warmup, steps, bound), rounds in plan:
-        with harness.shaped_network(2 + NUM_WORKERS, rate, 'mxtta-') as (_, hostfile):
+        with harness.shaped_network(1 + args.servers + args.workers, rate,
+                                    'mxtta-') as (_, hostfile):
             for round_index in range(1, rounds + 1):
                 for method in harness.ordered(args.methods, round_index):
                     folder = os.path.join(args.scratch, 'phases',
@@ -309,7 +336,8 @@ def part_phases(args, meta):
                                    ] + OPTIMIZERS[args.optimizer][1]
                     code, results, monitor, info = harness.run_method(
                         folder, METHODS[method], worker_args,
-                        120 + (warmup + 1 + steps) * bound, hostfile)
+                        120 + (warmup + 1 + steps) * bound, hostfile, args.workers,
+                        args.servers)
                     info.pop('job_s')
                     row = dict(network=net_name, method=method, round=round_index, exit=code,
                                warmup=warmup, steps=steps, **info)
@@ -551,7 +579,8 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
                    for (m, w, n), rows in same.items()]
     result = dict(target=target, determinism=determinism, target_definition="mean over seeds of dist_sync's test "
                   'accuracy after epoch 5', seeds=seeds, per_epoch=per_epoch, partial=partial,
-                  eval_every=EVAL_EVERY, accuracy=accuracy, steps_to_target=steps_to_target,
+                  eval_every=min(e['step'] for e in evals), job=_job_shape(metas),
+                  accuracy=accuracy, steps_to_target=steps_to_target,
                   warmups={m: warmup_of(m) for m in methods if not is_stock(m)},
                   times={'%s/%s' % k: v for k, v in times.items()},
                   tta={'%s/%s' % k: v for k, v in tta.items()},
@@ -582,6 +611,16 @@ def _warmup_text(methods, steps='steps'):
     return ', '.join('%d %s (%s)' % (w, steps, METHODS[m].label) for m, w in warmups.items())
 
 
+def _job_shape(metas):
+    """``(workers, servers)`` of the folder's runs (meta files before ``--workers``: 2, 1)."""
+    shapes = {(m['settings'].get('workers', harness.NUM_WORKERS), m['settings'].get('servers', 1))
+              for m in metas.values() if 'settings' in m}
+    if len(shapes) > 1:
+        raise ValueError('the parts of this folder ran different jobs (workers, servers): %s; '
+                         'give each job its own --out' % sorted(shapes))
+    return list(shapes.pop()) if shapes else [harness.NUM_WORKERS, 1]
+
+
 def _optimizer_label(result):
     """The full runs' optimizer (runs from before --optimizer: SGD)."""
     meta = result['metas'].get('full', {})
@@ -602,8 +641,10 @@ def write_markdown(out, result, methods, networks, phases, command):
     lines += ['', '## Test accuracy over %d seeds (loopback, real runs, %d epochs)' % (
         len(result['seeds']), len(accuracy['sync'])), '',
         "Worker 0's weights after each epoch, on the 10000 test images; mean (min-max) over "
-        'seeds %s. Optimizer: %s. Delayed methods: rule `mirror`, warm-up %s.' % (', '.join(
-            str(s) for s in result['seeds']), _optimizer_label(result), _warmup_text(methods)),
+        'seeds %s. Every job: %d workers, %d server%s. Optimizer: %s. Delayed methods: rule '
+        '`mirror`, warm-up %s.' % (', '.join(str(s) for s in result['seeds']), result['job'][0],
+                                   result['job'][1], '' if result['job'][1] == 1 else 's',
+                                   _optimizer_label(result), _warmup_text(methods)),
         '']
     if result.get('partial'):
         lines += ['Left out of every table over seeds (full runs of fewer seeds): %s.' % '; '.join(

@@ -296,6 +296,32 @@ def test_tta_full_and_phases_jobs(tmp_path, launched):
     assert launched.calls[4][0][6:8] == ['--timeout', '241']  # loopback with 1gbit's steps
 
 
+def test_tta_workers_and_servers_reach_every_job(tmp_path, launched, monkeypatch):
+    # --workers 4 --servers 2: the launcher's -n and -s, a third of 117 steps between kept
+    # weights, one namespace per role, the meta's settings; the report names the job.
+    nodes = []
+    monkeypatch.setattr(bench_netns, 'ShapedNetwork',
+                        lambda count, rate: nodes.append(count) or _Net(count, rate))
+    out, scratch = str(tmp_path / 'out'), str(tmp_path / 's')
+    shape = ['--workers', '4', '--servers', '2']
+    assert tta.main(['--part', 'full', '--out', out, '--scratch', scratch, '--seeds', '1',
+                     '--epochs', '3', '--methods', 'sync'] + shape) == 1
+    assert tta.main(['--part', 'phases', '--out', out, '--scratch', scratch, '--rounds', '1',
+                     '--networks', '100mbit', '--methods', 'k4'] + shape) == 1
+    (full, _), (phase, _) = launched.calls
+    assert full[:8] == _launch(4, '-s', 2, '--timeout', 1002)[:8]  # 300 + 3 x 117 x 2 s
+    assert full[full.index('--eval-every') + 1] == '39'
+    assert phase[2:6] == ['-n', '4', '-s', '2'] and nodes == [7]
+    settings = tta.report_lib.read_json(os.path.join(out, 'meta-full.json'))['settings']
+    assert (settings['workers'], settings['servers'], settings['eval_every']) == (4, 2, 39)
+    assert tta._job_shape({'full': {'settings': settings}}) == [4, 2]
+    assert tta._job_shape({'full': {'settings': {}}}) == [2, 1]  # folders from before
+    with pytest.raises(ValueError, match='ran different jobs'):
+        tta._job_shape({'full': {'settings': settings}, 'phases': {'settings': {}}})
+    with pytest.raises(SystemExit):
+        tta.parse_args(['--part', 'full', '--workers', '0'])
+
+
 def test_tta_optimizer_reaches_every_method(tmp_path, launched):
     # --optimizer lamb: the same arguments for the stock and the delayed job, after the
     # method's own (the default, sgd, adds none: bench_worker's defaults, as before).
