@@ -82,14 +82,17 @@ OPTIMIZERS = {
 }
 METHODS = harness.methods('sync', 'k4', 'k8', 'k16', 'sgd-k4', 'k4-aux', 'k8-aux',
                           'k4-ternary-pull-int8', 'k4-fv', 'k8-fv', 'k16-fv',
-                          'k4-ternary-pull-int8-fv', 'drift-k4', 'drift-k8', 'drift-k16')
+                          'k4-ternary-pull-int8-fv', 'drift-k4', 'drift-k8', 'drift-k16',
+                          'k4-int8-pull-int8', 'k4-int4-pull-int8', 'k8-ternary-pull-int8')
 #: method -> (matplotlib colour, line style) of accuracy.png; one for every method
 PLOT_STYLES = {'sync': ('C3', '--'), 'k4': ('C0', '-'), 'k8': ('C1', '-'), 'k16': ('C2', '-'),
                'sgd-k4': ('C7', '-.'), 'k4-aux': ('C0', ':'), 'k8-aux': ('C1', ':'),
                'k4-ternary-pull-int8': ('C4', '-'), 'k4-fv': ('C0', '--'),
                'k8-fv': ('C1', '--'), 'k16-fv': ('C2', '--'),
                'k4-ternary-pull-int8-fv': ('C4', '--'), 'drift-k4': ('C0', '-.'),
-               'drift-k8': ('C1', '-.'), 'drift-k16': ('C2', '-.')}
+               'drift-k8': ('C1', '-.'), 'drift-k16': ('C2', '-.'),
+               'k4-int8-pull-int8': ('C5', '-'), 'k4-int4-pull-int8': ('C6', '-'),
+               'k8-ternary-pull-int8': ('C4', ':')}
 TARGETS = ('k4', 'k8')  # within TARGET_POINTS of dist_sync
 TARGET_POINTS = 0.5
 DEFAULT_RUNS = ('sgd/sync,sgd/k4,sgd/k8,adam/sync,adam/k4,adam/k8,'

@@ -68,7 +68,13 @@ EXPECTED = {
             'ternary']),
         'drift-k4': ("rule 'drift', k=4", DELAYED + ['4', '--local-rule', 'drift']),
         'drift-k8': ("rule 'drift', k=8", DELAYED + ['8', '--local-rule', 'drift']),
-        'drift-k16': ("rule 'drift', k=16", DELAYED + ['16', '--local-rule', 'drift'])},
+        'drift-k16': ("rule 'drift', k=16", DELAYED + ['16', '--local-rule', 'drift']),
+        'k4-int8-pull-int8': ('k=4 + int8 + pull int8', DELAYED + [
+            '4', '--pull-compression', 'int8', '--compression', 'int8']),
+        'k4-int4-pull-int8': ('k=4 + int4 + pull int8', DELAYED + [
+            '4', '--pull-compression', 'int8', '--compression', 'int4']),
+        'k8-ternary-pull-int8': ('k=8 + ternary + pull int8', DELAYED + [
+            '8', '--pull-compression', 'int8', '--compression', 'ternary'])},
     'scaling': {
         'sync': ('dist_sync (stock)', ['--mode', 'sync']),
         'k4': ('k=4', DELAYED + ['4', '--local-rule', 'mirror']),
