@@ -447,6 +447,11 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
     phases_file = os.path.join(out, 'phases-runs.csv')
     # A folder of accuracy runs alone (no phases part) reports accuracy only.
     phases = report_lib.read_csv(phases_file) if os.path.exists(phases_file) else []
+    # Every method of the folder's runs, as --methods would name it (a folder of
+    # benchmarks/tta_combine.py may hold phase runs of methods without accuracy runs).
+    for row in evals + phases:
+        if row['method'] not in METHODS and row['method'] in harness.METHODS:
+            METHODS.update(harness.methods(row['method']))
     metas = {part: report_lib.read_json(os.path.join(out, 'meta-%s.json' % part))
              for part in ('full', 'phases', 'real')
              if os.path.exists(os.path.join(out, 'meta-%s.json' % part))}
@@ -635,8 +640,15 @@ def write_markdown(out, result, methods, networks, phases, command):
              'folder; do not edit. How they were made: `benchmarks/tta.py` (docstring) and '
              '[../README.md](../README.md) (rules).', '']
     for part in ('full', 'phases', 'real'):
-        if part in result['metas']:
-            lines.append('- %s: %s' % (part, provenance.meta_line(result['metas'][part])))
+        meta = result['metas'].get(part)
+        if meta and 'sources' in meta:  # a folder of benchmarks/tta_combine.py
+            lines.append('- %s: the runs of %d folder%s (`benchmarks/tta_combine.py`):' % (
+                part, len(meta['sources']), '' if len(meta['sources']) == 1 else 's'))
+            lines += ['  - `%s`%s: %s' % (source['folder'], ' (%s)' % ', '.join(
+                source['methods']) if source['methods'] else '', source['line'])
+                for source in meta['sources']]
+        elif meta:
+            lines.append('- %s: %s' % (part, provenance.meta_line(meta)))
     accuracy = result['accuracy']
     lines += ['', '## Test accuracy over %d seeds (loopback, real runs, %d epochs)' % (
         len(result['seeds']), len(accuracy['sync'])), '',

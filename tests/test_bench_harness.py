@@ -33,6 +33,7 @@ import provenance  # noqa: E402
 import report  # noqa: E402
 import scaling  # noqa: E402
 import tta  # noqa: E402
+import tta_combine  # noqa: E402
 import wire_bytes  # noqa: E402
 import worker_cpu  # noqa: E402
 # pylint: enable=wrong-import-position
@@ -455,6 +456,43 @@ def test_accuracy_gaps(tmp_path):
     written = report.read_json(str(tmp_path / 'gaps.json'))
     assert written['methods']['k4']['worst_points'] == pytest.approx(-2.0)
     assert '| k4 | 1, 2 |' in (tmp_path / 'gaps.md').read_text()
+
+
+def _tta_part(folder, part, rows, **settings):
+    """A tta.py folder's `part`: its runs file with `rows` (and, for full, an evaluation
+    per run), and its meta file with `settings`."""
+    os.makedirs(folder, exist_ok=True)
+    files, _ = tta_combine.PARTS[part]
+    report.write_csv(os.path.join(folder, files[-1]), rows)
+    if part == 'full':
+        report.write_csv(os.path.join(folder, files[0]), [dict(r, step=1) for r in rows])
+    report.write_json(os.path.join(folder, 'meta-%s.json' % part), dict(
+        command='python benchmarks/tta.py --part %s' % part, started='t0', finished='t1',
+        machine={'cores': 2, 'cpu': 'x'}, load_before=[0.5], load_after=[0.5],
+        code_start={'commit': 'abc'}, code_end={'commit': 'abc'}, settings=settings))
+
+
+def test_tta_combine(tmp_path):
+    # Rows in the order given, FOLDER:METHOD,... filters, every source in the meta file;
+    # a run in two sources and sources of different jobs are refused.
+    a, b, c, out = (str(tmp_path / n) for n in ('a', 'b', 'c', 'out'))
+    _tta_part(a, 'full', [dict(method='sync', seed=1), dict(method='k4', seed=1)])
+    _tta_part(b, 'full', [dict(method='k4', seed=1), dict(method='k8', seed=1)])
+    _tta_part(b, 'phases', [dict(network='100mbit', method='k8', round=1)])
+    assert tta_combine.combine(out, {'full': [a + ':sync', b], 'phases': [b]}) == {
+        'full': 3, 'phases': 1}
+    assert [(r['method'], r['seed']) for r in report.read_csv(os.path.join(
+        out, 'full-evals.csv'))] == [('sync', 1), ('k4', 1), ('k8', 1)]
+    meta = report.read_json(os.path.join(out, 'meta-full.json'))
+    assert [(s['folder'], s['methods']) for s in meta['sources']] == [(a, ['sync']), (b, None)]
+    assert meta['sources'][1]['line'].startswith('`python benchmarks/tta.py --part full`: t0')
+    with pytest.raises(ValueError, match="full run {'method': 'k4', 'seed': 1} is in .*a and"):
+        tta_combine.combine(out, {'full': [a, b]})
+    _tta_part(c, 'full', [dict(method='k16', seed=1)], workers=4)
+    with pytest.raises(ValueError, match='workers 4, but .*a has 2'):
+        tta_combine.combine(out, {'full': [a, c]})
+    with pytest.raises(SystemExit):
+        tta_combine.main(['--out', out, '--phases', b])  # no accuracy runs
 
 
 def test_tta_real_jobs(tmp_path, launched):
