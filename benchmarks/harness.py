@@ -114,6 +114,12 @@ METHODS = {
     # The global model with the workers' mean BatchNorm statistics (docs/design.md §2.13).
     'k4-aux': Method('k=4, mean BatchNorm statistics', delay=4, extra=('--aux-states',)),
     'k8-aux': Method('k=8, mean BatchNorm statistics', delay=8, extra=('--aux-states',)),
+    # Evaluated as the global model: every worker calls sync_weights() at each evaluation
+    # (tta.py otherwise evaluates worker 0's own weights, a pull plus up to k local steps).
+    'k4-gm': Method('k=4, global model', delay=4, extra=('--global-model',)),
+    'k4-ternary-pull-int8-gm': Method('k=4 + ternary + pull int8, global model', delay=4,
+                                      extra=('--pull-compression', 'int8', '--global-model'),
+                                      compression='ternary'),
     'drift-k4': Method("rule 'drift', k=4", delay=4, extra=('--local-rule', 'drift')),
     'drift-k8': Method("rule 'drift', k=8", delay=8, extra=('--local-rule', 'drift')),
     'drift-k16': Method("rule 'drift', k=16", delay=16, extra=('--local-rule', 'drift')),
