@@ -1,15 +1,15 @@
 """Time-to-accuracy, accuracy over seeds, and per-phase step times on shaped links (issue 14).
 
 Every job: the Fashion-MNIST MLP 784-1024-1024-10, batch 128 per worker, ``--workers``
-workers and ``--servers`` servers (default 2 and 1), ``--optimizer`` (:data:`OPTIMIZERS`; default SGD lr 0.05 momentum 0.9) for every
-method, ``OMP_NUM_THREADS=1`` in every process, launched by
-``mxdelay/launcher.py`` run as a plain file (it imports neither mxdelay's package nor MXNet)
-with an explicit environment: the driver's, minus every ``DMLC_*``, ``MXNET_*`` and
-``MXDELAY_*`` variable. Methods: ``sync`` (stock ``gluon.Trainer`` on MXNet's native
-``dist_sync``; no process of the job imports mxdelay, which each process checks and records),
-and ``k2`` ``k4`` ``k8`` (``mxdelay.DelayedTrainer``, rule ``'mirror'``, the default warm-up
-of 200 synchronous steps in full runs, unless the method sets its own:
-:attr:`harness.Method.warmup`). The worker is ``benchmarks/bench_worker.py``.
+workers and ``--servers`` servers (default 2 and 1), ``--optimizer`` (:data:`OPTIMIZERS`;
+default SGD lr 0.05 momentum 0.9) for every method, ``OMP_NUM_THREADS=1`` in every
+process, launched by ``mxdelay/launcher.py`` run as a plain file (it imports neither
+mxdelay's package nor MXNet) with an explicit environment: the driver's, minus every
+``DMLC_*``, ``MXNET_*`` and ``MXDELAY_*`` variable. Methods: ``sync`` (stock
+``gluon.Trainer`` on MXNet's native ``dist_sync``; no process of the job imports mxdelay,
+which each process checks and records), and ``k2`` ``k4`` ``k8`` (``mxdelay.DelayedTrainer``,
+rule ``'mirror'``, the default warm-up of 200 synchronous steps in full runs, unless the
+method sets its own: :attr:`harness.Method.warmup`). The worker is ``benchmarks/bench_worker.py``.
 
 Parts (``--part``), each one invocation, each writing its results and a ``meta-<part>.json``
 (commit and dirty flag, command, machine, load before and after, date) into ``--out``:
@@ -18,8 +18,11 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
     Real training runs on loopback: ``--epochs`` (10) epochs, every method, every seed of
     ``--seeds`` (1,2,3). The methods are interleaved (seed by seed, every other seed in the
     reverse order). Worker 0 keeps its weights every third of an epoch (78 steps of 234 with
-    2 workers, 39 of 117 with 4) and at every epoch end, and evaluates them on the 10000 test images after training. Wall time
-    is that of training only, from the first worker's first step to each step's end on the
+    2 workers, 39 of 117 with 4) and at every epoch end, and evaluates them on the 10000
+    test images after training: its own weights (in the delayed phase its last pull plus
+    up to k local steps), or the global model for a method whose arguments include
+    ``--global-model`` (every worker calls ``sync_weights()`` there). Wall time is that of
+    training only, from the first worker's first step to each step's end on the
     slower worker. Files: ``full-evals.csv`` (one row per evaluation), ``full-runs.csv``.
 ``phases``
     Per-phase step times on each network of ``--networks`` (loopback, 1gbit, 100mbit):
@@ -48,8 +51,9 @@ Derived time-to-accuracy: with 2 workers the trajectory does not depend on timin
 rounds, a sum of two is commutative, seeded data order), so step n has the same weights on
 any link; a link changes only the time per step. With more workers the servers add the
 pushes in the order they arrive, so the last bits of a sum, and from there the trajectory,
-may differ from run to run (the report's loss digests show whether they did): the derivation
-then rests on steps to accuracy being the same in distribution, which ``real`` checks. The time of step n on a link is
+may differ from run to run (the report's loss digests show whether they did): the
+derivation then rests on steps to accuracy being the same in distribution, which ``real``
+checks. The time of step n on a link is
 first_step + (n_sync - 1) * sync_step + n_delayed * delayed_step, with the per-phase times
 (median over rounds) of ``phases`` and n_sync = min(n, W + 1) for the delayed methods (warm-up
 plus the switch step; W is the method's warm-up, :func:`warmup_of`). On loopback this is
@@ -582,8 +586,9 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
                         runs=['%s r%s' % (p['network'], p['round']) for p in rows],
                         digests=sorted({str(p['loss_digest']) for p in rows}))
                    for (m, w, n), rows in same.items()]
-    result = dict(target=target, determinism=determinism, target_definition="mean over seeds of dist_sync's test "
-                  'accuracy after epoch 5', seeds=seeds, per_epoch=per_epoch, partial=partial,
+    result = dict(target=target, determinism=determinism,
+                  target_definition="mean over seeds of dist_sync's test accuracy after epoch 5",
+                  seeds=seeds, per_epoch=per_epoch, partial=partial,
                   eval_every=min(e['step'] for e in evals), job=_job_shape(metas),
                   accuracy=accuracy, steps_to_target=steps_to_target,
                   warmups={m: warmup_of(m) for m in methods if not is_stock(m)},

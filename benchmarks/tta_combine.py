@@ -72,7 +72,8 @@ def combine(out, sources):
                     raise ValueError('%s run %s is in %s and in %s; give one of them with '
                                      'FOLDER:METHOD,...' % (part, dict(zip(key_columns, run)),
                                                              seen[run], folder))
-            records.append(dict(folder=_relative(folder), methods=sorted(methods) if methods else None,
+            records.append(dict(folder=_relative(folder),
+                                methods=sorted(methods) if methods else None,
                                 line=provenance.meta_line(source_meta)))
             meta = meta or dict(source_meta)
         meta['sources'] = records
