@@ -384,7 +384,8 @@ def _cnn_folder(path, runs):
     """A results folder of accuracy_cnn with `runs`: (optimizer, method, seed, exit, acc)."""
     os.makedirs(path)
     report.write_csv(os.path.join(path, 'runs.csv'), [
-        dict(optimizer=o, method=m, seed=s, exit=e) for o, m, s, e, _ in runs])
+        dict(optimizer=o, method=m, seed=s, exit=e, load_before=0.5, load_after=0.5,
+             stock_check='ok') for o, m, s, e, _ in runs])
     report.write_csv(os.path.join(path, 'accuracy.csv'), [
         dict(optimizer=o, method=m, seed=s, epoch=i + 1, test_acc=a)
         for o, m, s, _, acc in runs for i, a in enumerate(acc)])
@@ -416,6 +417,33 @@ def test_accuracy_cnn_include(tmp_path, monkeypatch):
                          ('missing:adam/sync', 'has no accuracy.csv')):
         with pytest.raises(ValueError, match=message):
             accuracy_cnn.parse_include(bad)
+
+
+def test_accuracy_cnn_report_of_a_stopped_invocation(tmp_path, monkeypatch):
+    # Seeds planned but not run are listed run by run; a method run on fewer seeds than
+    # dist_sync is compared with dist_sync over its seeds, in the table and in the plot.
+    monkeypatch.setattr(accuracy_cnn, 'REPO', str(tmp_path))
+    out = str(tmp_path / 'out')
+    _cnn_folder(out, [('sgd', 'k4', 1, 0, [0.80, 0.90])])
+    _cnn_folder(str(tmp_path / 'a'), [('sgd', 'sync', 1, 0, [0.81, 0.89]),
+                                      ('sgd', 'sync', 2, 0, [0.71, 0.79])])
+    report.write_json(os.path.join(out, 'meta.json'), dict(
+        command='python benchmarks/accuracy_cnn.py', started='t0', machine={'cores': 2,
+        'cpu': 'x'}, load_before=[0.5], code_start={'commit': 'abc'}, settings=dict(
+            runs=[['sgd', 'k4'], ['sgd', 'k8']], seeds=[1, 2], epochs=2,
+            include=[['a', [['sgd', 'sync']]]])))
+    plotted = []
+    monkeypatch.setattr(accuracy_cnn, 'plot', lambda path, summary: plotted.append(summary))
+    accuracy_cnn.build_report(out)
+    text = (tmp_path / 'out' / 'results.md').read_text()
+    assert ('Planned but not run (the invocation was stopped before them): sgd/k8 seed 1, '
+            'sgd/k4 seed 2, sgd/k8 seed 2.') in text
+    entry = plotted[0]['sgd', 'k4']
+    assert entry['base_acc'] == pytest.approx({1: 0.81, 2: 0.89})
+    assert entry['gaps'] == pytest.approx({1: -1.0, 2: 1.0})
+    monkeypatch.undo()  # the real plot: one optimizer's panel, dist_sync over seed 1 beside
+    accuracy_cnn.plot(str(tmp_path / 'a.png'), plotted[0])
+    assert (tmp_path / 'a.png').stat().st_size > 0
 
 
 def _tta_evals(folder, runs):
