@@ -114,12 +114,6 @@ METHODS = {
     # The global model with the workers' mean BatchNorm statistics (docs/design.md §2.13).
     'k4-aux': Method('k=4, mean BatchNorm statistics', delay=4, extra=('--aux-states',)),
     'k8-aux': Method('k=8, mean BatchNorm statistics', delay=8, extra=('--aux-states',)),
-    # Evaluated as the global model: every worker calls sync_weights() at each evaluation
-    # (tta.py otherwise evaluates worker 0's own weights, a pull plus up to k local steps).
-    'k4-gm': Method('k=4, global model', delay=4, extra=('--global-model',)),
-    'k4-ternary-pull-int8-gm': Method('k=4 + ternary + pull int8, global model', delay=4,
-                                      extra=('--pull-compression', 'int8', '--global-model'),
-                                      compression='ternary'),
     'drift-k4': Method("rule 'drift', k=4", delay=4, extra=('--local-rule', 'drift')),
     'drift-k8': Method("rule 'drift', k=8", delay=8, extra=('--local-rule', 'drift')),
     'drift-k16': Method("rule 'drift', k=16", delay=16, extra=('--local-rule', 'drift')),
@@ -167,6 +161,14 @@ for _name, _label in (('k4-fp16-pull-int8', 'k=4 + fp16 + pull int8'),
         METHODS['%s-w%d' % (_name, _w)] = dataclasses.replace(
             METHODS[_name], warmup=_w, label='%s, warm-up %d' % (_label, _w))
 del _name, _label, _w
+# The same evaluated as the global model: every worker calls sync_weights() at each
+# evaluation (tta.py otherwise evaluates worker 0's own weights, a pull plus up to k local
+# steps).
+for _name in ('k4', 'k4-ternary-pull-int8'):
+    METHODS[_name + '-gm'] = dataclasses.replace(
+        METHODS[_name], extra=METHODS[_name].extra + ('--global-model',),
+        label=METHODS[_name].label + ', global model')
+del _name
 # Stock dist_sync with MXNet's 2bit at thresholds below its documented 0.5 (which does not
 # train the MLP): the search for stock's best threshold (issue 20).
 for _t in ('0.1', '0.05', '0.02', '0.01', '0.005', '0.002'):

@@ -166,15 +166,28 @@ def parse_args(argv=None):
     args.seeds = [int(s) for s in args.seeds.split(',') if s]
     args.networks = [n for n in args.networks.split(',') if n]
     for name in args.methods:
-        if name not in METHODS and name in harness.METHODS:
-            # any method of the registry (report: name the runs' methods again)
-            METHODS.update(harness.methods(name))
-        if name not in METHODS:
+        if not known_method(name):
             parser.error('unknown method %s' % name)
     for name in args.networks:
         if name not in NETWORKS:
             parser.error('unknown network %s' % name)
     return args
+
+
+def known_method(name):
+    """Whether `name` is a method here; any method of harness.METHODS becomes one (report:
+    a folder's runs name their methods again)."""
+    if name not in METHODS and name in harness.METHODS:
+        METHODS.update(harness.methods(name))
+    return name in METHODS
+
+
+def job_of(meta):
+    """``(workers, servers, optimizer)`` that a part's meta file records (files from before
+    ``--workers`` and ``--optimizer``: 2, 1, ``'sgd'``)."""
+    settings = meta.get('settings', {})
+    return (settings.get('workers', harness.NUM_WORKERS), settings.get('servers', 1),
+            settings.get('optimizer', 'sgd'))
 
 
 def real_target(text):
@@ -454,8 +467,7 @@ def build_report(out, command='python benchmarks/tta.py', real_target=('epoch', 
     # Every method of the folder's runs, as --methods would name it (a folder of
     # benchmarks/tta_combine.py may hold phase runs of methods without accuracy runs).
     for row in evals + phases:
-        if row['method'] not in METHODS and row['method'] in harness.METHODS:
-            METHODS.update(harness.methods(row['method']))
+        known_method(row['method'])
     metas = {part: report_lib.read_json(os.path.join(out, 'meta-%s.json' % part))
              for part in ('full', 'phases', 'real')
              if os.path.exists(os.path.join(out, 'meta-%s.json' % part))}
@@ -623,8 +635,7 @@ def _warmup_text(methods, steps='steps'):
 
 def _job_shape(metas):
     """``(workers, servers)`` of the folder's runs (meta files before ``--workers``: 2, 1)."""
-    shapes = {(m['settings'].get('workers', harness.NUM_WORKERS), m['settings'].get('servers', 1))
-              for m in metas.values() if 'settings' in m}
+    shapes = {job_of(m)[:2] for m in metas.values() if 'settings' in m}
     if len(shapes) > 1:
         raise ValueError('the parts of this folder ran different jobs (workers, servers): %s; '
                          'give each job its own --out' % sorted(shapes))
@@ -633,8 +644,7 @@ def _job_shape(metas):
 
 def _optimizer_label(result):
     """The full runs' optimizer (runs from before --optimizer: SGD)."""
-    meta = result['metas'].get('full', {})
-    return OPTIMIZERS[meta.get('settings', {}).get('optimizer', 'sgd')][0]
+    return OPTIMIZERS[job_of(result['metas'].get('full', {}))[2]][0]
 
 
 def write_markdown(out, result, methods, networks, phases, command):

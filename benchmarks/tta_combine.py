@@ -25,6 +25,7 @@ import sys
 import provenance
 import report as report_lib
 from accuracy_gaps import split_spec
+from tta import job_of
 
 __all__ = ['PARTS', 'combine', 'main']
 
@@ -36,8 +37,8 @@ PARTS = {
     'phases': (('phases-runs.csv',), ('network', 'method', 'round')),
     'real': (('real-evals.csv', 'real-runs.csv'), ('network', 'method', 'seed')),
 }
-#: settings every source of a folder must share (the report reads them from any part)
-SHARED = (('workers', 2), ('servers', 1), ('optimizer', 'sgd'))
+#: what every source of a folder must share (tta.job_of; the report reads it from any part)
+SHARED = ('workers', 'servers', 'optimizer')
 
 
 def combine(out, sources):
@@ -52,9 +53,7 @@ def combine(out, sources):
         for spec in specs:
             folder, methods = split_spec(spec)
             source_meta = report_lib.read_json(os.path.join(folder, 'meta-%s.json' % part))
-            settings = source_meta.get('settings', {})
-            for name, default in SHARED:
-                value = settings.get(name, default)
+            for name, value in zip(SHARED, job_of(source_meta)):
                 if shared.setdefault(name, (value, folder))[0] != value:
                     raise ValueError('%s: %s %r, but %s has %r; combine the runs of one job '
                                      'only' % (folder, name, value, shared[name][1],
