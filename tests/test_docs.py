@@ -276,3 +276,13 @@ def test_readme_diff_has_the_headline_settings():
         assert setting in script, setting
     assert 'Delayed methods: rule `mirror`, warm-up 200 steps' in _read(
         'docs', 'benchmarks', 'tta-payload', 'combined-2777c42', 'results.md')
+
+
+def test_ci_runs_the_readmes_test_command():
+    # .ci/run must be exactly what the README tells a developer to run (the wheel check
+    # and these docs checks are tests of that suite).
+    readme = _read('README.md')
+    assert re.search(r'^\./dev test +# the whole test suite$', readme, re.MULTILINE)
+    commands = [line for line in _read('.ci', 'run').splitlines()
+                if line.strip() and not line.startswith(('#', 'set ', 'cd '))]
+    assert commands == ['exec ./dev test'], commands
