@@ -31,7 +31,9 @@ BENCHMARKS = os.path.join(os.path.dirname(HERE), 'benchmarks')
 
 #: --link -> (stock's steps, mxdelay's steps, mxdelay's warm-up steps): about two minutes on
 #: 2 cores, the two jobs training for about the same time.
-LINKS = {'100mbit': (20, 72, 50), '1gbit': (160, 400, 50)}
+LINKS = {'100mbit': (20, 72, 50), '1gbit': (120, 234, 50)}
+#: Each job trains within one epoch: 60000 images / 2 workers / batch 128.
+EPOCH_STEPS = 234
 #: Evaluations of each job (of copies of worker 0's weights, after training: 1-2 s each).
 LABELS = {'100mbit': '100 Mbit/s', '1gbit': '1 Gbit/s'}
 POINTS = {'stock': 4, 'mxdelay': 6}
@@ -62,6 +64,9 @@ def parse_args(argv=None):
         if getattr(args, name) < (0 if name == 'warmup_steps' else 1):
             parser.error('--%s must be at least %d, got %d' % (
                 name.replace('_', '-'), 0 if name == 'warmup_steps' else 1, getattr(args, name)))
+        if name != 'warmup_steps' and getattr(args, name) > EPOCH_STEPS:
+            parser.error('--%s must be at most %d (one epoch), got %d' % (
+                name.replace('_', '-'), EPOCH_STEPS, getattr(args, name)))
     args.out = os.path.abspath(args.out or os.path.join(tempfile.gettempdir(),
                                                         'mxdelay-demo-%s' % args.link))
     return args
@@ -181,9 +186,10 @@ def main(argv=None):
                  'without --link for the loopback demo.' % (args.link, reason))
     os.makedirs(args.out, exist_ok=True)
     print('Fashion-MNIST MLP (1.86M parameters), 2 workers + 1 server, each node on its own '
-          '%s link (full duplex, tc tbf) on this machine, batch 128 a worker; stock '
-          'dist_sync %d steps; mxdelay %d steps, k=4, ternary pushes, int8 pulls, warm-up %d '
-          'steps' % (args.link, args.stock_steps, args.mxdelay_steps, args.warmup_steps),
+          '%s link (emulated: full duplex, tc tbf) on this machine, batch 128 a worker; '
+          'stock dist_sync %d steps; mxdelay %d steps, k=4, ternary pushes, int8 pulls, warm-up '
+          '%d steps' % (LABELS[args.link], args.stock_steps, args.mxdelay_steps,
+                        args.warmup_steps),
           flush=True)
     runs = {}
     with netns.ShapedNetwork(NODES, args.link) as network:

@@ -25,10 +25,14 @@ def test_defaults_per_link_and_checks(capsys):
     args = compare_links.parse_args(['--link', '100mbit'])
     assert (args.stock_steps, args.mxdelay_steps, args.warmup_steps) == (20, 72, 50)
     args = compare_links.parse_args(['--link', '1gbit', '--warmup-steps', '0', '--out', 'x'])
-    assert (args.stock_steps, args.warmup_steps, args.out) == (160, 0, os.path.abspath('x'))
+    assert (args.stock_steps, args.mxdelay_steps, args.warmup_steps, args.out) == (
+        120, 234, 0, os.path.abspath('x'))
     with pytest.raises(SystemExit):
         compare_links.parse_args(['--link', '100mbit', '--stock-steps', '0'])
     assert '--stock-steps must be at least 1, got 0' in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        compare_links.parse_args(['--link', '100mbit', '--mxdelay-steps', '235'])
+    assert '--mxdelay-steps must be at most 234 (one epoch), got 235' in capsys.readouterr().err
     with pytest.raises(SystemExit):
         compare_links.parse_args(['--link', '10gbit'])
 
