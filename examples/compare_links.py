@@ -191,7 +191,7 @@ def main(argv=None):
           '%d steps' % (LABELS[args.link], args.stock_steps, args.mxdelay_steps,
                         args.warmup_steps),
           flush=True)
-    runs = {}
+    runs, load = {}, os.getloadavg()[0]
     with netns.ShapedNetwork(NODES, args.link) as network:
         hostfile = os.path.join(args.out, 'hosts')
         network.write_hostfile(hostfile)
@@ -203,6 +203,10 @@ def main(argv=None):
                                             for point in runs[name][1])))
     for line in summary(runs):
         print(line)
+    # mxdelay's steps use the CPU more than stock's, which wait for the link: a busy machine
+    # slows mxdelay more.
+    print('machine: %d cores, load average (1 min) %.1f before, %.1f after'
+          % (os.cpu_count(), load, os.getloadavg()[0]))
     print(plot(runs, args.link, os.path.join(args.out, 'accuracy.png')))
     return 0
 
