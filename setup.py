@@ -1,5 +1,5 @@
 """mxdelay: k-step delayed updates and layer-wise pipelining for MXNet's parameter server."""
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name='mxdelay',
@@ -9,7 +9,7 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     python_requires='>=3.8',
-    packages=['mxdelay', 'kvstore_ext'],
+    packages=find_packages(include=['mxdelay', 'mxdelay.*', 'kvstore_ext', 'kvstore_ext.*']),
     package_data={'kvstore_ext': ['autoload/sitecustomize.py']},
     # MXNet is not a requirement: its builds are separate distributions (mxnet, mxnet-cu112,
     # ...) of the same module, and pip would install the CPU wheel over a CUDA build.

@@ -69,7 +69,7 @@ def main():
     reason = netns.netns_available()
     if reason:
         sys.exit('pull_bytes needs network namespaces: %s' % reason)
-    from kvstore_ext import pull_codecs  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.codecs import pulls  # pylint: disable=import-outside-toplevel
     meta = {'command': 'python benchmarks/pull_bytes.py --steps %d --size %d'
                        % (args.steps, args.size),
             'started': provenance.now(), 'code_start': provenance.code_version(),
@@ -87,8 +87,8 @@ def main():
     meta.update(finished=provenance.now(), code_end=provenance.code_version(),
                 load_after=list(os.getloadavg()))
     for row in rows:
-        codec = pull_codecs.parse(_PULLS.get(row['method']))
-        row['payload_bytes'] = pull_codecs.payload_bytes(codec, args.size)
+        codec = pulls.parse(_PULLS.get(row['method']))
+        row['payload_bytes'] = pulls.payload_bytes(codec, args.size)
     result = dict(meta, size=args.size, float32_bytes=4 * args.size, workers=NUM_WORKERS,
                   steps=[args.steps, 3 * args.steps], rows=rows)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
@@ -101,7 +101,7 @@ def main():
              'kernel counters of each node\'s `eth0` (headers included), per step = '
              'difference between a %d-step and a %d-step job / %d. Worker columns: the mean '
              'of the workers. "payload" is the model key\'s size '
-             '(`pull_codecs.payload_bytes`).' % (args.size, 4 * args.size, NUM_WORKERS,
+             '(`pulls.payload_bytes`).' % (args.size, 4 * args.size, NUM_WORKERS,
                                                   3 * args.steps, args.steps, 2 * args.steps),
              '', '| method | worker sends (push) | worker receives (pull) | payload | '
              'pull / fp32 |', '|---|---|---|---|---|']

@@ -27,7 +27,9 @@ def methods():
     """{name: a function of no argument that runs the method once and waits for it}."""
     import mxdelay  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from mxnet import nd  # pylint: disable=import-outside-toplevel
-    from kvstore_ext import pull_codecs  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.codecs import pulls  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.server.rounds import ServerModel  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.worker.pulled_model import Payload  # pylint: disable=import-outside-toplevel
     rs = np.random.RandomState(0)
     weights = rs.randn(SIZE).astype(np.float32)
     step = (rs.randn(SIZE) * 1e-3).astype(np.float32)
@@ -38,15 +40,15 @@ def methods():
         target.wait_to_read()
     runs = {'copy': copy}
     for name, setting in SETTINGS:
-        codec = pull_codecs.parse(setting)
-        model = pull_codecs.ServerModel(codec, weights - step)
+        codec = pulls.parse(setting)
+        model = ServerModel(codec, weights - step)
         model.store = nd.zeros(codec.payload_size(SIZE))
         w = nd.array(weights)
 
         def encode(model=model, w=w, base=weights - step):
             model.model = base.copy()   # the same difference every time
             model.broadcast(w)
-        payload = pull_codecs.Payload(codec, SIZE)
+        payload = Payload(codec, SIZE)
         model.store.copyto(payload.payload)
         xhat, out = nd.array(weights), nd.zeros(SIZE)
 

@@ -75,7 +75,7 @@ def parse_args(argv=None):
 
 
 def chunks(sizes=MLP_SIZES, chunk_size=CHUNK_SIZE):
-    """The chunk sizes of tensors of `sizes` elements (kvstore_ext.layout.Placement.place)."""
+    """The chunk sizes of tensors of `sizes` elements (kvstore_ext.worker.layout.Placement.place)."""
     return [min(size, start + chunk_size) - start
             for size in sizes for start in range(0, max(size, 1), chunk_size)]
 
@@ -87,16 +87,17 @@ def expected(method, sizes=MLP_SIZES):
     A stock or delayed step without compression pushes and pulls every value as float32
     (the delayed phase pulls once per `delay` steps); the blockwise push codecs send each
     chunk's payload row and its row id (``Blockwise.push_bytes``); an int8 pull brings
-    ``pull_codecs.bytes_per_pull`` once per `delay` steps.
+    ``pulls.bytes_per_pull`` once per `delay` steps.
     """
     # kvstore_ext imports MXNet: only here, in the driver, never in a baseline's processes.
-    from kvstore_ext import compression, pull_codecs  # pylint: disable=import-outside-toplevel
+    from kvstore_ext import codecs
+    from kvstore_ext.codecs import pulls  # pylint: disable=import-outside-toplevel
     pieces = chunks(sizes)
-    codec = compression.parse(_params(method.compression)) or compression.NONE
+    codec = codecs.parse(_params(method.compression)) or codecs.NONE
     extra = list(method.extra)
     pull = (_params(extra[extra.index('--pull-compression') + 1])
             if '--pull-compression' in extra else None)
-    received = pull_codecs.bytes_per_pull(pull_codecs.parse(pull), pieces)
+    received = pulls.bytes_per_pull(pulls.parse(pull), pieces)
     return sum(codec.push_bytes(n, 'float32') for n in pieces), received / (method.delay or 1)
 
 

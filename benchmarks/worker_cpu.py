@@ -68,10 +68,10 @@ class _Channel(object):
         return [{'rescale_grad': None}]
 
     def command(self, command, body, refusal=RuntimeError):
-        from kvstore_ext import protocol  # pylint: disable=import-outside-toplevel
-        from kvstore_ext.optimizers import describe_optimizer  # pylint: disable=import-outside-toplevel
+        from kvstore_ext.protocol import commands  # pylint: disable=import-outside-toplevel
+        from kvstore_ext.optim.optimizers import describe_optimizer  # pylint: disable=import-outside-toplevel
         if 'optimizer' in body and isinstance(body['optimizer'], (str, bytes)):
-            return [{'optimizer': describe_optimizer(protocol.unpack_object(body['optimizer']))}]
+            return [{'optimizer': describe_optimizer(commands.unpack_object(body['optimizer']))}]
         return [{}]
 
 
@@ -81,7 +81,7 @@ def run(mode, skip, steps):
     import mxnet as mx  # pylint: disable=import-outside-toplevel
     from mxnet import gluon, nd  # pylint: disable=import-outside-toplevel
     import mxdelay  # pylint: disable=import-outside-toplevel
-    from kvstore_ext.dist_delay import DistDelay  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.worker.dist_delay import DistDelay  # pylint: disable=import-outside-toplevel
     store = DistDelay(native=_StubNative(), channel_factory=lambda native, layout: _Channel())
     rs = np.random.RandomState(0)
     params = []

@@ -25,10 +25,10 @@ import pytest
 import mxdelay  # noqa: F401
 import mxnet as mx
 
-from kvstore_ext import protocol
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 from support.jobs import PidFile, assert_ok, run_job, worker_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +46,7 @@ class Bomb(object):
 
 
 def hello(rank, **fields):
-    return dict({'rank': rank, 'protocol': protocol.PROTOCOL_VERSION, 'slots': 2,
+    return dict({'rank': rank, 'protocol': commands.PROTOCOL_VERSION, 'slots': 2,
                  'config': {}}, **fields)
 
 
@@ -59,7 +59,7 @@ class Served(object):
         self.controller = self.server._controller()  # pylint: disable=protected-access
         for rank in range(num_workers):
             self.controller(0, self.text(Command.HELLO, hello(rank)), None)
-        length = protocol.reply_len(num_workers) * num_workers
+        length = commands.reply_len(num_workers) * num_workers
         self.status = mx.nd.zeros(length)
         self.server.complete_round(KeyLayout(1, 2).status_key(0), mx.nd.zeros(length),
                                    self.status)
@@ -68,17 +68,17 @@ class Served(object):
                                      {'rank': 0, 'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 3]]}),
                         None)
         self.controller(0, self.text(Command.OPTIMIZER, {
-            'rank': 0, 'optimizer': protocol.encode_optimizer(
+            'rank': 0, 'optimizer': commands.encode_optimizer(
                 mx.optimizer.SGD(learning_rate=0.5))}), None)
 
     @staticmethod
     def text(command, body):
-        return protocol.encode_command(command, body).encode('utf-8')
+        return commands.encode_command(command, body).encode('utf-8')
 
     def segments(self):
-        length = protocol.reply_len(self.num_workers)
+        length = commands.reply_len(self.num_workers)
         status = self.status.asnumpy()
-        return [protocol.decode_reply(status[r * length:(r + 1) * length])
+        return [commands.decode_reply(status[r * length:(r + 1) * length])
                 for r in range(self.num_workers)]
 
     def send(self, raw):
@@ -222,7 +222,7 @@ def test_a_bad_hello_is_refused_before_it_changes_anything(fields, pattern):
 def test_a_hello_of_another_protocol_version_is_refused(version):
     # 3 is the version before the finish counter's third head element (exchanged) and aux
     # chunks: such a worker and this server would silently disagree on the counter.
-    assert protocol.PROTOCOL_VERSION == 4
+    assert commands.PROTOCOL_VERSION == 4
     server = DelayServer.offline(rank=0, num_workers=2)
     message = ('worker 1 speaks protocol %r, server 0 speaks 4: install the same mxdelay '
                'version everywhere' % version)

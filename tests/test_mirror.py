@@ -30,9 +30,9 @@ from support.model import (BATCH, backward_at, backward_with, mlp_params as make
                            numpy_grad, train_steps)
 from support.native import delay_store, events, server_optimizer, server_weights
 from support.native_workers import run_workers
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.optimizers import flatten_state
-from kvstore_ext.rounds import RoundKeeper
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.optim.optimizers import flatten_state
+from kvstore_ext.server.rounds import RoundKeeper
 from mxdelay.rules import MIRRORED, MirrorRule
 
 WARMUP = 3

@@ -42,7 +42,7 @@ import reference
 from support.model import (BATCH, MLP_NAMES as NAMES, backward_with, contexts,
                            mlp_params as make_params, numpy_grad, small_params)
 from support.native import delay_store, events, pushes, server_optimizer, server_weights
-from kvstore_ext.dist_delay import DistDelay
+from kvstore_ext.worker.dist_delay import DistDelay
 from scripts import mlp_model
 from mxnet.kvstore import KVStoreBase
 from mxdelay.rules import LocalRule, MirrorRule

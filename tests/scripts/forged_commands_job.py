@@ -19,7 +19,7 @@ import sys
 import mxnet as mx
 from mxnet import nd
 
-from kvstore_ext import protocol
+from kvstore_ext.protocol import commands
 
 
 class Bomb(object):
@@ -47,21 +47,21 @@ def forged(rank, out_dir):
         'load_pickle_trusted': ('load', {'paths': [outside + '.server0'], 'version': 1,
                                          'trusted': True}),
         'pickled_optimizer_body': ('optimizer', {'optimizer': 'gASVAAAAAAAAAAB9lC4='}),
-        'hello_slots_0': ('hello', {'protocol': protocol.PROTOCOL_VERSION, 'slots': 0,
+        'hello_slots_0': ('hello', {'protocol': commands.PROTOCOL_VERSION, 'slots': 0,
                                     'config': {}}),
-        'hello_again': ('hello', {'protocol': protocol.PROTOCOL_VERSION, 'slots': 2,
+        'hello_again': ('hello', {'protocol': commands.PROTOCOL_VERSION, 'slots': 2,
                                   'config': {}}),
         'vote_bad_ballot': ('vote', {'ballot': -3, 'error': None}),
         'register_bad_size': ('register', {'chunks': [[0, 0, 0, 'w', 1.0, 1.0, -5]]}),
     }
     texts = {}
     for i, (case, (name, body)) in enumerate(sorted(cases.items())):
-        texts[case] = '%s%s %s' % (protocol.COMMAND_PREFIX, name,
+        texts[case] = '%s%s %s' % (commands.COMMAND_PREFIX, name,
                                    json.dumps(dict(body, rank=rank, seq=1000 + i)))
     # Claimed ranks that are not this job's: no reply segment may be written for them.
     for claimed in (-1, 2, 10 ** 6):
         texts['rank_%d' % claimed] = '%sstats %s' % (
-            protocol.COMMAND_PREFIX, json.dumps({'rank': claimed, 'seq': 2000}))
+            commands.COMMAND_PREFIX, json.dumps({'rank': claimed, 'seq': 2000}))
     return texts
 
 
@@ -90,7 +90,7 @@ def main():
     stats = kv.server_stats()
     with open(os.path.join(out_dir, 'worker%d.json' % kv.rank), 'w') as dst:
         json.dump({'replies': replies, 'pulled': out.asnumpy().tolist(), 'stats': stats,
-                   'lr': kv._command(protocol.Command.SET_HYPER, {})[0]['lr']}, dst)  # noqa
+                   'lr': kv._command(commands.Command.SET_HYPER, {})[0]['lr']}, dst)  # noqa
 
 
 if __name__ == '__main__':
