@@ -310,6 +310,35 @@ def test_forged_commands_in_a_real_job_are_refused_and_the_job_trains_on(tmp_pat
 
 
 @pytest.mark.jobs
+def test_commands_without_the_jobs_key_are_refused_and_the_job_trains_on(tmp_path):
+    # Every process of the job holds MXDELAY_JOB_KEY; worker 0 sends well-formed SET_HYPER
+    # commands (lr 0.25) as a process without the key could: unsigned, signed with another
+    # key, and a signed one whose body was changed (lr 0.75). Every one is refused with an
+    # error reply, the servers stay up, the learning rate stays 0.5 and the next round is
+    # exact; the job's own signed commands (hand-shake, optimizer, stats) go through.
+    pids = PidFile(tmp_path / 'pids')
+    result = run_job(pids.wrap([sys.executable, SCRIPT, str(tmp_path), 'keyed']),
+                     num_workers=2, env={'MXDELAY_JOB_KEY': 'a3f1c9e0d2b7'}, timeout=75,
+                     extra_launcher_args=('--timeout', '60'))
+    pids.assert_all_dead()
+    assert_ok(result)
+    outcome = [json.load(open(str(tmp_path / ('worker%d.json' % r)), encoding='utf-8'))
+               for r in range(2)]
+    replies = outcome[0]['replies']
+    expected = {'no_key': (3000, 'carries no authenticator'),
+                'other_key': (3001, 'does not match its text'),
+                'body_changed': (3002, 'does not match its text')}
+    for case, (seq, pattern) in expected.items():
+        ok, payload, replied_seq = replies[case]
+        assert (ok, replied_seq) == (False, seq), (case, replies[case])
+        assert pattern in payload and 'refused' in payload, (case, payload)
+    assert 'MXDELAY_JOB_KEY is not set' not in result.stderr
+    for rank in range(2):
+        assert outcome[rank]['lr'] == 0.5
+        np.testing.assert_array_equal(outcome[rank]['pulled'], [-1.5] * 4)   # 0 - 0.5 * 3
+
+
+@pytest.mark.jobs
 def test_a_stock_client_without_the_opt_in_ends_its_job_with_the_reason(tmp_path):
     # tests/scripts/sparse_gluon_job.py's stock_client: a stock gluon.Trainer on 'dist_sync'
     # with mxdelay's servers, which sends its optimizer pickled; here the servers are told

@@ -14,6 +14,8 @@ and decodes back; all keys are distinct.
 Tolerance: none; everything is exact (replies carry bytes as float32 values 0..255).
 """
 import base64
+import hashlib
+import hmac
 import json
 import pickle
 
@@ -76,6 +78,42 @@ def test_command_round_trip(command):
     assert decode_command(text.encode('utf-8')) == (command, body)
     # the name also works as a string
     assert encode_command(command.value, body) == text
+
+
+KEY = b'the job key'
+
+
+@pytest.mark.parametrize('command', list(Command), ids=lambda c: c.value)
+def test_an_authenticated_command_round_trips_and_carries_the_hmac_of_its_text(command):
+    body = BODIES[command]
+    text = encode_command(command, body, KEY)
+    plain = encode_command(command, body)
+    name, body_text = plain[len(COMMAND_PREFIX):].split(' ', 1)
+    mac = hmac.new(KEY, (name + ' ' + body_text).encode('utf-8'), hashlib.sha256).hexdigest()
+    assert text == '%s%s#%s %s' % (COMMAND_PREFIX, name, mac, body_text)
+    assert '\x00' not in text
+    assert decode_command(text, KEY) == (command, body)
+    assert decode_command(text.encode('utf-8'), KEY) == (command, body)
+    assert decode_command(text) == (command, body)        # a server without a key
+    assert commands.command_rank(text) == commands.command_rank(plain)
+
+
+@pytest.mark.parametrize('forge, pattern', [
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}),
+     'carries no authenticator'),
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}, b'another key'),
+     'does not match'),
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}, KEY).replace('0.1', '9.1'),
+     'does not match'),
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}, KEY).replace(
+        'set_hyper#', 'stats#'), 'does not match'),
+    (lambda: encode_command(Command.STATS, {'rank': 0}, KEY)[:-1] + ', "rank": 1}',
+     'does not match'),
+], ids=['unsigned', 'other_key', 'body_changed', 'name_changed', 'field_added'])
+def test_a_server_with_the_key_refuses_what_lacks_a_valid_authenticator(forge, pattern):
+    with pytest.raises(commands.UnauthenticatedCommand, match=pattern) as caught:
+        decode_command(forge(), KEY)
+    assert isinstance(caught.value, ValueError)
 
 
 def test_command_text_is_nul_free_even_when_the_body_has_nuls():

@@ -1,13 +1,18 @@
 """What workers and mxdelay's servers say to each other: commands and replies.
 
-The keys they say it on are in :mod:`kvstore_ext.worker.layout`. MXNet hands the Python controller only command id 0, with a NUL-free text body. Every mxdelay
-command is ``'mxdelay:' + name + ' ' + json_body`` on id 0 (:func:`encode_command`); the
-server dispatches on ``name`` (:class:`Command`). A reply is written into the requesting
-worker's segment of the server's status key and read back with a pull; it carries the
-command's sequence number, so that a worker never mistakes an older reply for the answer
-(docs/design.md §4).
+The keys they say it on are in :mod:`kvstore_ext.protocol.keys`. MXNet hands the Python
+controller only command id 0, with a NUL-free text body. Every mxdelay command is
+``'mxdelay:' + name + ' ' + json_body`` on id 0 (:func:`encode_command`); the server
+dispatches on ``name`` (:class:`Command`). With the job's key (``MXDELAY_JOB_KEY``) the name
+carries an authenticator, ``name + '#' + HMAC-SHA256(key, name + ' ' + json_body)``, and a
+server that holds the key refuses a command without a valid one (docs/design.md §4.5). A
+reply is written into the requesting worker's segment of the server's status key and read
+back with a pull; it carries the command's sequence number, so that a worker never mistakes
+an older reply for the answer (docs/design.md §4).
 """
 import enum
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -18,7 +23,7 @@ from kvstore_ext import env
 
 __all__ = ['AUX_SETTINGS', 'PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREFIX', 'REPLY_LEN',
            'MIN_REPLY_LEN', 'BYTES_PER_ENTRY', 'bigarray_bound', 'reply_len', 'reply_capacity',
-           'encode_command', 'decode_command',
+           'encode_command', 'decode_command', 'UnauthenticatedCommand',
            'command_rank', 'encode_reply', 'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
            'encode_optimizer', 'decode_optimizer', 'field', 'check_rank', 'check_paths']
 
@@ -74,16 +79,34 @@ class Command(str, enum.Enum):
     #                            quantized ('2bit'; docs/design.md §2.13)
 
 
-def encode_command(command, body):
-    """Return the NUL-free text of `command` with JSON `body`, for command id 0."""
-    return '%s%s %s' % (COMMAND_PREFIX, Command(command).value, json.dumps(body))
+class UnauthenticatedCommand(ValueError):
+    """A command without a valid authenticator, on a server that holds the job's key."""
 
 
-def decode_command(text):
-    """Parse a command body; return ``(Command, dict)``.
+def _authenticator(key, signed):
+    return hmac.new(key, signed.encode('utf-8'), hashlib.sha256).hexdigest()
+
+
+def encode_command(command, body, key=None):
+    """Return the NUL-free text of `command` with JSON `body`, for command id 0; with the
+    job's `key` (bytes), authenticated (``name#HMAC-SHA256(key, name + ' ' + JSON)``)."""
+    name = Command(command).value
+    text = json.dumps(body)
+    if key is None:
+        return '%s%s %s' % (COMMAND_PREFIX, name, text)
+    return '%s%s#%s %s' % (COMMAND_PREFIX, name, _authenticator(key, name + ' ' + text), text)
+
+
+def decode_command(text, key=None):
+    """Parse a command body; return ``(Command, dict)``. With the job's `key` (bytes) the
+    command must carry a valid authenticator of its name and body; without a key any
+    authenticator is ignored (a job without keys).
 
     Raises
     ------
+    UnauthenticatedCommand
+        (a ``ValueError``) If `key` is given and the command carries no authenticator, or
+        one that does not match (another key, or a text changed on the way).
     ValueError
         If `text` is not an mxdelay command (wrong prefix, unknown name or bad JSON).
     """
@@ -91,7 +114,18 @@ def decode_command(text):
         text = text.decode('utf-8', 'replace')
     if not text.startswith(COMMAND_PREFIX):
         raise ValueError('not an mxdelay command (no %r prefix): %.60r' % (COMMAND_PREFIX, text))
-    name, _, body = text[len(COMMAND_PREFIX):].partition(' ')
+    head, _, body = text[len(COMMAND_PREFIX):].partition(' ')
+    name, marked, mac = head.partition('#')
+    if key is not None:
+        if not marked:
+            raise UnauthenticatedCommand(
+                'command %.40r carries no authenticator, but this server holds the job\'s key '
+                '(MXDELAY_JOB_KEY): refused. Give every process of the job the same '
+                'MXDELAY_JOB_KEY (mxdelay-launch does)' % (name,))
+        if not hmac.compare_digest(mac, _authenticator(key, name + ' ' + body)):
+            raise UnauthenticatedCommand(
+                'command %.40r carries an authenticator that does not match its text: refused '
+                '(sent with another MXDELAY_JOB_KEY, or changed on the way)' % (name,))
     try:
         command = Command(name)
     except ValueError:

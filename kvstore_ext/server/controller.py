@@ -91,6 +91,8 @@ class DelayServer(KVStoreServer):
         self._ballots = agreement.Ballots()
         self._stock_refusal = None     # why a stock client's pickled optimizer was refused
         self._validated = None         # (LOAD body key, its validated file), until applied
+        # The job's key: every command must carry its authenticator (docs/design.md §4.5).
+        self._job_key = env.job_key()
         self._handlers = {
             Command.HELLO: self._on_hello,
             Command.REGISTER: self._on_register,
@@ -118,7 +120,7 @@ class DelayServer(KVStoreServer):
                 if not cmd_body.startswith(commands.COMMAND_PREFIX.encode('ascii')):
                     self._on_stock_optimizer(cmd_body)
                     return
-                reply = self.command(*commands.decode_command(cmd_body))
+                reply = self.command(*commands.decode_command(cmd_body, self._job_key))
                 if reply is not None:
                     self._reply(rank, True, reply, seq)
             except Exception as err:  # pylint: disable=broad-except
@@ -132,6 +134,10 @@ class DelayServer(KVStoreServer):
         if self._server_rank is None:
             self._server_rank = self.kvstore.rank
             self._num_workers = self.kvstore.num_workers
+            if self._job_key is None:
+                _LOG.warning('server %d: MXDELAY_JOB_KEY is not set: mxdelay commands are '
+                             'not authenticated (any process that reaches this port can send '
+                             'them); mxdelay-launch sets a key per job', self._server_rank)
         if self.kvstore._updater is None:  # pylint: disable=protected-access
             # The native server needs the updater before any round completes, and it can
             # only be installed once the server runs, i.e. from here (docs/design.md §9).

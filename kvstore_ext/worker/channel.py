@@ -12,6 +12,7 @@ fake one) and carries the optimizer.
 """
 from mxnet import nd
 
+from kvstore_ext import env
 from kvstore_ext.protocol import commands
 from kvstore_ext.optim.optimizers import (PER_STEP_FIELDS, describe_optimizer, format_differences,
                                           optimizer_differences)
@@ -43,6 +44,7 @@ class CommandChannel(object):
         self._status = None      # this worker's copy of each server's status key
         self._seq = 0            # number of the last command, echoed by the replies
         self._ballot = 0         # number of the last agree() call
+        self._key = env.job_key()   # every command carries its authenticator (§4.5)
 
     @property
     def rank(self):
@@ -59,7 +61,8 @@ class CommandChannel(object):
         ValueError
             If a server refused the hand-shake (e.g. the workers disagree on a setting).
         """
-        self._native._send_command_to_servers(0, commands.encode_command(Command.HELLO, hello))
+        text = commands.encode_command(Command.HELLO, hello, self._key)
+        self._native._send_command_to_servers(0, text)
         length = self._reply_len * self._native.num_workers
         self._native.init(self._keys, [nd.zeros(length) for _ in self._keys])
         # One round on the status keys: the server's updater answers it with the hand-shake.
@@ -103,7 +106,8 @@ class CommandChannel(object):
         """
         self._seq += 1
         body = dict(body, rank=self.rank, seq=self._seq)
-        self._native._send_command_to_servers(0, commands.encode_command(command, body))
+        text = commands.encode_command(command, body, self._key)
+        self._native._send_command_to_servers(0, text)
         self._native.pull(self._keys, out=self._status)
         replies = []
         for server in range(self._num_servers):
