@@ -40,8 +40,8 @@ import sys
 import tempfile
 import time
 
-from cpu_monitor import _label, children
 import harness
+from monitor import job_tree
 import provenance
 import report
 
@@ -91,14 +91,7 @@ def run(model, mode, k, folder):
         labels, processes, steady = {}, {}, None
         start = time.time()
         while popen.poll() is None:
-            tree, todo = children(), [popen.pid]
-            while todo:
-                pid = todo.pop()
-                todo.extend(tree.get(pid, []))
-                if pid == popen.pid:
-                    continue
-                if labels.get(pid, 'launcher') in ('launcher', 'unknown'):
-                    labels[pid] = _label(pid)  # a child reads as its parent until it execs
+            for pid in job_tree({popen.pid: 'launcher'}, labels):
                 status = _status(pid)
                 if status is not None and labels[pid] not in ('launcher', 'unknown'):
                     record = processes.setdefault(labels[pid], {'samples': []})

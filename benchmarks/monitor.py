@@ -1,4 +1,4 @@
-"""Where the CPU goes during a run: per-role CPU time of a job, and the whole machine's.
+"""What a job's processes use while it runs: CPU time per role, and bytes per link.
 
 A :class:`CpuMonitor` samples, every `interval` seconds, the CPU time (user + system) of
 every descendant of the processes it watches, labelled by role from each process's
@@ -9,13 +9,20 @@ on average, and how many the rest of the machine used (``other``: processes that
 the job's, and kernel work charged to no process of the job, such as a bridge's packets).
 
 Reading another process's environment needs the same user or root; a process whose role
-cannot be read is labelled ``unknown``.
+cannot be read is labelled ``unknown``. :func:`job_tree` is the same walk for other readers
+of ``/proc`` (the memory benchmark's).
+
+On a shaped network (``benchmarks/netns.py``) a :class:`PortCounters` samples the byte
+counters of every node's bridge port, and :func:`eth0_counters` reads each node's own
+``eth0``: what each node sent and received, TCP/IP headers included.
 """
+import json
 import os
+import subprocess
 import threading
 import time
 
-__all__ = ['CpuMonitor', 'Sampler', 'children']
+__all__ = ['Sampler', 'CpuMonitor', 'PortCounters', 'eth0_counters', 'job_tree']
 
 _TICK = os.sysconf('SC_CLK_TCK')
 
@@ -31,7 +38,7 @@ def _stat(pid):
     return int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def children():
+def _children():
     """``{parent pid: [pids]}`` of every process now."""
     found = {}
     for entry in os.listdir('/proc'):
@@ -39,6 +46,24 @@ def children():
             stat = _stat(int(entry))
             if stat is not None:
                 found.setdefault(stat[0], []).append(int(entry))
+    return found
+
+
+def job_tree(roots, labels):
+    """The pids of `roots` (``{pid: label or None}``) and of every process below them, now.
+
+    `labels` (``{pid: label}``, updated in place) gets each one's label: its root's, else its
+    role read from its environment (:func:`_label`). A label is read again while it is
+    ``launcher`` or ``unknown``: a child reads as its parent until it execs.
+    """
+    tree, found, todo = _children(), [], list(roots)
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(tree.get(pid, []))
+    for pid in found:
+        if labels.get(pid, 'launcher') in ('launcher', 'unknown'):
+            labels[pid] = roots.get(pid) or _label(pid)
     return found
 
 
@@ -91,6 +116,16 @@ class Sampler:
         """Take one sample now."""
         raise NotImplementedError()
 
+    def _around(self, when):
+        """The samples just before and just after time `when` (the first or the last beyond
+        them), and `when`'s weight between the two."""
+        before = max((s for s in self.samples if s[0] <= when), key=lambda s: s[0],
+                     default=self.samples[0])
+        after = min((s for s in self.samples if s[0] >= when), key=lambda s: s[0],
+                    default=self.samples[-1])
+        span = after[0] - before[0]
+        return before, after, (when - before[0]) / span if span > 0 else 0.0
+
 
 class CpuMonitor(Sampler):
     """Sample the CPU time of the process trees rooted at `roots` in a background thread.
@@ -110,25 +145,13 @@ class CpuMonitor(Sampler):
         self._labels = {}
         self._last = {}  # pid -> last cpu seconds seen (a process that exits keeps its total)
 
-    def _descendants(self):
-        tree, found, todo = children(), [], list(self.roots)
-        while todo:
-            pid = todo.pop()
-            found.append(pid)
-            todo.extend(tree.get(pid, []))
-        return found
-
     def sample(self):
         """Take one sample now."""
         now = time.time()
-        for pid in self._descendants():
+        for pid in job_tree(self.roots, self._labels):
             stat = _stat(pid)
-            if stat is None:
-                continue
-            # Read again until it is a role: a child reads as its parent until it execs.
-            if self._labels.get(pid, 'launcher') in ('launcher', 'unknown'):
-                self._labels[pid] = self.roots.get(pid) or _label(pid)
-            self._last[pid] = stat[1]
+            if stat is not None:
+                self._last[pid] = stat[1]
         per_label = {}
         for pid, seconds in self._last.items():
             label = self._labels[pid]
@@ -137,11 +160,7 @@ class CpuMonitor(Sampler):
 
     def _at(self, when):
         """Interpolate (per-label cpu seconds, machine busy seconds) at time `when`."""
-        samples = self.samples
-        before = max((s for s in samples if s[0] <= when), key=lambda s: s[0], default=samples[0])
-        after = min((s for s in samples if s[0] >= when), key=lambda s: s[0], default=samples[-1])
-        span = after[0] - before[0]
-        weight = (when - before[0]) / span if span > 0 else 0.0
+        before, after, weight = self._around(when)
         labels = set(before[1]) | set(after[1])
         per_label = {label: before[1].get(label, 0.0) + weight * (
             after[1].get(label, 0.0) - before[1].get(label, 0.0)) for label in labels}
@@ -157,3 +176,50 @@ class CpuMonitor(Sampler):
                  for label in set(first) | set(last)}
         usage['other'] = max(0.0, (busy_last - busy_first) / seconds - sum(usage.values()))
         return usage
+
+
+class PortCounters(Sampler):
+    """Sample the byte counters of every bridge port of `net` (a ``netns.ShapedNetwork``) in
+    a background thread.
+
+    Port ``p<i>`` is the peer of node i's ``eth0``: what the port receives, the node sent.
+    One ``ip -j -s link`` of the switch namespace reads them all (one process per sample).
+    """
+
+    def __init__(self, net, interval=0.25):
+        super().__init__(interval)   # samples: (time, {node index: (sent, received)})
+        self.net = net
+
+    def sample(self):
+        """Take one sample now (its time: the middle of the read)."""
+        before = time.time()
+        links = json.loads(subprocess.run(
+            ['ip', '-n', self.net.switch, '-j', '-s', 'link', 'show'], capture_output=True,
+            text=True, check=True).stdout)
+        now = (before + time.time()) / 2
+        counts = {int(link['ifname'][1:]): (link['stats64']['rx']['bytes'],
+                                            link['stats64']['tx']['bytes'])
+                  for link in links if link['ifname'].startswith('p')}
+        self.samples.append((now, counts))
+
+    def at(self, when):
+        """{node index: (sent, received)} interpolated at time `when`."""
+        before, after, weight = self._around(when)
+        return {node: tuple(b + weight * (a - b) for a, b in zip(after[1][node], counts))
+                for node, counts in before[1].items()}
+
+    def between(self, start, end):
+        """{node index: (sent, received)} bytes in [start, end]."""
+        first, last = self.at(start), self.at(end)
+        return {node: (last[node][0] - first[node][0], last[node][1] - first[node][1])
+                for node in first}
+
+
+def eth0_counters(net):
+    """``{namespace: (tx bytes, rx bytes)}`` of every node's ``eth0`` in `net`, now."""
+    result = {}
+    for name, _ in net.nodes:
+        link = json.loads(subprocess.run(['ip', '-n', name, '-j', '-s', 'link', 'show', 'eth0'],
+                                         capture_output=True, text=True, check=True).stdout)[0]
+        result[name] = (link['stats64']['tx']['bytes'], link['stats64']['rx']['bytes'])
+    return result
