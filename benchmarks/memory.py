@@ -238,7 +238,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--models', default='mlp,big')
     parser.add_argument('--ks', default='1,4,8')
-    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks'))
+    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'memory'))
     parser.add_argument('--report', action='store_true',
                         help='only rewrite memory.md and memory.png from --out\'s memory.json')
     args = parser.parse_args(argv)

@@ -9,12 +9,12 @@ docs/results.md (every figure, one row each), from:
 - ``docs/benchmarks/tta/tta.json`` (``python benchmarks/tta.py --part report``): time to
   accuracy, accuracy over seeds, accuracy at a fixed wall time, steady-state throughput;
 - ``docs/benchmarks/roundtrip-cpu-cost/after/results.json`` (``python benchmarks/kvstore_roundtrip.py``).
-- ``docs/benchmarks/memory.json`` (``python benchmarks/memory.py``).
+- ``docs/benchmarks/memory/memory.json`` (``python benchmarks/memory.py``).
 - ``docs/benchmarks/compress/tta.json`` and ``sparse-bytes.json``, and
-  ``docs/benchmarks/compress-after-cpu/phases-runs.csv``: compression against stock MXNet,
+  ``docs/benchmarks/compress/after-cpu/phases-runs.csv``: compression against stock MXNet,
   sparse bytes (``benchmarks/compress.py``, which left the tree after commit cb88aae: the
   folders' procedures give its commands at the commit that ran them).
-- ``docs/benchmarks/scaling/runs.csv`` and ``scaling-run2/runs.csv``
+- ``docs/benchmarks/scaling/runs.csv`` and ``scaling/run2/runs.csv``
   (``python benchmarks/scaling.py``, twice): the issue's scaling targets.
 - ``docs/benchmarks/cnn/accuracy.csv`` and the ``readme-rows.md`` of ``cnn/``, ``cnn-seeds/``,
   ``cnn-rules-3seeds/`` (SGD) and ``cnn-adam-bound/`` (Adam)
@@ -35,7 +35,7 @@ import report
 REPO = harness.REPO
 TTA = os.path.join('docs', 'benchmarks', 'tta')
 # The server with W kept in the slots' stored values, as main's (docs/design.md §3.2); the
-# earlier measurements stay in roundtrip/ and roundtrip-before-31cc805/.
+# earlier measurements are in git (docs/benchmarks/README.md, "Removed entries").
 ROUNDTRIP = os.path.join('docs', 'benchmarks', 'roundtrip-cpu-cost', 'after')
 COMPRESS = os.path.join('docs', 'benchmarks', 'compress')
 #: The methods of compress/ (stock dist_sync with and without 2bit, k=4 without and with fp16
@@ -43,7 +43,8 @@ COMPRESS = os.path.join('docs', 'benchmarks', 'compress')
 COMPRESS_METHODS = ('sync', 'sync-2bit', 'k4', 'k4-fp16', 'k4-2bit')
 #: The two invocations of benchmarks/scaling.py.
 SCALING = (os.path.join('docs', 'benchmarks', 'scaling'),
-           os.path.join('docs', 'benchmarks', 'scaling-run2'))
+           os.path.join('docs', 'benchmarks', 'scaling', 'run2'))
+MEMORY = os.path.join('docs', 'benchmarks', 'memory')
 # The first screen's figure: the best method measured (docs/benchmarks/tta-payload/procedure.md).
 HEADLINE_FOLDER = 'docs/benchmarks/tta-payload/combined-2777c42'
 HEADLINE_METHOD = 'k4-ternary-pull-int8'
@@ -126,7 +127,7 @@ def scaling_rows():
     return ['| samples/s, ResNet-18 (11.2M parameters, batch 32), 4 workers, 2 servers, each '
             'node on its own 1 Gbit/s link | %s | targets 1.6x and 2.5x: missed; 8 timed steps, '
             '1 round per invocation, nearly every run noisy (the 2 cores were busy); N 2-8 x S 1-4 '
-            'and the MLP in the file | [scaling.md](docs/benchmarks/scaling.md) |' % cells]
+            'and the MLP in the file | [scaling.md](docs/benchmarks/scaling/scaling.md) |' % cells]
 
 
 def _label(method):
@@ -191,7 +192,7 @@ def compression_rows():
                             '%s %.4f%s' % (label(m), last[m]['mean'], '' if m == 'sync' else
                                            ' (%+.2f)' % (100 * (last[m]['mean'] - base)))
                             for m in methods), len(data['seeds']), link))
-    after = os.path.join('docs', 'benchmarks', 'compress-after-cpu')
+    after = os.path.join(COMPRESS, 'after-cpu')
     if os.path.exists(os.path.join(REPO, after, 'phases-runs.csv')):
         runs = [r for r in report.read_csv(os.path.join(REPO, after, 'phases-runs.csv'))
                 if r['network'] == '1gbit' and r['exit'] == 0]
@@ -319,7 +320,7 @@ def full_table():
         rows.append('| server CPU time per round, `dist_delay` vs stock `dist_sync` | %s | '
                     'utime + stime of the server over the kept steps of the same jobs; 2 '
                     'workers, 1 server, loopback | %s |' % ('; '.join(cpu_cells), link))
-    memory = _load(os.path.join('docs', 'benchmarks'), 'memory.json')
+    memory = _load(MEMORY, 'memory.json')
     fits = {(f['store'], f['k'], f['role']): f for f in memory['per_parameter']}
     servers = memory['meta']['servers']
     cells = []
@@ -335,9 +336,9 @@ def full_table():
     rows.append('| memory (float32 entries), %d workers + %d servers | %s | steady RSS, big model '
                 'minus MLP, per process; a server\'s share is 1/%d of the model, so its figures '
                 'are %d x memory.md\'s per-model-parameter slope; SGD momentum, rule `mirror`; '
-                'library of commit %s | [memory.md](docs/benchmarks/memory.md) |'
+                'library of commit %s | [memory.md](%s/memory.md) |'
                 % (memory['meta']['workers'], servers, '; '.join(cells), servers, servers,
-                   memory['meta']['code']['commit'][:7]))
+                   memory['meta']['code']['commit'][:7], MEMORY))
     rows += compression_rows()
     rows += scaling_rows()
     # The CNN accuracy rows are made by benchmarks/accuracy_cnn.py from its results files
@@ -502,7 +503,7 @@ def short_table():
         'interleaved rounds, most of them noisy. CNN: the global model after `sync_weights()`, '
         'one seed. The k columns\' synchronous steps, so the derived times, predate f25e036 '
         '(since: 1.13x stock at 100 Mbit/s, [warmup-pushpull-2026-12-03]'
-        '(docs/benchmarks/warmup-pushpull-2026-12-03/results.md)). Every '
+        '(docs/benchmarks/warmup-pushpull/2026-12-03/results.md)). Every '
         'figure with its conditions, and compression, sparse bytes, memory, round trip and '
         'scaling: docs/results.md, generated with this table by `python '
         'benchmarks/readme_results.py` from the committed results files.' % (

@@ -50,7 +50,7 @@ Procedure (fixed before the run; the defaults below are the full run's):
 - **Reports**: medians over rounds (with the range). ``--out``: ``runs.csv`` (every run),
   ``results.md`` (every run), ``meta.json`` (commit at start and end, command, machine,
   load), ``throughput.png`` (samples/s against N per method, a panel per model and S);
-  ``--summary`` (``docs/benchmarks/scaling.md``): the tables and the verdicts on the
+  ``--summary`` (``docs/benchmarks/scaling/scaling.md``): the tables and the verdicts on the
   issue's targets (ResNet N=4 S=2: k4 >= 1.6x sync, k4-fp16 >= 2.5x sync; scaling
   efficiency N=2 -> 8 of k4 >= sync's, per model and S). Raw per-run files go to
   ``--scratch``.
@@ -63,9 +63,9 @@ Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
     git worktree add --detach /tmp/pin-scaling HEAD
     cd /tmp/pin-scaling && PYTHONPATH=/tmp/pin-scaling python benchmarks/scaling.py \\
         --out /path/to/repo/docs/benchmarks/scaling \\
-        --summary /path/to/repo/docs/benchmarks/scaling.md
+        --summary /path/to/repo/docs/benchmarks/scaling/scaling.md
     python benchmarks/scaling.py --report-only       # tables and plot again from runs.csv
-    python benchmarks/scaling.py --report-only --compare docs/benchmarks/scaling-run2
+    python benchmarks/scaling.py --report-only --compare docs/benchmarks/scaling/run2
                                                      # ... beside a second invocation's
     python benchmarks/scaling.py --smoke             # 12 short runs into bench_out/
 """
@@ -126,7 +126,7 @@ def parse_args(argv):
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'scaling'),
                         help='results folder (default: %(default)s)')
     parser.add_argument('--summary', default=os.path.join(REPO, 'docs', 'benchmarks',
-                                                          'scaling.md'),
+                                                          'scaling', 'scaling.md'),
                         help='the tables and verdicts (default: %(default)s)')
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'scaling'),
                         help='raw per-run files and logs (default: %(default)s)')
