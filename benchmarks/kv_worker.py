@@ -8,15 +8,23 @@ Only ``dist_delay`` imports mxdelay (before mxnet, so that its servers are mxdel
 ``dist_sync`` is stock MXNet in every process, servers and scheduler included. Every process
 records what it imported (``benchmarks/provenance.py``) next to OUT_JSON.
 """
+import argparse
 import os
 import sys
 
 import provenance  # standard library only: first, before MXNet
-from positional import positional
 
-ARGS = positional(__doc__, 3)
-KIND = ARGS[0]
-provenance.record(os.path.dirname(os.path.abspath(ARGS[2])), KIND, stock=KIND != 'dist_delay')
+_PARSER = argparse.ArgumentParser(description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+_PARSER.add_argument('kvstore', choices=('dist_sync', 'dist_delay'))
+_PARSER.add_argument('steps', type=int)
+_PARSER.add_argument('out_json')
+_PARSER.add_argument('optimizer', nargs='?', choices=('none', 'sgd'), default='none')
+_PARSER.add_argument('model', nargs='?', choices=('mlp', 'big'), default='mlp')
+ARGS = _PARSER.parse_args()
+KIND = ARGS.kvstore
+provenance.record(os.path.dirname(os.path.abspath(ARGS.out_json)), KIND,
+                  stock=KIND != 'dist_delay')
 if KIND == 'dist_delay':
     import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's
 
@@ -36,13 +44,13 @@ MODELS = {
 
 
 def main():
-    steps, out = int(ARGS[1]), ARGS[2]
+    steps, out = ARGS.steps, ARGS.out_json
     kv = mx.kv.create(KIND)
     if KIND != 'dist_delay':
         assert 'mxdelay' not in sys.modules and 'kvstore_ext' not in sys.modules
-    if ARGS[3:4] == ['sgd']:
+    if ARGS.optimizer == 'sgd':
         kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, momentum=0.9))
-    shapes = MODELS[ARGS[4] if len(ARGS) > 4 else 'mlp']
+    shapes = MODELS[ARGS.model]
     weights = [nd.zeros(s) for s in shapes]
     grads = [nd.ones(s) for s in shapes]
     for i, w in enumerate(weights):

@@ -16,7 +16,7 @@ first steps allocate buffers); nothing else is excluded. The figure is the media
 over all kept steps of all rounds, and the ratio is dist_sync's median over dist_delay's
 (above 1: dist_delay is faster).
 
-Server cost: while a job runs, ``benchmarks/cpu_monitor.py`` samples every 0.1 s the CPU
+Server cost: while a job runs, ``benchmarks/monitor.py`` samples every 0.1 s the CPU
 time (``/proc/<pid>/stat`` utime + stime) of every process of the job, by role. The server's
 CPU seconds over the kept steps (from the start of the first kept step to the end of the
 last, worker 0's clock, interpolated between samples) divided by the number of kept steps
@@ -43,8 +43,8 @@ import tempfile
 
 import numpy as np
 
-from cpu_monitor import CpuMonitor
 import harness
+from monitor import CpuMonitor
 import provenance
 import report
 

@@ -40,8 +40,8 @@ import sys
 import tempfile
 import time
 
-from cpu_monitor import _label, children
 import harness
+from monitor import job_tree
 import provenance
 import report
 
@@ -91,14 +91,7 @@ def run(model, mode, k, folder):
         labels, processes, steady = {}, {}, None
         start = time.time()
         while popen.poll() is None:
-            tree, todo = children(), [popen.pid]
-            while todo:
-                pid = todo.pop()
-                todo.extend(tree.get(pid, []))
-                if pid == popen.pid:
-                    continue
-                if labels.get(pid, 'launcher') in ('launcher', 'unknown'):
-                    labels[pid] = _label(pid)  # a child reads as its parent until it execs
+            for pid in job_tree({popen.pid: 'launcher'}, labels):
                 status = _status(pid)
                 if status is not None and labels[pid] not in ('launcher', 'unknown'):
                     record = processes.setdefault(labels[pid], {'samples': []})
@@ -245,7 +238,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--models', default='mlp,big')
     parser.add_argument('--ks', default='1,4,8')
-    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks'))
+    parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'memory'))
     parser.add_argument('--report', action='store_true',
                         help='only rewrite memory.md and memory.png from --out\'s memory.json')
     args = parser.parse_args(argv)

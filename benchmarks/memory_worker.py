@@ -17,14 +17,21 @@ warm-up), waits for all its work (``nd.waitall``), writes ``steady-<rank>.json``
 parameter count) into OUT_FOLDER and then sleeps ``HOLD`` seconds, so that the driver reads
 every process's memory in that steady state, before the job ends.
 """
+import argparse
 import os
 import sys
 
 import provenance  # standard library only: first, before MXNet
-from positional import positional
 
-ARGS = positional(__doc__, 5)
-MODE, K, MODEL, STEPS, OUT = ARGS[0], int(ARGS[1]), ARGS[2], int(ARGS[3]), ARGS[4]
+_PARSER = argparse.ArgumentParser(description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+_PARSER.add_argument('mode', choices=('sync', 'delay'))
+_PARSER.add_argument('k', type=int)
+_PARSER.add_argument('model', choices=('mlp', 'big'))
+_PARSER.add_argument('steps', type=int)
+_PARSER.add_argument('out_folder')
+_ARGS = _PARSER.parse_args()
+MODE, K, MODEL, STEPS, OUT = _ARGS.mode, _ARGS.k, _ARGS.model, _ARGS.steps, _ARGS.out_folder
 provenance.record(OUT, MODE, stock=MODE != 'delay')
 if MODE == 'delay':
     import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's

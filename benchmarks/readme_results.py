@@ -9,11 +9,12 @@ docs/results.md (every figure, one row each), from:
 - ``docs/benchmarks/tta/tta.json`` (``python benchmarks/tta.py --part report``): time to
   accuracy, accuracy over seeds, accuracy at a fixed wall time, steady-state throughput;
 - ``docs/benchmarks/roundtrip-cpu-cost/after/results.json`` (``python benchmarks/kvstore_roundtrip.py``).
-- ``docs/benchmarks/memory.json`` (``python benchmarks/memory.py``).
-- ``docs/benchmarks/compress/tta.json`` and ``sparse-bytes.json``
-  (``python benchmarks/compress.py``): compression against stock MXNet, sparse bytes.
-- ``docs/benchmarks/compress-after-cpu/phases-runs.csv`` (``compress.py --part phases``).
-- ``docs/benchmarks/scaling/runs.csv`` and ``scaling-run2/runs.csv``
+- ``docs/benchmarks/memory/memory.json`` (``python benchmarks/memory.py``).
+- ``docs/benchmarks/compress/tta.json`` and ``sparse-bytes.json``, and
+  ``docs/benchmarks/compress/after-cpu/phases-runs.csv``: compression against stock MXNet,
+  sparse bytes (``benchmarks/compress.py``, which left the tree after commit cb88aae: the
+  folders' procedures give its commands at the commit that ran them).
+- ``docs/benchmarks/scaling/runs.csv`` and ``scaling/run2/runs.csv``
   (``python benchmarks/scaling.py``, twice): the issue's scaling targets.
 - ``docs/benchmarks/cnn/accuracy.csv`` and the ``readme-rows.md`` of ``cnn/``, ``cnn-seeds/``,
   ``cnn-rules-3seeds/`` (SGD) and ``cnn-adam-bound/`` (Adam)
@@ -34,9 +35,16 @@ import report
 REPO = harness.REPO
 TTA = os.path.join('docs', 'benchmarks', 'tta')
 # The server with W kept in the slots' stored values, as main's (docs/design.md §3.2); the
-# earlier measurements stay in roundtrip/ and roundtrip-before-31cc805/.
+# earlier measurements are in git (docs/benchmarks/README.md, "Removed entries").
 ROUNDTRIP = os.path.join('docs', 'benchmarks', 'roundtrip-cpu-cost', 'after')
 COMPRESS = os.path.join('docs', 'benchmarks', 'compress')
+#: The methods of compress/ (stock dist_sync with and without 2bit, k=4 without and with fp16
+#: and 2bit), in the order of its tables.
+COMPRESS_METHODS = ('sync', 'sync-2bit', 'k4', 'k4-fp16', 'k4-2bit')
+#: The two invocations of benchmarks/scaling.py.
+SCALING = (os.path.join('docs', 'benchmarks', 'scaling'),
+           os.path.join('docs', 'benchmarks', 'scaling', 'run2'))
+MEMORY = os.path.join('docs', 'benchmarks', 'memory')
 # The first screen's figure: the best method measured (docs/benchmarks/tta-payload/procedure.md).
 HEADLINE_FOLDER = 'docs/benchmarks/tta-payload/combined-2777c42'
 HEADLINE_METHOD = 'k4-ternary-pull-int8'
@@ -104,21 +112,22 @@ def _loopback_tta_row(tta, link):
 
 
 def scaling_rows():
-    """The scaling targets (ResNet-18, N=4, S=2) of both invocations of scaling.py."""
-    import scaling  # pylint: disable=import-outside-toplevel
-    runs = []
-    for folder in ('scaling', 'scaling-run2'):
-        summary = scaling.summarize(report.read_csv(os.path.join(
-            REPO, 'docs', 'benchmarks', folder, 'runs.csv')))
-        runs.append([summary[('resnet18', 4, 2, m)] for m in ('sync', 'k4', 'k4-fp16')])
-    cells = '; '.join('%s invocation: `dist_sync` %.1f, k=4 %.1f (%.2fx), k=4 + fp16 %.1f (%.2fx)'
-                      % (nth, sync['samples_per_s'], k4['samples_per_s'], k4['x_sync'],
-                         fp16['samples_per_s'], fp16['x_sync'])
-                      for nth, (sync, k4, fp16) in zip(('1st', '2nd'), runs))
+    """The scaling targets (ResNet-18, N=4, S=2) of both invocations of scaling.py: the
+    median samples/s over each method's successful rounds, and its ratio to dist_sync's."""
+    cells = []
+    for nth, folder in zip(('1st', '2nd'), SCALING):
+        runs = report.groups(report.read_csv(os.path.join(REPO, folder, 'runs.csv')),
+                             ('model', 'workers', 'servers', 'method'))
+        rate = {m: statistics.median(r['samples_per_s'] for r in runs['resnet18', 4, 2, m])
+                for m in ('sync', 'k4', 'k4-fp16')}
+        cells.append('%s invocation: `dist_sync` %.1f, k=4 %.1f (%.2fx), k=4 + fp16 %.1f (%.2fx)'
+                     % (nth, rate['sync'], rate['k4'], rate['k4'] / rate['sync'],
+                        rate['k4-fp16'], rate['k4-fp16'] / rate['sync']))
+    cells = '; '.join(cells)
     return ['| samples/s, ResNet-18 (11.2M parameters, batch 32), 4 workers, 2 servers, each '
             'node on its own 1 Gbit/s link | %s | targets 1.6x and 2.5x: missed; 8 timed steps, '
             '1 round per invocation, nearly every run noisy (the 2 cores were busy); N 2-8 x S 1-4 '
-            'and the MLP in the file | [scaling.md](docs/benchmarks/scaling.md) |' % cells]
+            'and the MLP in the file | [scaling.md](docs/benchmarks/scaling/scaling.md) |' % cells]
 
 
 def _label(method):
@@ -157,17 +166,16 @@ def _throughput_rows(tta, methods, label, link, what, notes=None):
 
 
 def compression_rows():
-    """Rows of ``benchmarks/compress.py``'s results (fp16 and 2bit; sparse bytes)."""
-    import compress  # pylint: disable=import-outside-toplevel
+    """Rows of the compression results (fp16 and 2bit; sparse bytes)."""
     rows = []
     link = 'docs/benchmarks/compress/results.md'
     untrained = {}  # method -> the note beside its speed-ups
     if os.path.exists(os.path.join(REPO, COMPRESS, 'tta.json')):
         data = _load(COMPRESS, 'tta.json')
-        methods = [m for m in compress.METHODS if m in data['accuracy']]
+        methods = [m for m in COMPRESS_METHODS if m in data['accuracy']]
 
         def label(method):
-            return compress.METHODS[method].label.replace('dist_sync', '`dist_sync`')
+            return harness.METHODS[method].label.replace('dist_sync', '`dist_sync`')
         last = {m: data['accuracy'][m][-1] for m in methods}
         base = last['sync']['mean']
         # A speed-up of a method that does not train is no speed-up: say so beside it.
@@ -175,7 +183,7 @@ def compression_rows():
                         'epochs' % (last[m]['mean'], last[m]['epoch'])
                      for m in methods if last[m]['mean'] < base / 2}
         rows += _throughput_rows(data, methods, label, link, ' with compression (2bit '
-                                 'threshold %g)' % compress.THRESHOLD, untrained)
+                                 'threshold %g)' % harness.TWO_BIT_THRESHOLD, untrained)
         rows.append('| test accuracy after %d epochs with compression | %s | %d seed; '
                     'difference to `dist_sync` in points; worker 0\'s weights; loopback, real '
                     'runs '
@@ -184,20 +192,20 @@ def compression_rows():
                             '%s %.4f%s' % (label(m), last[m]['mean'], '' if m == 'sync' else
                                            ' (%+.2f)' % (100 * (last[m]['mean'] - base)))
                             for m in methods), len(data['seeds']), link))
-    after = os.path.join('docs', 'benchmarks', 'compress-after-cpu')
+    after = os.path.join(COMPRESS, 'after-cpu')
     if os.path.exists(os.path.join(REPO, after, 'phases-runs.csv')):
         runs = [r for r in report.read_csv(os.path.join(REPO, after, 'phases-runs.csv'))
                 if r['network'] == '1gbit' and r['exit'] == 0]
         medians = {m: statistics.median(r['window_samples_per_s'] for r in runs
                                         if r['method'] == m)
-                   for m in compress.METHODS if any(r['method'] == m for r in runs)}
+                   for m in COMPRESS_METHODS if any(r['method'] == m for r in runs)}
         rows.append('| steady-state samples/s with compression (2bit threshold %g), 1 Gbit/s, '
                     'after the CPU work | %s | delayed phase only; median of 3 interleaved '
                     'rounds on a quiet machine (%d of %d runs noisy), not the machine of the '
                     'rows above (AMD EPYC at load 15 there, Intel Xeon here) | '
                     '[compress-after-cpu/steady.md](%s/steady.md) |' % (
-                        compress.THRESHOLD, '; '.join(
-                            '%s %.0f%s' % (compress.METHODS[m].label.replace(
+                        harness.TWO_BIT_THRESHOLD, '; '.join(
+                            '%s %.0f%s' % (harness.METHODS[m].label.replace(
                                 'dist_sync', '`dist_sync`'), v, '' if m == 'sync' else
                                 ' (%.2fx%s)' % (v / medians['sync'], untrained.get(m, '')))
                             for m, v in medians.items()),
@@ -312,7 +320,7 @@ def full_table():
         rows.append('| server CPU time per round, `dist_delay` vs stock `dist_sync` | %s | '
                     'utime + stime of the server over the kept steps of the same jobs; 2 '
                     'workers, 1 server, loopback | %s |' % ('; '.join(cpu_cells), link))
-    memory = _load(os.path.join('docs', 'benchmarks'), 'memory.json')
+    memory = _load(MEMORY, 'memory.json')
     fits = {(f['store'], f['k'], f['role']): f for f in memory['per_parameter']}
     servers = memory['meta']['servers']
     cells = []
@@ -328,9 +336,9 @@ def full_table():
     rows.append('| memory (float32 entries), %d workers + %d servers | %s | steady RSS, big model '
                 'minus MLP, per process; a server\'s share is 1/%d of the model, so its figures '
                 'are %d x memory.md\'s per-model-parameter slope; SGD momentum, rule `mirror`; '
-                'library of commit %s | [memory.md](docs/benchmarks/memory.md) |'
+                'library of commit %s | [memory.md](%s/memory.md) |'
                 % (memory['meta']['workers'], servers, '; '.join(cells), servers, servers,
-                   memory['meta']['code']['commit'][:7]))
+                   memory['meta']['code']['commit'][:7], MEMORY))
     rows += compression_rows()
     rows += scaling_rows()
     # The CNN accuracy rows are made by benchmarks/accuracy_cnn.py from its results files
@@ -495,7 +503,7 @@ def short_table():
         'interleaved rounds, most of them noisy. CNN: the global model after `sync_weights()`, '
         'one seed. The k columns\' synchronous steps, so the derived times, predate f25e036 '
         '(since: 1.13x stock at 100 Mbit/s, [warmup-pushpull-2026-12-03]'
-        '(docs/benchmarks/warmup-pushpull-2026-12-03/results.md)). Every '
+        '(docs/benchmarks/warmup-pushpull/2026-12-03/results.md)). Every '
         'figure with its conditions, and compression, sparse bytes, memory, round trip and '
         'scaling: docs/results.md, generated with this table by `python '
         'benchmarks/readme_results.py` from the committed results files.' % (

@@ -2,21 +2,23 @@
 
 The results files (:func:`write_csv`, :func:`read_csv`, :func:`write_json`, :func:`read_json`,
 :func:`write_lines`), Markdown tables (:func:`table`, :func:`fmt`, :func:`seconds`), plots
-(:func:`pyplot`, :func:`save`), what a *noisy* run is (:data:`NOISE_CORES`, :func:`is_noisy`)
-and the steady rate of a window run (:func:`steady_ms_per_step`). Each benchmark's own tables
-are in its script.
+(:func:`pyplot`, :func:`save`), the successful runs of each configuration (:func:`groups`),
+what a *noisy* run is (:data:`NOISE_CORES`, :func:`is_noisy`) and the steady rate of a window
+run (:func:`steady_ms_per_step`). Each benchmark's own tables are in its script.
 """
 import csv
 import json
 import os
 
 __all__ = ['write_csv', 'read_csv', 'write_json', 'read_json', 'write_lines', 'table', 'fmt',
-           'pyplot', 'save', 'seconds', 'is_noisy', 'steady_ms_per_step', 'NOISE_CORES']
+           'pyplot', 'save', 'seconds', 'groups', 'is_noisy', 'steady_ms_per_step',
+           'NOISE_CORES']
 
 #: A run during which processes outside the job used more than this many cores on average
-#: (the machine is shared) is *noisy*: the benchmark repeats it, and the medians leave it
-#: out whenever a quiet run of the same network and method exists.
+#: (the machine is shared) is *noisy*: flagged in the tables, never dropped
+#: (docs/benchmarks/README.md, rule 6).
 NOISE_CORES = 0.25
+
 
 def write_csv(path, rows):
     """Write `rows` (dicts) to `path`, columns in first-seen order."""
@@ -122,6 +124,15 @@ def steady_ms_per_step(folder, period, num_workers=2):
         value = 1000 * (ends[last] - ends[first]) / (last - first)
         worst = value if worst is None else max(worst, value)
     return worst
+
+
+def groups(rows, fields):
+    """``{(values of `fields`): [rows]}`` of the `rows` that have no ``error`` (a failed run)."""
+    found = {}
+    for row in rows:
+        if 'error' not in row:
+            found.setdefault(tuple(row[field] for field in fields), []).append(row)
+    return found
 
 
 def is_noisy(row):

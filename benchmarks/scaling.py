@@ -42,15 +42,15 @@ Procedure (fixed before the run; the defaults below are the full run's):
   port receives = node sends), sampled every 0.25 s during the job and interpolated at the
   window's start and end, divided by the steps; the worker links' mean and the server
   links' mean, sends and receives separately (headers included). Each node's own ``eth0``
-  counters (``ip -j -s link``, as ``fp16_bytes.py``) are read before and after the whole
+  counters (``ip -j -s link``, ``monitor.eth0_counters``) are read before and after the whole
   job and compared with its port's (``eth0_check``: the largest relative difference);
   server CPU seconds per round = the servers' CPU time in the window (all servers
-  together; ``benchmarks/cpu_monitor.py``) over the steps;
+  together; ``benchmarks/monitor.py``) over the steps;
   the load average before and after, and ``cpu_other`` (cores used by other processes).
 - **Reports**: medians over rounds (with the range). ``--out``: ``runs.csv`` (every run),
   ``results.md`` (every run), ``meta.json`` (commit at start and end, command, machine,
   load), ``throughput.png`` (samples/s against N per method, a panel per model and S);
-  ``--summary`` (``docs/benchmarks/scaling.md``): the tables and the verdicts on the
+  ``--summary`` (``docs/benchmarks/scaling/scaling.md``): the tables and the verdicts on the
   issue's targets (ResNet N=4 S=2: k4 >= 1.6x sync, k4-fp16 >= 2.5x sync; scaling
   efficiency N=2 -> 8 of k4 >= sync's, per model and S). Raw per-run files go to
   ``--scratch``.
@@ -63,26 +63,23 @@ Usage (root; from a snapshot of one commit, docs/benchmarks/README.md rule 8)::
     git worktree add --detach /tmp/pin-scaling HEAD
     cd /tmp/pin-scaling && PYTHONPATH=/tmp/pin-scaling python benchmarks/scaling.py \\
         --out /path/to/repo/docs/benchmarks/scaling \\
-        --summary /path/to/repo/docs/benchmarks/scaling.md
+        --summary /path/to/repo/docs/benchmarks/scaling/scaling.md
     python benchmarks/scaling.py --report-only       # tables and plot again from runs.csv
-    python benchmarks/scaling.py --report-only --compare docs/benchmarks/scaling-run2
+    python benchmarks/scaling.py --report-only --compare docs/benchmarks/scaling/run2
                                                      # ... beside a second invocation's
     python benchmarks/scaling.py --smoke             # 12 short runs into bench_out/
 """
 import argparse
-import json
 import logging
 import os
 import statistics
 import subprocess
 import sys
-import time
 
-from cpu_monitor import Sampler
-import fp16_bytes
 import harness
-import provenance
+from monitor import PortCounters, eth0_counters
 import netns
+import provenance
 import report
 
 __all__ = ['METHODS', 'MODELS', 'main']
@@ -129,7 +126,7 @@ def parse_args(argv):
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'scaling'),
                         help='results folder (default: %(default)s)')
     parser.add_argument('--summary', default=os.path.join(REPO, 'docs', 'benchmarks',
-                                                          'scaling.md'),
+                                                          'scaling', 'scaling.md'),
                         help='the tables and verdicts (default: %(default)s)')
     parser.add_argument('--scratch', default=os.path.join(REPO, 'bench_out', 'scaling'),
                         help='raw per-run files and logs (default: %(default)s)')
@@ -170,50 +167,9 @@ def parse_args(argv):
 
 
 # -- link counters -------------------------------------------------------------------------
-class PortCounters(Sampler):
-    """Sample the byte counters of every bridge port of `net` in a background thread.
-
-    Port ``p<i>`` is the peer of node i's ``eth0``: what the port receives, the node sent.
-    One ``ip -j -s link`` of the switch namespace reads them all (one process per sample).
-    """
-
-    def __init__(self, net, interval=0.25):
-        super().__init__(interval)   # samples: (time, {node index: (sent, received)})
-        self.net = net
-
-    def sample(self):
-        """Take one sample now (its time: the middle of the read)."""
-        before = time.time()
-        links = json.loads(subprocess.run(
-            ['ip', '-n', self.net.switch, '-j', '-s', 'link', 'show'], capture_output=True,
-            text=True, check=True).stdout)
-        now = (before + time.time()) / 2
-        counts = {int(link['ifname'][1:]): (link['stats64']['rx']['bytes'],
-                                            link['stats64']['tx']['bytes'])
-                  for link in links if link['ifname'].startswith('p')}
-        self.samples.append((now, counts))
-
-    def at(self, when):
-        """{node index: (sent, received)} interpolated at time `when`."""
-        before = max((s for s in self.samples if s[0] <= when), key=lambda s: s[0],
-                     default=self.samples[0])
-        after = min((s for s in self.samples if s[0] >= when), key=lambda s: s[0],
-                    default=self.samples[-1])
-        span = after[0] - before[0]
-        weight = (when - before[0]) / span if span > 0 else 0.0
-        return {node: tuple(b + weight * (a - b) for a, b in zip(after[1][node], counts))
-                for node, counts in before[1].items()}
-
-    def between(self, start, end):
-        """{node index: (sent, received)} bytes in [start, end]."""
-        first, last = self.at(start), self.at(end)
-        return {node: (last[node][0] - first[node][0], last[node][1] - first[node][1])
-                for node in first}
-
-
 def _eth0_check(net, eth0_before, ports):
     """Largest relative difference between each node's eth0 and its port over the job."""
-    after = fp16_bytes.counters(net)
+    after = eth0_counters(net)
     job = ports.between(ports.samples[0][0], ports.samples[-1][0])
     worst = 0.0
     for index, (name, _) in enumerate(net.nodes):
@@ -231,26 +187,26 @@ def run_one(args, net, hostfile, model, workers, servers, method, round_index):
     steps = args.steps[model]
     name = '%s-n%d-s%d-%s-r%d' % (model, workers, servers, method, round_index)
     folder = os.path.join(args.scratch, name)
-    worker = [sys.executable, harness.WORKER] + METHODS[method].args + spec['args'] + [
-        '--warmup-steps', str(args.warmup), '--steps', str(steps), '--seed', '1',
-        '--data-dir', args.data_dir]
+    worker_args = spec['args'] + ['--warmup-steps', str(args.warmup), '--steps', str(steps),
+                                  '--seed', '1', '--data-dir', args.data_dir]
     # A generous bound: 4x the synchronous step's bytes through the busiest link.
     busiest = 2 * spec['megabytes'] * max(1, workers / servers)
     step_bound = 2.0 + 4 * busiest * 8 / 1000
     timeout = 180 + (args.warmup + 1 + steps) * step_bound
     row = dict(model=model, workers=workers, servers=servers, method=method,
                round=round_index, warmup=args.warmup, steps=steps, batch=spec['batch'])
-    eth0_before = fp16_bytes.counters(net)
+    eth0_before = eth0_counters(net)
     ports = PortCounters(net)
-    row, results = harness.run_window(
-        row, folder, worker, hostfile if args.rate else None, timeout, num_workers=workers,
-        num_servers=servers, batch=spec['batch'], monitor=ports)
-    row['load_after'] = os.getloadavg()[0]
-    roles = harness.read_roles(folder)
-    row['stock_check'] = harness.stock_check(METHODS[method].stock, roles, 1 + servers + workers)
-    row['worker_env'] = harness.worker_env(roles)
-    if not results:
-        return row
+    try:
+        code, results, cpu, info = harness.run_method(folder, METHODS[method], worker_args,
+                                                      timeout, hostfile, workers, servers, ports)
+    except subprocess.TimeoutExpired:
+        return dict(row, error='no exit 60 s after the launcher\'s timeout; see %s' % folder)
+    info['wall_s'] = info.pop('job_s')
+    row.update(info)
+    if code != 0:
+        return dict(row, error='exit %s; see %s' % (code, os.path.join(folder, 'log.txt')))
+    row.update(harness.window(results, cpu, spec['batch']))
     row['noisy'] = int(report.is_noisy(row))
     steady = report.steady_ms_per_step(folder, PERIOD, workers)
     if steady:
@@ -319,13 +275,8 @@ def _busy(row):
 
 def summarize(rows):
     """{(model, N, S, method): medians over the successful rounds, and ratios}."""
-    groups = {}
-    for row in rows:
-        if 'error' not in row:
-            groups.setdefault((row['model'], row['workers'], row['servers'], row['method']),
-                              []).append(row)
     summary = {}
-    for key, runs in groups.items():
+    for key, runs in report.groups(rows, ('model', 'workers', 'servers', 'method')).items():
         rates = [r['samples_per_s'] for r in runs]
         item = dict(runs=len(runs), samples_per_s=statistics.median(rates), min=min(rates),
                     max=max(rates), noisy=sum(bool(r.get('noisy')) for r in runs))

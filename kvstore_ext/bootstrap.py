@@ -30,8 +30,8 @@ import os
 import re
 import sys
 
-from . import env
-from .typenames import register_store_type
+from kvstore_ext import env
+from kvstore_ext.typenames import register_store_type
 
 __all__ = ['REQUIRED_MXNET', 'AUTOLOAD_DIR', 'prepare', 'dispatch_role', 'run_role',
            'check_mxnet_version', 'installed_mxnet_version']
@@ -120,7 +120,7 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
 def _load_with_role_hidden(load, module):
     # `import mxnet` starts MXNet's stock server (and exits) when DMLC_ROLE is 'server': it
     # asks ps-lite for the role through getenv at that moment. mxdelay's server
-    # (kvstore_ext.server) imports MXNet as a worker would, then runs its own server.
+    # (kvstore_ext.server.controller) imports MXNet as a worker would, then runs its own server.
     role = os.environ.get('DMLC_ROLE')
     if env.role() != 'server':
         load(module)
@@ -133,9 +133,9 @@ def _load_with_role_hidden(load, module):
 
 
 def _create_dist_delay():
-    # The registry's stand-in until kvstore_ext.dist_delay is imported: importing it from
+    # The registry's stand-in until kvstore_ext.worker.dist_delay is imported: importing it from
     # the import hook could re-enter a kvstore_ext module that is importing MXNet.
-    from .dist_delay import DistDelay  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.worker.dist_delay import DistDelay  # pylint: disable=import-outside-toplevel
     return DistDelay()
 
 
@@ -184,7 +184,7 @@ def dispatch_role():
         run_scheduler()
         sys.exit(0)
     elif role == 'server':
-        from .server import serve  # pylint: disable=import-outside-toplevel
+        from kvstore_ext.server.controller import serve  # pylint: disable=import-outside-toplevel
         serve()
         sys.exit(0)
     elif role not in ('worker', None):

@@ -10,8 +10,8 @@ import math
 import os
 
 __all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'MINIMUMS', 'CHOICES', 'get', 'get_int', 'get_float',
-           'get_bool', 'get_choice', 'get_list', 'role', 'log_level', 'set_mxnet_defaults',
-           'mxnet_defaults_applied', 'markdown_table']
+           'get_bool', 'get_choice', 'get_list', 'role', 'log_level', 'job_key',
+           'set_mxnet_defaults', 'mxnet_defaults_applied', 'markdown_table']
 
 #: name -> (default, one-line meaning). docs/env.md's table is generated from this.
 VARIABLES = {
@@ -52,6 +52,13 @@ VARIABLES = {
                                   "dist_sync script under mxdelay-run) and version-1 "
                                   'server files of load_states(..., trusted=True). Otherwise '
                                   'both are refused with an error (unpickling runs code).'),
+    'MXDELAY_JOB_KEY': (None, "A secret shared by every process of one job: each mxdelay command "
+                              'carries an HMAC-SHA256 of its text with this key, and servers '
+                              'refuse a command without a valid one. mxdelay-launch makes a '
+                              'random key per job; with another launcher set the same value on '
+                              'every process (e.g. `openssl rand -hex 32`). Unset on the '
+                              'servers: commands are not authenticated (logged once). It '
+                              "protects mxdelay's commands, not ps-lite's data messages."),
     'MXDELAY_UPDATER_ERRORS': ('stop', "Servers only: what a server does when the optimizer's "
                                        "update raises. 'stop': it ends the job (exit code 3) "
                                        'with the error, naming the optimizer, the parameter '
@@ -202,6 +209,12 @@ def log_level():
         raise ValueError('environment variable MXDELAY_LOG_LEVEL=%r is not a log level; use '
                          'DEBUG, INFO, WARNING or ERROR, or unset it (INFO)' % raw)
     return level
+
+
+def job_key():
+    """Return ``MXDELAY_JOB_KEY`` as bytes, or None when it is unset or empty."""
+    raw = get('MXDELAY_JOB_KEY')
+    return raw.encode('utf-8') if raw else None
 
 
 def set_mxnet_defaults():

@@ -16,9 +16,9 @@ __all__ = ['DelayedTrainer', 'DelayedModule', 'DistDelay', 'StepObserver', 'Argu
 __version__ = '0.1.0'
 
 _LAZY = {'DelayedTrainer': 'mxdelay.trainer', 'DelayedModule': 'mxdelay.module',
-         'DistDelay': 'kvstore_ext.dist_delay',
+         'DistDelay': 'kvstore_ext.worker.dist_delay',
          'StepObserver': 'mxdelay.observer', 'ArgumentTypeError': 'kvstore_ext.checks',
-         'FrozenVarianceAdam': 'kvstore_ext.frozen_variance'}
+         'FrozenVarianceAdam': 'kvstore_ext.optim.frozen_variance'}
 _SUBMODULES = ('timeline', 'trace', 'trainer', 'rules', 'schedule', 'observer',
                'module')
 

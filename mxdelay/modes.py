@@ -18,7 +18,8 @@ import numpy as np
 
 from mxnet import autograd, gluon, nd
 
-from kvstore_ext import checkpoint, store_checkpoint
+from kvstore_ext.checkpoint import files
+from kvstore_ext.worker import store_checkpoint
 from . import traffic, worker_state
 from .loss_scaling import amp_policy
 from .rules import RuleContext
@@ -431,7 +432,7 @@ class Delayed(object):
             # leave the other workers waiting in it (read turns them into ValueErrors).
             error = store_checkpoint.failure_message(fname, err)
         # Collective: if any worker's or server's file is bad, every worker raises here.
-        kv.apply_states(kv.check_states(checkpoint.kvstore_file(fname), error, trusted,
+        kv.apply_states(kv.check_states(files.kvstore_file(fname), error, trusted,
                                         part_of))
         worker_state.restore_arrays(state, trainer._states, trainer._contexts[0])
         kv.set_residuals(state.get('residuals', {}))

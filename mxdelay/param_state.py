@@ -7,7 +7,7 @@ import numpy as np
 
 from mxnet import autograd, nd
 
-from kvstore_ext.aux_states import is_aux
+from kvstore_ext.worker.aux_states import is_aux
 
 __all__ = ['ParamState']
 

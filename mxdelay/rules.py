@@ -34,8 +34,8 @@ import mxnet as mx
 from mxnet import nd
 
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
-from kvstore_ext.frozen_variance import FrozenVarianceAdam
-from kvstore_ext.optimizers import flatten_state
+from kvstore_ext.optim.frozen_variance import FrozenVarianceAdam
+from kvstore_ext.optim.optimizers import flatten_state
 
 __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'DriftCorrected', 'RuleContext',
            'create_rule', 'BUILTIN_RULES']
@@ -194,7 +194,7 @@ class LocalSGDRule(LocalRule):
             state[:] = m * state + (1 - m) * g * g + 1e-7
             lam = self.dc_lambda / nd.sqrt(state)
         g, rescale = self._compensated(grad, grad_sync, ctx, lam)
-        # The servers' kernel for plain SGD (kvstore_ext.rounds.sgd_step), so that with one
+        # The servers' kernel for plain SGD (kvstore_ext.server.rounds.sgd_step), so that with one
         # worker and plain SGD on the servers the local step is the server's, bit for bit.
         nd.multi_sgd_update(weight, g, out=weight, num_weights=1, lrs=(ctx.lr,), wds=(ctx.wd,),
                             rescale_grad=rescale, clip_gradient=ctx.clip_gradient)

@@ -2,12 +2,12 @@
 compression (for the timeline's summary, the step log and the estimate of
 :mod:`mxdelay.estimate`).
 
-Counted from the kvstore's keys (:meth:`kvstore_ext.dist_delay.DistDelay.payload_bytes`):
+Counted from the kvstore's keys (:meth:`kvstore_ext.worker.dist_delay.DistDelay.payload_bytes`):
 the values of each chunk as they travel, i.e. its dtype's bytes per element, float16's 2
 (``'fp16'`` pushes), MXNet's 2bit packing of 16 values into a float32, the blockwise
 codecs' payload row and its row id (``'int8'``, ``'int4'``, ``'ternary'`` at the default
-block of 256 values, :meth:`kvstore_ext.payload.Blockwise.push_bytes`, on the chunks they
-would have), or a compressed pull's payload (:func:`kvstore_ext.pull_codecs.payload_bytes`).
+block of 256 values, :meth:`kvstore_ext.codecs.blockwise.Blockwise.push_bytes`, on the chunks they
+would have), or a compressed pull's payload (:func:`kvstore_ext.codecs.pulls.payload_bytes`).
 Not counted: ps-lite's headers (keys and lengths of each message), the store's per-round
 flag (a few elements), and row_sparse keys, whose messages carry the rows of each step
 (their number is given). Measured on the wire, headers included, the real MLP job's bytes
@@ -15,7 +15,8 @@ are within 1% of this count (docs/benchmarks/wire-bytes).
 A step pushes every trained parameter once; a pull brings every one once (warm-up and
 switch: every step; delayed phase: every k-th step).
 """
-from kvstore_ext import compression, pull_codecs
+from kvstore_ext import codecs
+from kvstore_ext.codecs import pulls
 
 __all__ = ['SETTINGS', 'round_bytes']
 
@@ -37,7 +38,7 @@ def round_bytes(kv, keys):
 
     Parameters
     ----------
-    kv : kvstore_ext.dist_delay.DistDelay
+    kv : kvstore_ext.worker.dist_delay.DistDelay
     keys : list
         The trained parameters' keys.
 
@@ -53,8 +54,8 @@ def round_bytes(kv, keys):
     dense = [k for k, sizes in zip(keys, counted) if sizes is not None]
     settings = {}
     for name, push, pull in SETTINGS:
-        codec = compression.parse(push) or compression.NONE
-        pull_codec = pull_codecs.parse(pull) or False
+        codec = codecs.parse(push) or codecs.NONE
+        pull_codec = pulls.parse(pull) or False
         pairs = [kv.payload_bytes(k, codec, pull_codec) for k in dense]
         settings[name] = [sum(p for p, _ in pairs), sum(q for _, q in pairs)]
     return {'push': sum(sizes[0] for sizes in counted if sizes is not None),

@@ -10,11 +10,12 @@ import logging
 from mxnet import gluon
 from mxnet.kvstore import KVStoreBase
 
-from kvstore_ext import compression, pull_codecs
-from kvstore_ext import frozen_variance  # noqa: F401  registers 'frozenvarianceadam' by name
+from kvstore_ext import codecs
+from kvstore_ext.codecs import pulls
+from kvstore_ext.optim import frozen_variance
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
                                  check_real, check_rounds)
-from kvstore_ext.dist_delay import DistDelay
+from kvstore_ext.worker.dist_delay import DistDelay
 from kvstore_ext.typenames import STORE_TYPE
 from . import steplog
 from .modes import Delayed, PassThrough
@@ -150,11 +151,11 @@ class DelayedTrainer(gluon.Trainer):
                              'the servers apply the optimizer once per round; leave it None')
         # Compression is validated here, at construction; once the store exists, its own
         # parsed codec (kvstore.compression) is the one the trainer asks.
-        compressed = compression.parse(compression_params) if _is_dist_delay(kvstore) else None
+        compressed = codecs.parse(compression_params) if _is_dist_delay(kvstore) else None
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
             _refuse_compressed_sparse_grads(params, compressed)
-        self._pull_codec = pull_codecs.parse(pull_compression)   # checks it
+        self._pull_codec = pulls.parse(pull_compression)   # checks it
         if self._pull_codec is not None:
             _refuse_compressed_pulls(params, self._pull_codec)
         registration_order = _parameter_names(params)  # before Gluon sorts them

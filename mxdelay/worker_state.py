@@ -2,8 +2,8 @@
 
 What ``save_states`` writes for the worker (``fname.worker<i>``, and worker 0's index
 ``fname``), and what ``load_states`` reads, validates and applies. The files, their
-``format`` and ``version`` are :mod:`kvstore_ext.checkpoint`'s; the servers' part is the
-store's (:mod:`kvstore_ext.store_checkpoint`: ``save``, ``check_states``, ``apply_states``).
+``format`` and ``version`` are :mod:`kvstore_ext.checkpoint.files`'s; the servers' part is the
+store's (:mod:`kvstore_ext.worker.store_checkpoint`: ``save``, ``check_states``, ``apply_states``).
 Every part carries the save's id (rank 0's, shared through the vote); worker 0 writes the
 index last, with the sha256 of every worker file and of the kvstore index, which lists the
 servers' files' sha256 in turn.
@@ -14,8 +14,9 @@ import os
 import numpy as np
 from mxnet import nd, optimizer as mx_optimizer
 
-from kvstore_ext import checkpoint, store_checkpoint
-from kvstore_ext.optimizers import describe_optimizer, type_difference
+from kvstore_ext.checkpoint import files
+from kvstore_ext.worker import store_checkpoint
+from kvstore_ext.optim.optimizers import describe_optimizer, type_difference
 
 from .loss_scaling import _STATE as _SCALER_FIELDS
 
@@ -64,17 +65,17 @@ def write(fname, kv, body, schedule):
     index `fname` with the save id and every other part's sha256 (docs/design.md §6.1-6.2).
     Collective."""
     save_id = store_checkpoint.shared_save_id(kv)
-    checkpoint.write_archive(checkpoint.worker_file(fname, kv.rank), checkpoint.WORKER, body,
+    files.write_archive(files.worker_file(fname, kv.rank), files.WORKER, body,
                              save_id)
     # Its first barrier: every worker's file is written when worker 0 goes on.
-    kvstore_digest = store_checkpoint.save(kv, checkpoint.kvstore_file(fname), save_id)
+    kvstore_digest = store_checkpoint.save(kv, files.kvstore_file(fname), save_id)
     if kv.rank == 0:
-        parts = {'worker%d' % rank: checkpoint.file_sha256(checkpoint.worker_file(fname, rank))
+        parts = {'worker%d' % rank: files.file_sha256(files.worker_file(fname, rank))
                  for rank in range(kv.num_workers)}
         parts['kvstore'] = kvstore_digest
-        checkpoint.write_json(fname, checkpoint.TRAINER_INDEX, {
+        files.write_json(fname, files.TRAINER_INDEX, {
             'num_workers': kv.num_workers, 'schedule': schedule.state_dict(),
-            'kvstore': os.path.basename(checkpoint.kvstore_file(fname)),
+            'kvstore': os.path.basename(files.kvstore_file(fname)),
             'save_id': save_id, 'parts': parts})
 
 
@@ -109,17 +110,17 @@ def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
         raise
     except Exception as err:  # pylint: disable=broad-except
         raise ValueError(store_checkpoint.failure_message(
-            checkpoint.worker_file(fname, kv.rank), err)) from None
+            files.worker_file(fname, kv.rank), err)) from None
 
 
 def _read(fname, kv, schedule, params, optimizer, amp, trusted):
-    index = checkpoint.read_json(fname, checkpoint.TRAINER_INDEX, trusted=trusted)
+    index = files.read_json(fname, files.TRAINER_INDEX, trusted=trusted)
     if index['num_workers'] != kv.num_workers:
         raise ValueError('%s was saved by %d workers, this job has %d'
                          % (fname, index['num_workers'], kv.num_workers))
-    path = checkpoint.worker_file(fname, kv.rank)
-    if index['version'] == checkpoint.LEGACY_VERSION:
-        state, part_of = checkpoint.read_pickle(path, checkpoint.WORKER), None
+    path = files.worker_file(fname, kv.rank)
+    if index['version'] == files.LEGACY_VERSION:
+        state, part_of = files.read_pickle(path, files.WORKER), None
     else:
         parts, save_id = index.get('parts'), index.get('save_id')
         mine = 'worker%d' % kv.rank
@@ -127,8 +128,8 @@ def _read(fname, kv, schedule, params, optimizer, amp, trusted):
                 or not isinstance(save_id, str):
             raise ValueError('%s lacks the save id or the sha256 of %s or of the kvstore '
                              'index, which every version-%d index holds'
-                             % (fname, mine, checkpoint.VERSION))
-        state = checkpoint.read_archive(path, checkpoint.WORKER, save_id, parts[mine])
+                             % (fname, mine, files.VERSION))
+        state = files.read_archive(path, files.WORKER, save_id, parts[mine])
         part_of = {'save_id': save_id, 'sha256': parts['kvstore']}
         if state.get('rank') != kv.rank:
             raise ValueError('%s holds the state of worker %r, not of worker %d'

@@ -1,7 +1,7 @@
 """Fast, single-process tests of the servers' appliers (docs/design.md §3.2) and of the codec
 settings a chunk registers with (docs/design.md §4.1).
 
-- :func:`kvstore_ext.appliers.choose` picks, per chunk kind, optimizer, AMP and codec, the
+- :func:`kvstore_ext.server.appliers.choose` picks, per chunk kind, optimizer, AMP and codec, the
   applier the round keeper then calls; the keeper chooses when the information arrives and
   never during the rounds;
 - ``sum_scale``: the applier sees the round's sum times s, exactly (float32);
@@ -18,13 +18,16 @@ import pytest
 import mxnet as mx
 from mxnet import nd
 
-from kvstore_ext import appliers, checkpoint, protocol
-from kvstore_ext.appliers import (CopyAllRows, CopySum, OptimizerStep, PlainSGD, ScaleSum,
+from kvstore_ext.checkpoint import files
+from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.counter import HEAD
+from kvstore_ext.server import appliers
+from kvstore_ext.server.appliers import (CopyAllRows, CopySum, OptimizerStep, PlainSGD, ScaleSum,
                                   SkipNonFinite, StoreCounter)
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.protocol import Command
-from kvstore_ext.rounds import RoundKeeper
-from kvstore_ext.server import DelayServer
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.rounds import RoundKeeper
+from kvstore_ext.server.controller import DelayServer
 
 
 def _updater(optimizer):
@@ -185,7 +188,7 @@ def test_an_update_that_raises_stops_the_server_by_default_naming_optimizer_and_
 
 def test_an_update_that_raises_is_logged_and_the_rounds_go_on_under_log(caplog):
     keeper = _failing_rounds(RoundKeeper(slots=2, updater_errors=appliers.LogAndGoOn()), 3)
-    failures = [r for r in caplog.records if r.name == 'kvstore_ext.appliers']
+    failures = [r for r in caplog.records if r.name == 'kvstore_ext.server.appliers']
     assert [r.getMessage() for r in failures] == [
         "optimizer _FailsOnRowSparse raised on chunk 0 (parameter 'emb') in round %d; going on "
         '(MXDELAY_UPDATER_ERRORS=log), with the weights as far as the update got' % t
@@ -211,7 +214,7 @@ def test_the_server_reads_its_updater_error_policy_once(monkeypatch):
 # -- REGISTER's codec settings ----------------------------------------------------------------
 def _server():
     server = DelayServer.offline(rank=0, num_workers=2)
-    server.command(Command.HELLO, {'rank': 0, 'protocol': protocol.PROTOCOL_VERSION,
+    server.command(Command.HELLO, {'rank': 0, 'protocol': commands.PROTOCOL_VERSION,
                                    'slots': 2, 'config': {}})
     return server
 
@@ -240,7 +243,7 @@ def test_register_refuses_bad_codec_settings(codec, message):
 
 def test_register_takes_entries_with_and_without_codec_settings():
     server = _server()
-    counter = [9, 0, protocol.FINISH_KEY, protocol.FINISH_KEY, 1.0, 1.0, 2]
+    counter = [9, 0, commands.FINISH_KEY, commands.FINISH_KEY, 1.0, 1.0, 2]
     body = {'rank': 0, 'chunks': [_entry({'sum_scale': 0.5}), _entry(chunk=1),
                                   _entry({}, chunk=2), counter]}
     assert server.command(Command.REGISTER, body) == {'chunks': 4}
@@ -270,7 +273,7 @@ def test_the_server_applies_a_chunks_sum_scale():
 
 def _old_checkpoint(path):
     # A checkpoint saved before codec settings: 5 info fields per chunk.
-    checkpoint.write_archive(path, checkpoint.SERVER, {
+    files.write_archive(path, files.SERVER, {
         'server': 0, 'num_workers': 2, 'updater': None,
         'chunks': {0: {'param_index': 0, 'name': 'w0', 'lr_mult': 1.0, 'wd_mult': 1.0,
                        'size': 3, 'weight': np.arange(3, dtype=np.float32), 'next_round': 4}}},
@@ -301,7 +304,7 @@ def _store_counter_numpy(total, counter):
     """The finish counter's round in numpy: the head always takes the round's sums, the ring
     the elements that are not 0."""
     taken = total != 0
-    taken[:appliers.HEAD] = True
+    taken[:HEAD] = True
     return np.where(taken, total, counter)
 
 

@@ -25,7 +25,7 @@ import mxdelay
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 
-from kvstore_ext.layout import Tensor
+from kvstore_ext.worker.layout import Tensor
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                             check_path, check_real)
 from mxdelay.rules import LocalRule, LocalSGDRule, MirrorRule, create_rule

@@ -35,11 +35,13 @@ from mxnet import gluon, nd
 
 import mxdelay
 import reference
-from kvstore_ext import appliers, checkpoint, protocol
-from kvstore_ext.appliers import AuxSum
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.checkpoint import files
+from kvstore_ext.protocol import commands
+from kvstore_ext.server import appliers
+from kvstore_ext.server.appliers import AuxSum
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 from support.jobs import SCRIPTS, PidFile, assert_ok, run_job
 from support.model import BATCH, MLP_NAMES, backward_at, contexts, mlp_params
 from support.native import delay_store, server_weights
@@ -56,7 +58,7 @@ FROZEN = 'frozen_weight'
 # -- the servers ------------------------------------------------------------------------------
 def _server(wire=None):
     server = DelayServer.offline(rank=0, num_workers=2)
-    hello = {'rank': 0, 'protocol': protocol.PROTOCOL_VERSION, 'slots': 2, 'config': {}}
+    hello = {'rank': 0, 'protocol': commands.PROTOCOL_VERSION, 'slots': 2, 'config': {}}
     server.command(Command.HELLO, dict(hello, wire=wire) if wire else hello)
     return server
 
@@ -76,7 +78,7 @@ def test_an_aux_chunk_gets_the_sum_whatever_the_optimizer(optimizer, amp):
 
 def test_the_server_writes_an_aux_rounds_sum_and_keeps_no_optimizer_state():
     server = _server()
-    server.command(Command.OPTIMIZER, {'rank': 0, 'optimizer': protocol.encode_optimizer(
+    server.command(Command.OPTIMIZER, {'rank': 0, 'optimizer': commands.encode_optimizer(
         mx.optimizer.SGD(learning_rate=0.5, momentum=0.9, wd=0.1))})
     server.command(Command.REGISTER, {'rank': 0, 'chunks': [_entry(AUX), _entry(chunk=1)]})
     total = np.array([0.25, -3.0, 7.5], np.float32)
@@ -103,7 +105,7 @@ def test_register_refuses_bad_aux_settings(codec, message):
     server = _server()
     with pytest.raises(ValueError, match=message):
         server.command(Command.REGISTER, {'rank': 0, 'chunks': [_entry(codec)]})
-    counter = [9, 0, protocol.FINISH_KEY, protocol.FINISH_KEY, 1.0, 1.0, 2, AUX]
+    counter = [9, 0, commands.FINISH_KEY, commands.FINISH_KEY, 1.0, 1.0, 2, AUX]
     with pytest.raises(ValueError, match=r'chunk 9 is the finish counter, which takes no codec'):
         server.command(Command.REGISTER, {'rank': 0, 'chunks': [counter]})
     assert server.stats()['chunks'] == {}
@@ -132,7 +134,7 @@ def _saved(path, codec):
              'size': 3, 'weight': np.arange(3, dtype=np.float32), 'next_round': 2}
     if codec is not None:
         chunk['codec'] = codec
-    checkpoint.write_archive(path, checkpoint.SERVER, {
+    files.write_archive(path, files.SERVER, {
         'server': 0, 'num_workers': 2, 'updater': None, 'chunks': {0: chunk}}, save_id=None)
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint files of version 2 (kvstore_ext/checkpoint.py, docs/design.md §6).
+"""Checkpoint files of version 2 (kvstore_ext/checkpoint/files.py, docs/design.md §6).
 
 1. Nothing runs that nobody asked for: a pickle bomb as a worker or server file (a version-1
    pickle, or a forged version-2 archive whose arrays or header are pickled objects), loaded
@@ -29,12 +29,13 @@ import pytest
 import mxdelay  # noqa: F401
 import mxnet as mx
 
-from kvstore_ext import checkpoint, protocol
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.optimizers import (build_optimizer, describe_optimizer, optimizer_record,
+from kvstore_ext.checkpoint import files
+from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.optim.optimizers import (build_optimizer, describe_optimizer, optimizer_record,
                                     register_lr_scheduler)
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 from mxdelay import worker_state
 from support.jobs import PidFile, assert_ok, run_job
 
@@ -55,13 +56,13 @@ class Bomb(object):
 def legacy_file(path, kind, body):
     """A version-1 file: a pickled dict stamped as mxdelay before version 2 wrote them."""
     with open(path, 'wb') as out:
-        pickle.dump(dict(body, format=kind, version=checkpoint.LEGACY_VERSION), out, protocol=4)
+        pickle.dump(dict(body, format=kind, version=files.LEGACY_VERSION), out, protocol=4)
 
 
 def forged_archive(path, kind, body_tree, arrays, save_id='forged', header=None):
     """A version-2 archive written by hand: `arrays` may be object arrays (pickled by
     np.savez), `header` may replace the JSON header entry."""
-    text = json.dumps({'format': kind, 'version': checkpoint.VERSION, 'save_id': save_id,
+    text = json.dumps({'format': kind, 'version': files.VERSION, 'save_id': save_id,
                        'body': body_tree}).encode()
     entries = {'a%d' % i: a for i, a in enumerate(arrays)}
     entries['header'] = np.frombuffer(text, np.uint8) if header is None else header
@@ -75,10 +76,10 @@ def object_array(value):
     return array
 
 
-def trainer_index(fname, parts, save_id='forged', version=checkpoint.VERSION):
+def trainer_index(fname, parts, save_id='forged', version=files.VERSION):
     body = {'num_workers': 1, 'schedule': {'step': 0, 'delay': 2, 'warmup_steps': 1},
             'kvstore': os.path.basename(fname) + '.kvstore', 'save_id': save_id,
-            'parts': parts, 'format': checkpoint.TRAINER_INDEX, 'version': version}
+            'parts': parts, 'format': files.TRAINER_INDEX, 'version': version}
     with open(fname, 'w') as out:
         json.dump(body, out)
 
@@ -94,21 +95,21 @@ def read_worker(fname, trusted=False):
 def test_a_version1_pickle_bomb_worker_file_is_refused_unread(tmp_path):
     marker = tmp_path / 'marker'
     fname = str(tmp_path / 'ckpt')
-    legacy_file(fname + '.worker0', checkpoint.WORKER, {'weights': Bomb(str(marker))})
+    legacy_file(fname + '.worker0', files.WORKER, {'weights': Bomb(str(marker))})
     # The index of version 1: refused before any worker file is opened.
-    trainer_index(fname, {}, version=checkpoint.LEGACY_VERSION)
+    trainer_index(fname, {}, version=files.LEGACY_VERSION)
     with pytest.raises(ValueError, match=r'ckpt is an mxdelay trainer state file of version 1, '
                                          r'a pickle: .*load_states\(fname, trusted=True\)'):
         read_worker(fname)
     # An index of version 2 naming it: the pickle is recognised and refused unread.
-    parts = {'worker0': checkpoint.file_sha256(fname + '.worker0'), 'kvstore': '0'}
+    parts = {'worker0': files.file_sha256(fname + '.worker0'), 'kvstore': '0'}
     trainer_index(fname, parts)
     with pytest.raises(ValueError, match=r'ckpt.worker0 is not an mxdelay worker state file '
                                          r'of version 2: it is a pickle'):
         read_worker(fname)
     assert not marker.exists()
     # Only the explicit opt-in unpickles (and so runs the bomb): what trusted=True means.
-    trainer_index(fname, {}, version=checkpoint.LEGACY_VERSION)
+    trainer_index(fname, {}, version=files.LEGACY_VERSION)
     with pytest.raises((ValueError, KeyError, TypeError)):
         read_worker(fname, trusted=True)
     assert marker.exists()
@@ -120,11 +121,11 @@ def test_a_forged_version2_worker_file_with_pickled_objects_runs_nothing(tmp_pat
     fname = str(tmp_path / 'ckpt')
     bomb = object_array(Bomb(str(marker)))
     if where == 'array':
-        forged_archive(fname + '.worker0', checkpoint.WORKER, {'weights': {'$array': 0}}, [bomb])
+        forged_archive(fname + '.worker0', files.WORKER, {'weights': {'$array': 0}}, [bomb])
     else:
-        forged_archive(fname + '.worker0', checkpoint.WORKER, None, [], header=bomb)
+        forged_archive(fname + '.worker0', files.WORKER, None, [], header=bomb)
     # The index lists its true sha256 and save id: every check but the pickle passes.
-    trainer_index(fname, {'worker0': checkpoint.file_sha256(fname + '.worker0'), 'kvstore': '0'})
+    trainer_index(fname, {'worker0': files.file_sha256(fname + '.worker0'), 'kvstore': '0'})
     for trusted in (False, True):       # trusted=True does not unpickle version 2 either
         with pytest.raises(ValueError, match=r'ckpt.worker0 is not a readable mxdelay worker '
                                              r'state \(ValueError: .*allow_pickle=False'):
@@ -134,14 +135,14 @@ def test_a_forged_version2_worker_file_with_pickled_objects_runs_nothing(tmp_pat
 
 def registered_server(num_workers=1):
     server = DelayServer.offline(rank=0, num_workers=num_workers)
-    server.command(Command.HELLO, {'rank': 0, 'protocol': protocol.PROTOCOL_VERSION,
+    server.command(Command.HELLO, {'rank': 0, 'protocol': commands.PROTOCOL_VERSION,
                                    'slots': 2, 'config': {}})
     server.command(Command.REGISTER, {'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 3]]})
     return server
 
 
 def install(server, optimizer):
-    server.command(Command.OPTIMIZER, {'rank': 0, 'optimizer': protocol.encode_optimizer(optimizer)})
+    server.command(Command.OPTIMIZER, {'rank': 0, 'optimizer': commands.encode_optimizer(optimizer)})
 
 
 def one_round(server, grad=(0.5, 0.5, 0.5), weight=(1.0, 2.0, 3.0)):
@@ -153,9 +154,9 @@ def test_pickle_bomb_server_files_are_refused_unread(tmp_path):
     marker = tmp_path / 'marker'
     server = registered_server()
     legacy = str(tmp_path / 'legacy.server0')
-    legacy_file(legacy, checkpoint.SERVER, {'server': 0, 'chunks': Bomb(str(marker))})
+    legacy_file(legacy, files.SERVER, {'server': 0, 'chunks': Bomb(str(marker))})
     forged = str(tmp_path / 'forged.server0')
-    forged_archive(forged, checkpoint.SERVER, {'server': 0, 'chunks': {'$array': 0},
+    forged_archive(forged, files.SERVER, {'server': 0, 'chunks': {'$array': 0},
                                                'updater': None},
                    [object_array(Bomb(str(marker)))])
     cases = [
@@ -170,7 +171,7 @@ def test_pickle_bomb_server_files_are_refused_unread(tmp_path):
         ({'paths': [legacy], 'version': 1, 'trusted': True},
          r'reads one only with MXDELAY_ALLOW_PICKLE=1 in its environment'),
         ({'paths': [forged], 'save_id': 'forged',
-          'sha256': [checkpoint.file_sha256(forged)]},
+          'sha256': [files.file_sha256(forged)]},
          r'forged.server0 is not a readable mxdelay server state \(ValueError: .*allow_pickle'),
     ]
     for body, pattern in cases:
@@ -188,7 +189,7 @@ def test_a_version1_server_file_loads_with_trusted(tmp_path, monkeypatch):
     install(source, mx.optimizer.create('sgd', learning_rate=0.1, momentum=0.9))
     one_round(source)
     path = str(tmp_path / 'old.server0')
-    legacy_file(path, checkpoint.SERVER, {
+    legacy_file(path, files.SERVER, {
         'server': 0, 'num_workers': 1,
         'chunks': source._chunks.saved(source._rounds.chunk_state),  # pylint: disable=W0212
         'updater': source.updater.get_states(dump_optimizer=True)})
@@ -212,9 +213,9 @@ def test_the_archive_keeps_every_value_exactly(tmp_path):
             'big': 2 ** 62, 'dense': dense, 'sparse': sparse,
             'f16': np.array([65504, 1e-7], np.float16)}
     path = str(tmp_path / 'part')
-    digest = checkpoint.write_archive(path, checkpoint.WORKER, body, 'abc')
-    assert digest == checkpoint.file_sha256(path)
-    got = checkpoint.read_archive(path, checkpoint.WORKER, 'abc', digest)
+    digest = files.write_archive(path, files.WORKER, body, 'abc')
+    assert digest == files.file_sha256(path)
+    got = files.read_archive(path, files.WORKER, 'abc', digest)
     assert set(got) == set(body)
     assert list(got['int keys']) == [0, 7] and got['int keys'][7] is None
     assert got['int keys'][0].dtype == np.int64
@@ -236,9 +237,9 @@ def test_values_an_archive_cannot_hold_are_refused_at_save(tmp_path):
     path = str(tmp_path / 'part')
     with pytest.raises(TypeError, match=r"body.rule\[1\] is a set, which a checkpoint does "
                                         r"not store"):
-        checkpoint.write_archive(path, checkpoint.WORKER, {'rule': [1, {2}]}, 'x')
+        files.write_archive(path, files.WORKER, {'rule': [1, {2}]}, 'x')
     with pytest.raises(TypeError, match=r'body.x is an array of Python objects'):
-        checkpoint.write_archive(path, checkpoint.WORKER, {'x': object_array(1)}, 'x')
+        files.write_archive(path, files.WORKER, {'x': object_array(1)}, 'x')
     assert not os.listdir(str(tmp_path))               # nothing written, no temporary left
 
 
@@ -265,9 +266,9 @@ def test_a_rebuilt_optimizer_and_states_update_bit_for_bit(tmp_path, name, kwarg
     # archive, then both go on: the same weights, bit for bit, and the same description.
     original, weights = trained_updater(mx.optimizer.create(name, **kwargs))
     path = str(tmp_path / 'part')
-    checkpoint.write_archive(path, checkpoint.SERVER,
+    files.write_archive(path, files.SERVER,
                              {'states': original.states, 'optimizer': original.optimizer}, 'x')
-    saved = checkpoint.read_archive(path, checkpoint.SERVER)
+    saved = files.read_archive(path, files.SERVER)
     rebuilt = mx.optimizer.get_updater(saved['optimizer'])
     rebuilt.states = saved['states']
     rebuilt.states_synced = dict.fromkeys(saved['states'], False)
@@ -309,8 +310,8 @@ def test_unregistered_optimizers_and_schedulers_are_refused_with_the_fix(tmp_pat
     with_scheduler = mx.optimizer.create('sgd', lr_scheduler=UnregisteredScheduler())
     with pytest.raises(ValueError, match=r'scheduler test_checkpoint_format.UnregisteredScheduler'
                                          r" is neither one of mx.lr_scheduler's nor registered.*"
-                                         r'@kvstore_ext.optimizers.register_lr_scheduler'):
-        checkpoint.write_archive(str(tmp_path / 'p'), checkpoint.WORKER,
+                                         r'@kvstore_ext.optim.optimizers.register_lr_scheduler'):
+        files.write_archive(str(tmp_path / 'p'), files.WORKER,
                                  {'optimizer': with_scheduler}, 'x')
     # Registered, it travels, with its fields.
     register_lr_scheduler(HalvingScheduler)
@@ -333,18 +334,18 @@ def test_unregistered_optimizers_and_schedulers_are_refused_with_the_fix(tmp_pat
 # -- 3. saves that can't mix -----------------------------------------------------------------
 def test_a_part_of_another_save_or_changed_since_is_refused(tmp_path):
     path = str(tmp_path / 'ckpt.worker0')
-    digest = checkpoint.write_archive(path, checkpoint.WORKER, {'rank': 0}, 'first')
+    digest = files.write_archive(path, files.WORKER, {'rank': 0}, 'first')
     with pytest.raises(ValueError, match=r'ckpt.worker0 belongs to save first, but its index to '
                                          r'save second: a later save to the same name did not '
                                          r'finish .* resume from an earlier one'):
-        checkpoint.read_archive(path, checkpoint.WORKER, 'second', digest)
+        files.read_archive(path, files.WORKER, 'second', digest)
     with pytest.raises(ValueError, match=r'ckpt.worker0 differs from the worker state file that '
                                          r'was saved with this checkpoint'):
-        checkpoint.read_archive(path, checkpoint.WORKER, 'first', '0' * 64)
+        files.read_archive(path, files.WORKER, 'first', '0' * 64)
     index = str(tmp_path / 'ckpt')
-    checkpoint.write_json(index, checkpoint.TRAINER_INDEX, {'num_workers': 1})
+    files.write_json(index, files.TRAINER_INDEX, {'num_workers': 1})
     with pytest.raises(ValueError, match=r'ckpt differs from the trainer state file'):
-        checkpoint.read_json(index, checkpoint.TRAINER_INDEX, '0' * 64)
+        files.read_json(index, files.TRAINER_INDEX, '0' * 64)
 
 
 def test_a_server_refuses_a_file_of_another_save_or_round(tmp_path):
@@ -353,7 +354,7 @@ def test_a_server_refuses_a_file_of_another_save_or_round(tmp_path):
     one_round(server)
     path = str(tmp_path / 'kv.server0')
     digest = server.command(Command.SAVE, {'rank': 0, 'paths': [path], 'save_id': 's1'})['sha256']
-    assert digest == checkpoint.file_sha256(path)
+    assert digest == files.file_sha256(path)
     good = {'rank': 0, 'paths': [path], 'save_id': 's1', 'sha256': [digest],
             'rounds': {'0': 1}, 'finish_rounds': 0, 'check_only': True}
     assert server.command(Command.LOAD, good) == {'path': path, 'valid': True}
@@ -372,8 +373,8 @@ def test_a_server_refuses_a_file_of_another_save_or_round(tmp_path):
 def test_files_follow_the_umask(tmp_path, umask):
     old = os.umask(umask)
     try:
-        checkpoint.write_json(str(tmp_path / 'j'), checkpoint.TRAINER_INDEX, {})
-        checkpoint.write_archive(str(tmp_path / 'a'), checkpoint.WORKER, {}, 'x')
+        files.write_json(str(tmp_path / 'j'), files.TRAINER_INDEX, {})
+        files.write_archive(str(tmp_path / 'a'), files.WORKER, {}, 'x')
     finally:
         os.umask(old)
     for name in ('j', 'a'):
@@ -389,7 +390,7 @@ def test_the_folder_is_flushed_after_the_rename(tmp_path, monkeypatch):
         return real(handle)
     monkeypatch.setattr(os, 'fsync', fsync)
     path = tmp_path / 'part'
-    checkpoint.write_archive(str(path), checkpoint.WORKER, {}, 'x')
+    files.write_archive(str(path), files.WORKER, {}, 'x')
     assert len(synced) == 2
     assert os.path.basename(synced[0]).startswith('.part.')    # the temporary, before
     assert synced[1] == os.path.realpath(str(tmp_path))          # the folder, after the rename
@@ -402,18 +403,18 @@ def test_stale_temporaries_are_removed_at_the_next_save_and_ignored_by_loads(tmp
     for name in (stale, other):
         with open(name, 'wb') as out:
             out.write(b'half a file')
-    with caplog.at_level(logging.WARNING, logger='kvstore_ext.checkpoint'):
-        checkpoint.write_archive(path, checkpoint.WORKER, {'rank': 0}, 'x')
+    with caplog.at_level(logging.WARNING, logger='kvstore_ext.checkpoint.files'):
+        files.write_archive(path, files.WORKER, {'rank': 0}, 'x')
     assert not os.path.exists(stale) and os.path.exists(other)
     assert any('removing %s' % stale in r.getMessage() and 'did not finish' in r.getMessage()
                for r in caplog.records)
     caplog.clear()
     other_path = str(tmp_path / 'ckpt.worker1')
-    checkpoint.write_archive(other_path, checkpoint.WORKER, {'rank': 1}, 'x')
+    files.write_archive(other_path, files.WORKER, {'rank': 1}, 'x')
     with open(str(tmp_path / '.ckpt.worker1.0000.tmp'), 'wb') as out:
         out.write(b'half')
-    with caplog.at_level(logging.WARNING, logger='kvstore_ext.checkpoint'):
-        assert checkpoint.read_archive(other_path, checkpoint.WORKER)['rank'] == 1
+    with caplog.at_level(logging.WARNING, logger='kvstore_ext.checkpoint.files'):
+        assert files.read_archive(other_path, files.WORKER)['rank'] == 1
     assert any('ignoring' in r.getMessage() and '.ckpt.worker1.0000.tmp' in r.getMessage()
                for r in caplog.records)
 
@@ -514,12 +515,12 @@ def as_version1(v2, v1):
     with open(v1 + '.kvstore', 'w', encoding='utf-8') as out:
         json.dump(dict(store, version=1), out)
     for rank in range(2):
-        body = checkpoint.read_archive(checkpoint.worker_file(v2, rank), checkpoint.WORKER)
-        legacy_file(checkpoint.worker_file(v1, rank), checkpoint.WORKER, body)
-    server = checkpoint.read_archive(v2 + '.kvstore.server0', checkpoint.SERVER)
+        body = files.read_archive(files.worker_file(v2, rank), files.WORKER)
+        legacy_file(files.worker_file(v1, rank), files.WORKER, body)
+    server = files.read_archive(v2 + '.kvstore.server0', files.SERVER)
     updater = server['updater']
     server['updater'] = pickle.dumps((updater['states'], updater['optimizer']))
-    legacy_file(v1 + '.kvstore.server0', checkpoint.SERVER, server)
+    legacy_file(v1 + '.kvstore.server0', files.SERVER, server)
 
 
 @pytest.mark.jobs
@@ -567,14 +568,14 @@ def rehash(prefix):
     would do): only the content of a part can then refuse it."""
     with open(prefix + '.kvstore', encoding='utf-8') as src:
         store = json.load(src)
-    store['servers_sha256'] = [checkpoint.file_sha256(prefix + '.kvstore.server0')]
+    store['servers_sha256'] = [files.file_sha256(prefix + '.kvstore.server0')]
     with open(prefix + '.kvstore', 'w', encoding='utf-8') as out:
         json.dump(store, out)
     with open(prefix, encoding='utf-8') as src:
         index = json.load(src)
-    index['parts'] = {'worker0': checkpoint.file_sha256(prefix + '.worker0'),
-                      'worker1': checkpoint.file_sha256(prefix + '.worker1'),
-                      'kvstore': checkpoint.file_sha256(prefix + '.kvstore')}
+    index['parts'] = {'worker0': files.file_sha256(prefix + '.worker0'),
+                      'worker1': files.file_sha256(prefix + '.worker1'),
+                      'kvstore': files.file_sha256(prefix + '.kvstore')}
     with open(prefix, 'w', encoding='utf-8') as out:
         json.dump(index, out)
 
@@ -589,11 +590,11 @@ def test_pickle_bombs_loaded_by_a_real_job_raise_everywhere_and_run_nothing(
     marker = tmp_path / 'marker'
     prefix = str(tmp_path / 'bombed')
     copy_parts(saved_checkpoint, prefix)
-    kind = checkpoint.SERVER if part == '.kvstore.server0' else checkpoint.WORKER
+    kind = files.SERVER if part == '.kvstore.server0' else files.WORKER
     if part == 'all':   # a whole version-1 checkpoint, every pickle a bomb
         as_version1(saved_checkpoint, prefix)
         for name in ('.worker0', '.worker1', '.kvstore.server0'):
-            legacy_file(prefix + name, checkpoint.WORKER, {'x': Bomb(str(marker))})
+            legacy_file(prefix + name, files.WORKER, {'x': Bomb(str(marker))})
     elif forgery == 'version1':
         legacy_file(prefix + part, kind, {'server': 0, 'rank': 1, 'x': Bomb(str(marker))})
     else:

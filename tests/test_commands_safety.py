@@ -25,10 +25,10 @@ import pytest
 import mxdelay  # noqa: F401
 import mxnet as mx
 
-from kvstore_ext import protocol
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 from support.jobs import PidFile, assert_ok, run_job, worker_lines
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +46,7 @@ class Bomb(object):
 
 
 def hello(rank, **fields):
-    return dict({'rank': rank, 'protocol': protocol.PROTOCOL_VERSION, 'slots': 2,
+    return dict({'rank': rank, 'protocol': commands.PROTOCOL_VERSION, 'slots': 2,
                  'config': {}}, **fields)
 
 
@@ -59,7 +59,7 @@ class Served(object):
         self.controller = self.server._controller()  # pylint: disable=protected-access
         for rank in range(num_workers):
             self.controller(0, self.text(Command.HELLO, hello(rank)), None)
-        length = protocol.reply_len(num_workers) * num_workers
+        length = commands.reply_len(num_workers) * num_workers
         self.status = mx.nd.zeros(length)
         self.server.complete_round(KeyLayout(1, 2).status_key(0), mx.nd.zeros(length),
                                    self.status)
@@ -68,17 +68,17 @@ class Served(object):
                                      {'rank': 0, 'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 3]]}),
                         None)
         self.controller(0, self.text(Command.OPTIMIZER, {
-            'rank': 0, 'optimizer': protocol.encode_optimizer(
+            'rank': 0, 'optimizer': commands.encode_optimizer(
                 mx.optimizer.SGD(learning_rate=0.5))}), None)
 
     @staticmethod
     def text(command, body):
-        return protocol.encode_command(command, body).encode('utf-8')
+        return commands.encode_command(command, body).encode('utf-8')
 
     def segments(self):
-        length = protocol.reply_len(self.num_workers)
+        length = commands.reply_len(self.num_workers)
         status = self.status.asnumpy()
-        return [protocol.decode_reply(status[r * length:(r + 1) * length])
+        return [commands.decode_reply(status[r * length:(r + 1) * length])
                 for r in range(self.num_workers)]
 
     def send(self, raw):
@@ -222,7 +222,7 @@ def test_a_bad_hello_is_refused_before_it_changes_anything(fields, pattern):
 def test_a_hello_of_another_protocol_version_is_refused(version):
     # 3 is the version before the finish counter's third head element (exchanged) and aux
     # chunks: such a worker and this server would silently disagree on the counter.
-    assert protocol.PROTOCOL_VERSION == 4
+    assert commands.PROTOCOL_VERSION == 4
     server = DelayServer.offline(rank=0, num_workers=2)
     message = ('worker 1 speaks protocol %r, server 0 speaks 4: install the same mxdelay '
                'version everywhere' % version)
@@ -304,6 +304,35 @@ def test_forged_commands_in_a_real_job_are_refused_and_the_job_trains_on(tmp_pat
     for case in ('rank_-1', 'rank_2', 'rank_1000000'):
         assert replies[case][2] == last, (case, replies[case])
     # The servers are up and right: lr unchanged (0.5), the round applied once.
+    for rank in range(2):
+        assert outcome[rank]['lr'] == 0.5
+        np.testing.assert_array_equal(outcome[rank]['pulled'], [-1.5] * 4)   # 0 - 0.5 * 3
+
+
+@pytest.mark.jobs
+def test_commands_without_the_jobs_key_are_refused_and_the_job_trains_on(tmp_path):
+    # Every process of the job holds MXDELAY_JOB_KEY; worker 0 sends well-formed SET_HYPER
+    # commands (lr 0.25) as a process without the key could: unsigned, signed with another
+    # key, and a signed one whose body was changed (lr 0.75). Every one is refused with an
+    # error reply, the servers stay up, the learning rate stays 0.5 and the next round is
+    # exact; the job's own signed commands (hand-shake, optimizer, stats) go through.
+    pids = PidFile(tmp_path / 'pids')
+    result = run_job(pids.wrap([sys.executable, SCRIPT, str(tmp_path), 'keyed']),
+                     num_workers=2, env={'MXDELAY_JOB_KEY': 'a3f1c9e0d2b7'}, timeout=75,
+                     extra_launcher_args=('--timeout', '60'))
+    pids.assert_all_dead()
+    assert_ok(result)
+    outcome = [json.load(open(str(tmp_path / ('worker%d.json' % r)), encoding='utf-8'))
+               for r in range(2)]
+    replies = outcome[0]['replies']
+    expected = {'no_key': (3000, 'carries no authenticator'),
+                'other_key': (3001, 'does not match its text'),
+                'body_changed': (3002, 'does not match its text')}
+    for case, (seq, pattern) in expected.items():
+        ok, payload, replied_seq = replies[case]
+        assert (ok, replied_seq) == (False, seq), (case, replies[case])
+        assert pattern in payload and 'refused' in payload, (case, payload)
+    assert 'MXDELAY_JOB_KEY is not set' not in result.stderr
     for rank in range(2):
         assert outcome[rank]['lr'] == 0.5
         np.testing.assert_array_equal(outcome[rank]['pulled'], [-1.5] * 4)   # 0 - 0.5 * 3

@@ -17,17 +17,17 @@ from mxnet.base import MXNetError
 import mxdelay
 from support.model import small_params
 from support.stores import offline_store
-from kvstore_ext import compression
-from kvstore_ext.compression import CompressionError, CompressionTypeError
-from kvstore_ext.feedback import ErrorFeedback
-from kvstore_ext.twobit import TwoBitQuantizer
+from kvstore_ext import codecs
+from kvstore_ext.codecs import CompressionError, CompressionTypeError
+from kvstore_ext.codecs.feedback import ErrorFeedback
+from kvstore_ext.codecs.twobit import TwoBitQuantizer
 
 F32 = np.float32
 
 
 def quantize_all(threshold, grads):
     """Our quantizer over a sequence of gradients; returns (sent values, final residual)."""
-    codec = compression.parse({'type': '2bit', 'threshold': threshold}).for_tensor(grads[0].size)
+    codec = codecs.parse({'type': '2bit', 'threshold': threshold}).for_tensor(grads[0].size)
     sent = []
     for g in grads:
         buf = nd.zeros(g.size)
@@ -85,7 +85,7 @@ def test_requantizing_a_quantized_value_is_lossless():
     again = mxnet_quantize_all(0.1, sent)
     for a, b in zip(sent, again):
         np.testing.assert_array_equal(a, b)
-    codec = compression.parse({'type': '2bit', 'threshold': 0.1}).for_tensor(50)
+    codec = codecs.parse({'type': '2bit', 'threshold': 0.1}).for_tensor(50)
     for s in sent:
         buf = nd.zeros(50)
         codec.encode(nd.array(s), buf, None)
@@ -94,21 +94,21 @@ def test_requantizing_a_quantized_value_is_lossless():
 
 
 def test_flag_unit_survives_the_wire():
-    comp = compression.parse({'type': '2bit', 'threshold': 0.1})
+    comp = codecs.parse({'type': '2bit', 'threshold': 0.1})
     flags = [np.array([comp.flag_unit, 0], dtype=F32), np.array([comp.flag_unit] * 2, dtype=F32)]
     for a, b in zip(flags, mxnet_quantize_all(0.1, flags)):
         np.testing.assert_array_equal(a, b)
 
 
 def test_parse_defaults_and_description():
-    comp = compression.parse({'type': '2bit'})
+    comp = codecs.parse({'type': '2bit'})
     assert isinstance(comp, ErrorFeedback) and isinstance(comp.quantizer, TwoBitQuantizer)
     assert comp.quantizer.threshold == F32(0.5)   # MXNet's default
     assert comp.describe() == {'type': '2bit', 'threshold': 0.5}
-    assert compression.parse(None) is None
-    assert compression.parse({'type': '2bit', 'threshold': np.float32(0.25)}) \
+    assert codecs.parse(None) is None
+    assert codecs.parse({'type': '2bit', 'threshold': np.float32(0.25)}) \
         .quantizer.threshold == 0.25
-    assert 'fp16' in compression.known_types() and '2bit' in compression.known_types()
+    assert 'fp16' in codecs.known_types() and '2bit' in codecs.known_types()
 
 
 def stock_error(params):
@@ -135,7 +135,7 @@ def stock_error(params):
 def test_errors_carry_mxnets_message(params, kind):
     expected = stock_error(params)
     with pytest.raises(kind) as info:
-        compression.parse(params)
+        codecs.parse(params)
     assert isinstance(info.value, (MXNetError, ValueError))
     assert isinstance(info.value, MXNetError) and isinstance(info.value, ValueError)
     assert expected in str(info.value), (expected, str(info.value))
@@ -158,7 +158,7 @@ def test_errors_stricter_than_mxnet(params, message):
     # inf sends nothing, and a threshold that the servers receive rounded trains silently
     # differently. Refused with the argument, the value and the fix.
     with pytest.raises(ValueError, match=message):
-        compression.parse(params)
+        codecs.parse(params)
 
 
 def test_set_after_init_is_refused():

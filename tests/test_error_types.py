@@ -1,5 +1,5 @@
 """Calls that MXNet's kvstore rejects raise ``mx.MXNetError`` on 'dist_delay' too
-(kvstore_ext/store_errors.py), each also the Python type a user expects.
+(kvstore_ext/worker/store_errors.py), each also the Python type a user expects.
 
 The same calls (tests/scripts/bad_calls_job.py) run in a stock job (MXNet's 'dist_sync' and
 servers, nothing of mxdelay) and in a 'dist_delay' job, one worker and one server each. Where

@@ -19,7 +19,8 @@ import pytest
 import mxnet as mx
 from mxnet import nd
 
-from kvstore_ext.finish import FinishCounter, counter_size
+from kvstore_ext.protocol.counter import counter_size
+from kvstore_ext.worker.finish import FinishCounter
 from support.native import delay_store, events, server_weights
 
 SHAPE = (7, 6)        # 42 elements: 3 chunks of at most 16, over two servers

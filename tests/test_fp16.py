@@ -37,9 +37,10 @@ from support.reference_jobs import (MLP_BASE as BASE, assert_rounds_equal_refere
                                     rounds_differ_from_reference, run_mlp_job)
 from support.native import delay_store, server_weights
 from support.stores import offline_store
-from kvstore_ext import compression, wire
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.rounds import RoundKeeper
+from kvstore_ext import codecs
+from kvstore_ext.codecs import fp16
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.server.rounds import RoundKeeper
 from scripts import mlp_model
 
 FP16 = {'type': 'fp16'}
@@ -214,7 +215,7 @@ def test_one_worker_with_fp16_pushes_is_the_servers_model(delay, optimizer, para
 ])
 def test_bad_compression_params_are_refused(params, error, message):
     with pytest.raises(error, match=message):
-        compression.parse(params)
+        codecs.parse(params)
     with pytest.raises(error, match=message):
         offline_store(placed=False).set_gradient_compression(params)
     with pytest.raises(error, match=message):
@@ -298,8 +299,8 @@ def test_held_round_writes_the_pull_key_not_the_slot():
 def test_fp16_push_rounds_to_nearest_and_scales_in_float32():
     source = nd.array([1.0 / 3, 1e-8, 70000.0, 2049.0])
     buf = nd.zeros(4, dtype='float16')
-    wire.fill_send_buffer(source, buf, None)
+    fp16.fill_send_buffer(source, buf, None)
     np.testing.assert_array_equal(buf.asnumpy(), source.asnumpy().astype(np.float16))
-    wire.fill_send_buffer(source, buf, 0.5)
+    fp16.fill_send_buffer(source, buf, 0.5)
     np.testing.assert_array_equal(buf.asnumpy(),
                                   (source.asnumpy() * np.float32(0.5)).astype(np.float16))

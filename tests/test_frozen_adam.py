@@ -13,7 +13,7 @@ import pytest
 
 import mxnet as mx
 
-from kvstore_ext.optimizers import build_optimizer, optimizer_record
+from kvstore_ext.optim.optimizers import build_optimizer, optimizer_record
 from mxdelay import ArgumentTypeError
 from mxdelay import FrozenVarianceAdam
 

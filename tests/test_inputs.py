@@ -28,7 +28,7 @@ import pytest
 from support.jobs import LAUNCHER, job_env
 from support.stores import OfflineNative, _no_channel
 from kvstore_ext import checks, env
-from kvstore_ext.dist_delay import DistDelay
+from kvstore_ext.worker.dist_delay import DistDelay
 from mxdelay import launcher
 from mxdelay.schedule import DelaySchedule
 

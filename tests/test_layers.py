@@ -28,19 +28,23 @@ BIN = os.path.dirname(sys.executable)
 
 
 def _modules():
-    """{module name: path} of every module of both packages."""
+    """{module name: path} of every module of both packages, subpackages included."""
     found = {}
     for package in PACKAGES:
-        for name in sorted(os.listdir(os.path.join(REPO, package))):
-            if name.endswith('.py'):
-                module = package if name == '__init__.py' else '%s.%s' % (package, name[:-3])
-                found[module] = os.path.join(REPO, package, name)
+        for folder, _, names in sorted(os.walk(os.path.join(REPO, package))):
+            if '__init__.py' not in names:
+                continue   # not a package (e.g. kvstore_ext/autoload, a sys.path entry)
+            dotted = os.path.relpath(folder, REPO).replace(os.sep, '.')
+            for name in sorted(names):
+                if name.endswith('.py'):
+                    module = dotted if name == '__init__.py' else '%s.%s' % (dotted, name[:-3])
+                    found[module] = os.path.join(folder, name)
     return found
 
 
 def _imports(module, path):
     """The project modules that `module` imports anywhere in its file (lazy imports too)."""
-    package = module if module in PACKAGES else module.rsplit('.', 1)[0]
+    package = module if path.endswith('__init__.py') else module.rsplit('.', 1)[0]
     targets = set()
     for node in ast.walk(ast.parse(open(path, encoding='utf-8').read())):
         if isinstance(node, ast.Import):
@@ -88,6 +92,39 @@ def _fresh(source, env=None):
     done = subprocess.run([sys.executable, '-c', textwrap.dedent(source)], env=environ,
                           capture_output=True, text=True, timeout=120, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+#: kvstore_ext's rooms by the process that runs them: a room may import only the rooms listed.
+#: The top level (bootstrap, env, checks, typenames) runs before MXNet in every process.
+ROOMS = {
+    'worker': {'worker', 'codecs', 'protocol', 'checkpoint', 'optim', 'top'},
+    'server': {'server', 'codecs', 'protocol', 'checkpoint', 'optim', 'top'},
+    'codecs': {'codecs', 'protocol', 'top'},
+    'protocol': {'protocol', 'checkpoint', 'optim', 'top'},
+    'checkpoint': {'checkpoint', 'optim', 'top'},
+    'optim': {'optim', 'top'},
+}
+
+
+def _room(module):
+    parts = module.split('.')
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in ROOMS) else 'top'
+
+
+def test_the_server_imports_nothing_of_the_worker_and_shared_rooms_import_neither():
+    graph = {m: _imports(m, p) for m, p in _modules().items() if m.startswith('kvstore_ext')}
+    assert {_room(m) for m in graph} >= set(ROOMS) | {'top'}, sorted(graph)
+    wrong = {m: sorted(t for t in targets if _room(t) not in ROOMS[_room(m)])
+             for m, targets in graph.items() if _room(m) in ROOMS}
+    assert not any(wrong.values()), {m: t for m, t in wrong.items() if t}
+    # And the server's processes never load a worker module (nor mxdelay), read from a real
+    # import of the server's entry point.
+    loaded = subprocess.run(
+        [sys.executable, '-c', 'import sys; import kvstore_ext.server.controller; '
+         'print(" ".join(sorted(sys.modules)))'],
+        cwd=REPO, check=True, capture_output=True, text=True, timeout=120).stdout.split()
+    assert 'kvstore_ext.server.controller' in loaded
+    assert not [m for m in loaded if m.startswith(('kvstore_ext.worker', 'mxdelay'))], loaded
 
 
 def test_every_kvstore_ext_module_imports_without_mxdelay():
@@ -215,7 +252,7 @@ def test_dist_delay_under_mxdelay_run_is_mxdelays_store_in_a_script_without_mxde
     recorded = pids.read()
     for launcher_rank in (0, 1):
         report = json.loads(worker_lines(result.stdout, launcher_rank)[-1])
-        assert report['store'] == 'kvstore_ext.dist_delay.DistDelay'
+        assert report['store'] == 'kvstore_ext.worker.dist_delay.DistDelay'
         # one round of SGD (lr 0.1, the trainer's optimizer on the servers): 0 - 0.1 * (1 + 2)
         assert [round(v, 6) for v in report['sum']] == [-0.3] * 3
         assert report['argv'] == [str(script), '7', '--flag=x y']
@@ -249,7 +286,7 @@ print('sum', out.asnumpy().tolist(), 'servers', sorted(s['server'] for s in stat
 
 
 @pytest.mark.jobs
-@pytest.mark.parametrize('first', ['mxdelay', 'kvstore_ext', 'kvstore_ext.server'])
+@pytest.mark.parametrize('first', ['mxdelay', 'kvstore_ext', 'kvstore_ext.server.controller'])
 def test_a_server_becomes_mxdelays_whatever_module_it_imports_first(tmp_path, first):
     pids = PidFile(tmp_path / 'pids')
     result = run_job(pids.wrap(python_command(ORDER_SCRIPT % first)), num_workers=2,

@@ -27,10 +27,13 @@ from support.jobs import SCRIPTS, assert_ok, run_job
 from support.reference_jobs import ATOL, RTOL
 from mxnet import nd
 
-from kvstore_ext import checkpoint, protocol, sparse
-from kvstore_ext.layout import MAX_KEY, KeyLayout, Placement
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.checkpoint import files
+from kvstore_ext.protocol import commands
+from kvstore_ext.worker import sparse
+from kvstore_ext.protocol.keys import MAX_KEY, KeyLayout
+from kvstore_ext.worker.layout import Placement
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 
 sys.path.insert(0, SCRIPTS)
 import many_tensors_job as job  # noqa: E402  pylint: disable=wrong-import-position
@@ -175,7 +178,7 @@ def test_row_keys_of_row_sparse_chunks_stay_below_2_31():
 
 
 def _hello(server, slots=2):
-    server.command(Command.HELLO, {'rank': 0, 'protocol': protocol.PROTOCOL_VERSION,
+    server.command(Command.HELLO, {'rank': 0, 'protocol': commands.PROTOCOL_VERSION,
                                    'slots': slots, 'config': {}})
 
 
@@ -208,15 +211,15 @@ def test_server_maps_local_indexes_to_chunk_ids(monkeypatch):
 
 
 def test_status_keys_of_1000_workers_fit_the_default_bound():
-    assert protocol.reply_len(1000, 10 ** 6) == 999        # 2982 bytes of reply text each
-    assert protocol.reply_capacity(999) == 2982
+    assert commands.reply_len(1000, 10 ** 6) == 999        # 2982 bytes of reply text each
+    assert commands.reply_capacity(999) == 2982
 
 
 @pytest.mark.parametrize('num_workers,fits', [(2, 1300), (1000, 78)])
 def test_stats_of_too_many_chunks_is_an_error_reply(tmp_path, num_workers, fits):
     # server_stats() lists every chunk (about 37 bytes each): docs/limits.md's limit. Past it the
     # worker gets "reply too long", never a wrong or partial answer.
-    length = protocol.reply_len(num_workers)
+    length = commands.reply_len(num_workers)
     for chunks, ok in ((fits, True), (fits * 11 // 10, False)):
         server = DelayServer.offline(rank=0, num_workers=num_workers)   # no network
         _hello(server)
@@ -225,13 +228,13 @@ def test_stats_of_too_many_chunks_is_an_error_reply(tmp_path, num_workers, fits)
                                                                 for c in ids]})
         # 5000 rounds applied on every chunk, as a checkpoint restores them.
         path = str(tmp_path / ('%d.server0' % chunks))
-        checkpoint.write_archive(path, checkpoint.SERVER, {
+        files.write_archive(path, files.SERVER, {
             'server': 0, 'num_workers': num_workers, 'updater': None,
             'chunks': {c: {'param_index': c, 'name': 'p', 'lr_mult': 1.0, 'wd_mult': 1.0,
                            'size': 1, 'weight': None, 'next_round': 5000} for c in ids}},
             save_id=None)
         server.command(Command.LOAD, {'rank': 0, 'paths': [path]})
-        got = protocol.decode_reply(protocol.encode_reply(True, server.stats(), 1, length))
+        got = commands.decode_reply(commands.encode_reply(True, server.stats(), 1, length))
         assert got[0] is ok, (chunks, got[1] if not ok else len(got[1]['chunks']))
         if not ok:
             assert 'is too long for the status key' in got[1]

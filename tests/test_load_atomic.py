@@ -27,8 +27,9 @@ import pytest
 import mxdelay  # noqa: F401
 import mxnet as mx
 
-from kvstore_ext import checkpoint, store_checkpoint
-from kvstore_ext.layout import KeyLayout
+from kvstore_ext.checkpoint import files
+from kvstore_ext.worker import store_checkpoint
+from kvstore_ext.protocol.keys import KeyLayout
 from mxdelay import worker_state
 from test_checkpoint_format import (BASE, copy_parts, histories, install, load_outcome,
                                     one_round, registered_server, rehash, run_ckpt_job)
@@ -59,9 +60,9 @@ def forge(path, kind, change):
     """Rewrite the archive `path` with `change(body)` applied, keeping its save id."""
     with np.load(path) as archive:
         save_id = json.loads(archive['header'].tobytes().decode())['save_id']
-    body = checkpoint.read_archive(path, kind)
+    body = files.read_archive(path, kind)
     change(body)
-    checkpoint.write_archive(path, kind, body, save_id)
+    files.write_archive(path, kind, body, save_id)
 
 
 def drop_weight(body):
@@ -87,15 +88,15 @@ def short_server_weight(body):
 
 
 CASES = {
-    'one_more_parameter': ('.worker1', checkpoint.WORKER, drop_weight,
+    'one_more_parameter': ('.worker1', files.WORKER, drop_weight,
                            r'field weights holds parameters \[0, 1, 2\], this trainer has 4'),
-    'missing_field': ('.worker1', checkpoint.WORKER, no_schedule,
+    'missing_field': ('.worker1', files.WORKER, no_schedule,
                       r'\(TypeError: '),
     'directory': ('.worker1', None, None, r'cannot be read \(\[Errno 21\] Is a directory'),
-    'pre_weight_shape': ('.worker1', checkpoint.WORKER, bad_pre_weight, r'field pre_weight\['),
-    'weight_dtype': ('.worker1', checkpoint.WORKER, float64_weight,
+    'pre_weight_shape': ('.worker1', files.WORKER, bad_pre_weight, r'field pre_weight\['),
+    'weight_dtype': ('.worker1', files.WORKER, float64_weight,
                      r'field weights\[0\]: parameter .* is float32 .*, saved float64'),
-    'server_weight_size': ('.kvstore.server0', checkpoint.SERVER, short_server_weight,
+    'server_weight_size': ('.kvstore.server0', files.SERVER, short_server_weight,
                            r"field 'weight' has \d+ elements, the registered chunk \d+"),
 }
 
@@ -238,7 +239,7 @@ def saved_server(tmp_path):
 def test_a_server_checks_every_field_before_it_applies(tmp_path, change, pattern):
     server, path = saved_server(tmp_path)
     before = server.weight(0).asnumpy().copy()
-    forge(path, checkpoint.SERVER, change)
+    forge(path, files.SERVER, change)
     for check_only in (True, False):
         with pytest.raises(ValueError, match=pattern):
             server.command('load', {'rank': 0, 'paths': [path], 'check_only': check_only})

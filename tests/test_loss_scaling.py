@@ -6,7 +6,7 @@ import mxnet as mx
 from mxnet import autograd, gluon, nd
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
-from kvstore_ext.rounds import RoundKeeper, store_counter
+from kvstore_ext.server.rounds import RoundKeeper, store_counter
 from mxdelay.loss_scaling import GlobalOverflows, advance, restore_scaler, scaler_state
 import reference
 

@@ -30,9 +30,9 @@ from support.model import (BATCH, backward_at, backward_with, mlp_params as make
                            numpy_grad, train_steps)
 from support.native import delay_store, events, server_optimizer, server_weights
 from support.native_workers import run_workers
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.optimizers import flatten_state
-from kvstore_ext.rounds import RoundKeeper
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.optim.optimizers import flatten_state
+from kvstore_ext.server.rounds import RoundKeeper
 from mxdelay.rules import MIRRORED, MirrorRule
 
 WARMUP = 3
@@ -275,13 +275,42 @@ def test_settings_of_lars_and_lbsgd_that_the_servers_apply_by_order_are_refused(
     {'momentum': 0.0, 'lr_scheduler': _schedule},    # no momentum: nothing to correct
     {'momentum': 0.9}], ids=['no-correction', 'no-momentum', 'no-schedule'])
 def test_lars_is_accepted_where_its_correction_is_deterministic(params):
+    # Accepted, and mirrored exactly: with one worker w' is the servers' W at every step.
     params = {k: v() if callable(v) else v for k, v in params.items()}
-    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'lars', params, kvstore=delay_store())
+    weights = make_params([mx.cpu()])
+    kv = delay_store()
+    trainer = mxdelay.DelayedTrainer(weights, 'lars', params, kvstore=kv, delay=2,
+                                     warmup_steps=WARMUP)
+    for step in range(WARMUP + 7):
+        backward_at(weights, [mx.cpu()], step)
+        trainer.step(BATCH)
+        for i, p in enumerate(weights):
+            np.testing.assert_array_equal(p.data().asnumpy(), server_weights(kv, i),
+                                          err_msg='step %d, %s' % (step, p.name))
 
 
 def test_refused_optimizer_is_accepted_by_the_literal_rule():
-    mxdelay.DelayedTrainer(make_params([mx.cpu()]), 'nadam', {}, kvstore=delay_store(),
-                           local_rule='sgd')
+    # The mirror refuses Nadam (REFUSED); the literal rule takes it. The servers then apply
+    # Nadam, every warm-up step's weights are theirs, and a delayed step that applies no
+    # pull is MXNet's plain SGD step with Nadam's learning rate (0.001) on g / batch.
+    params = make_params([mx.cpu()])
+    kv = delay_store()
+    trainer = mxdelay.DelayedTrainer(params, 'nadam', {}, kvstore=kv, local_rule='sgd',
+                                     delay=2, warmup_steps=WARMUP)
+    for step in range(WARMUP + 1):   # the warm-up and the switch
+        backward_at(params, [mx.cpu()], step)
+        trainer.step(BATCH)
+        for i, p in enumerate(params):
+            np.testing.assert_array_equal(p.data().asnumpy(), server_weights(kv, i),
+                                          err_msg='step %d, %s' % (step, p.name))
+    assert isinstance(server_optimizer(kv), mx.optimizer.Nadam)
+    before = [p.data().copy() for p in params]
+    backward_at(params, [mx.cpu()], WARMUP + 1)   # the first delayed step: no pull applied
+    grads = [p.grad().copy() for p in params]
+    trainer.step(BATCH)
+    for p, weight, grad in zip(params, before, grads):
+        want = nd.sgd_update(weight, grad, lr=0.001, wd=0.0, rescale_grad=1.0 / BATCH)
+        np.testing.assert_array_equal(p.data().asnumpy(), want.asnumpy(), err_msg=p.name)
 
 
 def test_subclass_of_a_mirrored_optimizer_is_accepted_and_mirrored():

@@ -7,7 +7,7 @@ and ``'_sync'``, and keeps an explicit ``rescale_grad`` of ``optimizer_params``;
 optimizer keeps the parameters' multipliers by name (biases get ``wd_mult=0``, Variables'
 ``lr_mult`` attributes), which MXNet's server finds through ``idx2name``. ``DistDelay``'s
 ``type`` is ``'dist_sync_delay'`` (so Module takes its dist_sync path) and it registers
-Module's per-name multipliers with its servers (kvstore_ext/dist_delay.py, ``type`` and
+Module's per-name multipliers with its servers (kvstore_ext/worker/dist_delay.py, ``type`` and
 ``_mults``).
 
 1. Real jobs, 2 workers, ``Module.fit`` for 2 epochs of 4 batches of 6 (scripts/module_job.py:
@@ -41,9 +41,9 @@ import reference
 from support.jobs import SCRIPTS, PidFile, assert_ok, run_job, stock_env
 from support.reference_jobs import ATOL, RTOL
 from support.stores import WorkersNative, _no_channel, servers
-from kvstore_ext import protocol
-from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.protocol import Command
+from kvstore_ext.protocol import commands
+from kvstore_ext.worker.dist_delay import DistDelay
+from kvstore_ext.protocol.commands import Command
 from scripts import mlp_model
 
 SCRIPT = os.path.join(SCRIPTS, 'module_job.py')
@@ -123,7 +123,7 @@ def test_module_fit_on_dist_delay_equals_stock_dist_sync_bit_for_bit(tmp_path, n
     rescale = 1.0 / (CONFIG['batch'] * 2)
     for rank in range(2):
         assert stock_reports[rank]['kvstore'] == 'mxnet.kvstore.kvstore.KVStore dist_sync'
-        assert reports[rank]['kvstore'] == 'kvstore_ext.dist_delay.DistDelay dist_sync_delay'
+        assert reports[rank]['kvstore'] == 'kvstore_ext.worker.dist_delay.DistDelay dist_sync_delay'
         for report in (stock_reports[rank], reports[rank]):
             assert report['update_on_kvstore'] is True, report
             assert report['rescale_grad'] == rescale, report
@@ -181,12 +181,12 @@ def test_module_init_optimizer_gives_the_servers_dist_syncs_rescale_and_multipli
     assert optimizer is store._optimizer and optimizer.rescale_grad == rescale
     assert channel.hello['config']['optimizer']['rescale_grad'] == rescale
     [body] = [body for command, body in sent if command == Command.OPTIMIZER]
-    assert protocol.decode_optimizer(body['optimizer']).rescale_grad == rescale
+    assert commands.decode_optimizer(body['optimizer']).rescale_grad == rescale
     registered = {chunk[3]: tuple(chunk[4:6]) for command, body in sent
                   if command == Command.REGISTER for chunk in body['chunks']}
     assert registered == {'l1_weight': (0.5, 1.0), 'l1_bias': (1.0, 0.0),
                           'l2_weight': (1.0, 1.0), 'l2_bias': (1.0, 0.0),
-                          protocol.FINISH_KEY: (1.0, 1.0)}
+                          commands.FINISH_KEY: (1.0, 1.0)}
     store.set_optimizer(optimizer)  # again: unchanged
     assert optimizer.rescale_grad == rescale
 

@@ -42,8 +42,8 @@ from support.jobs import SCRIPTS, PidFile, assert_ok, run_job, stock_env
 from support.reference_jobs import ATOL, RTOL
 from support.native import delay_store, server_optimizer, server_weights
 from support.stores import WorkersNative, servers
-from kvstore_ext import protocol
-from kvstore_ext.protocol import Command
+from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.commands import Command
 from scripts import mlp_model
 
 SCRIPT = os.path.join(SCRIPTS, 'module_job.py')
@@ -83,7 +83,7 @@ def train(mod, kvstore, optimizer, params, steps=12):
 def test_one_worker_mirror_of_lars_is_the_servers_with_module_names(delay):
     # Module names its Parameters (l1_bias, ...) in the optimizer's idx2name, by Parameter
     # index, and LARS gives no ratio to names ending in bias. The servers key their optimizer
-    # by chunk id, so they map the names to chunks (kvstore_ext.rounds.RoundKeeper.install;
+    # by chunk id, so they map the names to chunks (kvstore_ext.server.rounds.RoundKeeper.install;
     # before, chunk 3, l2_weight, was named 'l2_bias'); the mirror's copy, keyed by
     # Parameter index, then skips the same tensors: w' = W at every step, bit for bit.
     mod = bound(mxdelay.DelayedModule, delay=delay, warmup_steps=2)
@@ -144,12 +144,12 @@ def test_the_servers_get_dist_syncs_rescale_grad_and_modules_multipliers(
     assert mod.trainer.optimizer.rescale_grad == expected
     assert channel.hello['config']['optimizer']['rescale_grad'] == expected
     [body] = [body for command, body in sent if command == Command.OPTIMIZER]
-    assert protocol.decode_optimizer(body['optimizer']).rescale_grad == expected
+    assert commands.decode_optimizer(body['optimizer']).rescale_grad == expected
     registered = {chunk[3]: tuple(chunk[4:6]) for command, body in sent
                   if command == Command.REGISTER for chunk in body['chunks']}
     assert registered == {'l1_weight': (0.5, 1.0), 'l1_bias': (1.0, 0.0),
                           'l2_weight': (1.0, 1.0), 'l2_bias': (1.0, 0.0),
-                          protocol.FINISH_KEY: (1.0, 1.0)}
+                          commands.FINISH_KEY: (1.0, 1.0)}
 
 
 def test_the_trainer_works_on_the_executors_arrays():
@@ -285,7 +285,7 @@ def test_explicit_rescale_grad_is_kept_as_dist_sync_keeps_it(tmp_path):
 @pytest.mark.jobs
 def test_lars_names_its_biases_on_mxdelays_servers_as_on_stock_dist_sync(tmp_path):
     # Module's idx2name names the Parameters by index and LARS gives no ratio to biases; the
-    # servers map the names to their chunks (kvstore_ext.rounds): stock dist_sync, plain
+    # servers map the names to their chunks (kvstore_ext.server.rounds): stock dist_sync, plain
     # Module on 'dist_delay' and DelayedModule's warm-up are then the same, bit for bit
     # (before, plain Module differed by 6.4e-3 in w1). The default chunk size: LARS refuses
     # a tensor split into chunks.

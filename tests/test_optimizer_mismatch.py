@@ -40,11 +40,11 @@ import mxnet as mx
 
 from support.jobs import PidFile, assert_ok, run_job
 from support.stores import started_store
-from kvstore_ext import protocol
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.optimizers import describe_optimizer, optimizer_differences
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.optim.optimizers import describe_optimizer, optimizer_differences
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, 'scripts', 'optimizer_job.py')
@@ -124,12 +124,12 @@ def make_server(num_workers=2):
 
 
 def hello(server, rank, config, **fields):
-    server.command(Command.HELLO, dict({'rank': rank, 'protocol': protocol.PROTOCOL_VERSION,
+    server.command(Command.HELLO, dict({'rank': rank, 'protocol': commands.PROTOCOL_VERSION,
                                        'slots': 2, 'config': config}, **fields))
 
 
 def optimizer_command(rank, optimizer):
-    return {'rank': rank, 'optimizer': protocol.encode_optimizer(optimizer)}
+    return {'rank': rank, 'optimizer': commands.encode_optimizer(optimizer)}
 
 
 def test_server_refuses_a_second_workers_different_optimizer():
@@ -260,13 +260,13 @@ def test_worker_raises_when_the_server_applies_another_optimizer():
                                          r"worker 0 set: momentum: the server has 0\.9, this "
                                          r"worker has 0\.5\. A server keeps the optimizer"):
         store.set_optimizer(sgd(momentum=0.5))
-    assert store.sent == [protocol.Command.OPTIMIZER]
+    assert store.sent == [commands.Command.OPTIMIZER]
 
 
 def test_worker_accepts_the_same_optimizer():
     store = answering_store(installed=sgd())
     store.set_optimizer(sgd())
-    assert store.sent == [protocol.Command.OPTIMIZER]
+    assert store.sent == [commands.Command.OPTIMIZER]
 
 
 def test_worker_ignores_only_the_servers_rescale_grad():

@@ -21,7 +21,7 @@ sums are the same (2 workers: a sum of two is the same in either order), and so 
 LARS are over the same contiguous elements as long as a tensor is one chunk (the servers
 refuse a split tensor for them: test_whole_tensor_optimizer_split_into_chunks_is_refused).
 The exception is plain SGD, which mxdelay's server runs through its own single-kernel path
-(kvstore_ext.appliers.PlainSGD), pinned bit-equal too.
+(kvstore_ext.server.appliers.PlainSGD), pinned bit-equal too.
 
 Nadam: its ``m_schedule`` is one number for the whole optimizer, multiplied once per update
 call, i.e. once per key per round on a server, in the order keys complete. A local
@@ -46,10 +46,10 @@ from support.jobs import SCRIPTS, run_job, stock_env
 from support.model import BATCH, backward_at, mlp_params
 from support.native import delay_store, server_weights
 from support.reference_jobs import run_mlp_job, run_stock_job
-from kvstore_ext import protocol
-from kvstore_ext.optimizers import whole_tensor_name, whole_tensor_refusal
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.protocol import commands
+from kvstore_ext.optim.optimizers import whole_tensor_name, whole_tensor_refusal
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 from scripts import mlp_model
 
 NAMES = ('w1', 'b1', 'w2', 'b2')
@@ -214,13 +214,13 @@ def test_whole_tensor_optimizers_are_recognised_by_class(optimizer, expected):
 
 def _server(chunk_size, rank=0):
     server = DelayServer.offline(rank=rank, num_workers=2)   # no network: commands only
-    server.command(Command.HELLO, {'rank': 0, 'protocol': protocol.PROTOCOL_VERSION, 'slots': 2,
+    server.command(Command.HELLO, {'rank': 0, 'protocol': commands.PROTOCOL_VERSION, 'slots': 2,
                                    'config': {'chunk_size': chunk_size}})
     return server
 
 
 def _optimizer(optimizer):
-    return {'rank': 0, 'optimizer': protocol.encode_optimizer(optimizer)}
+    return {'rank': 0, 'optimizer': commands.encode_optimizer(optimizer)}
 
 
 def _chunks():
@@ -229,7 +229,7 @@ def _chunks():
     return {'rank': 0, 'chunks': [[0, 0, 0, 'w', 1.0, 1.0, 64],
                                   [1, 1, 0, 'w', 1.0, 1.0, 36],
                                   [2, 0, 1, 'b', 1.0, 0.0, 10],
-                                  [3, 0, protocol.FINISH_KEY, protocol.FINISH_KEY, 1.0, 1.0, 2]]}
+                                  [3, 0, commands.FINISH_KEY, commands.FINISH_KEY, 1.0, 1.0, 2]]}
 
 
 REFUSAL = (r"MyLamb \(a LAMB\): its trust ratio is computed from the norms of the whole weight "

@@ -4,7 +4,7 @@ summed in rank order on the servers, W in float32 pull keys.
 
 What is tested, and against what:
 
-- the packing (:mod:`kvstore_ext.quantize`): every digit value in every position of a word
+- the packing (:mod:`kvstore_ext.codecs.quantize`): every digit value in every position of a word
   round-trips, every word is a normal float32, blocks of zeros, sizes that are not multiples
   of the block or of the digits per word; the quantized values equal the reference's
   formula (tests/reference.py ``quantize_blockwise``) and the servers' decode equals the
@@ -41,7 +41,10 @@ from support.reference_jobs import (MLP_BASE, assert_equal_to_reference,
                                     run_mlp_job)
 from support.stores import offline_store
 from support.jobs import SCRIPTS, assert_ok, kv_results, run_job
-from kvstore_ext import appliers, compression, payload, quantize
+from kvstore_ext import codecs
+from kvstore_ext.codecs import quantize
+from kvstore_ext.codecs.blockwise import largest_chunk
+from kvstore_ext.server import appliers
 
 OPT = {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-3}
 TYPES = ('int8', 'int4', 'ternary')
@@ -157,12 +160,12 @@ def test_decode_rows_sums_in_rank_order_whatever_the_row_order():
 # -- settings and refusals -------------------------------------------------------------------
 @pytest.mark.parametrize('name', TYPES)
 def test_the_codecs_are_registered_and_tell_the_servers(name):
-    assert name in compression.known_types()
-    codec = compression.parse({'type': name})
+    assert name in codecs.known_types()
+    codec = codecs.parse({'type': name})
     assert codec.describe() == {'type': name, 'block_size': 256}
     assert codec.server_settings() == {'payload': {'type': name, 'block_size': 256}}
     assert appliers.check_codec(3, codec.server_settings()) == codec.server_settings()
-    codec = compression.parse({'type': name, 'block_size': 16})
+    codec = codecs.parse({'type': name, 'block_size': 16})
     n = 1000
     assert codec.push_bytes(n, 'float32') == 4 * (-(-n // 16) + -(-n // quantize.digits_per_word(
         H[name]))) + 8
@@ -184,7 +187,7 @@ def test_the_codecs_are_registered_and_tell_the_servers(name):
 ])
 def test_bad_parameters_are_refused_at_construction(params, error, message):
     with pytest.raises(error, match=message):
-        compression.parse(params)
+        codecs.parse(params)
     with pytest.raises(error, match=message):
         offline_store(placed=False).set_gradient_compression(params)
     with pytest.raises(error, match=message):
@@ -228,10 +231,10 @@ def test_chunks_stay_below_the_big_array_bound(monkeypatch):
     # tensor still trains (w' == W).
     monkeypatch.setenv('MXNET_KVSTORE_BIGARRAY_BOUND', '1000')
     monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '999')
-    codec = compression.parse({'type': 'int8', 'block_size': 1})
-    assert payload.largest_chunk(codec, 1, 1000) == 799   # 799 scales + 200 words < 1000
-    assert payload.largest_chunk(codec, 2, 1000) == 399   # 2 x (399 + 100) < 1000
-    assert payload.largest_chunk(codec, 10 ** 4, 1000) == 0
+    codec = codecs.parse({'type': 'int8', 'block_size': 1})
+    assert largest_chunk(codec, 1, 1000) == 799   # 799 scales + 200 words < 1000
+    assert largest_chunk(codec, 2, 1000) == 399   # 2 x (399 + 100) < 1000
+    assert largest_chunk(codec, 10 ** 4, 1000) == 0
     kv = delay_store()
     kv.set_gradient_compression({'type': 'int8', 'block_size': 1})
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
@@ -575,7 +578,7 @@ def test_stock_mxnet_merges_disjoint_row_sparse_pushes_bit_for_bit():
 
 
 def test_the_heap_thresholds_are_set_once_where_glibc_accepts_them(monkeypatch):
-    from kvstore_ext import heap  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.codecs import heap  # pylint: disable=import-outside-toplevel
     import platform  # pylint: disable=import-outside-toplevel
     if platform.libc_ver()[0] != 'glibc':
         pytest.skip('mallopt is glibc\'s')

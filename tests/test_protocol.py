@@ -1,4 +1,4 @@
-"""What workers and mxdelay's servers say to each other (``kvstore_ext.protocol``).
+"""What workers and mxdelay's servers say to each other (``kvstore_ext.protocol.commands``).
 
 What is tested: commands (round trip of every :class:`Command`, NUL-free text, rejection
 of unknown names, of text without the ``'mxdelay:'`` prefix, of bad JSON and of a stock
@@ -14,6 +14,8 @@ and decodes back; all keys are distinct.
 Tolerance: none; everything is exact (replies carry bytes as float32 values 0..255).
 """
 import base64
+import hashlib
+import hmac
 import json
 import pickle
 
@@ -24,10 +26,10 @@ import mxdelay  # noqa: F401
 import mxnet as mx
 from mxnet import nd
 
-from kvstore_ext import protocol
-from kvstore_ext.server import DelayServer
-from kvstore_ext.layout import KeyLayout
-from kvstore_ext.protocol import (SEQ_MODULUS, Command, COMMAND_PREFIX, MAGIC, REPLY_LEN,
+from kvstore_ext.protocol import commands
+from kvstore_ext.server.controller import DelayServer
+from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.protocol.commands import (SEQ_MODULUS, Command, COMMAND_PREFIX, MAGIC, REPLY_LEN,
                                   encode_command, decode_command, encode_reply, decode_reply,
                                   encode_optimizer, decode_optimizer)
 
@@ -78,6 +80,42 @@ def test_command_round_trip(command):
     assert encode_command(command.value, body) == text
 
 
+KEY = b'the job key'
+
+
+@pytest.mark.parametrize('command', list(Command), ids=lambda c: c.value)
+def test_an_authenticated_command_round_trips_and_carries_the_hmac_of_its_text(command):
+    body = BODIES[command]
+    text = encode_command(command, body, KEY)
+    plain = encode_command(command, body)
+    name, body_text = plain[len(COMMAND_PREFIX):].split(' ', 1)
+    mac = hmac.new(KEY, (name + ' ' + body_text).encode('utf-8'), hashlib.sha256).hexdigest()
+    assert text == '%s%s#%s %s' % (COMMAND_PREFIX, name, mac, body_text)
+    assert '\x00' not in text
+    assert decode_command(text, KEY) == (command, body)
+    assert decode_command(text.encode('utf-8'), KEY) == (command, body)
+    assert decode_command(text) == (command, body)        # a server without a key
+    assert commands.command_rank(text) == commands.command_rank(plain)
+
+
+@pytest.mark.parametrize('forge, pattern', [
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}),
+     'carries no authenticator'),
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}, b'another key'),
+     'does not match'),
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}, KEY).replace('0.1', '9.1'),
+     'does not match'),
+    (lambda: encode_command(Command.SET_HYPER, {'rank': 0, 'lr': 0.1}, KEY).replace(
+        'set_hyper#', 'stats#'), 'does not match'),
+    (lambda: encode_command(Command.STATS, {'rank': 0}, KEY)[:-1] + ', "rank": 1}',
+     'does not match'),
+], ids=['unsigned', 'other_key', 'body_changed', 'name_changed', 'field_added'])
+def test_a_server_with_the_key_refuses_what_lacks_a_valid_authenticator(forge, pattern):
+    with pytest.raises(commands.UnauthenticatedCommand, match=pattern) as caught:
+        decode_command(forge(), KEY)
+    assert isinstance(caught.value, ValueError)
+
+
 def test_command_text_is_nul_free_even_when_the_body_has_nuls():
     body = {'rank': 0, 'paths': ['a\x00b'], 'note': '\x00'}
     text = encode_command(Command.SAVE, body)
@@ -116,7 +154,7 @@ def test_decode_stock_client_optimizer_is_not_a_command():
 
 
 # -- replies --------------------------------------------------------------------------------
-HEADER = 5   # 2 magic numbers, ok flag, sequence number, length (protocol.py's REPLY_LEN note)
+HEADER = 5   # 2 magic numbers, ok flag, sequence number, length (commands.py's REPLY_LEN note)
 PAYLOADS = [None, 0, 1.5, 'text', '\u00e9\u4e2d', [1, 2, [3]],
             {'rounds': {'0': 17, '1': 16}, 'ok': True}]
 
@@ -155,7 +193,7 @@ def test_zero_segment_is_not_an_mxdelay_server():
 
 def test_reply_length_limit():
     room = (REPLY_LEN - HEADER) * 3           # three bytes of text an entry
-    assert protocol.reply_capacity(REPLY_LEN) == room
+    assert commands.reply_capacity(REPLY_LEN) == room
     fits = 'a' * (room - 2)                   # json adds the two quotes
     assert decode_reply(encode_reply(True, fits, 3)) == (True, fits, 3)
     too_long = fits + 'a'
@@ -173,7 +211,7 @@ def test_reply_text_of_every_length_survives_float32(size):
 
 def test_a_long_error_message_is_cut_not_lost():
     message = 'chunk 7 of parameter dense0_weight is refused: ' + 'x' * 5000
-    ok, got, _ = decode_reply(encode_reply(False, message, 2, protocol.MIN_REPLY_LEN))
+    ok, got, _ = decode_reply(encode_reply(False, message, 2, commands.MIN_REPLY_LEN))
     assert ok is False and got.startswith('chunk 7 of parameter dense0_weight is refused: ')
     assert got.endswith('[cut]')
 
@@ -194,12 +232,12 @@ def test_reply_sequence_survives_long_jobs():
 def test_command_rank():
     # the server reads rank and sequence number even from a command it cannot decode
     text = encode_command(Command.STATS, {'rank': 2, 'seq': 41})
-    assert protocol.command_rank(text.encode('utf-8')) == (2, 41)
-    assert protocol.command_rank(b'mxdelay:bogus {"rank": 1, "seq": 7}') == (1, 7)
-    assert protocol.command_rank(b'mxdelay:stats {"rank": 3}') == (3, 0)
+    assert commands.command_rank(text.encode('utf-8')) == (2, 41)
+    assert commands.command_rank(b'mxdelay:bogus {"rank": 1, "seq": 7}') == (1, 7)
+    assert commands.command_rank(b'mxdelay:stats {"rank": 3}') == (3, 0)
     for unreadable in (b'mxdelay:stats {bad', b'mxdelay:stats [1]', b'mxdelay:stats {}',
                        pickle.dumps(mx.optimizer.SGD())):
-        assert protocol.command_rank(unreadable) == (None, 0)
+        assert commands.command_rank(unreadable) == (None, 0)
 
 
 # -- objects -----------------------------------------------------------------------------
@@ -316,7 +354,7 @@ def test_int_formula_helper_matches_python_below_overflow():
 
 
 def test_protocol_constants():
-    assert protocol.PROTOCOL_VERSION >= 1
+    assert commands.PROTOCOL_VERSION >= 1
     assert all(m != 0 for m in MAGIC)
     # the reply bytes are stored as float32 values: the length must be exactly representable
     assert float(np.float32(REPLY_LEN)) == REPLY_LEN
@@ -332,7 +370,7 @@ def test_protocol_constants():
 def test_status_keys_stay_below_the_bigarray_bound(num_workers, bound, expected):
     # A status key of num_workers segments at or above MXNet's bound would be split over the
     # servers (each holding a slice): from 62 workers on, the segments shrink instead.
-    length = protocol.reply_len(num_workers, bound)
+    length = commands.reply_len(num_workers, bound)
     assert length == expected
     assert num_workers * length < bound
     segment = encode_reply(True, {'server': 0, 'workers': num_workers}, 7, length)
@@ -345,7 +383,7 @@ def test_too_many_workers_for_the_bound_names_the_fix():
     with pytest.raises(ValueError, match=r'1954 workers need status keys of 1000448 floats, '
                                          r'above MXNET_KVSTORE_BIGARRAY_BOUND=1000000: set '
                                          r'MXNET_KVSTORE_BIGARRAY_BOUND to at least 1000449'):
-        protocol.reply_len(1954, 10 ** 6)
+        commands.reply_len(1954, 10 ** 6)
 
 
 def test_a_tally_of_many_long_errors_fits_its_reply():
@@ -356,7 +394,7 @@ def test_a_tally_of_many_long_errors_fits_its_reply():
         server.command(Command.VOTE, {'rank': rank, 'ballot': 1,
                                       'error': 'broken file %d ' % rank + 'x' * 900})
     tally = server.command(Command.TALLY, {'rank': 0, 'ballot': 1})
-    length = protocol.reply_len(500)
+    length = commands.reply_len(500)
     ok, payload, _ = decode_reply(encode_reply(True, tally, 3, length))
     assert ok and payload == tally
     assert 0 < len(tally['errors']) < 500 and len(tally['errors']) + tally['more'] == 500

@@ -33,8 +33,10 @@ from mxnet import gluon, nd
 from mxnet.contrib.amp.loss_scaler import LossScaler
 
 import reference
-from kvstore_ext import pull_codecs
-from kvstore_ext.layout import KeyLayout
+from kvstore_ext.codecs import pulls
+from kvstore_ext.protocol.schedule import PullSchedule
+from kvstore_ext.worker.pulled_model import Payload
+from kvstore_ext.protocol.keys import KeyLayout
 from mxdelay.schedule import DelaySchedule
 from scripts import mlp_model
 from support.model import (BATCH, MLP_NAMES, backward_at, mlp_params, numpy_grad,
@@ -58,7 +60,7 @@ def reference_of(pull_compression, chunk_size=None):
         return None
     if pull_compression['type'] == 'fp16':
         return 'fp16'
-    return ('int8', pull_compression.get('block_size', pull_codecs.DEFAULT_BLOCK), chunk_size)
+    return ('int8', pull_compression.get('block_size', pulls.DEFAULT_BLOCK), chunk_size)
 
 
 def push_of(compression):
@@ -112,19 +114,19 @@ def train(store, rank, steps, delay, warmup, pull_compression, compression=None,
 @pytest.mark.parametrize('delay,warmup', [(1, 0), (2, 3), (4, 0), (3, 5)])
 def test_pulled_rounds_are_the_trainers_pulls(delay, warmup):
     schedule = DelaySchedule(delay, warmup)
-    pulls = pull_codecs.PullSchedule(delay, warmup)
+    pull_schedule = PullSchedule(delay, warmup)
     pulled = [t for t in range(60) if schedule.is_synchronous(t) or schedule.issues_pull(t)]
-    assert [t for t in range(60) if pulls.pulled(t)] == pulled
+    assert [t for t in range(60) if pull_schedule.pulled(t)] == pulled
     assert [t for t in range(60) if reference.pulled_round(t, delay, warmup)] == pulled
     for t in range(60):
-        assert pulls.previous(t) == max([r for r in pulled if r < t] + [-1]), t
+        assert pull_schedule.previous(t) == max([r for r in pulled if r < t] + [-1]), t
 
 
 # -- the codecs ------------------------------------------------------------------------------
 @pytest.mark.parametrize('setting', [FP16, INT8, {'type': 'int8'}])
 @pytest.mark.parametrize('n', [1, 7, 32, 100, 513])
 def test_worker_decodes_the_servers_values_bit_for_bit(setting, n):
-    codec = pull_codecs.parse(setting)
+    codec = pulls.parse(setting)
     rs = np.random.RandomState(n)
     d = (rs.randn(n) * 10.0 ** rs.randint(-6, 2, size=n)).astype(np.float32)
     d[:min(n, 3)] = 0    # a block of zeros in int8 when n is small
@@ -139,7 +141,7 @@ def test_worker_decodes_the_servers_values_bit_for_bit(setting, n):
                                                           40), halves)
     np.testing.assert_array_equal(dec, want)
     # The worker: the payload's bytes pulled into its buffer, decoded in MXNet's engine.
-    buf = pull_codecs.Payload(codec, n)
+    buf = Payload(codec, n)
     nd.array(payload, dtype=np.float32).copyto(buf.payload)
     model = nd.array(np.arange(n, dtype=np.float32))
     buf.decode_into(model)
@@ -155,7 +157,7 @@ def test_fp16_encoding_rounds_as_numpy_on_every_float16_midpoint():
     d = np.concatenate([mid, np.nextafter(mid, np.float32(np.inf)),
                         np.nextafter(mid, np.float32(-np.inf)),
                         np.array([65520, 1e6, -1e6, 1e-9], np.float32)])
-    payload, dec = pull_codecs.parse(FP16).encode(d)
+    payload, dec = pulls.parse(FP16).encode(d)
     want = d.astype(np.float16)
     np.testing.assert_array_equal(payload.view(np.float16)[2:2 + d.size].view(np.uint16),
                                   want.view(np.uint16))
@@ -163,7 +165,7 @@ def test_fp16_encoding_rounds_as_numpy_on_every_float16_midpoint():
 
 
 def test_int8_levels_and_scales():
-    codec = pull_codecs.parse({'type': 'int8', 'block_size': 4})
+    codec = pulls.parse({'type': 'int8', 'block_size': 4})
     d = np.array([1.27, -0.635, 0, 0.01, 0, 0, 0, 0, 3], dtype=np.float32)
     _, dec = codec.encode(d)
     scale = np.float32(1.27) / np.float32(127)
@@ -175,9 +177,9 @@ def test_int8_levels_and_scales():
 
 def test_bytes_per_pull_from_the_model_keys():
     n = 1 << 20
-    assert pull_codecs.payload_bytes(None, n) == 4 * n
-    assert pull_codecs.payload_bytes(pull_codecs.parse(FP16), n) == 4 + 2 * n
-    assert pull_codecs.payload_bytes(pull_codecs.parse({'type': 'int8'}), n) \
+    assert pulls.payload_bytes(None, n) == 4 * n
+    assert pulls.payload_bytes(pulls.parse(FP16), n) == 4 + 2 * n
+    assert pulls.payload_bytes(pulls.parse({'type': 'int8'}), n) \
         == 4 + 4 * 4096 + n
     # The store's model keys have these sizes (what each pull of the model key carries).
     store = delay_store()
@@ -187,7 +189,7 @@ def test_bytes_per_pull_from_the_model_keys():
     native = store._native
     chunk = store._tensors[0].chunks[0]
     assert native._stored[chunk.model_key].size == 1 + 4 + 256 == \
-        pull_codecs.parse({'type': 'int8'}).payload_size(1000)
+        pulls.parse({'type': 'int8'}).payload_size(1000)
 
 
 def test_model_keys_follow_the_state_keys_and_leave_other_keys_unchanged():
@@ -497,15 +499,15 @@ def test_a_held_round_writes_its_payload_when_it_is_applied():
     # held; its payload is written when it is applied, after round 1 (rounds in order,
     # docs/design.md §3.2). (A round after a pulled one cannot complete before that pull
     # was served: each worker's next push waits for it, §2.12.)
-    from kvstore_ext.rounds import RoundKeeper
-    codec = pull_codecs.parse(FP16)
+    from kvstore_ext.server.rounds import RoundKeeper
+    codec = pulls.parse(FP16)
     n = 5
 
     def keeper_with(order):
         keeper = RoundKeeper(slots=3)
         keeper.install(mx.optimizer.SGD(learning_rate=0.5))
         keeper.register(0)
-        keeper.set_pull_model(codec, pull_codecs.PullSchedule(2, 0))
+        keeper.set_pull_model(codec, PullSchedule(2, 0))
         store = nd.zeros(codec.payload_size(n))
         keeper.set_model_store(0, store)
         slots = [nd.ones(n) * 0.25 for _ in range(3)]

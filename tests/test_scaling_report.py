@@ -1,4 +1,5 @@
-"""The scaling benchmark's arithmetic: ratios, scaling efficiency, verdicts, link counters."""
+"""The scaling benchmark's arithmetic: ratios, scaling efficiency, verdicts, and the link
+counters it reads (benchmarks/monitor.py)."""
 import os
 import sys
 
@@ -6,6 +7,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 'benchmarks'))
+import monitor  # noqa: E402  pylint: disable=wrong-import-position
 import scaling  # noqa: E402  pylint: disable=wrong-import-position
 
 
@@ -51,7 +53,7 @@ def test_method_order_rotates_and_reverses():
 
 
 def test_port_counters_interpolate_between_samples():
-    ports = scaling.PortCounters(net=None)
+    ports = monitor.PortCounters(net=None)
     ports.samples = [(10.0, {0: (0, 0), 1: (1000, 4000)}),
                      (11.0, {0: (100, 0), 1: (3000, 4000)}),
                      (12.0, {0: (100, 50), 1: (3000, 8000)})]

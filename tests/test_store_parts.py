@@ -2,7 +2,7 @@
 
 - A key that was never initialised raises what MXNet raises (``mx.base.MXNetError``), which
   is also the ``KeyError`` it always was, with the same message (issue 22).
-- :class:`kvstore_ext.feedback.ErrorFeedback` gives a quantizer its residual: a push with a
+- :class:`kvstore_ext.codecs.feedback.ErrorFeedback` gives a quantizer its residual: a push with a
   batch-size factor (copied, scaled, then quantized in the buffer) sends what the fused path
   sends for the scaled gradient, and ``sent`` undoes the factor; the residual is saved and
   loaded by the tensor's codec.
@@ -13,8 +13,8 @@ import mxnet as mx
 from mxnet import nd
 
 from support.stores import offline_store
-from kvstore_ext import compression
-from kvstore_ext.dist_delay import UnknownKeyError
+from kvstore_ext import codecs
+from kvstore_ext.worker.dist_delay import UnknownKeyError
 
 
 @pytest.mark.parametrize('call', ['push', 'pull', 'row_sparse_pull', 'num_chunks', 'rounds'])
@@ -34,7 +34,7 @@ def test_an_unknown_key_is_an_mxnet_error_and_a_key_error(call):
 
 
 def test_error_feedback_with_a_factor_quantizes_the_scaled_gradient():
-    codec = compression.parse({'type': '2bit', 'threshold': 0.25})
+    codec = codecs.parse({'type': '2bit', 'threshold': 0.25})
     rs = np.random.RandomState(5)
     fused, copied = codec.for_tensor(40), codec.for_tensor(40)
     for _ in range(5):

@@ -17,7 +17,7 @@ import reference
 from support.reference_jobs import (MLP_BASE as BASE, assert_rounds_equal_reference,
                                     rounds_differ_from_reference, run_mlp_job)
 from support.stores import offline_store
-from kvstore_ext import compression
+from kvstore_ext import codecs
 from scripts import mlp_model, toy_codec
 
 NAMES = ('w1', 'b1', 'w2', 'b2')
@@ -43,11 +43,11 @@ def replay(histories, config, send):
 
 
 def test_the_codec_is_registered_and_says_what_the_servers_do():
-    codec = compression.parse(dict(TOY))
-    assert toy_codec.TYPE in compression.known_types()
+    codec = codecs.parse(dict(TOY))
+    assert toy_codec.TYPE in codecs.known_types()
     assert codec.describe() == TOY and codec.server_settings() == {'sum_scale': 1.0 / SCALE}
     with pytest.raises(ValueError, match="takes one setting, a 'scale' > 0"):
-        compression.parse({'type': toy_codec.TYPE, 'scale': -1})
+        codecs.parse({'type': toy_codec.TYPE, 'scale': -1})
     tensor = codec.for_tensor(3)
     grad = nd.array([1e-6, 0.3, -2.5])
     buf = nd.zeros(3, dtype='float16')

@@ -42,7 +42,7 @@ import reference
 from support.model import (BATCH, MLP_NAMES as NAMES, backward_with, contexts,
                            mlp_params as make_params, numpy_grad, small_params)
 from support.native import delay_store, events, pushes, server_optimizer, server_weights
-from kvstore_ext.dist_delay import DistDelay
+from kvstore_ext.worker.dist_delay import DistDelay
 from scripts import mlp_model
 from mxnet.kvstore import KVStoreBase
 from mxdelay.rules import LocalRule, MirrorRule
@@ -259,8 +259,17 @@ def test_good_arguments_are_accepted(kwargs):
 
 
 def test_numpy_float_local_lr_is_accepted():
-    mxdelay.DelayedTrainer(small_params(), 'sgd', {'learning_rate': 0.1},
-                           local_lr=np.float32(0.05))
+    # A numpy float32 local_lr trains as the Python float of the same value, bit for bit,
+    # and is used: the optimizer's own rate (0.1) gives another trajectory.
+    args = dict(delay=2, warmup_steps=1, local_rule='sgd', optimizer_params=dict(OPT, momentum=0))
+    _, _, _, got = run_delayed(6, local_lr=np.float32(0.05), **args)
+    _, _, _, want = run_delayed(6, local_lr=float(np.float32(0.05)), **args)
+    _, _, _, default = run_delayed(6, **args)
+    for name in NAMES:
+        for step in range(6):
+            np.testing.assert_array_equal(got[name][step], want[name][step],
+                                          err_msg='step %d, %s' % (step, name))
+        assert not np.array_equal(got[name][-1], default[name][-1]), name
 
 
 def test_configuration_log_shows_local_lr_zero(caplog):
@@ -515,16 +524,22 @@ def test_delayed_load_refuses_foreign_files(tmp_path, content):
 
 
 def test_update_on_kvstore_environment_cannot_drop_the_optimizer(monkeypatch):
-    _, _, _, want = run_delayed(4, delay=2, warmup_steps=1)
+    # The servers apply the optimizer: the first step refuses, naming the variable, before
+    # anything reaches the store or the weights.
     monkeypatch.setenv('MXNET_UPDATE_ON_KVSTORE', '0')
-    try:
-        _, kv, _, got = run_delayed(4, delay=2, warmup_steps=1)
-    except ValueError as err:
-        assert 'MXNET_UPDATE_ON_KVSTORE' in str(err)
-        return
-    assert server_optimizer(kv) is not None
-    for name in NAMES:
-        np.testing.assert_array_equal(got[name][-1], want[name][-1])
+    params = make_params(contexts(1))
+    kv = delay_store()
+    trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=kv, delay=2,
+                                     warmup_steps=1)
+    before = {p.name: p.data().asnumpy() for p in params}
+    backward_with(params, contexts(1), numpy_grad(before, 0, 0))
+    with pytest.raises(ValueError, match=r'update_on_kvstore is False \(set by the environment '
+                                         r'variable MXNET_UPDATE_ON_KVSTORE=0\?\), .*: unset '
+                                         r'MXNET_UPDATE_ON_KVSTORE$'):
+        trainer.step(BATCH)
+    assert server_optimizer(kv) is None and not pushes(kv)
+    for p in params:
+        np.testing.assert_array_equal(p.data().asnumpy(), before[p.name], err_msg=p.name)
 
 
 def test_priorities_follow_the_forward_order_not_the_names():

@@ -16,7 +16,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from kvstore_ext import checkpoint
+from kvstore_ext.checkpoint import files
 from support.jobs import SCRIPTS, run_job
 from support.reference_jobs import (MLP_BASE as BASE, assert_uneven_matches_reference, run_mlp_job,
                                     simulate_uneven)
@@ -94,7 +94,7 @@ def test_save_states_meets_uneven_workers(tmp_path):
     assert_uneven_matches_reference(histories, config, simulate_uneven(config, 2, 1))
     ckpt = tmp_path / 'out' / 'ckpt'
     for rank in range(2):
-        state = checkpoint.read_archive('%s.worker%d' % (ckpt, rank), checkpoint.WORKER)
+        state = files.read_archive('%s.worker%d' % (ckpt, rank), files.WORKER)
         assert state['schedule']['step'] == 5
 
 

@@ -24,9 +24,10 @@ import sys
 import mxnet as mx
 import pytest
 
-from kvstore_ext import optimizers, protocol
-from kvstore_ext.protocol import Command
-from kvstore_ext.server import DelayServer
+from kvstore_ext.optim import optimizers
+from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.commands import Command
+from kvstore_ext.server.controller import DelayServer
 from support.jobs import SCRIPTS, JobResult, assert_ok, kv_results, run_job, stock_env
 
 JOB = os.path.join(SCRIPTS, 'updater_errors_job.py')
@@ -130,7 +131,7 @@ def test_a_server_names_what_it_does_not_know_and_the_fix(monkeypatch, kind, nam
     monkeypatch.setitem(registry, '_onlyonworkers', _OnlyOnWorkers)
     monkeypatch.setitem(optimizers._LR_SCHEDULERS, '_OnlyOnWorkersScheduler',  # pylint: disable=protected-access
                         _OnlyOnWorkersScheduler)
-    sent = protocol.encode_optimizer(_OnlyOnWorkers(
+    sent = commands.encode_optimizer(_OnlyOnWorkers(
         learning_rate=0.1, lr_scheduler=_OnlyOnWorkersScheduler(step=2)))
     # The server's process: what the workers registered is not there.
     if kind == 'optimizer':

@@ -31,10 +31,10 @@ import sys
 import numpy as np
 from mxnet import autograd, gluon, nd
 
-import kvstore_ext.checkpoint
-import kvstore_ext.dist_delay
-import kvstore_ext.protocol
-import kvstore_ext.store_checkpoint
+import kvstore_ext.checkpoint.files
+import kvstore_ext.worker.dist_delay
+import kvstore_ext.protocol.commands
+import kvstore_ext.worker.store_checkpoint
 from mlp_model import NAMES, batch
 import mlp_model
 
@@ -60,30 +60,30 @@ def arm_kill(kill, rank, saves):
         os.kill(os.getpid(), signal.SIGKILL)
 
     if kill['when'] == 'before_save':
-        shared = kvstore_ext.store_checkpoint.shared_save_id
+        shared = kvstore_ext.worker.store_checkpoint.shared_save_id
 
         def shared_save_id(store):
             if now():
                 die()
             return shared(store)
-        kvstore_ext.store_checkpoint.shared_save_id = shared_save_id
+        kvstore_ext.worker.store_checkpoint.shared_save_id = shared_save_id
         return
-    write_archive, write_json = (kvstore_ext.checkpoint.write_archive,
-                                 kvstore_ext.checkpoint.write_json)
+    write_archive, write_json = (kvstore_ext.checkpoint.files.write_archive,
+                                 kvstore_ext.checkpoint.files.write_json)
 
     def archive(path, kind, body, save_id):
         digest = write_archive(path, kind, body, save_id)
-        if now() and kill['when'] == 'after_own_part' and kind == kvstore_ext.checkpoint.WORKER:
+        if now() and kill['when'] == 'after_own_part' and kind == kvstore_ext.checkpoint.files.WORKER:
             die()
         return digest
 
     def json_file(path, kind, body):
         if (now() and kill['when'] == 'after_servers'
-                and kind == kvstore_ext.checkpoint.KVSTORE_INDEX):
+                and kind == kvstore_ext.checkpoint.files.KVSTORE_INDEX):
             die()
         return write_json(path, kind, body)
-    kvstore_ext.checkpoint.write_archive = archive
-    kvstore_ext.checkpoint.write_json = json_file
+    kvstore_ext.checkpoint.files.write_archive = archive
+    kvstore_ext.checkpoint.files.write_json = json_file
 
 
 def main():
@@ -100,11 +100,11 @@ def main():
     arm_kill(config.get('kill'), rank, saves)
     first = 0
     if config.get('break_apply') and rank == 0:
-        store_class = kvstore_ext.dist_delay.DistDelay
+        store_class = kvstore_ext.worker.dist_delay.DistDelay
         command = store_class._command  # pylint: disable=protected-access
 
         def broken(self, name, body, *args, **kwargs):
-            if name == kvstore_ext.protocol.Command.LOAD and not body.get('check_only'):
+            if name == kvstore_ext.protocol.commands.Command.LOAD and not body.get('check_only'):
                 body = dict(body, save_id='another-save')
             return command(self, name, body, *args, **kwargs)
         store_class._command = broken  # pylint: disable=protected-access

@@ -1,13 +1,17 @@
 """A worker of tests/test_commands_safety.py: sends forged commands to the job's mxdelay
 servers, as any peer on the network could, then trains one more round.
 
-Usage: ``mxdelay-launch -n 2 -s 1 python forged_commands_job.py OUT_DIR``. Worker 0 sends
+Usage: ``mxdelay-launch -n 2 -s 1 python forged_commands_job.py OUT_DIR [keyed]``. Worker 0 sends
 each forged command of :data:`FORGED` (raw text on command id 0, as MXNet's
 ``_send_command_to_servers`` sends it) and reads its own reply segment; it also sends a
 pickled object (a "bomb" whose unpickling would create ``OUT_DIR/marker``) as a stock
 MXNet worker sends its optimizer. Then both workers push and pull one round and ask the
 servers for STATS: the servers must still be up and correct. Writes ``OUT_DIR/worker<rank>.json``:
 ``{'replies': {case: [ok, payload, seq] or None}, 'pulled': [...], 'stats': {...}}``.
+
+With ``keyed`` (the job runs with ``MXDELAY_JOB_KEY``), worker 0 sends instead well-formed
+commands that a process without the key could send (:func:`unauthenticated`): without an
+authenticator, with one of another key, and a valid command whose body was changed.
 """
 import mxdelay  # noqa: F401  before mxnet: the scheduler and servers become mxdelay's
 
@@ -19,7 +23,7 @@ import sys
 import mxnet as mx
 from mxnet import nd
 
-from kvstore_ext import protocol
+from kvstore_ext.protocol import commands
 
 
 class Bomb(object):
@@ -47,26 +51,39 @@ def forged(rank, out_dir):
         'load_pickle_trusted': ('load', {'paths': [outside + '.server0'], 'version': 1,
                                          'trusted': True}),
         'pickled_optimizer_body': ('optimizer', {'optimizer': 'gASVAAAAAAAAAAB9lC4='}),
-        'hello_slots_0': ('hello', {'protocol': protocol.PROTOCOL_VERSION, 'slots': 0,
+        'hello_slots_0': ('hello', {'protocol': commands.PROTOCOL_VERSION, 'slots': 0,
                                     'config': {}}),
-        'hello_again': ('hello', {'protocol': protocol.PROTOCOL_VERSION, 'slots': 2,
+        'hello_again': ('hello', {'protocol': commands.PROTOCOL_VERSION, 'slots': 2,
                                   'config': {}}),
         'vote_bad_ballot': ('vote', {'ballot': -3, 'error': None}),
         'register_bad_size': ('register', {'chunks': [[0, 0, 0, 'w', 1.0, 1.0, -5]]}),
     }
     texts = {}
     for i, (case, (name, body)) in enumerate(sorted(cases.items())):
-        texts[case] = '%s%s %s' % (protocol.COMMAND_PREFIX, name,
+        texts[case] = '%s%s %s' % (commands.COMMAND_PREFIX, name,
                                    json.dumps(dict(body, rank=rank, seq=1000 + i)))
     # Claimed ranks that are not this job's: no reply segment may be written for them.
     for claimed in (-1, 2, 10 ** 6):
         texts['rank_%d' % claimed] = '%sstats %s' % (
-            protocol.COMMAND_PREFIX, json.dumps({'rank': claimed, 'seq': 2000}))
+            commands.COMMAND_PREFIX, json.dumps({'rank': claimed, 'seq': 2000}))
     return texts
+
+
+def unauthenticated(rank, key):
+    """case -> command text: valid commands (lr 0.25) that a process without `key` sends."""
+    body = {'lr': 0.25, 'rank': rank}
+    signed = commands.encode_command(commands.Command.SET_HYPER, dict(body, seq=3002), key)
+    return {
+        'no_key': commands.encode_command(commands.Command.SET_HYPER, dict(body, seq=3000)),
+        'other_key': commands.encode_command(commands.Command.SET_HYPER, dict(body, seq=3001),
+                                             b'not this job\'s key'),
+        'body_changed': signed.replace('"lr": 0.25', '"lr": 0.75'),
+    }
 
 
 def main():
     out_dir = sys.argv[1]
+    keyed = sys.argv[2:] == ['keyed']
     kv = mx.kv.create('dist_delay')
     kv.init(3, nd.zeros(4))
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
@@ -77,7 +94,8 @@ def main():
         # A pickled object where a stock MXNet worker's optimizer would come.
         native._send_command_to_servers(  # pylint: disable=protected-access
             0, pickle.dumps(Bomb(os.path.join(out_dir, 'marker')), 0).decode('ascii'))
-        texts = forged(kv.rank, out_dir)
+        texts = unauthenticated(kv.rank, os.environ['MXDELAY_JOB_KEY'].encode()) if keyed \
+            else forged(kv.rank, out_dir)
         for case in sorted(texts, key=lambda c: (c.startswith('rank_'), c)):  # ranks last
             text = texts[case]
             native._send_command_to_servers(0, text)  # pylint: disable=protected-access
@@ -90,7 +108,7 @@ def main():
     stats = kv.server_stats()
     with open(os.path.join(out_dir, 'worker%d.json' % kv.rank), 'w') as dst:
         json.dump({'replies': replies, 'pulled': out.asnumpy().tolist(), 'stats': stats,
-                   'lr': kv._command(protocol.Command.SET_HYPER, {})[0]['lr']}, dst)  # noqa
+                   'lr': kv._command(commands.Command.SET_HYPER, {})[0]['lr']}, dst)  # noqa
 
 
 if __name__ == '__main__':

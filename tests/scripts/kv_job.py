@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import mxnet as mx  # noqa: E402
 from mxnet import nd  # noqa: E402
 
-from kvstore_ext import protocol  # noqa: E402
+from kvstore_ext.protocol import commands  # noqa: E402
 
 SHAPES = {0: (3, 4), 1: (2500,), 2: (7,)}   # key 1 spans several chunks with chunk_size 1000
 
@@ -145,7 +145,7 @@ def mode_commands(kv, workdir):
                 dst.write(data[:len(data) // 2] if i == 0 else data)
         state = {'servers': servers}
         try:
-            kv._command(protocol.Command.LOAD, {'paths': state['servers']})
+            kv._command(commands.Command.LOAD, {'paths': state['servers']})
             result['broken_load'] = 'accepted'
         except RuntimeError as err:
             result['broken_load'] = str(err)

@@ -1,13 +1,13 @@
 """Workers that speak protocol 3 (mxdelay before the finish counter's exchanged element, see
-kvstore_ext.protocol) to today's servers: the hand-shake must refuse them."""
+kvstore_ext.protocol.commands) to today's servers: the hand-shake must refuse them."""
 import mxdelay  # noqa: F401  before mxnet, as every job script
 import mxnet as mx
 
-from kvstore_ext import protocol
+from kvstore_ext.protocol import commands
 
 
 def main():
-    protocol.PROTOCOL_VERSION = 3   # what the worker's hello says (read when it is sent)
+    commands.PROTOCOL_VERSION = 3   # what the worker's hello says (read when it is sent)
     kv = mx.kv.create('dist_delay')
     kv.init(0, mx.nd.ones(3))
     print('initialised')

@@ -6,7 +6,7 @@ Usage: ``mxdelay-launch -n N -s 1 python rows_wire_job.py WIDTH ROUNDS``. Nothin
 is imported (a meta-path finder refuses it): the scheduler and the server are MXNet's own and
 exit inside ``import mxnet``. Worker r pushes, in each round, a RowSparseNDArray of shape
 (N, WIDTH) holding only row r: float32 words of every kind the codecs send (normal floats
-made from codes as kvstore_ext.quantize packs them, with both signs and every exponent field
+made from codes as kvstore_ext.codecs.quantize packs them, with both signs and every exponent field
 1..254, plus scales: +0, subnormal, huge, negative, as the worker may send them), different
 per worker and round; the last word of every row is a signalling NaN, which the merge is
 known to change (it comes back quieted): the check's own control. After each round the

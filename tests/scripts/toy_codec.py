@@ -8,14 +8,15 @@ code). It is all in this file: importing it registers the codec; no library file
 import numpy as np
 from mxnet import nd
 
-from kvstore_ext import compression, wire
+from kvstore_ext import codecs
+from kvstore_ext.codecs import fp16
 
 __all__ = ['ScaledFloat16', 'TYPE']
 
 TYPE = 'toy_scaled_fp16'
 
 
-class ScaledFloat16(wire.Float16):
+class ScaledFloat16(fp16.Float16):
     """float16 pushes of ``scale * g`` (pull keys, float32 sums: as ``'fp16'``)."""
     type_name = TYPE
 
@@ -32,7 +33,7 @@ class ScaledFloat16(wire.Float16):
         return _ScaledTensor(self.scale)
 
 
-class _ScaledTensor(compression.TensorCodec):
+class _ScaledTensor(codecs.TensorCodec):
 
     def __init__(self, scale):
         super(_ScaledTensor, self).__init__()
@@ -57,10 +58,10 @@ def _parse(params):
     extra = sorted(set(params) - {'type', 'scale'})
     scale = params.get('scale')
     if extra or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
-        raise compression.CompressionError(
+        raise codecs.CompressionError(
             "compression_params=%r: %s takes one setting, a 'scale' > 0; e.g. "
             "{'type': %r, 'scale': 1024.0}" % (params, TYPE, TYPE))
     return ScaledFloat16(scale)
 
 
-compression.register(TYPE, _parse)
+codecs.register(TYPE, _parse)

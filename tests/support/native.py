@@ -1,5 +1,5 @@
 """An in-process stand-in for MXNet's native distributed store (ps-lite): one worker and S
-of mxdelay's real servers (``kvstore_ext.server.DelayServer``) in this process.
+of mxdelay's real servers (``kvstore_ext.server.controller.DelayServer``) in this process.
 
 A ``DistDelay`` built on it (:func:`delay_store`) runs its real push, pull, init,
 hand-shake and command path, and the servers their real rounds, with no network. What the
@@ -36,8 +36,8 @@ import mxdelay  # noqa: F401  before mxnet, as the job scripts do
 import mxnet as mx
 from mxnet import nd
 
-from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.server import DelayServer
+from kvstore_ext.worker.dist_delay import DistDelay
+from kvstore_ext.server.controller import DelayServer
 
 __all__ = ['InProcessNative', 'delay_store', 'server_weights', 'events', 'pushes',
            'server_optimizer', 'native_round']

@@ -37,8 +37,8 @@ import mxdelay  # noqa: F401  before mxnet
 import mxnet as mx
 from mxnet import nd
 
-from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.server import DelayServer
+from kvstore_ext.worker.dist_delay import DistDelay
+from kvstore_ext.server.controller import DelayServer
 
 from .native import native_round
 

@@ -5,10 +5,10 @@ mxdelay's real servers in process, is :func:`support.native.delay_store`."""
 import numpy as np
 
 import mxdelay  # noqa: F401  before mxnet, as the job scripts do
-from kvstore_ext import protocol
-from kvstore_ext.dist_delay import DistDelay
-from kvstore_ext.optimizers import describe_optimizer
-from kvstore_ext.protocol import Command
+from kvstore_ext.protocol import commands
+from kvstore_ext.worker.dist_delay import DistDelay
+from kvstore_ext.optim.optimizers import describe_optimizer
+from kvstore_ext.protocol.commands import Command
 
 __all__ = ['OfflineNative', 'FakeChannel', 'WorkersNative', 'servers', 'started_store',
            'offline_store']
@@ -67,7 +67,7 @@ def servers():
     def answer(command, body):
         sent.append((command, body))
         if command == Command.OPTIMIZER:
-            return {'optimizer': describe_optimizer(protocol.decode_optimizer(body['optimizer']))}
+            return {'optimizer': describe_optimizer(commands.decode_optimizer(body['optimizer']))}
         return {}
     return FakeChannel(answer), sent
 
@@ -85,7 +85,7 @@ def offline_store(placed=True):
     """A ``DistDelay`` with slack 1 and chunk size 1000 that fails the test on any network use
     (hand-shake, command, barrier); key 0 of shape (2, 3) is placed unless not `placed`
     (configure() works only before)."""
-    from kvstore_ext.layout import Tensor  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.worker.layout import Tensor  # pylint: disable=import-outside-toplevel
     store = DistDelay(native=OfflineNative(), channel_factory=_no_channel)
     store.configure(slack=1, chunk_size=1000)
     if placed:

@@ -1,0 +1,168 @@
+"""Push codecs of 8, 4 and 1.6 bits per value: ``'int8'``, ``'int4'`` and ``'ternary'``.
+
+``compression_params={'type': 'int8' | 'int4' | 'ternary', 'block_size': B}`` (B default
+256) quantizes each push by blocks with error feedback (:mod:`kvstore_ext.codecs.quantize`,
+docs/design.md §2.14). MXNet's native server sums a dense key's N pushes before mxdelay's
+updater sees them, which rules out a scale per worker; these codecs use another wire, *one
+row per worker*:
+
+- every chunk's R slot keys are row_sparse keys of shape (N, P), N workers, P the chunk's
+  payload size (:func:`kvstore_ext.codecs.quantize.payload_size`), initialised with all N rows of
+  zeros (MXNet's server aborts on a row_sparse init without rows);
+- worker r pushes a ``RowSparseNDArray`` holding only row r, its payload; the rows are
+  disjoint, so the native server's merged array holds every worker's payload bit for bit
+  (the packed words are normal float32 numbers);
+- the servers decode each row, sum the N workers' values in rank order in float32 and run
+  the round as for any dense chunk (``'payload'`` codec setting,
+  :class:`kvstore_ext.server.appliers.DecodeRows`); W goes into float32 pull keys, which
+  pulls read. The codec's wire is ``'rows'`` (:mod:`kvstore_ext.worker.row_keys`).
+
+Each tensor's side (:class:`PayloadTensor`) keeps one float32 residual on the CPU and encodes
+in numpy: the gradient is read (this waits for backward); what it sent, ``c``, stays in the
+float32 send buffer, which the local rule reads (``sent``).
+"""
+import numbers
+
+import numpy as np
+from mxnet import nd
+
+from kvstore_ext.codecs import (Codec, CompressionError, CompressionTypeError, float32_only,
+                                heap, quantize, register)
+from kvstore_ext.codecs.feedback import ResidualTensor
+from kvstore_ext.protocol import commands
+
+__all__ = ['Blockwise', 'PayloadTensor', 'parse_payload', 'largest_chunk', 'DEFAULT_BLOCK',
+           'MAX_BLOCK']
+
+#: The block size when ``compression_params`` has none.
+DEFAULT_BLOCK = 256
+#: The largest block size.
+MAX_BLOCK = quantize.MAX_BLOCK
+_EXAMPLE = "e.g. compression_params={'type': 'int8', 'block_size': 256}"
+
+
+class Blockwise(Codec):
+    """The codec of ``{'type': name, 'block_size': block}`` (`name` a key of
+    :data:`kvstore_ext.codecs.quantize.LEVELS`): blockwise quantization with error feedback over the
+    one-row-per-worker wire."""
+    wire_dtype = 'float32'   # the payload's words; also gives the job float32 pull keys
+    pull_keys = True
+    sparse_values = False
+    wire = 'rows'
+
+    def __init__(self, name, block):
+        self.type_name = name
+        self.block = block
+        self.levels = quantize.LEVELS[name]
+
+    def describe(self):
+        return {'type': self.type_name, 'block_size': self.block}
+
+    def server_settings(self):
+        return {'payload': self.describe()}
+
+    def check_dtype(self, name, dtype):
+        float32_only(name, dtype, "compression_params={'type': '%s'} needs float32 parameters, "
+                                  "but %%s is %%s; cast the model to float32 "
+                                  "(net.cast('float32')) or remove compression_params"
+                     % self.type_name)
+
+    def for_tensor(self, size):
+        return PayloadTensor(self, size)
+
+    def payload_size(self, size):
+        """Float32 elements of the payload of a chunk of `size` values."""
+        return quantize.payload_size(size, self.levels, self.block)
+
+    def chunk_limit(self, workers):
+        # The (N, P) slot keys stay below MXNET_KVSTORE_BIGARRAY_BOUND (PayloadDense.place).
+        return largest_chunk(self, workers, commands.bigarray_bound())
+
+    def push_bytes(self, size, dtype):
+        # One row of floats, plus its int64 row id.
+        return 4 * self.payload_size(size) + 8
+
+
+class PayloadTensor(ResidualTensor):
+    """One tensor's residual (float32, numpy, on the CPU), its last push's payloads (one per
+    chunk) and batch-size factor."""
+
+    def __init__(self, codec, size):
+        super(PayloadTensor, self).__init__()
+        self._codec = codec
+        heap.keep_large_blocks()   # the encode's temporaries: no page faults per round
+        self.residual = np.zeros(size, dtype=np.float32)
+        self.payloads = None
+        self._factor = None
+        self.ranges = [(0, size)]   # the chunks' element ranges (PayloadDense.place sets them)
+
+    def encode(self, source, buf, factor):
+        """p = g * factor + r; per chunk, quantize p by blocks into its payload; the values
+        sent, c, go into `buf`; r := p - c."""
+        if factor is None and source.context.device_type == 'cpu':
+            # Straight from the gradient, once the slot's ordering writes into `buf` (its
+            # last pull, §2.11) are done: no copy into `buf` first.
+            buf.wait_to_read()
+            p = source.asnumpy()          # waits for backward
+        else:
+            super(PayloadTensor, self).encode(source, buf, factor)   # g * factor, in MXNet
+            p = buf.asnumpy()             # waits for backward and the slot's last pull
+        p += self.residual                # p = g * factor + r (a sum: either order)
+        sent = np.empty_like(p)
+        payloads = []
+        for start, stop in self.ranges:
+            payload, values = quantize.encode(p[start:stop], self._codec.levels,
+                                              self._codec.block)
+            payloads.append(payload)
+            sent[start:stop] = values
+        np.subtract(p, sent, out=self.residual)
+        # An engine copy (no wait here for the buffer's readers); `sent` lives on in it.
+        nd.from_numpy(sent.reshape(buf.shape), zero_copy=True).copyto(buf)
+        self.payloads = payloads
+        self._factor = factor
+
+    def state(self):
+        return self.residual.copy()
+
+
+def largest_chunk(codec, workers, bound):
+    """The most values a chunk of `codec` can hold with `workers` rows below `bound`
+    elements (0 if none)."""
+    low, high = 0, bound
+    while low < high:   # the largest n with workers * payload_size(n) < bound
+        middle = (low + high + 1) // 2
+        if workers * codec.payload_size(middle) < bound:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def parse_payload(params):
+    """The codec of ``{'type': 'int8' | 'int4' | 'ternary', 'block_size': B}``.
+
+    Raises
+    ------
+    CompressionError
+        For unknown keys or a block size outside 1 .. 2**20.
+    CompressionTypeError
+        For a block size that is not an integer.
+    """
+    name = params['type']
+    unknown = sorted(set(params) - {'type', 'block_size'}, key=str)
+    if unknown:
+        raise CompressionError("compression_params has unknown keys %s for type %r, which takes "
+                               "only 'block_size'; %s" % (unknown, name, _EXAMPLE))
+    block = params.get('block_size', DEFAULT_BLOCK)
+    if isinstance(block, (bool, np.bool_)) or not isinstance(block, numbers.Integral):
+        raise CompressionTypeError("compression_params['block_size'] must be an integer in "
+                                   "1..%d, got %r (%s); %s" % (MAX_BLOCK, block,
+                                                               type(block).__name__, _EXAMPLE))
+    if not 1 <= block <= MAX_BLOCK:
+        raise CompressionError("compression_params['block_size'] must be an integer in 1..%d, "
+                               "got %r; %s" % (MAX_BLOCK, block, _EXAMPLE))
+    return Blockwise(name, int(block))
+
+
+for _name in quantize.LEVELS:
+    register(_name, parse_payload)
