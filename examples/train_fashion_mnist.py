@@ -4,22 +4,32 @@ Run 1 scheduler, 1 server and 2 workers on this machine (about 25 s on 2 idle CP
 
     mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py --epochs 2
 
-and the same job with stock Gluon (``gluon.Trainer`` on ``'dist_sync'``), for comparison
-(its optimizer reaches mxdelay's servers as a pickle, which they unpickle only when the
-environment allows it: trusted networks only)::
+the README's configuration (ternary pushes, int8 pulls)::
 
-    MXDELAY_ALLOW_PICKLE=1 mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py \
-        --epochs 2 --trainer sync
+    mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py --epochs 2 \
+        --compression ternary --pull-compression int8
+
+and the same job with stock MXNet (``gluon.Trainer`` on ``'dist_sync'``), for comparison::
+
+    mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py --epochs 2 --trainer sync
+
+``--trainer sync`` is a stock baseline: no process of its job imports mxdelay (the script
+checks it before importing MXNet), so its servers are MXNet's own. ``./dev demo --link
+100mbit`` runs both on emulated per-node links (``examples/compare_links.py``).
 
 On one machine the processes share its cores and loopback is fast: the log then shows less
 time waiting for communication with ``delayed`` than with ``sync``, but not more samples/s
 (the waiting worker's core served the other worker). The delayed update pays off where
-communication, not computation, is the bottleneck: real networks between machines.
+communication, not computation, is the bottleneck: slow networks between machines.
 
 Every line that differs from a stock distributed Gluon script ends with a ``# mxdelay:``
-comment. There are three changes: ``import mxdelay`` before ``import mxnet``, the kvstore
-type ``'dist_delay'`` with ``mxdelay.DelayedTrainer``, and ``save_states``/``load_states``,
-which every worker calls (they are collective).
+comment. The five changes of the README's diff: ``import mxdelay`` before ``import mxnet``;
+the kvstore type ``'dist_delay'``; ``mxdelay.DelayedTrainer`` instead of ``gluon.Trainer``
+(delay, warm-up, local rule, push and pull compression; ``freeze_after`` for
+``'frozenvarianceadam'``); ``trainer.join()`` at the end of each epoch; and
+``trainer.sync_weights()`` before the final evaluation. Two more for what the README's diff
+leaves out: ``save_states``/``load_states``, which every worker calls (they are collective),
+and the GPU chosen by ``mxdelay.local_rank()``.
 
 Without a launcher (no ``DMLC_ROLE`` in the environment) the script trains in this one
 process with ``kvstore='local'``: ``DelayedTrainer`` then is exactly ``gluon.Trainer`` and
@@ -35,6 +45,9 @@ one line per epoch with *its own* training loss, accuracy and communication wait
 job's throughput as N times its own samples/s (every worker runs as many steps); the other
 workers' numbers are not collected. In the delayed phase a worker's weights are its local weights
 (the global weights of the last pull plus at most ``delay`` local steps).
+``--eval-every N`` also keeps a copy of worker 0's weights every N steps and evaluates the
+copies after training, so that evaluation takes no training time: accuracy against training
+time (``--metrics-file`` records of kind ``'eval'``).
 
 Checkpoints (``--checkpoint-dir``, a folder that every worker and server of the job can
 reach; after every epoch, replacing the previous one): ``epoch-NNNN.params`` (worker 0's net
@@ -44,20 +57,39 @@ server), and ``latest.json``, written last, naming the last complete checkpoint;
 optimizer state, so with ``--trainer sync`` in a distributed job only the parameters are
 saved and a resumed run restarts the momentum from zero (a warning says so).
 """
-import mxdelay  # mxdelay: before mxnet; in a server process it runs mxdelay's server
-
-import argparse
-import json
-import logging
-import math
-import os
 import sys
-import time
 
-import mxnet as mx
-from mxnet import autograd, gluon, nd
 
-import fashion_mnist_data as data
+def _stock_baseline(argv):
+    """Whether the command line asks for stock MXNet (``--trainer sync``); read before
+    argparse can run, because it decides the first import."""
+    for index, arg in enumerate(argv):
+        if arg == '--trainer' and argv[index + 1:index + 2] == ['sync']:
+            return True
+        if arg == '--trainer=sync':
+            return True
+    return False
+
+
+# The stock baseline imports nothing of mxdelay, in any role: its servers are MXNet's.
+STOCK = __name__ == '__main__' and _stock_baseline(sys.argv[1:])
+if not STOCK:
+    import mxdelay  # mxdelay: before mxnet; in a server process it runs mxdelay's server
+elif 'mxdelay' in sys.modules or 'kvstore_ext' in sys.modules:
+    sys.exit('--trainer sync must be stock MXNet, but this process has imported mxdelay '
+             '(a sitecustomize or mxdelay-run?); run the script with plain python')
+
+import argparse  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import json  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import logging  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import math  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import os  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import time  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+
+import mxnet as mx  # noqa: E402  pylint: disable=wrong-import-position
+from mxnet import autograd, gluon, nd  # noqa: E402  pylint: disable=wrong-import-position
+
+import fashion_mnist_data as data  # noqa: E402  pylint: disable=wrong-import-position
 
 try:
     from tqdm import tqdm
@@ -66,6 +98,10 @@ except ImportError:  # the progress bar is optional
 
 _LOG = logging.getLogger('train_fashion_mnist')
 LAUNCH = 'mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py'
+#: --optimizer -> default learning rate (the benchmarks' settings, docs/benchmarks).
+LEARNING_RATES = {'sgd': 0.05, 'adam': 0.001, 'frozenvarianceadam': 0.001, 'lamb': 0.005}
+PUSH_CODECS = ('none', 'fp16', 'int8', 'int4', 'ternary')
+PULL_CODECS = ('none', 'fp16', 'int8')
 LATEST = 'latest.json'
 
 COMM_WAIT_HELP = (
@@ -96,15 +132,27 @@ def parse_args(argv=None):
                         help='epochs to train (default: %(default)s)')
     parser.add_argument('--batch-size', type=int, default=128,
                         help='batch size of each worker (default: %(default)s)')
-    parser.add_argument('--lr', type=float, default=0.05,
-                        help="learning rate of the servers' SGD (default: %(default)s)")
+    parser.add_argument('--optimizer', choices=tuple(LEARNING_RATES), default='sgd',
+                        help="the servers' optimizer; 'frozenvarianceadam' (delayed only: "
+                             'mxdelay.FrozenVarianceAdam, Adam whose second moment stops at the '
+                             'end of the warm-up) is the README\'s choice for Adam '
+                             '(default: %(default)s)')
+    parser.add_argument('--lr', type=float,
+                        help='learning rate (default: %s)' % ', '.join(
+                            '%s %g' % item for item in LEARNING_RATES.items()))
     parser.add_argument('--momentum', type=float, default=0.9,
-                        help="momentum of the servers' SGD (default: %(default)s)")
+                        help="momentum of SGD (default: %(default)s)")
     parser.add_argument('--delay', type=int, default=4,
                         help='delayed: pull the global weights every DELAY steps '
                              '(default: %(default)s)')
     parser.add_argument('--warmup-steps', type=int, default=200,
                         help='delayed: synchronous steps before the delayed phase '
+                             '(default: %(default)s)')
+    parser.add_argument('--compression', choices=PUSH_CODECS, default='none',
+                        help="delayed: compression_params={'type': ...} of the pushes "
+                             '(default: %(default)s)')
+    parser.add_argument('--pull-compression', choices=PULL_CODECS, default='none',
+                        help="delayed: pull_compression={'type': ...} of the pulls "
                              '(default: %(default)s)')
     parser.add_argument('--local-rule', default='mirror',
                         choices=('mirror', 'sgd', 'dc', 'dc_adaptive'),
@@ -124,18 +172,36 @@ def parse_args(argv=None):
     parser.add_argument('--max-steps-per-epoch', type=int,
                         help='stop every epoch after this many steps (for tests)')
     parser.add_argument('--metrics-file',
-                        help='worker 0 appends one JSON line per epoch: epoch, loss, train_acc, '
-                             'test_acc, samples_per_s (whole job), comm_wait_s, time, steps')
+                        help="worker 0 appends one JSON line per epoch (kind 'epoch'): epoch, "
+                             'loss, train_acc, test_acc, samples_per_s (whole job), '
+                             "comm_wait_s, time, steps; and with --eval-every (kind 'eval'): "
+                             'step, time (training time since the first step), test_acc')
+    parser.add_argument('--eval-every', type=int, metavar='N',
+                        help="keep a copy of worker 0's weights every N steps and evaluate the "
+                             'copies after training (evaluation takes no training time)')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar')
     parser.add_argument('--gpus', type=int, default=0, metavar='N',
                         help='GPUs per host: each worker trains on mx.gpu(local rank %% N), the '
                              'local rank being its index among the workers of its host '
                              '(mxdelay.local_rank()); 0: the CPU (default: %(default)s)')
     args = parser.parse_args(argv)
-    for name in ('epochs', 'batch_size', 'max_steps_per_epoch'):
+    for name in ('epochs', 'batch_size', 'max_steps_per_epoch', 'eval_every'):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error('--%s must be at least 1, got %d' % (name.replace('_', '-'), value))
+    if args.trainer == 'sync':
+        # Stock MXNet 1.9.1: gluon.Trainer's pushpull refuses compression on 'dist_sync',
+        # and FrozenVarianceAdam is mxdelay's.
+        for name, value in (('compression', args.compression),
+                            ('pull-compression', args.pull_compression)):
+            if value != 'none':
+                parser.error('--%s %s needs --trainer delayed: stock gluon.Trainer on '
+                             "'dist_sync' cannot compress" % (name, value))
+        if args.optimizer == 'frozenvarianceadam':
+            parser.error("--optimizer frozenvarianceadam needs --trainer delayed (it is "
+                         "mxdelay's); use --optimizer adam for the stock baseline")
+    if args.lr is None:
+        args.lr = LEARNING_RATES[args.optimizer]
     if args.gpus < 0:
         parser.error('--gpus must be 0 (train on the CPU) or the number of GPUs per host, got %d'
                      % args.gpus)
@@ -208,6 +274,35 @@ def evaluate(net, images, labels, ctx):
         pred = net(nd.array(x, ctx=ctx)).argmax(axis=1)
         correct += int((pred == nd.array(y, ctx=ctx)).sum().asscalar())
     return correct / len(images)
+
+
+class Snapshots(object):
+    """Copies of worker 0's weights during training, evaluated after it (``--eval-every``).
+
+    A copy is an asynchronous NDArray copy: taking it costs the training almost nothing,
+    and evaluating the copies later keeps the evaluation out of the training time.
+    """
+
+    def __init__(self, net, ctx):
+        self._params, self._ctx = list(net.collect_params().values()), ctx
+        self.taken = []   # (step, training seconds, [weights])
+
+    def take(self, step, seconds):
+        self.taken.append((step, seconds, [p.data(self._ctx).copy() for p in self._params]))
+
+    def evaluate(self, net, images, labels):
+        """Return ``[(step, seconds, test accuracy)]`` of the copies; `net` keeps its
+        weights."""
+        current = [p.data(self._ctx).copy() for p in self._params]
+        results = []
+        for step, seconds, weights in self.taken + [(None, None, current)]:
+            # In place: Parameter.set_data would reset a distributed trainer's kvstore.
+            for param, value in zip(self._params, weights):
+                for array in param.list_data():
+                    value.copyto(array)
+            if step is not None:
+                results.append((step, seconds, evaluate(net, images, labels, self._ctx)))
+        return results
 
 
 # -- progress bar --------------------------------------------------------------------------
@@ -294,7 +389,7 @@ def main(argv=None):
     # Before the kvstore exists, a failing worker exits at once and the launcher stops the job.
     train_images, train_labels = data.load_split('train', args.data_dir)
     test_images, test_labels = data.load_split('test', args.data_dir)
-    distributed = mxdelay.env.role() == 'worker'  # mxdelay: the role the launcher gave
+    distributed = os.environ.get('DMLC_ROLE') == 'worker'   # the role the launcher gave
     if distributed:
         kvstore = mx.kv.create('dist_delay' if args.trainer == 'delayed'  # mxdelay: 'dist_delay'
                                else 'dist_sync')
@@ -307,16 +402,21 @@ def main(argv=None):
         _LOG.warning("DMLC_ROLE is not set: training in this single process with kvstore='local', "
                      'where DelayedTrainer is exactly gluon.Trainer (--delay has no effect). For '
                      'a distributed job with the delayed update run: %s', LAUNCH)
-    ctx = choose_context(args.gpus, mxdelay.local_rank())  # mxdelay: one GPU per local worker
+    if STOCK:   # mxdelay-launch sets a worker's index on its host for any command
+        local_rank = int(os.environ.get('MXDELAY_LOCAL_RANK', '0'))
+    else:
+        local_rank = mxdelay.local_rank()  # mxdelay: one GPU per worker of a host
+    ctx = choose_context(args.gpus, local_rank)
     mx.random.seed(args.seed)
 
     shard = data.WorkerShard(train_images, train_labels, args.batch_size, rank, num_workers,
                              args.seed, args.max_steps_per_epoch)
-    _LOG.info('%s, %s trainer, %d worker(s) x %d steps/epoch x batch %d, lr %g, momentum %g%s',
-              args.model, args.trainer, num_workers, len(shard), args.batch_size, args.lr,
-              args.momentum, ', delay %d, warm-up %d steps, local rule %s' % (
-                  args.delay, args.warmup_steps, args.local_rule)
-              if args.trainer == 'delayed' else '')
+    _LOG.info('%s, %s trainer, %d worker(s) x %d steps/epoch x batch %d, %s lr %g%s%s',
+              args.model, args.trainer, num_workers, len(shard), args.batch_size, args.optimizer,
+              args.lr, ', momentum %g' % args.momentum if args.optimizer == 'sgd' else '',
+              ', delay %d, warm-up %d steps, local rule %s, push %s, pull %s' % (
+                  args.delay, args.warmup_steps, args.local_rule, args.compression,
+                  args.pull_compression) if args.trainer == 'delayed' else '')
 
     net = build_net(args.model)
     net.initialize(mx.init.Xavier(magnitude=2.24), ctx=ctx)
@@ -337,14 +437,21 @@ def main(argv=None):
                 net.load_parameters(latest['params'], ctx=ctx)
                 start_epoch = latest['epoch']
 
-    optimizer_params = {'learning_rate': args.lr, 'momentum': args.momentum}
+    optimizer_params = {'learning_rate': args.lr}
+    if args.optimizer == 'sgd':
+        optimizer_params['momentum'] = args.momentum
+    elif args.optimizer == 'frozenvarianceadam':
+        optimizer_params['freeze_after'] = args.warmup_steps   # mxdelay: v stops at the switch
     if args.trainer == 'delayed':
         trainer = mxdelay.DelayedTrainer(  # mxdelay: instead of gluon.Trainer
-            net.collect_params(), 'sgd', optimizer_params, kvstore=kvstore,
+            net.collect_params(), args.optimizer, optimizer_params, kvstore=kvstore,
             delay=args.delay, warmup_steps=args.warmup_steps,  # mxdelay:
-            local_rule=args.local_rule)  # mxdelay:
+            local_rule=args.local_rule,  # mxdelay:
+            compression_params=_codec(args.compression),  # mxdelay: pushes
+            pull_compression=_codec(args.pull_compression))  # mxdelay: pulls
     else:
-        trainer = gluon.Trainer(net.collect_params(), 'sgd', optimizer_params, kvstore=kvstore)
+        trainer = gluon.Trainer(net.collect_params(), args.optimizer, optimizer_params,
+                                kvstore=kvstore)
     # MXNet's dist_sync store cannot save its servers' optimizer state (an assertion in
     # KVStore.save_optimizer_states): the stock sync trainer checkpoints parameters only.
     save_states = not (args.trainer == 'sync' and distributed)
@@ -361,16 +468,21 @@ def main(argv=None):
 
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     params = [p for p in net.collect_params().values() if p.grad_req != 'null']
+    snapshots = Snapshots(net, ctx) if args.eval_every and rank == 0 else None
+    trained = 0.0   # training seconds of the epochs before this one (evaluation excluded)
     for epoch in range(start_epoch, args.epochs):
         loss_sum, correct, seen, comm_wait = 0.0, 0, 0, 0.0
         start = time.perf_counter()
         batches = progress(shard.batches(epoch), len(shard),
                            'epoch %d/%d' % (epoch + 1, args.epochs),
                            rank == 0 and not args.no_progress)
-        for x, y in batches:
+        for batch, (x, y) in enumerate(batches):
             waited = time.perf_counter()
             wait_for_communication(params)
             comm_wait += time.perf_counter() - waited
+            step = epoch * len(shard) + batch   # steps done; the weights are ready now
+            if snapshots is not None and batch and step % args.eval_every == 0:
+                snapshots.take(step, trained + time.perf_counter() - start)
             x, y = nd.array(x, ctx=ctx), nd.array(y, ctx=ctx)
             with autograd.record():
                 out = net(x)
@@ -396,10 +508,11 @@ def main(argv=None):
         wait_for_communication(params)
         comm_wait += time.perf_counter() - waited
         elapsed = time.perf_counter() - start
+        trained += elapsed
 
         if rank == 0:
             test_acc = evaluate(net, test_images, test_labels, ctx)
-            record = {'epoch': epoch + 1, 'loss': loss_sum / seen, 'train_acc': correct / seen,
+            record = {'kind': 'epoch', 'epoch': epoch + 1, 'loss': loss_sum / seen, 'train_acc': correct / seen,
                       'test_acc': test_acc, 'samples_per_s': num_workers * seen / elapsed,
                       'comm_wait_s': comm_wait, 'time': elapsed,
                       'steps': (epoch + 1) * len(shard)}
@@ -415,15 +528,30 @@ def main(argv=None):
         if args.checkpoint_dir:
             save_checkpoint(args.checkpoint_dir, epoch + 1, net, trainer, rank, save_states, config)
             _LOG.info('checkpoint of epoch %d written to %s', epoch + 1, args.checkpoint_dir)
+    if snapshots is not None and start_epoch < args.epochs:
+        evaluated = snapshots.evaluate(net, test_images, test_labels)
+        evaluated.append((args.epochs * len(shard), trained, test_acc))   # the final model
+        for step, seconds, accuracy in evaluated:
+            _LOG.info('step %d, %.1f s of training: test acc %.4f', step, seconds, accuracy)
+        if args.metrics_file:
+            with open(args.metrics_file, 'a', encoding='utf-8') as sink:
+                for step, seconds, accuracy in evaluated:
+                    sink.write(json.dumps({'kind': 'eval', 'step': step, 'time': seconds,
+                                           'test_acc': accuracy}) + '\n')
     _LOG.info('done')
     return 0
+
+
+def _codec(name):
+    """``compression_params``/``pull_compression`` of a --compression choice."""
+    return None if name == 'none' else {'type': name}
 
 
 if __name__ == '__main__':
     try:
         sys.exit(main())
     except Exception:  # pylint: disable=broad-except
-        if mxdelay.env.role() != 'worker':
+        if os.environ.get('DMLC_ROLE') != 'worker':
             raise
         # A worker that raises would wait in ps-lite's exit barrier for the other workers,
         # which wait for it: the job would hang. Exit at once; the launcher stops the job.

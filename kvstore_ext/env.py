@@ -1,6 +1,7 @@
 """Every environment variable mxdelay reads, read here and nowhere else.
 
-The README's table "Environment variables" documents each entry of :data:`VARIABLES`.
+docs/env.md's table documents each entry of :data:`VARIABLES`; :func:`markdown_table`
+writes it and tests/test_env.py checks that it is current.
 This module imports nothing (neither MXNet nor :mod:`mxdelay`): the role dispatch
 (:mod:`kvstore_ext.bootstrap`) and the launcher read it before MXNet may be imported.
 """
@@ -10,9 +11,9 @@ import os
 
 __all__ = ['VARIABLES', 'MXNET_DEFAULTS', 'MINIMUMS', 'CHOICES', 'get', 'get_int', 'get_float',
            'get_bool', 'get_choice', 'get_list', 'role', 'log_level', 'job_key',
-           'set_mxnet_defaults', 'mxnet_defaults_applied']
+           'set_mxnet_defaults', 'mxnet_defaults_applied', 'markdown_table']
 
-#: name -> (default, one-line meaning). The README's table is generated from this.
+#: name -> (default, one-line meaning). docs/env.md's table is generated from this.
 VARIABLES = {
     'DMLC_ROLE': (None, "Role of this process ('scheduler', 'server', 'worker'); set by the launcher."),
     'DMLC_NUM_WORKER': (None, 'Number of workers in the job (at least 1); set by the launcher.'),
@@ -111,7 +112,7 @@ def get(name):
     """Return the value of environment variable `name`, or its documented default."""
     if name not in VARIABLES:
         raise KeyError('%s is not an mxdelay environment variable; add it to env.VARIABLES '
-                       'and to the README table' % name)
+                       '(docs/env.md\'s table is generated from it)' % name)
     return os.environ.get(name, VARIABLES[name][0])
 
 
@@ -227,3 +228,18 @@ def set_mxnet_defaults():
 def mxnet_defaults_applied():
     """Whether every variable of :data:`MXNET_DEFAULTS` is set in this process."""
     return all(name in os.environ for name in MXNET_DEFAULTS)
+
+
+def markdown_table():
+    """The Markdown table of :data:`VARIABLES` (name, default, meaning) that docs/env.md holds.
+
+    Returns
+    -------
+    str
+        Its lines, without a final newline.
+    """
+    lines = ['| variable | default | meaning |', '|---|---|---|']
+    for name, (default, meaning) in VARIABLES.items():
+        lines.append('| `%s` | %s | %s |' % (name, '-' if default is None else '`%s`' % default,
+                                             meaning))
+    return '\n'.join(lines)

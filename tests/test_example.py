@@ -106,8 +106,70 @@ def test_delayed_update_keeps_dist_sync_accuracy(tmp_path):
     # rule ('mirror') at k = 4 must stay within 2 points of stock gluon.Trainer on
     # dist_sync (after 10 epochs over 3 seeds k = 4 ends at 0.8899 against 0.8873,
     # docs/benchmarks/tta/results.md).
-    # Stock gluon.Trainer's pickled optimizer: mxdelay's servers take it only when asked to.
-    sync = _accuracy(tmp_path, 'sync', '--trainer', 'sync', env={'MXDELAY_ALLOW_PICKLE': '1'})
+    # --trainer sync is stock MXNet in every process (the example exits if it finds mxdelay
+    # imported), so its servers are MXNet's own and take gluon.Trainer's pickled optimizer.
+    sync = _accuracy(tmp_path, 'sync', '--trainer', 'sync')
     mirror = _accuracy(tmp_path, 'mirror', '--delay', '4', '--local-rule', 'mirror')
     assert sync > 0.75, sync
     assert mirror > sync - ACCURACY_MARGIN, (mirror, sync)
+
+
+@pytest.mark.jobs
+def test_eval_every_records_accuracy_against_training_time(tmp_path):
+    # The README's configuration through the example's flags; copies every 10 of 30 steps.
+    command = [sys.executable, EXAMPLE, '--data-dir', DATA_DIR, '--epochs', '1',
+               '--max-steps-per-epoch', '30', '--warmup-steps', '10', '--compression', 'ternary',
+               '--pull-compression', 'int8', '--eval-every', '10', '--no-progress',
+               '--metrics-file', str(tmp_path / 'metrics.jsonl')]
+    result = run_job(command, num_workers=2, timeout=TIMEOUT, cwd=str(tmp_path))
+    assert_ok(result)
+    assert 'push ternary, pull int8' in result.stderr
+    records = _metrics(tmp_path)
+    [epoch] = [r for r in records if r['kind'] == 'epoch']
+    evals = [r for r in records if r['kind'] == 'eval']
+    assert [r['step'] for r in evals] == [10, 20, 30]
+    times = [r['time'] for r in evals]
+    assert 0 < times[0] < times[1] < times[2] == epoch['time']
+    assert evals[-1]['test_acc'] == epoch['test_acc']      # the final model, evaluated once
+    assert all(r['test_acc'] > ACCURACY_BOUND for r in evals[1:]), evals
+
+
+@pytest.fixture(scope='module')
+def example():
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    try:
+        import train_fashion_mnist  # pylint: disable=import-outside-toplevel
+        yield train_fashion_mnist
+    finally:
+        sys.path.remove(os.path.dirname(EXAMPLE))
+
+
+@pytest.mark.parametrize('argv, stock', [
+    (['--trainer', 'sync'], True), (['--epochs', '2', '--trainer=sync'], True),
+    (['--trainer', 'delayed'], False), ([], False), (['--trainer'], False),
+    (['--model', 'sync'], False)])
+def test_stock_baseline_is_read_before_argparse(example, argv, stock):
+    assert example._stock_baseline(argv) is stock   # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--trainer', 'sync', '--compression', 'ternary'],
+     "--compression ternary needs --trainer delayed: stock gluon.Trainer on 'dist_sync' cannot "
+     'compress'),
+    (['--trainer', 'sync', '--pull-compression', 'int8'], '--pull-compression int8 needs'),
+    (['--trainer', 'sync', '--optimizer', 'frozenvarianceadam'],
+     '--optimizer frozenvarianceadam needs --trainer delayed'),
+    (['--eval-every', '0'], '--eval-every must be at least 1, got 0')])
+def test_bad_flags_are_refused(example, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        example.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_learning_rate_defaults_per_optimizer(example):
+    assert example.parse_args([]).lr == 0.05
+    assert example.parse_args(['--optimizer', 'adam']).lr == 0.001
+    assert example.parse_args(['--optimizer', 'lamb']).lr == 0.005
+    assert example.parse_args(['--optimizer', 'adam', '--lr', '0.01']).lr == 0.01
+    assert example._codec('none') is None   # pylint: disable=protected-access
+    assert example._codec('int8') == {'type': 'int8'}   # pylint: disable=protected-access
