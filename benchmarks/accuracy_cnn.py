@@ -378,7 +378,7 @@ def write_markdown(out, summary, runs, meta):
 
 
 def readme_rows(summary, runs, out):
-    """The rows of README.md's results table for the results in `out` (readme_results.py
+    """The rows of README.md's results table for the results in `out` (results_page.py
     reads them)."""
     seeds = sorted({str(r['seed']) for r in runs})
     seeds = 'seed%s %s' % ('s' if len(seeds) > 1 else '', ', '.join(seeds))

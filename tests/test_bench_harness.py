@@ -6,7 +6,7 @@ that finds mxdelay exits; the launcher's argv; a run's provenance; a signal stop
 its roles; every method of the registry is a command line the worker accepts. Then the
 scenarios' own behaviour, with the jobs faked (``launched``): which jobs ``tta.py``,
 ``accuracy_cnn.py``, ``scaling.py``, ``memory.py`` and ``kvstore_roundtrip.py`` start, in what
-order and with which timeouts, their reports from results files, and ``readme_results.py``.
+order and with which timeouts, their reports from results files, and ``results_page.py``.
 """
 import json
 import os
@@ -31,7 +31,7 @@ import memory  # noqa: E402
 import monitor  # noqa: E402
 import netns as bench_netns  # noqa: E402
 import provenance  # noqa: E402
-import readme_results  # noqa: E402
+import results_page  # noqa: E402
 import report  # noqa: E402
 import scaling  # noqa: E402
 import tta  # noqa: E402
@@ -900,7 +900,7 @@ def test_report_takes_phases_of_the_same_job(tmp_path, monkeypatch):
         in text
 
 
-def test_readme_and_results_page_are_generated_from_the_results_files():
-    # README.md's headline and results table and docs/results.md are what
-    # readme_results.py writes from the committed results files (--check writes nothing).
-    assert readme_results.main(['--check']) == 0
+def test_the_results_page_is_generated_from_the_results_files():
+    # docs/results.md is what results_page.py writes from the committed results files
+    # (--check writes nothing); README.md's figures are checked by tests/test_docs.py.
+    assert results_page.main(['--check']) == 0
