@@ -4,12 +4,14 @@ MXNet's native server runs in *sync mode*: for every key it sums the pushes unti
 one from each of the N workers, then calls the updater once and acknowledges the N pushes.
 mxdelay's worker (:class:`kvstore_ext.worker.dist_delay.DistDelay`) gives every chunk of every
 tensor R *slot keys* and pushes round t into slot ``t mod R``, so the native sum of a slot
-is exactly one round. This module handles the commands (:class:`kvstore_ext.protocol.commands.Command`,
-on MXNet's command id 0; replies go into the requesting worker's segment of this server's
-status key) and routes each completed round to :class:`kvstore_ext.server.rounds.RoundKeeper`,
-which applies the optimizer once per chunk per round, in order (docs/design.md §3, §4).
-A worker that never says hello (stock ``dist_sync`` without mxdelay) is served as MXNet's
-own server would.
+is exactly one round. This module is the controller: it looks each command
+(:class:`kvstore_ext.protocol.commands.Command`, on MXNet's command id 0) up in one table of
+handlers, each in the module of its concern, and writes the reply into the requesting
+worker's segment of this server's status key; it hands each completed round to the handler
+of its key's kind (:mod:`kvstore_ext.server.key_rounds`), a slot's to
+:class:`kvstore_ext.server.rounds.RoundKeeper`, which applies the optimizer once per chunk per
+round, in order (docs/design.md §3, §4). A worker that never says hello (stock ``dist_sync``
+without mxdelay) is served as MXNet's own server would (:mod:`kvstore_ext.server.stock`).
 """
 import importlib
 import logging
