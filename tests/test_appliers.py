@@ -79,7 +79,7 @@ def test_sum_scale_hands_the_applier_the_sum_times_s_exactly(scale):
     np.testing.assert_array_equal(recorder.seen[0][1], grad * np.float32(scale))
     # Through the keeper, without optimizer: the stored round value is that product too.
     keeper = RoundKeeper(slots=2)
-    keeper.register(0, codec={'sum_scale': scale})
+    keeper.updates.register(0, codec={'sum_scale': scale})
     stored = [nd.ones(7), nd.ones(7)]
     keeper.on_round(0, 0, nd.array(grad), stored[0])
     np.testing.assert_array_equal(stored[0].asnumpy(), grad * np.float32(scale))
@@ -92,10 +92,10 @@ def test_sum_scale_equals_pushing_the_scaled_sum_bit_for_bit():
     grads = [rs.randn(6).astype(np.float32) for _ in range(4)]
     scale = 0.3
     scaled, plain = RoundKeeper(slots=2), RoundKeeper(slots=2)
-    scaled.register(0, codec={'sum_scale': scale})
-    plain.register(0)
+    scaled.updates.register(0, codec={'sum_scale': scale})
+    plain.updates.register(0)
     for keeper in (scaled, plain):
-        keeper.install(mx.optimizer.Adam(learning_rate=0.01))
+        keeper.updates.install(mx.optimizer.Adam(learning_rate=0.01))
     stores = {id(k): [nd.array(init), nd.array(init)] for k in (scaled, plain)}
     for t, grad in enumerate(grads):
         scaled.on_round(0, t % 2, nd.array(grad), stores[id(scaled)][t % 2])
@@ -113,11 +113,11 @@ def test_the_keeper_chooses_when_information_arrives_not_per_round(monkeypatch):
         return choose(kind, *args)
     monkeypatch.setattr(appliers, 'choose', counting)
     keeper = RoundKeeper(slots=2)
-    keeper.register(0)                           # kind unknown until the first round
-    keeper.register(1, counter=True)
+    keeper.updates.register(0)                   # kind unknown until the first round
+    keeper.updates.register(1, counter=True)
     assert calls == [appliers.COUNTER]
-    keeper.install(mx.optimizer.SGD(learning_rate=0.125, rescale_grad=1.0))
-    keeper.set_skip_nonfinite(True)
+    keeper.updates.install(mx.optimizer.SGD(learning_rate=0.125, rescale_grad=1.0))
+    keeper.updates.set_skip_nonfinite(True)
     assert calls == [appliers.COUNTER] * 3
     stored = [nd.ones(3), nd.ones(3)]
     for t in range(6):
@@ -140,7 +140,7 @@ def test_a_user_defined_optimizer_gets_the_arrays_of_mxnets_server():
             weight[:] += grad
 
     keeper = RoundKeeper(slots=2)
-    keeper.install(Recording())
+    keeper.updates.install(Recording())
     rows = nd.sparse.row_sparse_array((nd.ones((4, 2)), nd.arange(4, dtype='int64')),
                                       shape=(4, 2))
     grad = nd.sparse.row_sparse_array((nd.full((1, 2), 3.0), nd.array([2], dtype='int64')),
@@ -164,9 +164,9 @@ class _FailsOnRowSparse(mx.optimizer.Optimizer):
 
 def _failing_rounds(keeper, rounds):
     # Chunk 0 row_sparse (fails), chunk 1 dense (does not); 'emb' and 'dense' their names.
-    keeper.register(0, name='emb')
-    keeper.register(1, name='dense')
-    keeper.install(_FailsOnRowSparse())
+    keeper.updates.register(0, name='emb')
+    keeper.updates.register(1, name='dense')
+    keeper.updates.install(_FailsOnRowSparse())
     rows = [nd.sparse.row_sparse_array((nd.ones((3, 2)), nd.arange(3, dtype='int64')),
                                        shape=(3, 2)) for _ in range(2)]
     dense = [nd.ones((3, 2)), nd.ones((3, 2))]
@@ -202,9 +202,9 @@ def test_an_update_that_raises_is_logged_and_the_rounds_go_on_under_log(caplog):
 
 def test_the_server_reads_its_updater_error_policy_once(monkeypatch):
     monkeypatch.setenv('MXDELAY_UPDATER_ERRORS', 'LOG')
-    assert isinstance(DelayServer.offline()._rounds._updater_errors, appliers.LogAndGoOn)  # pylint: disable=protected-access
+    assert isinstance(DelayServer.offline()._rounds.updates._updater_errors, appliers.LogAndGoOn)  # pylint: disable=protected-access
     monkeypatch.delenv('MXDELAY_UPDATER_ERRORS')
-    assert isinstance(DelayServer.offline()._rounds._updater_errors, appliers.StopOnError)  # pylint: disable=protected-access
+    assert isinstance(DelayServer.offline()._rounds.updates._updater_errors, appliers.StopOnError)  # pylint: disable=protected-access
     monkeypatch.setenv('MXDELAY_UPDATER_ERRORS', 'ignore')
     with pytest.raises(ValueError, match=r"MXDELAY_UPDATER_ERRORS='ignore' is not one of stop, "
                                          r'log; unset it \(stop\) or set one of them'):

@@ -349,7 +349,7 @@ def test_with_2bit_the_values_go_by_command(monkeypatch):
         rank, store, [7, 7], (2, 7), ctxs, compression_params=two_bit), num_servers=2)
     assert_means(results, ctxs)
     for server in job.servers:   # every round took the values of both workers
-        assert server._rounds._aux_values == {}   # pylint: disable=protected-access
+        assert server._rounds.aux._values == {}   # pylint: disable=protected-access
     # Aux keys have no residual (a checkpoint lists none for them).
     store = delay_store()
     params = net_params(ctxs)

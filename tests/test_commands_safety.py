@@ -212,7 +212,7 @@ def test_a_bad_hello_is_refused_before_it_changes_anything(fields, pattern):
     server = DelayServer.offline(rank=0, num_workers=2)
     with pytest.raises(ValueError, match=pattern):
         server.command(Command.HELLO, dict(hello(0), **fields))
-    assert server._layout is None and server._hellos == {}  # pylint: disable=protected-access
+    assert server._handshake.layout is None and server._handshake._hellos == {}  # pylint: disable=protected-access
     server.command(Command.HELLO, hello(0))
     with pytest.raises(ValueError, match='worker rank 0 said hello twice'):
         server.command(Command.HELLO, hello(0))
@@ -229,7 +229,7 @@ def test_a_hello_of_another_protocol_version_is_refused(version):
     with pytest.raises(ValueError) as refused:
         server.command(Command.HELLO, hello(1, protocol=version))
     assert str(refused.value) == message
-    assert server._hellos == {}  # pylint: disable=protected-access
+    assert server._handshake._hellos == {}  # pylint: disable=protected-access
     # The hand-shake round tells every worker, also those whose hello was good.
     server.command(Command.HELLO, hello(0))
     assert server.handshake_reply() == (False, message)

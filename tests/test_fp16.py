@@ -282,10 +282,10 @@ def test_held_round_writes_the_pull_key_not_the_slot():
     # (float16 keys' float32 copies, which MXNet copies into what their pulls would read)
     # are never written.
     rounds = RoundKeeper(slots=2)
-    rounds.install(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
+    rounds.updates.install(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
     pulls = [nd.ones(3), nd.ones(3)]
-    rounds.set_pull_store(4, 0, pulls[0])
-    rounds.set_pull_store(4, 1, pulls[1])
+    rounds.pulls.set_store(4, 0, pulls[0])
+    rounds.pulls.set_store(4, 1, pulls[1])
     slot_stored = [nd.full(3, 7.0), nd.full(3, 7.0)]
     rounds.on_round(4, 1, nd.full(3, 2.0), slot_stored[1])
     assert rounds.held_rounds(4) and pulls[1].asnumpy().tolist() == [1.0] * 3

@@ -15,8 +15,8 @@ SHAPE = (5,)
 
 def _keeper(skip):
     keeper = RoundKeeper(slots=2)
-    keeper.install(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.01))
-    keeper.set_skip_nonfinite(skip)
+    keeper.updates.install(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.01))
+    keeper.updates.set_skip_nonfinite(skip)
     return keeper
 
 
@@ -35,14 +35,14 @@ def test_round_keeper_skips_a_non_finite_round_entirely():
     stored = [nd.array(init), nd.array(init)]
     _round(keeper, 0, grads[0], stored)
     after0 = keeper.weight(0).asnumpy()
-    momentum0 = keeper.updater.states[0].asnumpy()
+    momentum0 = keeper.updates.updater.states[0].asnumpy()
     _round(keeper, 1, bad, stored)
     # Weights, momentum and update count unchanged; the round counts; pulls of its slot
     # return the unchanged weights.
     np.testing.assert_array_equal(keeper.weight(0).asnumpy(), after0)
-    np.testing.assert_array_equal(keeper.updater.states[0].asnumpy(), momentum0)
-    assert keeper.optimizer._index_update_count[0] == 1
-    assert keeper.applied_rounds(0) == 2 and keeper.skipped_rounds(0) == 1
+    np.testing.assert_array_equal(keeper.updates.updater.states[0].asnumpy(), momentum0)
+    assert keeper.updates.optimizer._index_update_count[0] == 1
+    assert keeper.applied_rounds(0) == 2 and keeper.updates.skipped_rounds(0) == 1
     np.testing.assert_array_equal(stored[1].asnumpy(), after0)
     _round(keeper, 2, grads[2], stored)
     # = an updater that never saw round 1, bit for bit.
@@ -58,7 +58,7 @@ def test_round_keeper_without_amp_applies_a_non_finite_round_as_stock():
     stored = [nd.zeros(SHAPE), nd.zeros(SHAPE)]
     _round(keeper, 0, np.full(SHAPE, np.inf, np.float32), stored)
     assert not np.isfinite(keeper.weight(0).asnumpy()).any()
-    assert keeper.skipped_rounds(0) == 0
+    assert keeper.updates.skipped_rounds(0) == 0
 
 
 def test_counter_keeps_vote_sums_and_a_ring_of_marks():

@@ -364,16 +364,16 @@ def test_state_keys_follow_the_slots_and_leave_j0_keys_unchanged(num_servers):
 
 def test_server_writes_a_chunks_state_into_the_state_key():
     rounds = RoundKeeper(slots=2)
-    rounds.install(mx.optimizer.Adam(learning_rate=0.01))
+    rounds.updates.install(mx.optimizer.Adam(learning_rate=0.01))
     stored = nd.array([1.0, 2.0, 3.0])
     rounds.on_round(7, 0, nd.array([0.5, -1.0, 2.0]), stored)
-    mean, var = rounds.updater.states[7]
+    mean, var = rounds.updates.updater.states[7]
     for j, want in enumerate((mean, var)):
         out = nd.zeros(3)
-        rounds.copy_state(7, j, out)
+        rounds.updates.copy_state(7, j, out)
         np.testing.assert_array_equal(out.asnumpy(), want.asnumpy())
     with pytest.raises(ValueError, match='has 2 arrays'):
-        rounds.copy_state(7, 2, nd.zeros(3))
+        rounds.updates.copy_state(7, 2, nd.zeros(3))
 
 
 def test_flatten_state_order():

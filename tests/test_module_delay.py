@@ -83,7 +83,7 @@ def train(mod, kvstore, optimizer, params, steps=12):
 def test_one_worker_mirror_of_lars_is_the_servers_with_module_names(delay):
     # Module names its Parameters (l1_bias, ...) in the optimizer's idx2name, by Parameter
     # index, and LARS gives no ratio to names ending in bias. The servers key their optimizer
-    # by chunk id, so they map the names to chunks (kvstore_ext.server.rounds.RoundKeeper.install;
+    # by chunk id, so they map the names to chunks (kvstore_ext.server.updates.ChunkUpdates.install;
     # before, chunk 3, l2_weight, was named 'l2_bias'); the mirror's copy, keyed by
     # Parameter index, then skips the same tensors: w' = W at every step, bit for bit.
     mod = bound(mxdelay.DelayedModule, delay=delay, warmup_steps=2)
@@ -285,7 +285,7 @@ def test_explicit_rescale_grad_is_kept_as_dist_sync_keeps_it(tmp_path):
 @pytest.mark.jobs
 def test_lars_names_its_biases_on_mxdelays_servers_as_on_stock_dist_sync(tmp_path):
     # Module's idx2name names the Parameters by index and LARS gives no ratio to biases; the
-    # servers map the names to their chunks (kvstore_ext.server.rounds): stock dist_sync, plain
+    # servers map the names to their chunks (kvstore_ext.server.updates): stock dist_sync, plain
     # Module on 'dist_delay' and DelayedModule's warm-up are then the same, bit for bit
     # (before, plain Module differed by 6.4e-3 in w1). The default chunk size: LARS refuses
     # a tensor split into chunks.

@@ -505,11 +505,11 @@ def test_a_held_round_writes_its_payload_when_it_is_applied():
 
     def keeper_with(order):
         keeper = RoundKeeper(slots=3)
-        keeper.install(mx.optimizer.SGD(learning_rate=0.5))
-        keeper.register(0)
-        keeper.set_pull_model(codec, PullSchedule(2, 0))
+        keeper.updates.install(mx.optimizer.SGD(learning_rate=0.5))
+        keeper.updates.register(0)
+        keeper.models.set_codec(codec, PullSchedule(2, 0))
         store = nd.zeros(codec.payload_size(n))
-        keeper.set_model_store(0, store)
+        keeper.models.set_store(0, store)
         slots = [nd.ones(n) * 0.25 for _ in range(3)]
         payloads = {}
         for rnd in order:
@@ -521,14 +521,14 @@ def test_a_held_round_writes_its_payload_when_it_is_applied():
     assert held.applied_rounds(0) == 3
     np.testing.assert_array_equal(got[2], want[0])   # held: the payload is still round 0's
     np.testing.assert_array_equal(got[1], want[2])   # round 2's, once applied
-    np.testing.assert_array_equal(held.model(0), in_order.model(0))
+    np.testing.assert_array_equal(held.models.model(0), in_order.models.model(0))
     # x̂ after rounds 0 and 2: W_0 + dec(q_0) + dec(q_2), computed as the reference does.
     w = [np.full(n, 0.25, np.float32)]
     for rnd in range(3):
         w.append(w[-1] - np.float32(0.5) * (np.arange(n) * 0.1 + rnd).astype(np.float32))
     xhat = w[0] + reference.pull_fp16(w[1] - w[0])
     xhat = xhat + reference.pull_fp16(w[3] - xhat)
-    np.testing.assert_array_equal(held.model(0), xhat)
+    np.testing.assert_array_equal(held.models.model(0), xhat)
 
 
 # -- uneven data, devices --------------------------------------------------------------------

@@ -7,6 +7,7 @@ numbers, which may differ from ps-lite's ranks).
 import mxnet as mx
 
 from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.commands import field
 from kvstore_ext.optim.optimizers import (PER_STEP_FIELDS, describe_optimizer,
                                           optimizer_differences, format_differences,
                                           type_difference)
@@ -93,7 +94,9 @@ class Ballots(object):
 
     def vote(self, body):
         """Record one worker's outcome (``body``: rank, ballot, error or None)."""
-        ballot, rank = body['ballot'], body['rank']   # checked by the server
+        field(body, 'ballot', int, minimum=1)
+        field(body, 'error', str, optional=True)
+        ballot, rank = body['ballot'], body['rank']   # the rank: checked by the server
         votes = self._ballots.setdefault(ballot, {})
         if rank in votes:
             # ps-lite does not say who sent a command: a second vote for one rank is
@@ -106,6 +109,7 @@ class Ballots(object):
 
     def tally(self, body, num_workers):
         """Every failure of ballot ``body['ballot']`` by rank, once all `num_workers` voted."""
+        field(body, 'ballot', int, minimum=1)
         votes = self._ballots.get(body['ballot'], {})
         if len(votes) != num_workers:
             raise ValueError('ballot %s has votes from workers %s only'

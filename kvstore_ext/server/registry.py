@@ -8,6 +8,7 @@ An aux chunk (codec :data:`kvstore_ext.protocol.commands.AUX_SETTINGS`, docs/des
 it is no tensor the optimizer sees.
 """
 from kvstore_ext.protocol import commands
+from kvstore_ext.protocol.commands import field
 from kvstore_ext.server import appliers
 
 __all__ = ['INFO_FIELDS', 'parse_entries', 'ChunkRegistry']
@@ -17,16 +18,18 @@ INFO_FIELDS = ('param_index', 'name', 'lr_mult', 'wd_mult', 'size', 'codec')
 
 
 def parse_entries(chunks):
-    """``REGISTER``'s ``chunks`` as info dicts with ``'chunk'`` and ``'server'``, their codec
-    settings checked; an entry of 7 (``[chunk_id, server, param_index, name, lr_mult,
-    wd_mult, size]``) has none (``{}``).
+    """``REGISTER``'s ``chunks`` as info dicts with ``'chunk'`` and ``'server'``, every
+    field's type and range and their codec settings checked; an entry of 7 (``[chunk_id,
+    server, param_index, name, lr_mult, wd_mult, size]``) has none (``{}``).
 
     Raises
     ------
     ValueError
-        For an entry of another form, bad codec settings (naming the chunk, the setting and
-        its value), or codec settings on the finish counter.
+        For an entry of another form, a field of another type or out of range (naming it
+        and its value), bad codec settings (naming the chunk, the setting and its value),
+        or codec settings on the finish counter.
     """
+    _check_fields(chunks)
     entries = []
     for entry in chunks:
         if not isinstance(entry, list) or len(entry) not in (7, 8):
@@ -38,6 +41,25 @@ def parse_entries(chunks):
                              'got %r' % (entry[0], codec))
         entries.append(dict(zip(('chunk', 'server') + INFO_FIELDS, entry[:7] + [codec])))
     return entries
+
+
+def _check_fields(chunks):
+    """Each field's type and range in every entry of `chunks`, before any is parsed."""
+    for entry in chunks:
+        if not isinstance(entry, list) or len(entry) not in (7, 8):
+            continue   # parse_entries refuses it, with the form expected
+        body = dict(zip(('chunk_id', 'server', 'param_index', 'name', 'lr_mult', 'wd_mult',
+                         'size'), entry))
+        field(body, 'chunk_id', int, minimum=0)
+        field(body, 'server', int, minimum=0)
+        # The store's key: an int, or a str as MXNet allows (Module's parameter names, the
+        # finish counter's commands.FINISH_KEY).
+        if not isinstance(body['param_index'], str):
+            field(body, 'param_index', int, minimum=0)
+        field(body, 'name', str)
+        for name in ('lr_mult', 'wd_mult'):
+            field(body, name, float, finite=True)
+        field(body, 'size', int, minimum=1)   # the codec: parse_entries checks it
 
 
 class ChunkRegistry(object):
