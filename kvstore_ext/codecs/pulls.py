@@ -28,8 +28,8 @@ from mxnet import nd
 
 from kvstore_ext.checks import ArgumentTypeError, check_int
 
-__all__ = ['PullCodec', 'Float16Pull', 'Int8Pull', 'parse', 'EXAMPLE', 'payload_bytes',
-           'bytes_per_pull']
+__all__ = ['PullCodec', 'Float16Pull', 'Int8Pull', 'parse', 'known_types', 'EXAMPLE',
+           'payload_bytes', 'bytes_per_pull']
 
 F32 = np.float32
 
@@ -189,6 +189,11 @@ def _parse_int8(params, argument):
 _TYPES = {'fp16': _parse_fp16, 'int8': _parse_int8}
 
 
+def known_types():
+    """The pull compression types :func:`parse` knows, sorted."""
+    return sorted(_TYPES)
+
+
 def parse(params, argument='pull_compression'):
     """The codec of `params` (None: no compression).
 
@@ -209,7 +214,7 @@ def parse(params, argument='pull_compression'):
     kind = params.get('type')
     if kind not in _TYPES:
         raise ValueError("%s=%r: 'type' must be one of %s; %s"
-                         % (argument, params, sorted(_TYPES), EXAMPLE))
+                         % (argument, params, known_types(), EXAMPLE))
     return _TYPES[kind](params, argument)
 
 
