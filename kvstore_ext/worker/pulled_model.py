@@ -1,21 +1,27 @@
-"""The worker's side of compressed pulls (``pull_compression``, docs/design.md §2.12).
+"""The pulls of a dense keys' wire: exact, or compressed at the scheduled rounds
+(``pull_compression``, docs/design.md §2.12).
 
-Every chunk gets one float32 *model key*, whose bytes are the payload the servers write at a
-pulled round (:mod:`kvstore_ext.codecs.pulls`); the worker reads them through an NDArray of
-the codec's dtype over the same memory (:class:`Payload`), decodes them in MXNet's engine and
-adds them to its ``x̂``, bit for bit the servers' (:class:`PulledModel`, mixed into a dense
-keys' data path: :class:`PullModelDense` here, and the variants of
-:mod:`kvstore_ext.worker.float16_keys` and :mod:`kvstore_ext.worker.row_keys`).
+A wire (:mod:`kvstore_ext.worker.wires`) holds one pull strategy, chosen once at the
+hand-shake, which it calls at placement, init, before each push and for a scheduled pull
+(``DistDelay.pull_compressed``):
+
+- :data:`EXACT` (:class:`ExactPulls`): a scheduled pull is the wire's exact pull;
+- :class:`CompressedPulls` (a :class:`~kvstore_ext.codecs.pulls.PullCodec` and the pulled
+  rounds' :class:`~kvstore_ext.protocol.schedule.PullSchedule`): every chunk gets one
+  float32 *model key*, whose bytes are the payload the servers write at a pulled round
+  (:mod:`kvstore_ext.codecs.pulls`); the worker reads them through an NDArray of the codec's
+  dtype over the same memory (:class:`Payload`), decodes them in MXNet's engine and adds
+  them to its ``x̂``, bit for bit the servers' (:class:`PulledModel`, the tensor's
+  ``pull_state``). Exact pulls stay the wire's own.
 """
 import numpy as np
 from mxnet import nd
 
-from kvstore_ext.worker.dense import DenseKeys
+from kvstore_ext.worker import ordering
 
-__all__ = ['Payload', 'PulledModel', 'PullModelDense']
+__all__ = ['Payload', 'PulledModel', 'ExactPulls', 'CompressedPulls', 'EXACT']
 
 
-# -- the worker ------------------------------------------------------------------------------
 class Payload(object):
     """One chunk's receive buffer on the worker: ``payload`` (float32, what the pull writes)
     and ``alias`` (the codec's dtype over the same memory).
@@ -36,95 +42,155 @@ class Payload(object):
 
     def decode_into(self, model):
         """``model += dec(q)`` for the payload just pulled (in MXNet's engine)."""
-        self.head.copyto(self.alias[0:1])                 # after the pull
+        ordering.follow(self.alias[0:1], self.head)                 # after the pull
         dec = self.codec.decode(self.payload, self.alias, self._scratch, self.n)
         nd.elemwise_add(model, dec, out=model)
-        model[0:1].copyto(self.head)                      # the next pull after the decode
+        ordering.follow(self.head, model[0:1])      # the next pull after the decode
 
 
 class PulledModel(object):
-    """The worker's side of compressed pulls, mixed into a dense keys' data path (before it in
-    the bases): a model key per chunk, whose scheduled pulls (:meth:`pull_compressed`) bring
-    ``x̂``; :meth:`pull` stays the data path's own, exact (the slot keys, or with float16
-    pushes the pull keys, hold W).
-
-    The data path's hooks are extended, not replaced: every method calls the next class's
-    (:class:`PullModelDense` over :class:`kvstore_ext.worker.dense.DenseKeys`,
-    :class:`kvstore_ext.worker.float16_keys.PullKeyModelDense` over float16 pushes' pull keys).
+    """A tensor's side of compressed pulls: its pulled model ``x̂`` (float32, flat), one
+    :class:`Payload` per chunk, the last round pulled compressed (``round``) and whether a
+    push must still wait for that pull (``pending``).
 
     Parameters
     ----------
-    native, slots, codec
-        As :class:`kvstore_ext.worker.dense.DenseKeys`.
-    pull_codec : PullCodec
-    schedule : PullSchedule
+    tensor : kvstore_ext.worker.layout.Tensor
+    codec : kvstore_ext.codecs.pulls.PullCodec
+    """
+    __slots__ = ('model', 'payloads', 'round', 'pending')
+
+    def __init__(self, tensor, codec):
+        self.model = nd.zeros(tensor.size, dtype=np.float32)
+        self.payloads = [Payload(codec, c.stop - c.start) for c in tensor.chunks]
+        self.round = -1
+        self.pending = False
+
+    def state(self):
+        """What a checkpoint keeps: ``(x̂, its round)``."""
+        return self.model.asnumpy(), self.round
+
+    def load(self, key, state):
+        """Restore :meth:`state`'s value (of the tensor of `key`, for messages).
+
+        Raises
+        ------
+        ValueError
+            If the saved model has another number of elements."""
+        model, model_round = state
+        if np.size(model) != self.model.size:
+            raise ValueError('pulled model of key %r has %d elements, the key %d'
+                             % (key, np.size(model), self.model.size))
+        self.model[:] = np.asarray(model, dtype=np.float32).reshape(-1)
+        self.round = int(model_round)
+        self.pending = False
+
+
+class ExactPulls(object):
+    """No compressed pulls: a scheduled pull is the wire's exact pull, and nothing else
+    changes (no model key, no per-tensor state)."""
+
+    def close(self):
+        """Drop the native store (the worker leaves the job)."""
+
+    def place(self, tensor, value):
+        """A tensor was placed (initial `value`): its state."""
+
+    def add_entries(self, tensor, keys, values):
+        """Add `tensor`'s native keys and their initial values to `keys` and `values`."""
+
+    def after_init(self, wire, tensors):
+        """After the native init of `tensors` and `wire`'s own step (collective)."""
+
+    @staticmethod
+    def initial_pull(wire, tensor, value, outs, priority):
+        """``broadcast``'s initial value into `outs`: `wire`'s exact one."""
+        wire.exact_initial_pull(tensor, value, outs, priority)
+
+    def before_push(self, tensor, slot):
+        """Engine ordering before a push of `tensor` into `slot`: none."""
+
+    @staticmethod
+    def pull_compressed(wire, tensor, outs, priority):
+        """A scheduled pull: `wire`'s exact pull."""
+        wire.pull(tensor, outs, priority)
+
+
+#: Exact pulls (one object serves every wire: it keeps nothing).
+EXACT = ExactPulls()
+
+
+class CompressedPulls(ExactPulls):
+    """Compressed pulls: a model key per chunk, whose scheduled pulls (:meth:`pull_compressed`)
+    bring ``x̂``; the wire's exact pulls read the keys that hold W (the slot keys, or the pull
+    keys).
+
+    Parameters
+    ----------
+    native : mxnet.kvstore.KVStore
+        The worker's native distributed store.
+    codec : kvstore_ext.codecs.pulls.PullCodec
+    schedule : kvstore_ext.protocol.schedule.PullSchedule
     """
 
-    def __init__(self, native, slots, codec, pull_codec, schedule):
-        super(PulledModel, self).__init__(native, slots, codec)
-        self.pull_codec = pull_codec
+    def __init__(self, native, codec, schedule):
+        self._native = native
+        self.codec = codec
         self.schedule = schedule
 
-    def place(self, placement, key, value):
-        tensor = super(PulledModel, self).place(placement, key, value)
-        tensor.model = nd.zeros(tensor.size, dtype=np.float32)
+    def close(self):
+        self._native = None
+
+    def place(self, tensor, value):
+        tensor.pull_state = PulledModel(tensor, self.codec)
         if self._native.rank == 0:
             # x̂ = W_0, which is rank 0's value bit for bit (MXNet's init pushes rank 0's):
             # rank 0 keeps a copy instead of pulling it back (after_init).
-            value.reshape(-1).copyto(tensor.model)
-        tensor.payloads = [Payload(self.pull_codec, c.stop - c.start) for c in tensor.chunks]
-        tensor.model_round = -1
-        tensor.model_pending = False
-        return tensor
+            value.reshape(-1).copyto(tensor.pull_state.model)
 
-    def init_entries(self, tensor, value):
-        keys, values, sizes = super(PulledModel, self).init_entries(tensor, value)
-        for chunk, payload in zip(tensor.chunks, tensor.payloads):
+    def add_entries(self, tensor, keys, values):
+        for chunk, payload in zip(tensor.chunks, tensor.pull_state.payloads):
             keys.append(chunk.model_key)
             values.append(nd.zeros(payload.payload.size, dtype=np.float32))
-        return keys, values, sizes
 
-    def after_init(self, tensors):
-        """Collective: the data path's own (float16 pushes: the pull keys' round of zeros),
-        then one round of zeros into the model keys (the servers keep their stored arrays
-        from it), waited for; then each tensor's ``x̂`` := W_0, an exact pull on every
-        worker but rank 0, which copied its own value at :meth:`place`."""
-        super(PulledModel, self).after_init(tensors)
+    def after_init(self, wire, tensors):
+        """One round of zeros into the model keys (the servers keep their stored arrays from
+        it), waited for; then each tensor's ``x̂`` := W_0, an exact pull on every worker but
+        rank 0, which copied its own value at :meth:`place`."""
         keys, views = [], []
         for tensor in tensors:
-            for chunk, payload in zip(tensor.chunks, tensor.payloads):
+            for chunk, payload in zip(tensor.chunks, tensor.pull_state.payloads):
                 keys.append(chunk.model_key)
                 views.append(payload.payload)
         if keys:
             self._native.push(keys, views)
             for tensor in tensors:
-                for payload in tensor.payloads:
-                    # A write waits for the push that reads the buffer to be acknowledged.
-                    nd._internal._plus_scalar(payload.head, scalar=0.0, out=payload.head)  # pylint: disable=protected-access
-                    payload.head.wait_to_read()
+                ordering.wait_for_pushes([p.head for p in tensor.pull_state.payloads])
         if self._native.rank != 0:
             for tensor in tensors:
-                self.pull(tensor, [tensor.model], 0)   # before any push: W_0, waited for
+                wire.pull(tensor, [tensor.pull_state.model], 0)   # before any push: W_0
 
-    def initial_pull(self, tensor, value, outs, priority):
+    @staticmethod
+    def initial_pull(wire, tensor, value, outs, priority):
         """``broadcast``'s initial value: ``x̂``, which is W_0 (:meth:`after_init`), copied
         into `outs`; no second transfer."""
-        if any(out.dtype != tensor.model.dtype for out in outs):
-            super(PulledModel, self).initial_pull(tensor, value, outs, priority)
+        model = tensor.pull_state.model
+        if any(out.dtype != model.dtype for out in outs):
+            wire.exact_initial_pull(tensor, value, outs, priority)
             return
         for out in outs:
-            tensor.model.copyto(tensor.views_of(out)[2])
+            model.copyto(tensor.views_of(out)[2])
 
-    def _before_push(self, tensor, slot):
-        if tensor.model_pending:
+    def before_push(self, tensor, slot):
+        state = tensor.pull_state
+        if state.pending:
             # The server overwrites the model key at the next pulled round; that round needs
             # this push, which must therefore wait for the last compressed pull to return.
-            for payload in tensor.payloads:
-                payload.head.copyto(tensor.heads[slot])   # float16 send buffers: a cast
-            tensor.model_pending = False
-        super(PulledModel, self)._before_push(tensor, slot)
+            for payload in state.payloads:
+                ordering.follow(tensor.heads[slot], payload.head)   # float16 buffers: a cast
+            state.pending = False
 
-    def pull_compressed(self, tensor, outs, priority):
+    def pull_compressed(self, wire, tensor, outs, priority):
         """Pull round ``tensor.next_round - 1``'s payload, advance ``x̂`` and copy it into
         `outs` (the worker's pulled weights).
 
@@ -135,56 +201,27 @@ class PulledModel(object):
             pulled through here (``x̂`` would differ from the servers').
         """
         last = tensor.next_round - 1
-        schedule = self.schedule
+        schedule, state = self.schedule, tensor.pull_state
         if not schedule.pulled(last):
             raise ValueError(
                 'pull_compressed of key %r after round %d: with pull_compression the servers '
                 'send a compressed pull only at rounds every worker pulls (every round up to '
                 'warmup_steps=%d, then every delay=%d-th); use pull() for the exact weights'
                 % (tensor.key, last, schedule.warmup_steps, schedule.delay))
-        if tensor.model_round != schedule.previous(last):
+        if state.round != schedule.previous(last):
             raise ValueError(
                 'pull_compressed of key %r after round %d: the compressed pull of round %d was '
                 'skipped (this worker last pulled round %d compressed), so its pulled model '
                 'differs from the servers\'; pull every pulled round through pull_compressed'
-                % (tensor.key, last, schedule.previous(last), tensor.model_round))
-        self._order_payloads(tensor, last)
+                % (tensor.key, last, schedule.previous(last), state.round))
+        # Behind the pushes of round `last` and the earlier rounds not yet covered, as an
+        # exact pull is, into every payload's header.
+        wire.order_after_pushes(tensor, last, [payload.head for payload in state.payloads])
         self._native.pull([c.model_key for c in tensor.chunks],
-                          out=[p.payload for p in tensor.payloads], priority=priority)
-        for chunk, payload in zip(tensor.chunks, tensor.payloads):
-            payload.decode_into(tensor.model[chunk.start:chunk.stop])
+                          out=[p.payload for p in state.payloads], priority=priority)
+        for chunk, payload in zip(tensor.chunks, state.payloads):
+            payload.decode_into(state.model[chunk.start:chunk.stop])
         for out in outs:
-            tensor.model.copyto(tensor.views_of(out)[2])
-        tensor.last_pulled = tensor.model_round = last
-        tensor.model_pending = True
-
-    def _order_payloads(self, tensor, last):
-        # As DenseKeys._order_after_earlier_rounds, into the payloads: each send buffer of
-        # round `last` and of the earlier rounds not yet covered is touched (a write, which
-        # waits for its push's acknowledgement) and read into every payload's header.
-        for rnd in list(self._earlier_rounds(tensor, last)) + [last]:
-            head = tensor.heads[rnd % self._slots]
-            nd._internal._plus_scalar(head, scalar=0.0, out=head)  # pylint: disable=protected-access
-            for payload in tensor.payloads:
-                head.copyto(payload.head)
-
-    @staticmethod
-    def state(tensor):
-        """What a checkpoint keeps of `tensor`'s pulled model: ``(x̂, its round)``."""
-        return tensor.model.asnumpy(), tensor.model_round
-
-    @staticmethod
-    def load_state(tensor, state):
-        """Restore :meth:`state`'s value."""
-        model, model_round = state
-        if np.size(model) != tensor.size:
-            raise ValueError('pulled model of key %r has %d elements, the key %d'
-                             % (tensor.key, np.size(model), tensor.size))
-        tensor.model[:] = np.asarray(model, dtype=np.float32).reshape(-1)
-        tensor.model_round = int(model_round)
-        tensor.model_pending = False
-
-
-class PullModelDense(PulledModel, DenseKeys):
-    """Dense keys whose pulls read the slot keys, with compressed pulls (:class:`PulledModel`;
-    float16 pushes: :class:`kvstore_ext.worker.float16_keys.PullKeyModelDense`)."""
+            state.model.copyto(tensor.views_of(out)[2])
+        tensor.last_pulled = state.round = last
+        state.pending = True
