@@ -35,7 +35,7 @@ from mxnet.contrib.amp.loss_scaler import LossScaler
 import reference
 from kvstore_ext.codecs import pulls
 from kvstore_ext.protocol.schedule import PullSchedule
-from kvstore_ext.worker.pulled_model import Payload
+from kvstore_ext.worker.wires.pulls import Payload
 from kvstore_ext.protocol.keys import KeyLayout
 from mxdelay.schedule import DelaySchedule
 from scripts import mlp_model

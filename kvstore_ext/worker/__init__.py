@@ -3,8 +3,8 @@
 - :mod:`~kvstore_ext.worker.dist_delay`: :class:`DistDelay`, the ``KVStoreBase`` face;
 - the data paths of keys, one per kind, chosen at ``init``: the wires of dense keys,
   :mod:`~kvstore_ext.worker.wires` (slot keys, float32 pull keys, one row per worker: one
-  module each, chosen by the codec), each with its pull strategy,
-  :mod:`~kvstore_ext.worker.pulled_model` (exact or compressed pulls);
+  module each, chosen by the codec), each with its pull strategy (exact or compressed
+  pulls, :mod:`~kvstore_ext.worker.wires.pulls`);
   :mod:`~kvstore_ext.worker.sparse` (row_sparse keys), :mod:`~kvstore_ext.worker.aux_states`
   (averaged aux states); their ordering in MXNet's engine, :mod:`~kvstore_ext.worker.ordering`;
   AMP's flag of a round, :mod:`~kvstore_ext.worker.finite`;

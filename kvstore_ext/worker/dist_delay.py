@@ -9,9 +9,8 @@
   of the slowest, and each slot has its own send buffer (so a gradient is never held by a
   pending push, and a pull never lands in a gradient).
 - the key kinds, one data path each, chosen at ``init``: the wire of the codec's dense keys
-  (:mod:`kvstore_ext.worker.wires`, with its pull strategy, :mod:`kvstore_ext.worker.pulled_model`),
-  :mod:`kvstore_ext.worker.sparse` and :mod:`kvstore_ext.worker.aux_states` (aux states,
-  averaged by :meth:`DistDelay.average`);
+  with its pull strategy (:mod:`kvstore_ext.worker.wires`), :mod:`kvstore_ext.worker.sparse`
+  and :mod:`kvstore_ext.worker.aux_states` (aux states, averaged by :meth:`DistDelay.average`);
 - the codec, chosen by ``set_gradient_compression`` (:mod:`kvstore_ext.codecs`);
 - :mod:`kvstore_ext.worker.channel`: the connection to the servers (hand-shake, commands, the
   optimizer, votes);

@@ -8,11 +8,11 @@
   codec's wire dtype, float32 pull keys);
 - ``'rows'``: :class:`~kvstore_ext.worker.wires.rows.RowWire` (one row per worker);
 
-each holding its pull strategy (:mod:`kvstore_ext.worker.pulled_model`): compressed pulls
+each holding its pull strategy (:mod:`kvstore_ext.worker.wires.pulls`): compressed pulls
 where ``pull_compression`` is set, else exact ones. What they share is
 :mod:`~kvstore_ext.worker.wires.base`.
 """
-from kvstore_ext.worker.pulled_model import EXACT, CompressedPulls
+from kvstore_ext.worker.wires.pulls import EXACT, CompressedPulls
 from kvstore_ext.worker.wires.pull_keys import PullKeyWire
 from kvstore_ext.worker.wires.rows import RowWire
 from kvstore_ext.worker.wires.slots import ExchangeWire, SlotWire

@@ -13,7 +13,7 @@ pulls are ordered behind every earlier round (§2.4). :class:`DenseWire` is what
 share; each wire (:mod:`~kvstore_ext.worker.wires.slots`,
 :mod:`~kvstore_ext.worker.wires.pull_keys`, :mod:`~kvstore_ext.worker.wires.rows`) says
 which keys pushes and pulls use, and owns their ordering in MXNet's engine and its per-tensor
-state. A wire holds a pull strategy (:mod:`kvstore_ext.worker.pulled_model`: exact pulls, or
+state. A wire holds a pull strategy (:mod:`kvstore_ext.worker.wires.pulls`: exact pulls, or
 compressed pulls at the scheduled rounds), which it calls at placement, init, before each
 push and for a scheduled pull.
 """
@@ -22,7 +22,7 @@ from mxnet import nd
 
 from kvstore_ext.worker import ordering
 from kvstore_ext.worker.finite import ALL_FINITE, FiniteFlag
-from kvstore_ext.worker.pulled_model import EXACT
+from kvstore_ext.worker.wires.pulls import EXACT
 from kvstore_ext.worker.store_errors import StoreTypeError
 
 __all__ = ['KeyKind', 'DenseWire']
@@ -98,9 +98,9 @@ class DenseWire(KeyKind):
     ----------
     native, slots, codec
         As :class:`KeyKind`.
-    pulls : kvstore_ext.worker.pulled_model.ExactPulls, optional
+    pulls : kvstore_ext.worker.wires.pulls.ExactPulls, optional
         The pull strategy: exact pulls (the default) or
-        :class:`~kvstore_ext.worker.pulled_model.CompressedPulls`.
+        :class:`~kvstore_ext.worker.wires.pulls.CompressedPulls`.
     """
 
     #: Whether the chunks get float32 pull keys, which pulls read (else the slot keys).

@@ -16,7 +16,7 @@ from mxnet import nd
 from kvstore_ext.protocol import commands
 from kvstore_ext.worker import ordering
 from kvstore_ext.worker.finite import ALL_FINITE
-from kvstore_ext.worker.pulled_model import EXACT
+from kvstore_ext.worker.wires.pulls import EXACT
 from kvstore_ext.worker.wires.pull_keys import PullKeyBuffers, PullKeyWire
 
 __all__ = ['RowWire', 'RowBuffers']
