@@ -47,6 +47,7 @@ __all__ = ['Codec', 'TensorCodec', 'NONE', 'CompressionError', 'CompressionTypeE
 #: How errors show a valid setting.
 EXAMPLE = "e.g. compression_params={'type': '2bit', 'threshold': 0.5}"
 
+
 class CompressionError(MXNetError, ValueError):
     """Invalid ``compression_params``: an ``MXNetError`` as MXNet raises, and a ``ValueError``."""
 
