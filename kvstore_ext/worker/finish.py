@@ -10,11 +10,11 @@ sums, and all workers that vote stop at the first round in which every worker ha
 that round is never pushed (docs/design.md §5).
 
 ``exchanged`` is 1 if the worker sends its round's dense keys as pushpulls (one request with
-the push and the pull, kvstore_ext.worker.wires.slots.ExchangeWire). MXNet's server answers only the
-pushpulls of a round that has one, and never acknowledges a plain push in it: a worker that
-fills a round without data sends pushpulls exactly if the workers with data did (its vote
-reads their sum, :attr:`FinishCounter.exchanged`), and a worker with data sends all of its
-round's dense keys the way its flag said.
+the push and the pull, kvstore_ext.worker.wires.slots.ExchangeWire). MXNet's server answers
+only the pushpulls of a round that has one, and never acknowledges a plain push in it: a
+worker that fills a round without data sends pushpulls exactly if the workers with data did
+(its vote reads their sum, :attr:`FinishCounter.exchanged`), and a worker with data sends all
+of its round's dense keys the way its flag said.
 
 The other R elements are a ring of overflow marks (docs/design.md §11): in round t a worker
 pushes ``1 + overflowed`` at element ``3 + t mod R`` (``overflowed`` is 1 if its gradients
