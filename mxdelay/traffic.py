@@ -18,19 +18,19 @@ switch: every step; delayed phase: every k-th step).
 from kvstore_ext import codecs
 from kvstore_ext.codecs import pulls
 
-__all__ = ['SETTINGS', 'round_bytes']
+__all__ = ['settings', 'round_bytes']
 
-#: (name, compression_params, pull_compression): the settings the estimate compares, each
-#: alone. 2bit's threshold does not change its bytes; the blockwise codecs are counted at
-#: their default block size.
-SETTINGS = (('no compression', None, None),
-            ('fp16 pushes', {'type': 'fp16'}, None),
-            ('2bit pushes', {'type': '2bit'}, None),
-            ('int8 pushes', {'type': 'int8'}, None),
-            ('int4 pushes', {'type': 'int4'}, None),
-            ('ternary pushes', {'type': 'ternary'}, None),
-            ('fp16 pulls', None, {'type': 'fp16'}),
-            ('int8 pulls', None, {'type': 'int8'}))
+
+def settings():
+    """``[(name, codec, pull_codec)]``: the settings the estimate compares, each alone: no
+    compression, every push codec of the registry that has default settings
+    (:func:`kvstore_ext.codecs.defaults`: 2bit's threshold does not change its bytes; the
+    blockwise codecs at their default block size), then every pull codec at its defaults.
+    ``codecs.NONE`` and False: uncompressed."""
+    return ([('no compression', codecs.NONE, False)]
+            + [('%s pushes' % name, codec, False) for name, codec in codecs.defaults().items()]
+            + [('%s pulls' % name, codecs.NONE, pulls.parse({'type': name}))
+               for name in pulls.known_types()])
 
 
 def round_bytes(kv, keys):
@@ -48,19 +48,17 @@ def round_bytes(kv, keys):
         ``push`` and ``pull`` (bytes, as configured), ``compression`` and
         ``pull_compression`` (the settings, as in the hand-shake; None: none),
         ``row_sparse_keys`` (keys not counted) and ``settings``: ``{name: [push, pull]}``
-        for each of :data:`SETTINGS`.
+        for each of :func:`settings`.
     """
     counted = [kv.payload_bytes(k) for k in keys]
     dense = [k for k, sizes in zip(keys, counted) if sizes is not None]
-    settings = {}
-    for name, push, pull in SETTINGS:
-        codec = codecs.parse(push) or codecs.NONE
-        pull_codec = pulls.parse(pull) or False
+    compared = {}
+    for name, codec, pull_codec in settings():
         pairs = [kv.payload_bytes(k, codec, pull_codec) for k in dense]
-        settings[name] = [sum(p for p, _ in pairs), sum(q for _, q in pairs)]
+        compared[name] = [sum(p for p, _ in pairs), sum(q for _, q in pairs)]
     return {'push': sum(sizes[0] for sizes in counted if sizes is not None),
             'pull': sum(sizes[1] for sizes in counted if sizes is not None),
             'compression': kv.compression.describe() if kv.compression else None,
             'pull_compression': (kv.pull_compression.describe() if kv.pull_compression
                                  else None),
-            'row_sparse_keys': len(keys) - len(dense), 'settings': settings}
+            'row_sparse_keys': len(keys) - len(dense), 'settings': compared}

@@ -21,6 +21,7 @@ from mxnet import nd
 
 from kvstore_ext.protocol.counter import counter_size
 from kvstore_ext.worker.finish import FinishCounter
+from kvstore_ext.worker.wires.slots import ExchangeBuffers
 from support.native import delay_store, events, server_weights
 
 SHAPE = (7, 6)        # 42 elements: 3 chunks of at most 16, over two servers
@@ -63,8 +64,9 @@ def test_pushpull_is_one_request_per_chunk_with_the_weights_of_push_and_pull():
             separate.push(0, grad)
     assert exchanged.rounds(0) == separate.rounds(0) == 5
     # Chunks 1 and 2 were sent from arrays of their own, of their sizes.
-    assert [own.size for own in tensor.exchange] == [c.stop - c.start for c in tensor.chunks[1:]]
-    for own, chunk in zip(tensor.exchange, tensor.chunks[1:]):   # no view of a slot buffer
+    own_buffers = tensor.wire_state.own
+    assert [own.size for own in own_buffers] == [c.stop - c.start for c in tensor.chunks[1:]]
+    for own, chunk in zip(own_buffers, tensor.chunks[1:]):   # no view of a slot buffer
         own[:] = 1e9
         assert all((buf[chunk.start:chunk.stop].asnumpy() != 1e9).all() for buf in tensor.buffers)
 
@@ -86,7 +88,7 @@ def test_with_a_codec_pushpull_is_a_push_and_a_pull(compression):
     store.pushpull(0, nd.ones(SHAPE), out=out)
     ops = [op for op, _, _ in store._native.calls[before:]]
     assert 'pushpull' not in ops and 'push' in ops and ops[-1] == 'pull'
-    assert store._tensors[0].exchange is None
+    assert not isinstance(store._tensors[0].wire_state, ExchangeBuffers)
     np.testing.assert_array_equal(out.asnumpy(), server_weights(store, 0).astype(np.float32))
 
 

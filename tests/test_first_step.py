@@ -67,7 +67,7 @@ def test_broadcast_gives_rank0s_value_rank0_pulls_nothing_others_once(monkeypatc
         weight_keys = {k for t in store._tensors.values() for c in t.chunks for k in c.pull_keys}
         pulled = [k for k in pulled if k in weight_keys]
         chunks = {key: len(store._tensors[key].chunks) for key in SHAPES}
-        models = {key: t.model.asnumpy() for key, t in store._tensors.items()} \
+        models = {key: t.pull_state.model.asnumpy() for key, t in store._tensors.items()} \
             if pull is not None else {}
         return ({key: (values[key].asnumpy(), others[key].asnumpy()) for key in SHAPES},
                 pulled, chunks, models)

@@ -113,8 +113,8 @@ def test_each_server_holds_its_share_of_the_key_range(num_servers, slots, pull_k
     caps = [layout.max_chunks(s) for s in range(num_servers)]
     assert sum(caps) == job_cap
     placement = Placement(layout, chunk_size=1)
-    first = placement.add_chunk(0, 1, load=10 ** 9, wire=bool(pull_keys))  # server 0, fullest
-    chunks = [first] + [placement.add_chunk(0, 1, load=1, wire=bool(pull_keys))
+    first = placement.add_chunk(0, 1, load=10 ** 9, pull_keys=bool(pull_keys))  # server 0, fullest
+    chunks = [first] + [placement.add_chunk(0, 1, load=1, pull_keys=bool(pull_keys))
                         for _ in range(job_cap - 1)]
     assert placement.server_chunks == caps
     for server in range(num_servers):

@@ -225,6 +225,21 @@ def test_amp_is_refused_when_the_store_is_created(name):
         trainer.rank  # pylint: disable=pointless-statement  (creates the kvstore)
 
 
+@pytest.mark.parametrize('name', TYPES)
+def test_a_bare_store_refuses_the_amp_flag_when_it_is_set(name):
+    # The payload row cannot carry AMP's all-finite flag: a bare store refuses the flag
+    # where it is given, once, not at each push; a codec whose pushes carry it takes it.
+    store = offline_store(placed=False)
+    store.set_gradient_compression({'type': name})
+    with pytest.raises(ValueError, match=r"compression_params=\{'type': '%s', 'block_size': "
+                                         r"256\} cannot carry the AMP overflow flag; train "
+                                         r"without AMP or without compression_params" % name):
+        store.set_finite_flag(nd.ones(1))
+    carried = offline_store(placed=False)
+    carried.set_gradient_compression({'type': 'fp16'})
+    carried.set_finite_flag(nd.ones(1))
+
+
 def test_chunks_stay_below_the_big_array_bound(monkeypatch):
     # MXNet splits a row_sparse key of MXNET_KVSTORE_BIGARRAY_BOUND elements or more over
     # the servers by rows: the (N, P) slot keys are kept below it by smaller chunks, and the

@@ -35,7 +35,7 @@ from mxnet.contrib.amp.loss_scaler import LossScaler
 import reference
 from kvstore_ext.codecs import pulls
 from kvstore_ext.protocol.schedule import PullSchedule
-from kvstore_ext.worker.pulled_model import Payload
+from kvstore_ext.worker.wires.pulls import Payload
 from kvstore_ext.protocol.keys import KeyLayout
 from mxdelay.schedule import DelaySchedule
 from scripts import mlp_model
@@ -85,7 +85,7 @@ def models_of(store):
         servers = store._native.servers
         theirs = np.concatenate([servers[c.server].pulled_model(c.chunk_id)
                                  for c in tensor.chunks])
-        out[key] = (tensor.model.asnumpy(), theirs)
+        out[key] = (tensor.pull_state.model.asnumpy(), theirs)
     return out
 
 
@@ -387,7 +387,7 @@ def test_fp16_pushes_take_compressed_pulls_with_pull_keys_and_model_keys():
             store.pull_compressed(0, out=out)
             xhat = xhat + reference.pull_int8(w - xhat, INT8['block_size'])
             np.testing.assert_array_equal(out.asnumpy(), xhat)
-            np.testing.assert_array_equal(store._tensors[0].model.asnumpy(),
+            np.testing.assert_array_equal(store._tensors[0].pull_state.model.asnumpy(),
                                           native.servers[0].pulled_model(chunk.chunk_id))
         store.pull(0, out=exact)  # the pull key: W exactly, every round
         np.testing.assert_array_equal(exact.asnumpy(), w)

@@ -18,6 +18,7 @@ from support.reference_jobs import (MLP_BASE as BASE, assert_rounds_equal_refere
                                     rounds_differ_from_reference, run_mlp_job)
 from support.stores import offline_store
 from kvstore_ext import codecs
+from mxdelay import traffic
 from scripts import mlp_model, toy_codec
 
 NAMES = ('w1', 'b1', 'w2', 'b2')
@@ -58,6 +59,15 @@ def test_the_codec_is_registered_and_says_what_the_servers_do():
     store = offline_store(placed=False)
     store.set_gradient_compression(dict(TOY))
     assert store.compression.describe() == TOY and store.wire_dtype == 'float16'
+
+
+def test_the_byte_estimate_compares_the_registered_codecs_that_have_defaults():
+    # mxdelay.traffic takes its settings from the registries: every built-in codec at its
+    # defaults; the toy codec, registered here, has none (it needs a scale) and is left out.
+    assert toy_codec.TYPE in codecs.known_types() and toy_codec.TYPE not in codecs.defaults()
+    assert [name for name, _, _ in traffic.settings()] == [
+        'no compression', '2bit pushes', 'fp16 pushes', 'int4 pushes', 'int8 pushes',
+        'ternary pushes', 'fp16 pulls', 'int8 pulls']
 
 
 @pytest.mark.jobs

@@ -1,4 +1,4 @@
-"""Codecs: what travels on the wire for a push, and the registry of ``compression_params``.
+"""Codecs: what travels on the wire for a push, and the one registry of ``compression_params``.
 
 A *codec* (docs/design.md §2.8) is chosen once, when :meth:`DistDelay.set_gradient_compression
 <kvstore_ext.worker.dist_delay.DistDelay.set_gradient_compression>` parses ``compression_params``
@@ -7,24 +7,25 @@ Horovod's ``Compression.none/fp16``:
 
 - the job's :class:`Codec`: its wire dtype, how its pushes travel (:attr:`Codec.wire`, the
   worker's data path: :mod:`kvstore_ext.worker.wires`), the extra keys it needs
-  (``pull_keys``), whether
-  it carries row_sparse values, the unit of the finish counter's flags, what the servers
-  must do (:meth:`Codec.server_settings`, data sent in the REGISTER command: the servers run
-  no codec code), and what the native store must be told;
+  (``pull_keys``), whether it carries row_sparse values, the unit of the finish counter's
+  flags, what the servers must do (:meth:`Codec.server_settings`, data sent in the REGISTER
+  command), what the native store must be told, and the bytes of a push;
 - one :class:`TensorCodec` per dense tensor (:meth:`Codec.for_tensor`): it encodes a round
   into the tensor's send buffer, says what was sent in the gradient's units (the local
   rule's g, docs/design.md §1.4) and keeps, saves and loads the tensor's state.
 
-The codecs: :data:`NONE` (no ``compression_params``: pushes as they are), ``'fp16'``
-(:mod:`kvstore_ext.codecs.fp16`), ``'2bit'`` (:mod:`kvstore_ext.codecs.twobit`, a quantizer inside
-:class:`kvstore_ext.codecs.feedback.ErrorFeedback`) and ``'int8'``, ``'int4'``, ``'ternary'``
-(:mod:`kvstore_ext.codecs.blockwise`: blockwise quantization, one row per worker in row_sparse
-slot keys, decoded by the servers, whose ``server_settings`` carry the codec's
-description). A new codec is a module that subclasses :class:`Codec` and calls
-:func:`register`; nothing else changes. Compressed pulls are the
-other direction and a setting of their own (``pull_compression``, :mod:`kvstore_ext.codecs.pulls`,
-docs/design.md §2.12): they send ``C(W - x̂)`` from the servers at pulled rounds, with any
-push codec (float16 pushes keep their pull keys for the exact pulls).
+One module per codec holds all of that, its settings' parsing and, where the servers decode
+its pushes, their decode: :data:`NONE` (no ``compression_params``: pushes as they are, here),
+``'fp16'`` (:mod:`kvstore_ext.codecs.fp16`), ``'2bit'`` (:mod:`kvstore_ext.codecs.twobit`, a
+quantizer inside :class:`kvstore_ext.codecs.feedback.ErrorFeedback`) and ``'int8'``,
+``'int4'``, ``'ternary'`` (:mod:`kvstore_ext.codecs.blockwise`: one row per worker, decoded
+by the servers, which find the codec here from its ``server_settings``, :func:`decoder`).
+A codec module calls :func:`register` when imported; the registry imports every module of
+this package at its first use, so a new built-in codec is one new file and nothing else
+changes (a codec outside the package, as tests/scripts/toy_codec.py, is imported by the
+workers that use it). Compressed pulls are the other direction and a setting of their own
+(``pull_compression``, :mod:`kvstore_ext.codecs.pulls`, docs/design.md §2.12): they send
+``C(W - x̂)`` from the servers at pulled rounds, with any push codec.
 
 Workers and servers both import this package: it imports neither of their rooms.
 
@@ -32,6 +33,7 @@ Errors carry MXNet 1.9.1's message for the same input and are both ``mxnet.base.
 (what MXNet raises) and ``ValueError`` (or ``TypeError``).
 """
 import importlib
+import pkgutil
 
 import numpy as np
 from mxnet import nd
@@ -40,13 +42,10 @@ from mxnet.base import MXNetError
 from kvstore_ext.checks import ArgumentTypeError
 
 __all__ = ['Codec', 'TensorCodec', 'NONE', 'CompressionError', 'CompressionTypeError', 'parse',
-           'register', 'known_types', 'float32_only', 'EXAMPLE']
+           'register', 'known_types', 'defaults', 'decoder', 'float32_only', 'EXAMPLE']
 
 #: How errors show a valid setting.
 EXAMPLE = "e.g. compression_params={'type': '2bit', 'threshold': 0.5}"
-
-#: The modules of the built-in codecs; each registers its own on import.
-_BUILT_IN = ('kvstore_ext.codecs.twobit', 'kvstore_ext.codecs.fp16', 'kvstore_ext.codecs.blockwise')
 
 
 class CompressionError(MXNetError, ValueError):
@@ -148,8 +147,9 @@ class Codec(object):
     def server_settings(self):
         """What the servers must do with every chunk of this codec, as JSON-able data in the
         REGISTER command: ``{}`` (nothing), ``{'sum_scale': s}`` (multiply the round's
-        float32 sum by `s` before the optimizer), or ``{'payload': {'type': t, 'block_size':
-        B}}`` (decode each worker's row and sum in rank order, :mod:`kvstore_ext.codecs.blockwise`)."""
+        float32 sum by `s` before the optimizer), or, for a codec of wire ``'rows'``,
+        ``{'payload': self.describe()}`` (decode each worker's row with this codec, found
+        again on the servers by :func:`decoder`, and sum in rank order)."""
         return {}
 
     def prepare_servers(self, native, rank):
@@ -183,6 +183,22 @@ class Codec(object):
         """Bytes of the values a push of a chunk of `size` elements of `dtype` carries."""
         return size * np.dtype(self.wire_dtype or dtype).itemsize
 
+    # -- a codec of wire 'rows' (one row per worker, decoded by the servers) -------------
+    # Its TensorCodec's encode also sets ``payloads``: one float32 numpy row per chunk.
+    def payload_size(self, size):
+        """Float32 elements of one worker's row for a chunk of `size` values."""
+        raise NotImplementedError
+
+    def decode(self, payload, size):
+        """On the servers: the float32 values (numpy) that one worker's row `payload` stands
+        for, for a chunk of `size` values; the worker's own, bit for bit.
+
+        Raises
+        ------
+        ValueError
+            If `payload` is not a row of this codec for `size` values."""
+        raise NotImplementedError
+
 
 #: No compression: pushes in the tensor's dtype, unchanged.
 NONE = Codec()
@@ -198,15 +214,52 @@ def register(type_name, factory):
     _REGISTRY[type_name] = factory
 
 
+_LOADED = []
+
+
 def _registry():
-    for module in _BUILT_IN:
-        importlib.import_module(module)   # registers its codec (once: modules are cached)
+    """The registry, with the built-in codecs: each module of this package registers its
+    own when imported, and the first call imports them all (in name order)."""
+    if not _LOADED:
+        for module in pkgutil.iter_modules(__path__):
+            importlib.import_module('%s.%s' % (__name__, module.name))
+        _LOADED.append(True)
     return _REGISTRY
 
 
 def known_types():
     """The compression types :func:`parse` knows, sorted."""
     return sorted(_registry())
+
+
+def defaults():
+    """``{type: codec}`` of each known type that has default settings (``{'type': type}``
+    alone is valid), in :func:`known_types`' order: what a byte estimate compares."""
+    found = {}
+    for name in known_types():
+        try:
+            found[name] = parse({'type': name})
+        except (ValueError, TypeError):
+            pass   # a codec without defaults (e.g. one that needs a scale)
+    return found
+
+
+def decoder(settings):
+    """The codec whose servers decode its pushes (wire ``'rows'``) that `settings`, a
+    chunk's ``'payload'`` setting in REGISTER, describes; None if it describes none.
+
+    `settings` must be the codec's :meth:`Codec.describe` exactly (every setting given),
+    as the workers send it."""
+    if not isinstance(settings, dict) or not isinstance(settings.get('type'), str):
+        return None
+    factory = _registry().get(settings['type'])
+    try:
+        codec = factory and factory(dict(settings))
+    except (ValueError, TypeError):
+        return None
+    if not codec or codec.wire != 'rows' or codec.describe() != settings:
+        return None
+    return codec
 
 
 def parse(compression_params):

@@ -12,10 +12,11 @@ row per worker*:
 - worker r pushes a ``RowSparseNDArray`` holding only row r, its payload; the rows are
   disjoint, so the native server's merged array holds every worker's payload bit for bit
   (the packed words are normal float32 numbers);
-- the servers decode each row, sum the N workers' values in rank order in float32 and run
-  the round as for any dense chunk (``'payload'`` codec setting,
-  :class:`kvstore_ext.server.appliers.DecodeRows`); W goes into float32 pull keys, which
-  pulls read. The codec's wire is ``'rows'`` (:mod:`kvstore_ext.worker.row_keys`).
+- the servers find this codec in the registry from the chunk's ``'payload'`` setting
+  (:func:`kvstore_ext.codecs.decoder`), decode each row with it (:meth:`Blockwise.decode`),
+  sum the N workers' values in rank order in float32 and run the round as for any dense
+  chunk (:class:`kvstore_ext.server.appliers.DecodeRows`); W goes into float32 pull keys,
+  which pulls read. The codec's wire is ``'rows'`` (:mod:`kvstore_ext.worker.wires.rows`).
 
 Each tensor's side (:class:`PayloadTensor`) keeps one float32 residual on the CPU and encodes
 in numpy: the gradient is read (this waits for backward); what it sent, ``c``, stays in the
@@ -74,8 +75,12 @@ class Blockwise(Codec):
         """Float32 elements of the payload of a chunk of `size` values."""
         return quantize.payload_size(size, self.levels, self.block)
 
+    def decode(self, payload, size):
+        """On the servers: the values ``c`` one worker's `payload` stands for."""
+        return quantize.decode(payload, self.levels, self.block, size)
+
     def chunk_limit(self, workers):
-        # The (N, P) slot keys stay below MXNET_KVSTORE_BIGARRAY_BOUND (PayloadDense.place).
+        # The (N, P) slot keys stay below MXNET_KVSTORE_BIGARRAY_BOUND (RowWire.place).
         return largest_chunk(self, workers, commands.bigarray_bound())
 
     def push_bytes(self, size, dtype):
@@ -94,7 +99,7 @@ class PayloadTensor(ResidualTensor):
         self.residual = np.zeros(size, dtype=np.float32)
         self.payloads = None
         self._factor = None
-        self.ranges = [(0, size)]   # the chunks' element ranges (PayloadDense.place sets them)
+        self.ranges = [(0, size)]   # the chunks' element ranges (RowWire.place sets them)
 
     def encode(self, source, buf, factor):
         """p = g * factor + r; per chunk, quantize p by blocks into its payload; the values

@@ -9,7 +9,7 @@ float32 and keep ``W`` and the optimizer state in float32; pulls return float32 
   casts each float16 push to float32 and sums in float32 (``kvstore_dist_server.h``,
   ``DataHandleDefault``);
 - every chunk gets R float32 *pull keys* (``KeyLayout.pull_key``), which pulls read: the
-  codec's wire is ``'pull_keys'`` (:mod:`kvstore_ext.worker.float16_keys`).
+  codec's wire is ``'pull_keys'`` (:mod:`kvstore_ext.worker.wires.pull_keys`).
 
 This module is the codec (:class:`Float16`, registered as ``'fp16'``) and the float16 copy of
 one tensor's pushes (:class:`Float16Tensor`).

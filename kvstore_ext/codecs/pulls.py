@@ -13,23 +13,23 @@ did not carry stays in ``W - x̂`` and goes out with the next pull (error feedba
 - the codecs (:class:`Float16Pull` ``'fp16'``, :class:`Int8Pull` ``'int8'``; :func:`parse`):
   the servers encode synchronously, in their updater (:meth:`PullCodec.encode`: numpy, and
   MXNet's float16 casts), the workers decode with NDArray operations in MXNet's engine
-  (:class:`kvstore_ext.worker.pulled_model.Payload`); both compute ``dec(q)`` with the same float32 operations, so ``x̂``
-  is bit-identical everywhere;
+  (:class:`kvstore_ext.worker.wires.pulls.Payload`); both compute ``dec(q)`` with the same
+  float32 operations, so ``x̂`` is bit-identical everywhere;
 - the wire: one *model key* per chunk (``KeyLayout.model_key``), a float32 key whose bytes
   are the payload. MXNet 1.9.1's server aborts on int8/uint8 keys ("only support floating
   point types"), and a float16 key's pulls depend on the native server's multi-precision
   flag, uninitialised unless set (docs/design.md §9); a float32 key is copied byte for byte.
   The worker reads the bytes through a float16 or uint8 NDArray over the same memory;
 - the server's ``x̂`` of one chunk is :class:`kvstore_ext.server.rounds.ServerModel`; the
-  worker's side, :mod:`kvstore_ext.worker.pulled_model`.
+  worker's side, :mod:`kvstore_ext.worker.wires.pulls`.
 """
 import numpy as np
 from mxnet import nd
 
 from kvstore_ext.checks import ArgumentTypeError, check_int
 
-__all__ = ['PullCodec', 'Float16Pull', 'Int8Pull', 'parse', 'EXAMPLE', 'payload_bytes',
-           'bytes_per_pull']
+__all__ = ['PullCodec', 'Float16Pull', 'Int8Pull', 'parse', 'known_types', 'EXAMPLE',
+           'payload_bytes', 'bytes_per_pull']
 
 F32 = np.float32
 
@@ -189,6 +189,11 @@ def _parse_int8(params, argument):
 _TYPES = {'fp16': _parse_fp16, 'int8': _parse_int8}
 
 
+def known_types():
+    """The pull compression types :func:`parse` knows, sorted."""
+    return sorted(_TYPES)
+
+
 def parse(params, argument='pull_compression'):
     """The codec of `params` (None: no compression).
 
@@ -209,7 +214,7 @@ def parse(params, argument='pull_compression'):
     kind = params.get('type')
     if kind not in _TYPES:
         raise ValueError("%s=%r: 'type' must be one of %s; %s"
-                         % (argument, params, sorted(_TYPES), EXAMPLE))
+                         % (argument, params, known_types(), EXAMPLE))
     return _TYPES[kind](params, argument)
 
 

@@ -36,7 +36,8 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
-from kvstore_ext.codecs import heap, quantize
+from kvstore_ext import codecs
+from kvstore_ext.codecs import heap
 from kvstore_ext.protocol.commands import AUX_SETTINGS as AUX
 from kvstore_ext.protocol.counter import HEAD
 
@@ -152,20 +153,22 @@ class ScaleSum(Applier):
 class DecodeRows(Applier):
     """Decorator for one-row-per-worker pushes (docs/design.md §2.14): the round's merged
     row_sparse (N, P) array holds worker r's payload in row r; `inner` gets the float32 sum,
-    in rank order, of the values each payload stands for (:func:`kvstore_ext.codecs.quantize.decode`:
-    the very values the worker computed), shaped as the weights.
+    in rank order, of the values each payload stands for (the chunk's codec's
+    :meth:`~kvstore_ext.codecs.Codec.decode`: the very values the worker computed), shaped as
+    the weights.
 
     Parameters
     ----------
     inner : Applier
     settings : dict
-        ``{'type': name, 'block_size': B}`` (checked by :func:`check_codec`).
+        The codec's description, e.g. ``{'type': 'int8', 'block_size': B}``: the codec is
+        found in the registry (:func:`kvstore_ext.codecs.decoder`; checked by
+        :func:`check_codec`).
     """
 
     def __init__(self, inner, settings):
         self._inner = inner
-        self._levels = quantize.LEVELS[settings['type']]
-        self._block = settings['block_size']
+        self._codec = codecs.decoder(settings)
         heap.keep_large_blocks()   # the decode's temporaries: no page faults per round
 
     def apply(self, chunk, grad, weight, stored):
@@ -175,21 +178,18 @@ class DecodeRows(Applier):
         self._inner.apply(chunk, mx.nd.from_numpy(total, zero_copy=True), weight, stored)
 
     def decode(self, chunk, grad, size):
-        """The float32 numpy sum over the workers of the values `grad`'s rows stand for."""
+        """The float32 numpy sum over the workers of the values `grad`'s rows stand for
+        (`grad`: the merge of row_sparse pushes, which the slot keys of this wire are)."""
         workers = grad.shape[0]
-        if grad.stype == 'row_sparse':
-            rows = grad.indices.asnumpy()
-            data = grad.data.asnumpy()
-        else:
-            rows, data = np.arange(workers), grad.asnumpy()
+        rows = grad.indices.asnumpy()
+        data = grad.data.asnumpy()
         if sorted(rows.tolist()) != list(range(workers)):
             raise RuntimeError('chunk %s: a round with the rows of workers %s, not of all %d: '
                                'every worker pushes its own row' % (chunk, rows.tolist(),
                                                                      workers))
-        order = np.argsort(rows)
         total = None
-        for index in order:   # rank order: the sum does not depend on arrival order
-            values = quantize.decode(data[index], self._levels, self._block, size)
+        for index in np.argsort(rows):   # rank order: the sum does not depend on arrival order
+            values = self._codec.decode(data[index], size)
             total = values if total is None else total + values
         return total
 
@@ -253,11 +253,8 @@ def _raise(chunk, error):  # pylint: disable=unused-argument
     raise error
 
 
-def _payload_settings(value):
-    return (isinstance(value, dict) and set(value) == {'type', 'block_size'}
-            and value['type'] in quantize.LEVELS and isinstance(value['block_size'], int)
-            and not isinstance(value['block_size'], bool)
-            and 1 <= value['block_size'] <= quantize.MAX_BLOCK)
+def _decoded(value):
+    return codecs.decoder(value) is not None
 
 
 def _positive_finite(value):
@@ -266,13 +263,16 @@ def _positive_finite(value):
 
 
 #: The codec settings a chunk's ``REGISTER`` entry may carry: name -> (whether a value is
-#: valid, what a valid value is, the decorator that applies it). ``aux`` is no decorator:
-#: it makes the chunk an aux chunk (:data:`AUX`), which :func:`choose` gives the sum alone.
+#: valid, what a valid value is, the decorator that applies it). These are what a server
+#: does, not codecs: ``payload`` names the chunk's codec, which the registry gives
+#: (:func:`kvstore_ext.codecs.decoder`). ``aux`` is no decorator: it makes the chunk an aux
+#: chunk (:data:`AUX`), which :func:`choose` gives the sum alone.
 CODEC_SETTINGS = {
     'sum_scale': (_positive_finite, 'a finite number above 0', ScaleSum),
     'aux': (_is_true, 'True', None),
-    'payload': (_payload_settings, "{'type': one of %s, 'block_size': an integer in 1..%d}"
-                % (sorted(quantize.LEVELS), quantize.MAX_BLOCK), DecodeRows),
+    'payload': (_decoded, "the description of a codec whose rows the servers decode, with "
+                          "every setting (e.g. {'type': 'int8', 'block_size': 256})",
+                DecodeRows),
 }
 
 

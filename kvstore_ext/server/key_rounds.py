@@ -71,12 +71,12 @@ class KeyRounds(object):
         self._rounds.on_round(chunk, slot, merged, stored)
 
     def _pull(self, key, local, slot, merged, stored):
-        # The workers' round of zeros at init (kvstore_ext.codecs.fp16.push_handle_round):
+        # The workers' round of zeros at init (worker/wires/pull_keys.py, push_handle_round):
         # keep the stored array, leave its value (W_0), write W into it from now on.
         self._rounds.pulls.set_store(self._chunk(key, local), slot, stored)
 
     def _model(self, key, local, index, merged, stored):
-        # The workers' round of zeros at init (pulled_model.PullModelDense.after_init):
+        # The workers' round of zeros at init (worker/wires/pulls.py, CompressedPulls):
         # the compressed pulls' payloads go into this stored array.
         self._rounds.models.set_store(self._chunk(key, local), stored)
 

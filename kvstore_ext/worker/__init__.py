@@ -1,12 +1,13 @@
 """Runs in a worker process: the ``'dist_delay'`` store and its data paths.
 
 - :mod:`~kvstore_ext.worker.dist_delay`: :class:`DistDelay`, the ``KVStoreBase`` face;
-- the data paths of keys, one per kind, chosen at ``init``: :mod:`~kvstore_ext.worker.dense`
-  (slot keys), :mod:`~kvstore_ext.worker.float16_keys` (float16 pushes, float32 pull keys),
-  :mod:`~kvstore_ext.worker.row_keys` (one row per worker), :mod:`~kvstore_ext.worker.sparse`
-  (row_sparse keys), :mod:`~kvstore_ext.worker.aux_states` (averaged aux states); which
-  dense path a codec travels by, :mod:`~kvstore_ext.worker.wires`; compressed pulls mixed
-  in, :mod:`~kvstore_ext.worker.pulled_model`;
+- the data paths of keys, one per kind, chosen at ``init``: the wires of dense keys,
+  :mod:`~kvstore_ext.worker.wires` (slot keys, float32 pull keys, one row per worker: one
+  module each, chosen by the codec), each with its pull strategy (exact or compressed
+  pulls, :mod:`~kvstore_ext.worker.wires.pulls`);
+  :mod:`~kvstore_ext.worker.sparse` (row_sparse keys), :mod:`~kvstore_ext.worker.aux_states`
+  (averaged aux states); their ordering in MXNet's engine, :mod:`~kvstore_ext.worker.ordering`;
+  AMP's flag of a round, :mod:`~kvstore_ext.worker.finite`;
 - where tensors live: :mod:`~kvstore_ext.worker.layout` (chunks, placement, slot buffers);
 - talking to the servers: :mod:`~kvstore_ext.worker.channel` (hand-shake, commands, votes),
   :mod:`~kvstore_ext.worker.statefetch` (the servers' optimizer state),

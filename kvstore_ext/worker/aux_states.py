@@ -21,7 +21,7 @@ from mxnet import nd
 
 from kvstore_ext import codecs
 from kvstore_ext.protocol.commands import AUX_SETTINGS
-from kvstore_ext.worker.dense import DenseKeys
+from kvstore_ext.worker.wires.slots import SlotWire
 
 __all__ = ['AuxKeys', 'is_aux']
 
@@ -33,7 +33,7 @@ def is_aux(param):
     return param is not None and getattr(param, '_differentiable', True) is False
 
 
-class AuxKeys(DenseKeys):
+class AuxKeys(SlotWire):
     """The data path of aux keys, chosen at ``init`` for an aux state's key.
 
     Parameters
@@ -44,14 +44,13 @@ class AuxKeys(DenseKeys):
         R, slot keys per chunk.
     """
 
-    #: Its rounds are not training rounds (:class:`kvstore_ext.worker.dense.KeyKind`).
+    #: Its rounds are not training rounds (:class:`kvstore_ext.worker.wires.base.KeyKind`).
     trained = False
 
     def __init__(self, native, slots):
-        # No codec: pushed in their own dtype, placed without pull keys, no residual.
+        # No codec: pushed in their own dtype, placed without pull keys, no residual; a
+        # push and a pull of their own (average), never a pushpull in a training round.
         super(AuxKeys, self).__init__(native, slots, codecs.NONE)
-        # Averaged by a push and a pull of their own (average), never in a training round.
-        self.exchanges = False
 
     def server_settings(self):
         """``{'aux': True}``: the servers keep the sum of each round."""

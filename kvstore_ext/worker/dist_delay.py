@@ -8,9 +8,9 @@
   server's sum of a slot is exactly one round, a worker runs at most ``slack`` rounds ahead
   of the slowest, and each slot has its own send buffer (so a gradient is never held by a
   pending push, and a pull never lands in a gradient).
-- the key kinds, one data path each, chosen at ``init``: :mod:`kvstore_ext.worker.dense` (with
-  :mod:`kvstore_ext.codecs.fp16`'s variant for pull keys), :mod:`kvstore_ext.worker.sparse` and
-  :mod:`kvstore_ext.worker.aux_states` (aux states, averaged by :meth:`DistDelay.average`);
+- the key kinds, one data path each, chosen at ``init``: the wire of the codec's dense keys
+  with its pull strategy (:mod:`kvstore_ext.worker.wires`), :mod:`kvstore_ext.worker.sparse`
+  and :mod:`kvstore_ext.worker.aux_states` (aux states, averaged by :meth:`DistDelay.average`);
 - the codec, chosen by ``set_gradient_compression`` (:mod:`kvstore_ext.codecs`);
 - :mod:`kvstore_ext.worker.channel`: the connection to the servers (hand-shake, commands, the
   optimizer, votes);
@@ -20,8 +20,8 @@
 - :mod:`kvstore_ext.worker.hooks`, :mod:`kvstore_ext.worker.gluon_sparse`, :mod:`kvstore_ext.worker.module_path`:
   the registry entry, the worker's exit, and what Gluon and Module need.
 
-A pull after round t is ordered behind every earlier round (:meth:`DenseKeys.pull
-<kvstore_ext.worker.dense.DenseKeys.pull>`), and the server applies rounds in order
+A pull after round t is ordered behind every earlier round (:meth:`DenseWire.pull
+<kvstore_ext.worker.wires.base.DenseWire.pull>`), and the server applies rounds in order
 (:mod:`kvstore_ext.server.rounds`), so it returns exactly the weights after round t.
 """
 import json
@@ -42,15 +42,15 @@ from kvstore_ext.worker.arguments import as_lists, describe
 from kvstore_ext.worker.channel import CommandChannel, ServerLink
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_optional_text,
                                 check_path, check_real, check_rounds)
-from kvstore_ext.worker.dense import DenseKeys
+from kvstore_ext.worker.finite import ALL_FINITE
 from kvstore_ext.protocol.counter import counter_size
 from kvstore_ext.worker.finish import FinishCounter
 from kvstore_ext.protocol.keys import KeyLayout
 from kvstore_ext.worker.layout import Placement
 from kvstore_ext.optim.optimizers import describe_optimizer, whole_tensor_name
 from kvstore_ext.protocol.commands import Command
-from kvstore_ext.worker.pulled_model import PulledModel
 from kvstore_ext.worker.statefetch import StateFetch
+from kvstore_ext.worker.wires.slots import SlotWire
 from kvstore_ext.worker.store_errors import StoreValueError, UnknownKeyError
 from kvstore_ext.typenames import TYPE_STRING
 
@@ -132,7 +132,7 @@ class DistDelay(KVStoreBase):
         self._stateful = {}        # key -> its TensorCodec, where that keeps state (residuals)
         # Compressed pulls (set_pull_compression, docs/design.md §2.12): the codec, or None.
         self._pull_codec = None
-        self._finite = {}          # {round: its all-finite flag} (set_finite_flag)
+        self._finite = {}          # {round: its all-finite flag's object} (set_finite_flag)
         # Whether this worker's last push or pushpull of a key that can be exchanged was a
         # pushpull: how a round whose first key cannot be exchanged is flagged (_next_round).
         self._asked_exchange = False
@@ -244,7 +244,7 @@ class DistDelay(KVStoreBase):
         self._dense = wires.dense_keys(codec, self._native, slots, self._pull_codec, schedule)
         self._rows = sparse.RowSparseKeys(self._native, slots, codec)
         self._aux = AuxKeys(self._native, slots)
-        self._counter_keys = DenseKeys(self._native, slots, codecs.NONE)
+        self._counter_keys = SlotWire(self._native, slots, codecs.NONE)
         self._fetch = StateFetch(layout)
         _LOG.info('dist_delay: worker %d of %d, %d mxdelay server(s), slack %d, chunk size %d',
                   self.rank, self.num_workers, self._num_servers, self._slack, self._chunk_size)
@@ -574,14 +574,15 @@ class DistDelay(KVStoreBase):
                              'use average(), or trainer.sync_weights(aux_states=True)' % (key,))
         if tensor.kind.exchanges:
             self._asked_exchange = exchange
-        finite = self._finite.get(tensor.next_round)
+        finite = self._finite.get(tensor.next_round, ALL_FINITE)
         if self._finish is not None:
             self._finish.flag_round(tensor.next_round, finite, self._asked_exchange)
         return tensor, finite
 
-    def _send(self, tensor, grads, outs, priority, factor=None, finite=None):
+    def _send(self, tensor, grads, outs, priority, factor=None, finite=ALL_FINITE):
         """Send round ``tensor.next_round`` of `tensor` (the sum of `grads`, times `factor`,
-        divided by `finite`) and, if `outs` is given, pull the weights after it into `outs`.
+        divided by the all-finite flag `finite`) and, if `outs` is given, pull the weights
+        after it into `outs`.
 
         MXNet's server answers only the pushpulls of a round that has one and leaves its
         plain pushes unanswered for ever (``ApplyUpdates`` of kvstore_dist_server.h), so
@@ -590,13 +591,7 @@ class DistDelay(KVStoreBase):
         can be exchanged go as one pushpull per chunk (without `outs` into an array of the
         tensor's own, whose weights nobody reads) or else as a push and a pull.
         """
-        if tensor.kind.exchanges and self._finish.exchanged:
-            tensor.kind.exchange(tensor, grads, outs or [tensor.unread()], priority, factor,
-                                 finite)
-            return
-        tensor.kind.push(tensor, grads, priority, factor, finite)
-        if outs is not None:
-            tensor.kind.pull(tensor, outs, priority)
+        tensor.kind.send(tensor, grads, outs, priority, factor, finite, self._finish.exchanged)
 
     def set_finite_flag(self, flag):
         """Mark this worker's next round with its all-finite flag (AMP, docs/design.md §11).
@@ -611,11 +606,18 @@ class DistDelay(KVStoreBase):
         flag : NDArray
             One element, 1 if every gradient of the round is finite, else 0 (e.g. from
             ``nd.multi_all_finite``, still being computed in MXNet's engine).
+
+        Raises
+        ------
+        ValueError
+            If the codec's pushes cannot carry the flag (one row per worker: the blockwise
+            codecs; the trainers refuse AMP with any compression when they create the store).
         """
         if not isinstance(flag, nd.NDArray) or flag.size != 1:
             raise ArgumentTypeError('flag must be a one-element NDArray (1: all finite, 0: '
                                     'overflow), got %s' % describe(flag))
-        self._finite = {self._finish.flagged_rounds if self._finish else 0: flag}
+        self._finite = {self._finish.flagged_rounds if self._finish else 0:
+                        wires.finite_flag(self._codec, flag)}
 
     def pull_overflows(self):
         """Issue a pull of the overflow marks of the last R rounds this worker pushed;
@@ -681,8 +683,6 @@ class DistDelay(KVStoreBase):
             If round t is not pulled by every worker, or this worker skipped an earlier
             pulled round.
         """
-        if self._pull_codec is None:
-            return self.pull(key, out=out, priority=priority)
         if out is None:
             raise ArgumentTypeError('pull_compressed needs out=: the NDArray (or list of '
                                     'NDArrays) to receive the weights of key %r' % (key,))
@@ -690,7 +690,6 @@ class DistDelay(KVStoreBase):
         for k, o in zip(keys, outs):
             tensor = self._tensors[k]
             tensor.kind.pull_compressed(tensor, _listed(o), priority)
-        return None
 
     def average(self, key, value, priority=0):
         """Replace aux states `value` by their mean over the workers; collective.
@@ -738,8 +737,8 @@ class DistDelay(KVStoreBase):
         was last pulled at)} (empty without)."""
         if self._pull_codec is None:
             return {}
-        return {k: PulledModel.state(t) for k, t in self._tensors.items()
-                if t.model is not None}
+        return {k: t.pull_state.state() for k, t in self._tensors.items()
+                if t.pull_state is not None}
 
     def set_pulled_models(self, models):
         """Restore what :meth:`pulled_models` returned (a checkpoint's).
@@ -755,7 +754,7 @@ class DistDelay(KVStoreBase):
                              'pull_compression or model' % (sorted(models, key=str),
                                                             sorted(mine, key=str)))
         for key, state in models.items():
-            PulledModel.load_state(self._tensors[key], state)
+            self._tensors[key].pull_state.load(key, state)
 
     def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
         """Pull rows `row_ids` of row_sparse `key` after this worker's last pushed round.

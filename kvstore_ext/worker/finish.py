@@ -10,11 +10,11 @@ sums, and all workers that vote stop at the first round in which every worker ha
 that round is never pushed (docs/design.md §5).
 
 ``exchanged`` is 1 if the worker sends its round's dense keys as pushpulls (one request with
-the push and the pull, kvstore_ext.worker.dense.DenseKeys.exchange). MXNet's server answers only the
-pushpulls of a round that has one, and never acknowledges a plain push in it: a worker that
-fills a round without data sends pushpulls exactly if the workers with data did (its vote
-reads their sum, :attr:`FinishCounter.exchanged`), and a worker with data sends all of its
-round's dense keys the way its flag said.
+the push and the pull, kvstore_ext.worker.wires.slots.ExchangeWire). MXNet's server answers
+only the pushpulls of a round that has one, and never acknowledges a plain push in it: a
+worker that fills a round without data sends pushpulls exactly if the workers with data did
+(its vote reads their sum, :attr:`FinishCounter.exchanged`), and a worker with data sends all
+of its round's dense keys the way its flag said.
 
 The other R elements are a ring of overflow marks (docs/design.md §11): in round t a worker
 pushes ``1 + overflowed`` at element ``3 + t mod R`` (``overflowed`` is 1 if its gradients
@@ -28,6 +28,7 @@ import numpy as np
 from mxnet import nd
 
 from kvstore_ext.protocol.counter import FLAG_PRIORITY, HEAD
+from kvstore_ext.worker.finite import ALL_FINITE
 
 __all__ = ['FinishCounter']
 
@@ -39,7 +40,7 @@ class FinishCounter(object):
     ----------
     tensor : kvstore_ext.worker.layout.Tensor
         The counter's key, placed and initialised (:func:`counter_size` elements).
-    data_path : kvstore_ext.worker.dense.DenseKeys
+    data_path : kvstore_ext.worker.wires.slots.SlotWire
         The counter's data path: its ``push(tensor, arrays, priority)`` and
         ``pull(tensor, outs, priority)`` send the flags and read the sums.
     num_workers : int
@@ -75,20 +76,18 @@ class FinishCounter(object):
         # pushpulls: as its flag said, or after a vote as the workers with data do.
         self.exchanged = False
 
-    def flag_round(self, round_index, finite=None, exchanged=False):
+    def flag_round(self, round_index, finite=ALL_FINITE, exchanged=False):
         """Before the first push of round `round_index`: flag it "this worker has data" (once
-        per round). `finite`: this worker's all-finite flag of the round (a one-element
-        NDArray, 1 or 0), or None (finite). `exchanged`: whether this worker sends the
-        round's dense keys as pushpulls (then :attr:`exchanged` for the whole round)."""
+        per round). `finite`: this worker's all-finite flag of the round
+        (:mod:`kvstore_ext.worker.finite`), which marks an overflow at the round's mark.
+        `exchanged`: whether this worker sends the round's dense keys as pushpulls (then
+        :attr:`exchanged` for the whole round)."""
         if round_index < self.flagged_rounds:
             return
         self.check_no_worker_left()
         position = round_index % self._slots
-        flag = self._flags[((0, 0, int(exchanged)), position)]
-        if finite is not None:
-            # 1 + overflowed at the mark, in MXNet's engine: no wait for the gradients here.
-            flag = flag + nd.broadcast_mul(self._marks_alone[position],
-                                           1 - finite.as_in_context(flag.context))
+        flag = finite.mark(self._flags[((0, 0, int(exchanged)), position)],
+                           self._marks_alone[position])
         self._data_path.push(self.tensor, [flag], FLAG_PRIORITY)
         self.flagged_rounds = round_index + 1
         self.all_finished = False

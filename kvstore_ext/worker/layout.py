@@ -25,7 +25,9 @@ whole key range below :data:`MAX_KEY` instead of each server's keys using 1/S of
 
 A tensor of more than ``chunk_size`` elements is split into chunks, each placed on the
 least-loaded server that has key room (:class:`Placement`); a worker's :class:`Tensor` holds
-its chunks, one send/receive buffer per slot and the rounds it pushed and pulled.
+what every dense key has: its chunks, one send buffer per slot and the rounds it pushed and
+pulled. What a data path keeps besides is an object of its own in the tensor
+(``wire_state``, ``pull_state``: :mod:`kvstore_ext.worker.wires`).
 """
 import numpy as np
 from mxnet import nd
@@ -57,57 +59,35 @@ class Chunk(object):
 
 
 class Tensor(object):
-    """A user key: its chunks, its slot buffers and the rounds this worker pushed and pulled.
+    """A dense user key: its chunks, its slot buffers and the rounds this worker pushed and
+    pulled.
 
-    ``buffers[s]`` is slot s's send/receive buffer (the flattened tensor; its chunks are
-    views of it, so one copy fills a whole round and MXNet's engine tracks it as one
-    variable); made at the first push, on the CPU (pinned memory for GPU gradients).
-
-    With float16 pushes (`wire` float16) the send buffers are float16, and the pulls land
-    in float32 receive buffers of their own, ``pull_buffers[s]`` (made at ``init``;
-    :mod:`kvstore_ext.codecs.fp16`); ``pulled_slots`` are the slots pulled since their last push.
+    ``buffers[s]`` is slot s's send buffer (the flattened tensor, in the dtype pushes travel
+    in; its chunks are views of it, so one copy fills a whole round and MXNet's engine tracks
+    it as one variable); made at the first push, on the CPU (pinned memory for GPU
+    gradients). Set when placed (:meth:`kvstore_ext.worker.wires.base.DenseWire.place`):
+    ``codec``, its codec's per-tensor object (:class:`kvstore_ext.codecs.TensorCodec`),
+    ``kind``, its data path, and that data path's per-tensor objects: ``wire_state`` (the
+    wire's, e.g. the receive buffers of pull keys; None where it keeps none) and
+    ``pull_state`` (compressed pulls' pulled model, else None).
     """
-    __slots__ = ('key', 'shape', 'size', 'dtype', 'wire', 'chunks', 'next_round',
-                 'last_pulled', 'buffers', 'chunk_views', 'heads', 'views', 'zero',
-                 'pull_buffers', 'pull_heads', 'pulled_slots', 'codec', 'kind',
-                 'model', 'payloads', 'model_round', 'model_pending', 'exchange', 'unread_out',
-                 'scratch')
+    __slots__ = ('key', 'shape', 'size', 'dtype', 'chunks', 'next_round', 'last_pulled',
+                 'buffers', 'chunk_views', 'heads', 'views', 'zero', 'codec', 'kind',
+                 'wire_state', 'pull_state')
 
-    def __init__(self, key, shape, dtype, chunks, wire=None):
+    def __init__(self, key, shape, dtype, chunks):
         self.key, self.shape, self.dtype, self.chunks = key, shape, dtype, chunks
-        self.wire = wire          # dtype of the pushes: None for the tensor's own
         self.size = num_elements(shape)
         self.next_round = 0
         self.last_pulled = -1
-        self.buffers = self.chunk_views = self.heads = self.zero = self.unread_out = None
-        self.pull_buffers = self.pull_heads = None
-        # Send/receive buffers of chunks 1.. for kvstore_ext.worker.dense.DenseKeys.exchange.
-        self.exchange = None
-        self.pulled_slots = set()
-        # One-row-per-worker pushes (kvstore_ext.codecs.blockwise): per chunk, the row_sparse array
-        # that the empty pulls ordering a pull land in.
-        self.scratch = None
+        self.buffers = self.chunk_views = self.heads = self.zero = None
         self.views = {}           # handle of a user array -> (array, its chunk views, flat)
-        # Set when placed (kvstore_ext.worker.dense.DenseKeys.place): its codec's per-tensor object
-        # (kvstore_ext.codecs.TensorCodec) and its data path.
-        self.codec = self.kind = None
-        # Compressed pulls (kvstore_ext.worker.pulled_model.PullModelDense): the pulled model x̂,
-        # one receive buffer per chunk, the last round pulled compressed, and whether a
-        # push must still wait for that pull.
-        self.model = self.payloads = None
-        self.model_round = -1
-        self.model_pending = False
+        self.codec = self.kind = self.wire_state = self.pull_state = None
 
-    def make_pull_buffers(self, slots):
-        """Make the `slots` float32 receive buffers of float16 pushes, on the CPU."""
+    def make_buffers(self, slots, ctx, dtype=None):
+        """Make the `slots` send buffers on `ctx`, of `dtype` (None: the tensor's)."""
         size = self.chunks[-1].stop
-        self.pull_buffers = [nd.zeros(size, dtype=self.dtype) for _ in range(slots)]
-        self.pull_heads = [buf[0:1] for buf in self.pull_buffers]
-
-    def make_buffers(self, slots, ctx):
-        """Make the `slots` send/receive buffers on `ctx`."""
-        size = self.chunks[-1].stop
-        self.buffers = [nd.zeros(size, ctx=ctx, dtype=self.wire or self.dtype)
+        self.buffers = [nd.zeros(size, ctx=ctx, dtype=dtype or self.dtype)
                         for _ in range(slots)]
         self.chunk_views = [[buf[c.start:c.stop] for c in self.chunks] for buf in self.buffers]
         self.heads = [buf[0:1] for buf in self.buffers]
@@ -117,13 +97,6 @@ class Tensor(object):
         if self.zero is None:
             self.zero = nd.zeros(self.shape, dtype=self.dtype)
         return self.zero
-
-    def unread(self):
-        """An array of the tensor's shape (made once) that receives weights nobody reads:
-        the answers of pushpulls sent only because the other workers send the round so."""
-        if self.unread_out is None:
-            self.unread_out = nd.zeros(self.shape, dtype=self.dtype)
-        return self.unread_out
 
     def views_of(self, array, name='value'):
         """Chunk views of a user array (cached: Gluon passes the same arrays every step).
@@ -189,14 +162,13 @@ class Placement(object):
         self.server_chunks = [0] * layout.num_servers   # chunks placed on each server
         self.capacity = [layout.max_chunks(s) for s in range(layout.num_servers)]
 
-    def place(self, key, shape, dtype, wire=None, chunk_size=None):
-        """Return a new :class:`Tensor` for `key`, its chunks placed; with `wire` float16,
-        pushed as float16 and pulled through the layout's pull keys. `chunk_size`: a
-        smaller largest chunk for this tensor (a codec whose keys are larger than their
-        chunk, :mod:`kvstore_ext.codecs.blockwise`)."""
-        chunks = [self.add_chunk(start, stop, stop - start, wire)
+    def place(self, key, shape, dtype, pull_keys=False, chunk_size=None):
+        """Return a new :class:`Tensor` for `key`, its chunks placed, with pull keys if
+        `pull_keys`. `chunk_size`: a smaller largest chunk for this tensor (a codec whose
+        keys are larger than their chunk, :mod:`kvstore_ext.codecs.blockwise`)."""
+        chunks = [self.add_chunk(start, stop, stop - start, pull_keys)
                   for start, stop in self.spans(num_elements(shape), chunk_size)]
-        return Tensor(key, shape, dtype, chunks, wire)
+        return Tensor(key, shape, dtype, chunks)
 
     def spans(self, size, chunk_size=None):
         """``[(start, stop)]``: the element ranges of the chunks :meth:`place` gives a tensor
@@ -206,9 +178,9 @@ class Placement(object):
             step = max(size, 1)
         return [(start, min(start + step, size)) for start in range(0, max(size, 1), step)]
 
-    def add_chunk(self, start, stop, load, wire=None):
+    def add_chunk(self, start, stop, load, pull_keys=False):
         """Place the next chunk, ``[start, stop)`` of its tensor, holding `load` elements;
-        with `wire`, give it pull keys.
+        with `pull_keys`, give it pull keys.
 
         Raises
         ------
@@ -219,11 +191,10 @@ class Placement(object):
         local = self.server_chunks[server]
         layout = self.layout
         keys = [layout.slot_key(local, s, server) for s in range(layout.slots)]
-        pull_keys = [layout.pull_key(local, s, server) for s in range(layout.slots)] \
-            if wire else None
+        pull = [layout.pull_key(local, s, server) for s in range(layout.slots)] \
+            if pull_keys else None
         model_key = layout.model_key(local, server) if layout.model_keys else None
-        chunk = Chunk(self.next_chunk_id, start, stop, server, local, keys, pull_keys,
-                      model_key)
+        chunk = Chunk(self.next_chunk_id, start, stop, server, local, keys, pull, model_key)
         self.next_chunk_id += 1
         self.server_load[server] += load
         self.server_chunks[server] += 1

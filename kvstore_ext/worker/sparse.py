@@ -38,7 +38,9 @@ from mxnet import nd
 
 from kvstore_ext.protocol import commands
 from kvstore_ext.codecs import TensorCodec
-from kvstore_ext.worker.dense import KeyKind
+from kvstore_ext.worker import ordering
+from kvstore_ext.worker.finite import ALL_FINITE
+from kvstore_ext.worker.wires.base import KeyKind
 from kvstore_ext.worker.layout import num_elements
 from kvstore_ext.worker.store_errors import StoreTypeError, StoreValueError
 
@@ -186,7 +188,7 @@ class RowSparseKeys(KeyKind):
         """Elements ``(start, stop)`` of the flattened `tensor` that `chunk` (rows) holds."""
         return chunk.start * tensor.row_size, chunk.stop * tensor.row_size
 
-    def push(self, tensor, grads, priority, factor=None, finite=None):
+    def push(self, tensor, grads, priority, factor=None, finite=ALL_FINITE):
         """Push round ``tensor.next_round`` of `tensor`: the row_sparse `grads` (one per device),
         each chunk its rows (the native store sums the devices), times `factor` if given
         (`finite` is not applied: row_sparse rounds are not skipped under AMP)."""
@@ -227,8 +229,8 @@ class RowSparseKeys(KeyKind):
         if not earlier or ids.shape[0] == 0:
             return ids
         for rnd in earlier:
-            self._native.row_sparse_pull(chunk.keys[rnd % slots], out=scratch,
-                                          row_ids=tensor.empty_ids, priority=priority)
+            ordering.empty_row_pull(self._native, chunk.keys[rnd % slots], scratch,
+                                    tensor.empty_ids, priority)
         return nd.broadcast_add(ids, nd.cast(nd.norm(scratch), dtype='int64'))
 
 
@@ -341,7 +343,7 @@ def _pull_slot(tensor):
 
 def _finish_pull(tensor, outs, ordered=True):
     if tensor.next_round == 0:
-        # Before the first push, as for dense keys (DenseKeys.pull): the request could
+        # Before the first push, as for dense keys (DenseWire.pull): the request could
         # otherwise reach the server after round 0 and return W_1.
         for out in outs:
             out.wait_to_read()
