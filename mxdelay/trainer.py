@@ -1,9 +1,11 @@
 """``DelayedTrainer``: a ``gluon.Trainer`` with the k-step delayed update (CN112463189B).
 
-The algorithm is docs/design.md §1; the phase of each step is decided by
-:class:`mxdelay.schedule.DelaySchedule` alone. This module holds the trainer's face: its
-arguments, checked at construction, and its public methods, each of which asks the mode
-chosen when the kvstore is created (:mod:`mxdelay.modes`: pass-through or delayed).
+The algorithm is docs/design.md §1. This module is the Gluon adapter: the trainer's
+arguments, checked at construction, Gluon's seams, and public methods that ask the mode
+chosen when the kvstore is created: :class:`PassThrough` (``gluon.Trainer`` itself) or the
+delayed update (:class:`mxdelay.delayed.DelayedUpdate`), which owns its state. Gluon's
+private state is read and written here only; the delayed update asks for what it needs of
+it through :class:`_Gluon`.
 """
 import logging
 
@@ -17,11 +19,9 @@ from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_
                                  check_real, check_rounds)
 from kvstore_ext.worker.dist_delay import DistDelay
 from kvstore_ext.typenames import STORE_TYPE
-from . import steplog
-from .modes import Delayed, PassThrough
+from . import param_state
+from .delayed import DelayedUpdate
 from .observer import StepObserver
-from .param_state import ParamState
-from .priorities import ForwardOrder
 from .rules import create_rule
 from .schedule import DelaySchedule
 
@@ -125,8 +125,8 @@ class DelayedTrainer(gluon.Trainer):
                  compression_params=None, update_on_kvstore=None, delay=4, warmup_steps=200,
                  local_lr=None, local_rule='mirror', dc_lambda=None, slack=None,
                  pull_compression=None):
-        self._schedule = DelaySchedule(delay, warmup_steps)  # checks both
-        delay = self._schedule.delay
+        schedule = DelaySchedule(delay, warmup_steps)  # checks both
+        delay = schedule.delay
         if local_lr is not None:
             check_real('local_lr', local_lr, minimum=0,
                        fix="or None for the optimizer's learning rate")
@@ -155,33 +155,33 @@ class DelayedTrainer(gluon.Trainer):
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
             _refuse_compressed_sparse_grads(params, compressed)
-        self._pull_codec = pulls.parse(pull_compression)   # checks it
-        if self._pull_codec is not None:
-            _refuse_compressed_pulls(params, self._pull_codec)
+        pull_codec = pulls.parse(pull_compression)   # checks it
+        if pull_codec is not None:
+            _refuse_compressed_pulls(params, pull_codec)
         registration_order = _parameter_names(params)  # before Gluon sorts them
-        self._rule = create_rule(local_rule, dc_lambda)
-        self._local_lr = None if local_lr is None else float(local_lr)
-        self._slack = slack or delay
+        rule = create_rule(local_rule, dc_lambda)
+        local_lr = None if local_lr is None else float(local_lr)
+        slack = slack or delay
         super(DelayedTrainer, self).__init__(params, optimizer, optimizer_params, kvstore,
                                              compression_params, update_on_kvstore)
         if _is_dist_delay(kvstore):
-            self._rule.check_optimizer(self._optimizer)
-        self._states = [ParamState(i, param) for i, param in enumerate(self._params)]
+            rule.check_optimizer(self._optimizer)
+        # Each parameter's variants, chosen once: its weight's and its gradient's storage.
+        states = [param_state.create(i, p, p._stype != 'default', p._grad_stype != 'default')
+                  for i, p in enumerate(self._params)]
         if compressed is not None:
-            for s in self._states:
+            for s in states:
                 if s.trained:
                     compressed.check_dtype('parameter %s' % s.param.name, s.param.dtype)
-        self._base_lr = self._optimizer.learning_rate
-        self._order = ForwardOrder(self._states, registration_order)  # priorities (§8)
-        self._observer = StepObserver()
+        # The delayed update: the mode of 'dist_delay', which owns its state from here on.
+        self._delayed = DelayedUpdate(_Gluon(self), schedule, states, registration_order, rule,
+                                      local_lr, slack, pull_codec)
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)
-        # MXDELAY_LOG_EVERY: a log line every N steps, or the no-op log (chosen once).
-        self._step_log = steplog.from_env(self)
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
-                  delay, warmup_steps, self._rule,
-                  'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)
+                  delay, warmup_steps, rule, 'optimizer lr' if local_lr is None else local_lr,
+                  slack)
 
     def set_observer(self, observer):
         """Send this trainer's events (gradient written, push acknowledged, pull received,
@@ -196,34 +196,33 @@ class DelayedTrainer(gluon.Trainer):
         if observer is not None and not isinstance(observer, StepObserver):
             raise ArgumentTypeError('observer must be an mxdelay.observer.StepObserver or None, '
                                     'got %r (%s)' % (observer, type(observer).__name__))
-        self._observer = observer or StepObserver()
+        self._delayed.observer = observer or StepObserver()
 
     def priority_order(self):
         """Parameter names from the highest push/pull priority to the lowest (forward order).
 
         Known after the first step; before it, registration order.
         """
-        return self._order.names()
+        return self._delayed.order.names()
 
     # -- the mode ---------------------------------------------------------------------------
     def _init_kvstore(self):
         # The mode is chosen here, once:
         # - a non-distributed kvstore: PassThrough, every step is gluon.Trainer's;
-        # - 'dist_delay': Delayed. Each step pushes the gradients as round t; warm-up and
-        #   switch pull W_{t+1} into the weights; the delayed phase updates locally and, at
-        #   the end of each period, issues a pull that the next step applies (§1.2).
+        # - 'dist_delay': the delayed update (mxdelay.delayed), connected to the store.
         super(DelayedTrainer, self)._init_kvstore()
         kvstore = self._kvstore
         if not self._distributed:
             # A warning when the user asked for delayed updates they will not get.
-            _LOG.log(logging.WARNING if self._schedule.delay > 1 else logging.INFO,
+            delay = self._delayed.schedule.delay
+            _LOG.log(logging.WARNING if delay > 1 else logging.INFO,
                      'DelayedTrainer: kvstore %r is not distributed: training exactly as '
                      'gluon.Trainer; delay=%d has no effect',
-                     getattr(kvstore, 'type', kvstore), self._schedule.delay)
+                     getattr(kvstore, 'type', kvstore), delay)
             self._kv_mode = PassThrough(self)
             return
         # Chosen before the checks below: a store that fails them never trains pass-through.
-        self._kv_mode = mode = Delayed(self)
+        self._kv_mode = self._delayed
         if not isinstance(kvstore, DistDelay):
             raise ValueError("DelayedTrainer needs kvstore='dist_delay' for distributed training, "
                              'got %r; pass kvstore=\'dist_delay\' (and launch with mxdelay-launch '
@@ -232,7 +231,7 @@ class DelayedTrainer(gluon.Trainer):
             raise ValueError('update_on_kvstore is False (set by the environment variable '
                              'MXNET_UPDATE_ON_KVSTORE=0?), but with \'dist_delay\' the servers '
                              'apply the optimizer: unset MXNET_UPDATE_ON_KVSTORE')
-        mode.configure(self._slack)
+        self._delayed.connect(kvstore)
 
     def _reset_kvstore(self):
         # Gluon's: no kvstore (yet, or again). Until it is created, the calls that do not
@@ -246,28 +245,19 @@ class DelayedTrainer(gluon.Trainer):
             self._init_kvstore()
         return self._kv_mode
 
-    def _loss_scaler(self):
-        """The AMP loss scaler that ``amp.init_trainer(self)`` set, or None."""
-        return getattr(self, '_amp_loss_scaler', None)
-
     # -- gluon.Trainer's seams ----------------------------------------------------------------
-    def _check_and_rescale_grad(self, scale):
-        # gluon.Trainer refuses a new batch size with update_on_kvstore; on 'dist_delay' each
-        # worker scales its own pushes instead (Delayed.rescale).
-        self._optimizer.rescale_grad = scale
-        self._kv_mode.rescale(scale)
-
     def _init_params(self):
         pending = list(self._params_to_init)
         super(DelayedTrainer, self)._init_params()
-        self._kv_mode.init_params(pending)
+        self._kv_mode.params_initialized([self._param2idx[p.name] for p in pending
+                                          if p not in self._params_to_init])
 
     def _row_sparse_pull(self, parameter, out, row_id, full_idx=False):
         return self._mode().row_sparse_pull(parameter, out, row_id, full_idx)
 
     def _push_all(self):
         """Push this worker's gradients of the step (a seam: a subclass may wait first)."""
-        self._kv_mode.push_all()
+        self._delayed.push_all()
 
     # -- public API ---------------------------------------------------------------------------
     def set_learning_rate(self, lr):
@@ -400,7 +390,7 @@ class DelayedTrainer(gluon.Trainer):
     @property
     def schedule(self):
         """The :class:`mxdelay.schedule.DelaySchedule` (its ``step`` is the step counter)."""
-        return self._schedule
+        return self._delayed.schedule
 
     def save_states(self, fname):
         """Save everything needed to resume; collective: every worker calls it.
@@ -438,6 +428,125 @@ class DelayedTrainer(gluon.Trainer):
         """
         fname = check_path('fname', fname)
         return self._mode().load_states(fname, check_bool('trusted', trusted))
+
+
+class PassThrough(object):
+    """Exactly ``gluon.Trainer``: the mode of a non-distributed kvstore, and the trainer's
+    until its kvstore exists.
+
+    Each method is the trainer's of the same name. Gluon's are reached through the class
+    hierarchy (``super``), never through the module attribute ``mxnet.gluon.Trainer``, which
+    a user may have replaced by a subclass of DelayedTrainer to run an unmodified script.
+    """
+
+    def __init__(self, trainer):
+        self._gluon = super(DelayedTrainer, trainer)
+
+    def step(self, batch_size, ignore_stale_grad):
+        return self._gluon.step(batch_size, ignore_stale_grad)
+
+    def join(self):
+        return 0
+
+    def sync_weights(self, aux_states):  # pylint: disable=unused-argument
+        return None
+
+    def save_states(self, fname):
+        return self._gluon.save_states(fname)
+
+    def load_states(self, fname, trusted=False):  # pylint: disable=unused-argument
+        # gluon.Trainer's own file (a pickle, as gluon.Trainer reads it): see docs/api.md.
+        return self._gluon.load_states(fname)
+
+    def allreduce_grads(self):
+        return self._gluon.allreduce_grads()
+
+    def update(self, batch_size, ignore_stale_grad):
+        return self._gluon.update(batch_size, ignore_stale_grad)
+
+    @property
+    def rank(self):
+        return 0
+
+    @property
+    def num_workers(self):
+        return 1
+
+    def keys_per_step(self):
+        return 0
+
+    def round_bytes(self):
+        return None
+
+    def set_learning_rate(self, lr):
+        """Called after the optimizer's learning rate is set: nothing else to tell."""
+
+    def params_initialized(self, indices):
+        """Called after gluon.Trainer's ``_init_params``: nothing else to do."""
+
+    def row_sparse_pull(self, parameter, out, row_id, full_idx):
+        return self._gluon._row_sparse_pull(parameter, out, row_id, full_idx)
+
+
+class _Gluon(object):
+    """What the delayed update asks of the Gluon trainer it runs in (Gluon's private state,
+    read and written in this module only).
+
+    Parameters
+    ----------
+    trainer : DelayedTrainer
+    """
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    @property
+    def optimizer(self):
+        """The trainer's optimizer (replaced by a load)."""
+        return self._trainer._optimizer
+
+    @property
+    def scale(self):
+        """The gradients' scale before the batch size (``amp.scale_loss`` changes it)."""
+        return self._trainer._scale
+
+    @property
+    def context(self):
+        """The trainer's first context."""
+        return self._trainer._contexts[0]
+
+    def adopt_optimizer(self, optimizer):
+        """Make the loaded `optimizer` the trainer's, as ``gluon.Trainer.load_states`` does."""
+        trainer = self._trainer
+        trainer._optimizer = optimizer
+        optimizer.param_dict = dict(enumerate(trainer._params))
+
+    def init_params(self):
+        """Gluon's lazy initialisation: send the parameters not in the kvstore yet, if any."""
+        if self._trainer._params_to_init:
+            self._trainer._init_params()
+
+    def check_fresh(self, ignore_stale_grad):
+        """Raise UserWarning for a stale gradient, as ``gluon.Trainer`` (unless
+        `ignore_stale_grad`), and mark every trained gradient as used."""
+        for param in self._trainer._params:
+            if param.grad_req == 'null':
+                continue
+            for data in param._check_and_get(param._data, list):
+                if not data._fresh_grad and not ignore_stale_grad:
+                    raise UserWarning(
+                        'Gradient of Parameter `%s` on context %s has not been updated by '
+                        'backward since last `step`. Call step with ignore_stale_grad=True '
+                        'to push it anyway.' % (param.name, data.context))
+                data._fresh_grad = False
+
+    def push_all(self):
+        """The trainer's seam ``_push_all`` (a subclass may wait before the pushes)."""
+        self._trainer._push_all()
+
+    def loss_scaler(self):
+        """The AMP loss scaler that ``amp.init_trainer(trainer)`` set, or None."""
+        return getattr(self._trainer, '_amp_loss_scaler', None)
 
 
 def _check_batch_size(batch_size):
