@@ -10,7 +10,6 @@ it through :class:`_Gluon`.
 import logging
 
 from mxnet import gluon
-from mxnet.kvstore import KVStoreBase
 
 from kvstore_ext import codecs
 from kvstore_ext.codecs import pulls
@@ -18,14 +17,14 @@ from kvstore_ext.optim import frozen_variance
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
                                  check_real, check_rounds)
 from kvstore_ext.worker.dist_delay import DistDelay
-from kvstore_ext.typenames import STORE_TYPE
-from . import param_state
+from . import arguments, param_state
 from .delayed import DelayedUpdate
 from .observer import StepObserver
+from .passthrough import PassThrough
 from .rules import create_rule
 from .schedule import DelaySchedule
 
-__all__ = ['DelayedTrainer']
+__all__ = ['DelayedTrainer', 'init_store']
 
 _LOG = logging.getLogger(__name__)
 
@@ -134,37 +133,23 @@ class DelayedTrainer(gluon.Trainer):
             slack = check_int('slack', slack, delay, 'the slack must cover a whole period '
                               '(slack >= delay=%d)' % delay)
             check_rounds('slack', slack)
-        if kvstore is not None and not isinstance(kvstore, (str, KVStoreBase)):
-            # gluon.Trainer raises the same TypeError, but only at the first step.
-            raise ArgumentTypeError("kvstore must be a str, a KVStore or None, got %r (%s); use "
-                                    "kvstore='dist_delay'" % (kvstore, type(kvstore).__name__))
-        if update_on_kvstore is not None:
-            check_bool('update_on_kvstore', update_on_kvstore, 'or None to let the trainer choose')
-        if isinstance(kvstore, str) and 'dist' in kvstore.lower() and not _is_dist_delay(kvstore):
-            # MXNet's native distributed stores (and MXNet's fallback for a misspelt type,
-            # kvstore_ext.typenames.check_kvstore_type) have no delayed update.
-            raise ValueError("kvstore=%r: DelayedTrainer trains distributed only with "
-                             "kvstore='dist_delay'; use kvstore='dist_delay' (or 'local', "
-                             "'device', None on one machine)" % kvstore)
-        if update_on_kvstore is False and _is_dist_delay(kvstore):
-            raise ValueError("update_on_kvstore=False cannot be used with kvstore='dist_delay': "
-                             'the servers apply the optimizer once per round; leave it None')
+        dist_delay = arguments.check_kvstore(kvstore, update_on_kvstore)
         # Compression is validated here, at construction; once the store exists, its own
         # parsed codec (kvstore.compression) is the one the trainer asks.
-        compressed = codecs.parse(compression_params) if _is_dist_delay(kvstore) else None
+        compressed = codecs.parse(compression_params) if dist_delay else None
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
-            _refuse_compressed_sparse_grads(params, compressed)
+            arguments.refuse_compressed_sparse_grads(_stypes(params), compressed)
         pull_codec = pulls.parse(pull_compression)   # checks it
         if pull_codec is not None:
-            _refuse_compressed_pulls(params, pull_codec)
-        registration_order = _parameter_names(params)  # before Gluon sorts them
+            arguments.refuse_compressed_pulls(_stypes(params), pull_codec)
+        registration_order = arguments.parameter_names(params)  # before Gluon sorts them
         rule = create_rule(local_rule, dc_lambda)
         local_lr = None if local_lr is None else float(local_lr)
         slack = slack or delay
         super(DelayedTrainer, self).__init__(params, optimizer, optimizer_params, kvstore,
                                              compression_params, update_on_kvstore)
-        if _is_dist_delay(kvstore):
+        if dist_delay:
             rule.check_optimizer(self._optimizer)
         # Each parameter's variants, chosen once: its weight's and its gradient's storage.
         states = [param_state.create(i, p, p._stype != 'default', p._grad_stype != 'default')
@@ -219,7 +204,7 @@ class DelayedTrainer(gluon.Trainer):
                      'DelayedTrainer: kvstore %r is not distributed: training exactly as '
                      'gluon.Trainer; delay=%d has no effect',
                      getattr(kvstore, 'type', kvstore), delay)
-            self._kv_mode = PassThrough(self)
+            self._kv_mode = self._pass_through()
             return
         # Chosen before the checks below: a store that fails them never trains pass-through.
         self._kv_mode = self._delayed
@@ -237,7 +222,12 @@ class DelayedTrainer(gluon.Trainer):
         # Gluon's: no kvstore (yet, or again). Until it is created, the calls that do not
         # create it (set_learning_rate, keys_per_step) have nobody else to tell.
         super(DelayedTrainer, self)._reset_kvstore()
-        self._kv_mode = PassThrough(self)
+        self._kv_mode = self._pass_through()
+
+    def _pass_through(self):
+        # gluon.Trainer's methods through the class hierarchy (mxdelay.passthrough).
+        base = super(DelayedTrainer, self)
+        return PassThrough(base, base._row_sparse_pull)
 
     def _mode(self):
         """The mode chosen when the kvstore was created; creates the kvstore if needed."""
@@ -291,7 +281,7 @@ class DelayedTrainer(gluon.Trainer):
         ValueError
             If `batch_size` is not finite and > 0.
         """
-        _check_batch_size(batch_size)
+        arguments.check_batch_size(batch_size)
         return self._mode().step(batch_size, ignore_stale_grad)
 
     def join(self):
@@ -430,96 +420,31 @@ class DelayedTrainer(gluon.Trainer):
         return self._mode().load_states(fname, check_bool('trusted', trusted))
 
 
-class PassThrough(object):
-    """Exactly ``gluon.Trainer``: the mode of a non-distributed kvstore, and the trainer's
-    until its kvstore exists.
-
-    Each method is the trainer's of the same name. Gluon's are reached through the class
-    hierarchy (``super``), never through the module attribute ``mxnet.gluon.Trainer``, which
-    a user may have replaced by a subclass of DelayedTrainer to run an unmodified script.
-    """
-
-    def __init__(self, trainer):
-        self._gluon = super(DelayedTrainer, trainer)
-
-    def step(self, batch_size, ignore_stale_grad):
-        return self._gluon.step(batch_size, ignore_stale_grad)
-
-    def join(self):
-        return 0
-
-    def sync_weights(self, aux_states):  # pylint: disable=unused-argument
-        return None
-
-    def save_states(self, fname):
-        return self._gluon.save_states(fname)
-
-    def load_states(self, fname, trusted=False):  # pylint: disable=unused-argument
-        # gluon.Trainer's own file (a pickle, as gluon.Trainer reads it): see docs/api.md.
-        return self._gluon.load_states(fname)
-
-    def allreduce_grads(self):
-        return self._gluon.allreduce_grads()
-
-    def update(self, batch_size, ignore_stale_grad):
-        return self._gluon.update(batch_size, ignore_stale_grad)
-
-    @property
-    def rank(self):
-        return 0
-
-    @property
-    def num_workers(self):
-        return 1
-
-    def keys_per_step(self):
-        return 0
-
-    def round_bytes(self):
-        return None
-
-    def set_learning_rate(self, lr):
-        """Called after the optimizer's learning rate is set: nothing else to tell."""
-
-    def params_initialized(self, indices):
-        """Called after gluon.Trainer's ``_init_params``: nothing else to do."""
-
-    def row_sparse_pull(self, parameter, out, row_id, full_idx):
-        return self._gluon._row_sparse_pull(parameter, out, row_id, full_idx)
-
-
 class _Gluon(object):
-    """What the delayed update asks of the Gluon trainer it runs in (Gluon's private state,
-    read and written in this module only).
+    """What the delayed update asks of the Gluon trainer it runs in; Gluon's private state
+    is read and written in this module only.
 
-    Parameters
+    Attributes
     ----------
-    trainer : DelayedTrainer
+    optimizer : Optimizer
+        The trainer's (a load replaces it: :meth:`adopt_optimizer`).
+    scale : float
+        The gradients' scale before the batch size (``amp.scale_loss`` changes it).
+    context : Context
+        The trainer's first context.
     """
 
     def __init__(self, trainer):
         self._trainer = trainer
 
-    @property
-    def optimizer(self):
-        """The trainer's optimizer (replaced by a load)."""
-        return self._trainer._optimizer
-
-    @property
-    def scale(self):
-        """The gradients' scale before the batch size (``amp.scale_loss`` changes it)."""
-        return self._trainer._scale
-
-    @property
-    def context(self):
-        """The trainer's first context."""
-        return self._trainer._contexts[0]
+    optimizer = property(lambda self: self._trainer._optimizer)
+    scale = property(lambda self: self._trainer._scale)
+    context = property(lambda self: self._trainer._contexts[0])
 
     def adopt_optimizer(self, optimizer):
         """Make the loaded `optimizer` the trainer's, as ``gluon.Trainer.load_states`` does."""
-        trainer = self._trainer
-        trainer._optimizer = optimizer
-        optimizer.param_dict = dict(enumerate(trainer._params))
+        self._trainer._optimizer = optimizer
+        optimizer.param_dict = dict(enumerate(self._trainer._params))
 
     def init_params(self):
         """Gluon's lazy initialisation: send the parameters not in the kvstore yet, if any."""
@@ -527,8 +452,8 @@ class _Gluon(object):
             self._trainer._init_params()
 
     def check_fresh(self, ignore_stale_grad):
-        """Raise UserWarning for a stale gradient, as ``gluon.Trainer`` (unless
-        `ignore_stale_grad`), and mark every trained gradient as used."""
+        """Raise UserWarning for a stale gradient, as ``gluon.Trainer`` does (unless
+        `ignore_stale_grad`); mark every trained gradient as used."""
         for param in self._trainer._params:
             if param.grad_req == 'null':
                 continue
@@ -549,47 +474,17 @@ class _Gluon(object):
         return getattr(self._trainer, '_amp_loss_scaler', None)
 
 
-def _check_batch_size(batch_size):
-    # gluon.Trainer divides by it unchecked: 0 raises ZeroDivisionError at the step, a
-    # negative or NaN size silently corrupts the update.
-    check_real('batch_size', batch_size, minimum=0, min_inclusive=False,
-               fix='pass the number of samples of this step, e.g. trainer.step(data.shape[0])')
+def init_store(trainer):
+    """Create `trainer`'s kvstore and send the initial weights now, as ``Module.init_optimizer``
+    does before the first batch (:class:`mxdelay.DelayedModule`; a trainer does it at its first
+    step). Returns the kvstore (None where Gluon uses none: one device, no kvstore)."""
+    trainer._init_kvstore()   # pylint: disable=protected-access
+    trainer._init_params()    # pylint: disable=protected-access
+    return trainer._kvstore   # pylint: disable=protected-access
 
 
-def _parameter_names(params):
-    if isinstance(params, (dict, gluon.ParameterDict)):
-        return [params[key].name for key in params.keys()]
-    if isinstance(params, (list, tuple)):
-        return [getattr(p, 'name', None) for p in params]
-    return []
-
-
-def _refuse_compressed_sparse_grads(params, compressed):
-    """Refuse row_sparse gradients with compression on 'dist_delay' (docs/design.md §2.10).
-    Non-Parameters are left to gluon.Trainer's own check."""
-    for param in (params.values() if hasattr(params, 'values') else params):
-        grad_stype = getattr(param, '_grad_stype', 'default')
-        if grad_stype != 'default':
-            raise ValueError(
-                'compression_params=%r cannot be combined with row_sparse gradients '
-                '(Parameter %s has grad_stype=%r): row_sparse pushes are not compressed; '
-                'use compression_params=None, or dense gradients'
-                % (compressed.describe(), param.name, grad_stype))
-
-
-def _refuse_compressed_pulls(params, pull_codec):
-    """Refuse what compressed pulls do not support (docs/design.md §2.12)."""
-    for param in (params.values() if hasattr(params, 'values') else params):
-        stypes = (getattr(param, '_grad_stype', 'default'), getattr(param, '_stype', 'default'))
-        if stypes != ('default', 'default'):
-            raise ValueError(
-                'pull_compression=%r cannot be used with row_sparse parameters (Parameter %s '
-                'has stype=%r, grad_stype=%r): their pulls bring rows, not a model every '
-                'worker holds; use pull_compression=None, or dense parameters'
-                % (pull_codec.describe(), param.name, stypes[1], stypes[0]))
-
-
-def _is_dist_delay(kvstore):
-    if isinstance(kvstore, str):
-        return kvstore == STORE_TYPE
-    return isinstance(kvstore, DistDelay)
+def _stypes(params):
+    """``(param, stype, grad_stype)`` of each of `params` (non-Parameters: 'default', left
+    to gluon.Trainer's own check)."""
+    return [(p, getattr(p, '_stype', 'default'), getattr(p, '_grad_stype', 'default'))
+            for p in (params.values() if hasattr(params, 'values') else params)]
