@@ -2,9 +2,9 @@
 communication, bytes sent and received per step.
 
 Opt-in: ``MXDELAY_LOG_EVERY=N`` (N >= 1; unset or 0: off). The trainer's delayed update
-(:mod:`mxdelay.delayed`) chooses its step log once, at construction (:func:`from_env`): off, it is :data:`OFF`, whose one method does
-nothing; on, a :class:`StepLog`, which logs (``logging.info``, logger ``mxdelay.trainer``)
-on every worker after every N steps::
+(:mod:`mxdelay.delayed`) chooses its step log once, at construction (:func:`from_env`): off,
+it is :data:`OFF`, whose one method does nothing; on, a :class:`StepLog`, which logs
+(``logging.info``, logger ``mxdelay.trainer``) on every worker after every N steps::
 
     DelayedTrainer: worker 0 step 400: 1843.2 samples/s over the last 20 steps, 41% of the
     time waiting for communication, 11,048 bytes sent and 2,762 received per step

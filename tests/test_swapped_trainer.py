@@ -23,6 +23,7 @@ import filecmp
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -53,7 +54,7 @@ def swapped(monkeypatch):
     return swap
 
 
-def _train(net, trainer, ctxs, steps, history):
+def _train(net, trainer, ctxs, steps, history, manual=False):
     loss_fn = gluon.loss.L2Loss()
     for step in steps:
         x, y = mlp_model.batch(0, step, 6)
@@ -62,21 +63,37 @@ def _train(net, trainer, ctxs, steps, history):
         with autograd.record():
             losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
         autograd.backward(losses)
-        trainer.step(6)
+        if manual:
+            trainer.allreduce_grads()
+            trainer.update(6)
+        else:
+            trainer.step(6)
         history.append(mlp_model.weights_of(net))
+
+
+def _stock_then_swapped(script, swapped):
+    """Run `script` (it returns the trainer's class, the weights after every step, and
+    anything else) with stock gluon.Trainer, then with UsersTrainer installed; check the
+    classes and that every step's weights are equal; return both results."""
+    stock = script()
+    swapped()
+    users = script()
+    assert (stock[0], users[0]) == (STOCK, UsersTrainer)
+    _assert_same(stock[1], users[1])
+    return stock, users
 
 
 def _script(tmp_path, kvstore):
     """A script written for gluon.Trainer: train 3 steps, save the weights and the trainer's
-    states, train 2 more, load both, train those 2 steps again. Returns (the trainer's class,
-    the weights after every step, the states file)."""
-    tmp_path.mkdir()
+    states (in a new folder of `tmp_path`), train 2 more, load both, train those 2 steps
+    again. Returns (the trainer's class, the weights after every step, the states file)."""
+    folder = tempfile.mkdtemp(dir=str(tmp_path))
     ctxs = contexts(2)
     net, _ = mlp_model.build(ctxs)
     trainer = gluon.Trainer(net.collect_params(), 'sgd', dict(OPT), kvstore=kvstore)
     history = []
     _train(net, trainer, ctxs, range(3), history)
-    states, params = str(tmp_path / 'states'), str(tmp_path / 'params')
+    states, params = os.path.join(folder, 'states'), os.path.join(folder, 'params')
     trainer.save_states(states)
     net.save_parameters(params)
     _train(net, trainer, ctxs, range(3, 5), history)
@@ -97,18 +114,13 @@ def _assert_same(want, got):
 # -- 1. non-distributed kvstores, in this process --------------------------------------------
 @pytest.mark.parametrize('kvstore', [None, 'device', 'local'])
 def test_swapped_trainer_trains_saves_and_loads_as_gluon_trainer(tmp_path, swapped, kvstore):
-    cls, want, stock_states = _script(tmp_path / 'stock', kvstore)
-    assert cls is STOCK
-    swapped()
-    cls, got, states = _script(tmp_path / 'swapped', kvstore)
-    assert cls is UsersTrainer
-    _assert_same(want, got)
-    assert filecmp.cmp(stock_states, states, shallow=False)
+    stock, users = _stock_then_swapped(lambda: _script(tmp_path, kvstore), swapped)
+    assert filecmp.cmp(stock[2], users[2], shallow=False)
     if kvstore is not None:
         # The run went back: the reloaded steps are the first run of steps 3 and 4 again.
         # (Without a kvstore each device steps with its own gradient, and save_parameters
         # saves the devices' mean.)
-        _assert_same(want[3:5], want[5:7])
+        _assert_same(stock[1][3:5], stock[1][5:7])
 
 
 @pytest.mark.parametrize('kvstore', [None, 'device', 'local'])
@@ -118,25 +130,11 @@ def test_swapped_trainer_allreduces_and_updates_as_gluon_trainer(swapped, kvstor
         net, _ = mlp_model.build(ctxs)
         trainer = gluon.Trainer(net.collect_params(), 'sgd', dict(OPT), kvstore=kvstore,
                                 update_on_kvstore=False)
-        loss_fn = gluon.loss.L2Loss()
         history = []
-        for step in range(3):
-            x, y = mlp_model.batch(0, step, 6)
-            xs = gluon.utils.split_and_load(nd.array(x), ctxs)
-            ys = gluon.utils.split_and_load(nd.array(y), ctxs)
-            with autograd.record():
-                losses = [loss_fn(net(xi), yi) for xi, yi in zip(xs, ys)]
-            autograd.backward(losses)
-            trainer.allreduce_grads()
-            trainer.update(6)
-            history.append(mlp_model.weights_of(net))
+        _train(net, trainer, ctxs, range(3), history, manual=True)
         return type(trainer), history
 
-    cls, want = script()
-    swapped()
-    got_cls, got = script()
-    assert (cls, got_cls) == (STOCK, UsersTrainer)
-    _assert_same(want, got)
+    _stock_then_swapped(script, swapped)
 
 
 class _RowSparseLinear(gluon.Block):
@@ -173,11 +171,7 @@ def test_swapped_trainer_reads_row_sparse_weights_as_gluon_trainer(swapped, kvst
             history.append({'w': block.weight.row_sparse_data(nd.arange(12)).asnumpy()})
         return type(trainer), history
 
-    cls, want = script()
-    swapped()
-    got_cls, got = script()
-    assert (cls, got_cls) == (STOCK, UsersTrainer)
-    _assert_same(want, got)
+    (_, want), _ = _stock_then_swapped(script, swapped)
     assert not np.array_equal(want[0]['w'], want[-1]['w'])
 
 
