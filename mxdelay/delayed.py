@@ -247,14 +247,14 @@ class DelayedUpdate(object):
         self.amp.before_pushes(grads, self._kv)
         t = self.schedule.step
         synchronous = self.schedule.is_synchronous(t)
-        observer = self.observer
         for s, grad in zip(order, grads):
             if synchronous:
                 self._exchange(s.index, grad, out=s.weights(), priority=s.priority)
             else:
                 self._kv.push(s.index, grad, priority=s.priority)
-            observer.gradient_written(s.param.name, t, grad)
-            observer.push_acknowledged(s.param.name, t, self._kv.send_buffer(s.index))
+            # Read at each event: an observer may replace itself (the timeline's, when done).
+            self.observer.gradient_written(s.param.name, t, grad)
+            self.observer.push_acknowledged(s.param.name, t, self._kv.send_buffer(s.index))
 
     def _push_and_pull_compressed(self, key, grad, out, priority):
         self._kv.push(key, grad, priority=priority)
@@ -270,7 +270,7 @@ class DelayedUpdate(object):
     def _synchronous_step(self, t, before):
         # Warm-up (S1) and switch (S2): push_all pulled exactly W_{t+1} (x̂ with compressed
         # pulls) into the weights; `before`: W_W at the switch (_weights_before_switch).
-        rule, observer = self.rule, self.observer
+        rule = self.rule
         switch = self.schedule.phase(t) == SWITCH
         if switch:
             rule.start(self._gluon.optimizer)
@@ -279,8 +279,8 @@ class DelayedUpdate(object):
             if not s.trained:
                 continue
             datas = s.weights()
-            observer.pull_received(s.param.name, t, datas[0])  # into the weights
-            observer.pull_applied(s.param.name, t, datas[0])
+            self.observer.pull_received(s.param.name, t, datas[0])  # into the weights
+            self.observer.pull_applied(s.param.name, t, datas[0])
             if switch:
                 s.pre_weight = datas[0].copy()                    # pre_weight := W_{W+1}
                 s.rule_state = rule.create_state_for(s.index, datas[0],
