@@ -18,7 +18,7 @@ from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_r
 from kvstore_ext.typenames import STORE_TYPE
 from .rules import create_rule
 from .schedule import DelaySchedule
-from .trainer import DelayedTrainer
+from .trainer import DelayedTrainer, init_store
 
 __all__ = ['DelayedModule']
 
@@ -98,6 +98,7 @@ state_names, group2ctxs
         self._delay_args = dict(delay=delay, warmup_steps=warmup_steps, local_lr=local_lr,
                                 local_rule=local_rule, dc_lambda=dc_lambda, slack=slack)
         self._trainer = None
+        self._trained = []     # the trainer's Parameters with a gradient
 
     @staticmethod
     def load(prefix, epoch, load_optimizer_states=False, trusted=False, **kwargs):
@@ -185,12 +186,11 @@ state_names, group2ctxs
                   for name, datas, grads in zip(names, self._exec_group.param_arrays,
                                                 self._exec_group.grad_arrays)]
         self._trainer = DelayedTrainer(params, optimizer, kvstore=kvstore, **self._delay_args)
+        self._trained = [p for p in params if p.grad_req != 'null']
         # As Module.init_optimizer: the store exists and every worker starts from rank 0's
         # weights before the first batch (gluon.Trainer would do it at the first step).
-        self._trainer._init_kvstore()   # pylint: disable=protected-access
-        self._trainer._init_params()    # pylint: disable=protected-access
+        self._kvstore = init_store(self._trainer)
         self._optimizer = self._trainer.optimizer
-        self._kvstore = self._trainer._kvstore  # pylint: disable=protected-access
         self._update_on_kvstore = self._kvstore is not None
         self._updater = None
         self.optimizer_initialized = True
@@ -221,10 +221,9 @@ state_names, group2ctxs
         """Push this worker's gradients and advance its weights: ``trainer.step``."""
         assert self.binded and self.params_initialized and self.optimizer_initialized
         self._params_dirty = True
-        for param in self._trainer._params:  # pylint: disable=protected-access
-            if param.grad_req != 'null':
-                for data in param.list_data():
-                    data._fresh_grad = True  # forward_backward wrote the executors' grads
+        for param in self._trained:
+            for data in param.list_data():
+                data._fresh_grad = True  # forward_backward wrote the executors' grads
         # rescale_grad already is Module's whole normalisation (init_optimizer).
         self._trainer.step(1)
 

@@ -1,19 +1,37 @@
-"""What :class:`mxdelay.DelayedTrainer` keeps per parameter: one :class:`ParamState` each.
+"""What the delayed update keeps per parameter: one :class:`ParamState` each.
 
-Created once with the trainer, in the order of Gluon's parameter index; the delayed mode
-(:mod:`mxdelay.modes`) fills the fields as the phases need them (docs/design.md §1.3).
+Created once with the trainer, in the order of Gluon's parameter index, by :func:`create`,
+which chooses the variants of the parameter once: the class by the weight's storage (a
+row_sparse weight keeps a dense copy of every row, docs/design.md §2.10) and the gradient's
+kind (:mod:`mxdelay.gradients`). The delayed update (:mod:`mxdelay.delayed`) fills the
+fields as the phases need them (docs/design.md §1.3).
 """
 import numpy as np
 
 from mxnet import autograd, nd
 
 from kvstore_ext.worker.aux_states import is_aux
+from . import gradients
 
-__all__ = ['ParamState']
+__all__ = ['ParamState', 'RowSparseWeightState', 'create']
+
+
+def create(index, param, row_sparse_weight, row_sparse_grad):
+    """The state of Parameter `param` (index `index`), with its variants chosen.
+
+    Parameters
+    ----------
+    row_sparse_weight, row_sparse_grad : bool
+        The Parameter's ``stype`` and ``grad_stype`` are ``'row_sparse'``.
+    """
+    gradient = gradients.ROW_SPARSE if row_sparse_grad else gradients.DENSE
+    cls = RowSparseWeightState if row_sparse_weight else ParamState
+    return cls(index, param, gradient)
 
 
 class ParamState(object):
-    """The worker's state of one parameter (arrays on the trainer's first context).
+    """The worker's state of one parameter with a dense weight (arrays on the trainer's
+    first context).
 
     Attributes
     ----------
@@ -21,6 +39,8 @@ class ParamState(object):
         The parameter's index in the trainer (its key in the kvstore).
     param : Parameter
         The parameter.
+    gradient : object
+        The kind of its gradient, :data:`mxdelay.gradients.DENSE` or ``ROW_SPARSE``.
     priority : int
         Push and pull priority: the parameter the forward reads first gets the highest
         (docs/design.md §8); 0 until the first step decides it.
@@ -32,22 +52,20 @@ class ParamState(object):
         Target of the period's pull, applied at the next step.
     grad_sum : NDArray or None
         The gradient summed over the worker's devices (more than one device only).
-    full : NDArray or None
-        w' of a row_sparse weight: every row, dense (docs/design.md §2.10).
     """
 
-    __slots__ = ('index', 'param', 'priority', 'pre_weight', 'rule_state', 'pulled',
-                 'grad_sum', 'full')
+    __slots__ = ('index', 'param', 'gradient', 'priority', 'pre_weight', 'rule_state',
+                 'pulled', 'grad_sum')
 
-    def __init__(self, index, param):
+    def __init__(self, index, param, gradient):
         self.index = index
         self.param = param
+        self.gradient = gradient
         self.priority = 0
         self.pre_weight = None
         self.rule_state = None
         self.pulled = None
         self.grad_sum = None
-        self.full = None
 
     @property
     def trained(self):
@@ -66,11 +84,12 @@ class ParamState(object):
         return self.pre_weight is not None
 
     def weights(self):
-        """The arrays that hold w': the parameter's data on every device, or for a
-        row_sparse weight the dense copy of every row (docs/design.md §2.10)."""
-        if self.param._stype == 'default':  # pylint: disable=protected-access
-            return self.param.list_data()
-        return [self.full]
+        """The arrays that hold w': the parameter's data on every device."""
+        return self.param.list_data()
+
+    def initialized(self, kv, ctx):
+        """Called once the store holds the parameter's initial value ``W_0`` (`kv`, the
+        trainer's store; `ctx`, its first context): a dense weight needs nothing more."""
 
     def reduced_grad(self):
         """This worker's gradient summed over its devices, on the first device (row_sparse
@@ -79,17 +98,41 @@ class ParamState(object):
         if len(grads) == 1:
             return grads[0]
         if self.grad_sum is None:
-            first = grads[0]
-            self.grad_sum = (nd.zeros_like(first) if first.stype == 'default' else
-                             nd.sparse.zeros(first.stype, first.shape, ctx=first.context,
-                                             dtype=first.dtype))
+            self.grad_sum = self.gradient.zeros_like(grads[0])
         first = grads[0].context
         nd.add_n(*[g.as_in_context(first) for g in grads], out=self.grad_sum)
         return self.grad_sum
 
+
+class RowSparseWeightState(ParamState):
+    """The state of a row_sparse weight: w' is a dense copy of every row, which pulls
+    replace and ``row_sparse_data(ids)`` reads (docs/design.md §2.10).
+
+    Attributes
+    ----------
+    full : NDArray or None
+        w': every row, dense (from :meth:`initialized` on).
+    """
+
+    __slots__ = ('full',)
+
+    def __init__(self, index, param, gradient):
+        super(RowSparseWeightState, self).__init__(index, param, gradient)
+        self.full = None
+
+    def weights(self):
+        """The array that holds w': the dense copy of every row."""
+        return [self.full]
+
+    def initialized(self, kv, ctx):
+        # The worker's copy of every row starts at the servers' W_0 (rank 0's value: the
+        # workers' own initial values may differ).
+        self.full = nd.zeros(self.param.shape, ctx=ctx, dtype=self.param.dtype)
+        kv.pull(self.index, out=self.full, priority=self.priority)
+
     def row_sparse_data(self, row_id, out):
-        """Copy the rows `row_id` of a row_sparse weight's dense copy into `out` (one
-        row_sparse NDArray or a list), as ``row_sparse_pull`` would, without communication."""
+        """Copy the rows `row_id` of the dense copy into `out` (one row_sparse NDArray or a
+        list), as ``row_sparse_pull`` would, without communication."""
         full = self.full
         rows = np.unique(row_id.asnumpy()).astype(np.int64)  # as row_sparse_pull: once each
         if rows.size and (rows[0] < 0 or rows[-1] >= full.shape[0]):

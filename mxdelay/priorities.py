@@ -9,7 +9,7 @@ import logging
 
 __all__ = ['ForwardOrder']
 
-# The trainer's log (see mxdelay.modes).
+# The trainer's log (see mxdelay.delayed).
 _LOG = logging.getLogger('mxdelay.trainer')
 
 

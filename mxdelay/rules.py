@@ -24,7 +24,9 @@ Every built-in rule uses the delay-compensated gradient of DC-ASGD,
 
 A row_sparse g (a Parameter with ``grad_stype='row_sparse'``) is a lazy update, as MXNet's
 optimizers make it (docs/design.md §1.4): the built-in rules change only the rows g holds,
-the weights and the rule's state alike; ``grad_sync`` is read on those rows only.
+the weights and the rule's state alike; ``grad_sync`` is read on those rows only. The
+trainer tells the rule which kind each Parameter's g is, once (``RuleContext.gradient``,
+:mod:`mxdelay.gradients`).
 """
 import collections
 import pickle
@@ -37,6 +39,8 @@ from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
 from kvstore_ext.optim.frozen_variance import FrozenVarianceAdam
 from kvstore_ext.optim.optimizers import flatten_state
 
+from .gradients import BY_STYPE, DENSE
+
 __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'DriftCorrected', 'RuleContext',
            'create_rule', 'BUILTIN_RULES']
 
@@ -45,11 +49,13 @@ __all__ = ['LocalRule', 'LocalSGDRule', 'MirrorRule', 'DriftCorrected', 'RuleCon
 #: trainer's index of the Parameter and the step (= round) t, less the rounds the servers
 #: skipped for an AMP overflow as far as this worker knows (docs/design.md §11).
 #: ``pulled``: step 1 applied a pull at this step (the weights are ``W_t``); ``issues_pull``:
-#: this step issues a pull; ``delay``: k, the local steps between two applied pulls.
+#: this step issues a pull; ``delay``: k, the local steps between two applied pulls;
+#: ``gradient``: how the Parameter's gradient is stored, chosen once per Parameter
+#: (:data:`mxdelay.gradients.DENSE` or ``ROW_SPARSE``; by default each call's g decides).
 RuleContext = collections.namedtuple(
     'RuleContext', ['lr', 'wd', 'momentum', 'clip_gradient', 'rescale_grad', 'num_workers',
-                    'index', 'step', 'pulled', 'issues_pull', 'delay'],
-    defaults=(None, None, False, False, None))
+                    'index', 'step', 'pulled', 'issues_pull', 'delay', 'gradient'],
+    defaults=(None, None, False, False, None, BY_STYPE))
 
 
 class LocalRule(object):
@@ -124,23 +130,14 @@ class LocalRule(object):
         §1.4), as the built-in rules do."""
         raise NotImplementedError()
 
-    def _compensated(self, grad, grad_sync, ctx, lam=None):
+    def _compensated(self, gradient, grad, grad_sync, ctx, lam=None):
         """Return ``(gradient, rescale)`` for a fused operator: ``(g_dc, 1)``, or
-        ``(grad, rescale_grad)`` when there is no compensation term (`grad_sync` is None)."""
+        ``(grad, rescale_grad)`` when there is no compensation term (`grad_sync` is None).
+        `gradient`: the kind of `grad` (:mod:`mxdelay.gradients`)."""
         if grad_sync is None:
             return grad, ctx.rescale_grad
         lam = self.dc_lambda if lam is None else lam
-        if grad.stype == 'row_sparse':
-            # The term on g's rows only: g_dc keeps g's rows (a lazy update stays lazy).
-            rows = grad.indices
-            if rows.shape[0] == 0:
-                return grad, ctx.rescale_grad
-            g = grad.data * ctx.rescale_grad
-            g = g + lam * g * g * nd.take(grad_sync, rows)
-            return nd.sparse.row_sparse_array((g, rows), shape=grad.shape,
-                                              ctx=grad.context, dtype=grad.dtype), 1.0
-        g = grad * ctx.rescale_grad
-        return g + lam * g * g * grad_sync, 1.0
+        return gradient.compensated(grad, grad_sync, ctx.rescale_grad, lam)
 
     def __repr__(self):
         return '%s(dc_lambda=%g)' % (type(self).__name__, self.dc_lambda)
@@ -170,21 +167,8 @@ class LocalSGDRule(LocalRule):
         return nd.zeros_like(weight) if self.adaptive else None
 
     def update(self, weight, grad, grad_sync, state, ctx):
-        if grad.stype != 'row_sparse':
-            self._update_dense(weight, grad, grad_sync, state, ctx)
-            return
-        # A lazy update: the rule on the rows g holds, gathered, then written back (weights
-        # and MS); the other rows keep their values.
-        rows = grad.indices
-        if rows.shape[0] == 0:
-            return
-        block = nd.take(weight, rows)
-        sync = None if grad_sync is None else nd.take(grad_sync, rows)
-        ms = None if state is None else nd.take(state, rows)
-        self._update_dense(block, grad.data, sync, ms, ctx)
-        nd.contrib.index_copy(weight, rows, block, out=weight)
-        if ms is not None:
-            nd.contrib.index_copy(state, rows, ms, out=state)
+        # With a row_sparse g, a lazy update: the step on the rows g holds (weights and MS).
+        ctx.gradient.on_rows(self._update_dense, weight, grad, grad_sync, state, ctx)
 
     def _update_dense(self, weight, grad, grad_sync, state, ctx):
         lam = None
@@ -193,7 +177,7 @@ class LocalSGDRule(LocalRule):
             m = self.ms_momentum
             state[:] = m * state + (1 - m) * g * g + 1e-7
             lam = self.dc_lambda / nd.sqrt(state)
-        g, rescale = self._compensated(grad, grad_sync, ctx, lam)
+        g, rescale = self._compensated(DENSE, grad, grad_sync, ctx, lam)
         # The servers' kernel for plain SGD (kvstore_ext.server.rounds.sgd_step), so that with one
         # worker and plain SGD on the servers the local step is the server's, bit for bit.
         nd.multi_sgd_update(weight, g, out=weight, num_weights=1, lrs=(ctx.lr,), wds=(ctx.wd,),
@@ -465,7 +449,7 @@ class MirrorRule(LocalRule):
     def update(self, weight, grad, grad_sync, state, ctx):
         # A row_sparse g stays row_sparse: the local optimizer makes MXNet's lazy update
         # (the kernel the servers run on a round's rows), on this worker's rows.
-        g, rescale = self._compensated(grad, grad_sync, ctx)
+        g, rescale = self._compensated(ctx.gradient, grad, grad_sync, ctx)
         if self._single_kernel(weight, ctx.index):
             nd.sgd_mom_update(weight, g, state, out=weight, lr=ctx.lr, wd=ctx.wd,
                               momentum=ctx.momentum, rescale_grad=rescale * ctx.num_workers,

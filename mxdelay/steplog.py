@@ -1,10 +1,10 @@
 """A log line every N steps: samples/s, the share of the time spent waiting for
 communication, bytes sent and received per step.
 
-Opt-in: ``MXDELAY_LOG_EVERY=N`` (N >= 1; unset or 0: off). The trainer chooses its step log
-once, at construction (:func:`from_env`): off, it is :data:`OFF`, whose one method does
-nothing; on, a :class:`StepLog`, which logs (``logging.info``, logger ``mxdelay.trainer``)
-on every worker after every N steps::
+Opt-in: ``MXDELAY_LOG_EVERY=N`` (N >= 1; unset or 0: off). The trainer's delayed update
+(:mod:`mxdelay.delayed`) chooses its step log once, at construction (:func:`from_env`): off,
+it is :data:`OFF`, whose one method does nothing; on, a :class:`StepLog`, which logs
+(``logging.info``, logger ``mxdelay.trainer``) on every worker after every N steps::
 
     DelayedTrainer: worker 0 step 400: 1843.2 samples/s over the last 20 steps, 41% of the
     time waiting for communication, 11,048 bytes sent and 2,762 received per step
@@ -43,7 +43,7 @@ _LOG = logging.getLogger('mxdelay.trainer')
 class _Off(object):
     """The step log when it is off: nothing is measured, nothing is logged."""
 
-    def stepped(self, t, batch_size, mode):
+    def stepped(self, t, batch_size):
         """Called by the trainer after issuing step `t` (see :meth:`StepLog.stepped`)."""
 
 
@@ -51,9 +51,9 @@ class _Off(object):
 OFF = _Off()
 
 
-def from_env(trainer):
-    """The step log of `trainer`: :class:`StepLog` every ``MXDELAY_LOG_EVERY`` steps, or
-    :data:`OFF`.
+def from_env(update):
+    """The step log of `update` (:class:`mxdelay.delayed.DelayedUpdate`): :class:`StepLog`
+    every ``MXDELAY_LOG_EVERY`` steps, or :data:`OFF`.
 
     Raises
     ------
@@ -61,7 +61,7 @@ def from_env(trainer):
         If ``MXDELAY_LOG_EVERY`` is not an integer >= 0.
     """
     every = env.get_int('MXDELAY_LOG_EVERY')
-    return StepLog(trainer, every) if every else OFF
+    return StepLog(update, every) if every else OFF
 
 
 def _ready(arrays):
@@ -72,17 +72,19 @@ def _ready(arrays):
 
 
 class StepLog(object):
-    """Logs every `every` steps of `trainer` (see the module docstring).
+    """Logs every `every` steps of `update` (see the module docstring).
 
     Parameters
     ----------
-    trainer : mxdelay.DelayedTrainer
+    update : mxdelay.delayed.DelayedUpdate
+        The trainer's delayed update: its ``schedule``, ``rank``, ``round_bytes()`` and
+        ``awaited(t)``.
     every : int
         Steps per line (>= 1).
     """
 
-    def __init__(self, trainer, every):
-        self._trainer, self._every = trainer, every
+    def __init__(self, update, every):
+        self._update, self._every = update, every
         # One thread per kind of wait, each in step order: the gradients of a later step
         # can be ready before the pull of an earlier one has arrived.
         self._gradients = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-g')
@@ -91,11 +93,11 @@ class StepLog(object):
         self._bytes = None
         _LOG.info('DelayedTrainer: logging every %d steps (MXDELAY_LOG_EVERY)', every)
 
-    def stepped(self, t, batch_size, mode):
-        """Step `t` of `batch_size` samples is issued; `mode` (the trainer's) tells which
-        arrays its gradients and its awaited communication are (``mode.awaited(t)``)."""
+    def stepped(self, t, batch_size):
+        """Step `t` of `batch_size` samples is issued; the update tells which arrays its
+        gradients and its awaited communication are (``awaited(t)``)."""
         now = time.perf_counter()
-        gradients, communication, pulled = mode.awaited(t)
+        gradients, communication, pulled = self._update.awaited(t)
         self._steps.append((t, batch_size, pulled, now,
                             self._gradients.submit(_ready, gradients),
                             self._communication.submit(_ready, communication)))
@@ -103,8 +105,8 @@ class StepLog(object):
             # The last step opens the next window (and gives its first step c(t - 1)).
             window, self._steps = self._steps, self._steps[-1:]
             if self._bytes is None:
-                self._bytes = self._trainer.round_bytes()
-            self._communication.submit(self._report, window, self._trainer.rank)
+                self._bytes = self._update.round_bytes()
+            self._communication.submit(self._report, window, self._update.rank)
 
     def _report(self, window, rank):
         """Log the steps of `window` after its first (which opens it)."""
@@ -122,7 +124,7 @@ class StepLog(object):
     def measure(self, window):
         """The line's numbers for `window`: its steps after the first (the first opens it and
         gives c(t - 1))."""
-        schedule = self._trainer.schedule
+        schedule = self._update.schedule
         wall = window[-1][3] - window[0][3]
         wait = 0.0
         for before, step in zip(window, window[1:]):

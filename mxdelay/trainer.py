@@ -1,14 +1,15 @@
 """``DelayedTrainer``: a ``gluon.Trainer`` with the k-step delayed update (CN112463189B).
 
-The algorithm is docs/design.md §1; the phase of each step is decided by
-:class:`mxdelay.schedule.DelaySchedule` alone. This module holds the trainer's face: its
-arguments, checked at construction, and its public methods, each of which asks the mode
-chosen when the kvstore is created (:mod:`mxdelay.modes`: pass-through or delayed).
+The algorithm is docs/design.md §1. This module is the Gluon adapter: the trainer's
+arguments, checked at construction, Gluon's seams, and public methods that ask the mode
+chosen when the kvstore is created: :class:`PassThrough` (``gluon.Trainer`` itself) or the
+delayed update (:class:`mxdelay.delayed.DelayedUpdate`), which owns its state. Gluon's
+private state is read and written here only; the delayed update asks for what it needs of
+it through :class:`_Gluon`.
 """
 import logging
 
 from mxnet import gluon
-from mxnet.kvstore import KVStoreBase
 
 from kvstore_ext import codecs
 from kvstore_ext.codecs import pulls
@@ -16,16 +17,14 @@ from kvstore_ext.optim import frozen_variance
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
                                  check_real, check_rounds)
 from kvstore_ext.worker.dist_delay import DistDelay
-from kvstore_ext.typenames import STORE_TYPE
-from . import steplog
-from .modes import Delayed, PassThrough
+from . import arguments, param_state
+from .delayed import DelayedUpdate
 from .observer import StepObserver
-from .param_state import ParamState
-from .priorities import ForwardOrder
+from .passthrough import PassThrough
 from .rules import create_rule
 from .schedule import DelaySchedule
 
-__all__ = ['DelayedTrainer']
+__all__ = ['DelayedTrainer', 'init_store']
 
 _LOG = logging.getLogger(__name__)
 
@@ -125,8 +124,8 @@ class DelayedTrainer(gluon.Trainer):
                  compression_params=None, update_on_kvstore=None, delay=4, warmup_steps=200,
                  local_lr=None, local_rule='mirror', dc_lambda=None, slack=None,
                  pull_compression=None):
-        self._schedule = DelaySchedule(delay, warmup_steps)  # checks both
-        delay = self._schedule.delay
+        schedule = DelaySchedule(delay, warmup_steps)  # checks both
+        delay = schedule.delay
         if local_lr is not None:
             check_real('local_lr', local_lr, minimum=0,
                        fix="or None for the optimizer's learning rate")
@@ -134,54 +133,40 @@ class DelayedTrainer(gluon.Trainer):
             slack = check_int('slack', slack, delay, 'the slack must cover a whole period '
                               '(slack >= delay=%d)' % delay)
             check_rounds('slack', slack)
-        if kvstore is not None and not isinstance(kvstore, (str, KVStoreBase)):
-            # gluon.Trainer raises the same TypeError, but only at the first step.
-            raise ArgumentTypeError("kvstore must be a str, a KVStore or None, got %r (%s); use "
-                                    "kvstore='dist_delay'" % (kvstore, type(kvstore).__name__))
-        if update_on_kvstore is not None:
-            check_bool('update_on_kvstore', update_on_kvstore, 'or None to let the trainer choose')
-        if isinstance(kvstore, str) and 'dist' in kvstore.lower() and not _is_dist_delay(kvstore):
-            # MXNet's native distributed stores (and MXNet's fallback for a misspelt type,
-            # kvstore_ext.typenames.check_kvstore_type) have no delayed update.
-            raise ValueError("kvstore=%r: DelayedTrainer trains distributed only with "
-                             "kvstore='dist_delay'; use kvstore='dist_delay' (or 'local', "
-                             "'device', None on one machine)" % kvstore)
-        if update_on_kvstore is False and _is_dist_delay(kvstore):
-            raise ValueError("update_on_kvstore=False cannot be used with kvstore='dist_delay': "
-                             'the servers apply the optimizer once per round; leave it None')
+        dist_delay = arguments.check_kvstore(kvstore, update_on_kvstore)
         # Compression is validated here, at construction; once the store exists, its own
         # parsed codec (kvstore.compression) is the one the trainer asks.
-        compressed = codecs.parse(compression_params) if _is_dist_delay(kvstore) else None
+        compressed = codecs.parse(compression_params) if dist_delay else None
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
-            _refuse_compressed_sparse_grads(params, compressed)
-        self._pull_codec = pulls.parse(pull_compression)   # checks it
-        if self._pull_codec is not None:
-            _refuse_compressed_pulls(params, self._pull_codec)
-        registration_order = _parameter_names(params)  # before Gluon sorts them
-        self._rule = create_rule(local_rule, dc_lambda)
-        self._local_lr = None if local_lr is None else float(local_lr)
-        self._slack = slack or delay
+            arguments.refuse_compressed_sparse_grads(_stypes(params), compressed)
+        pull_codec = pulls.parse(pull_compression)   # checks it
+        if pull_codec is not None:
+            arguments.refuse_compressed_pulls(_stypes(params), pull_codec)
+        registration_order = arguments.parameter_names(params)  # before Gluon sorts them
+        rule = create_rule(local_rule, dc_lambda)
+        local_lr = None if local_lr is None else float(local_lr)
+        slack = slack or delay
         super(DelayedTrainer, self).__init__(params, optimizer, optimizer_params, kvstore,
                                              compression_params, update_on_kvstore)
-        if _is_dist_delay(kvstore):
-            self._rule.check_optimizer(self._optimizer)
-        self._states = [ParamState(i, param) for i, param in enumerate(self._params)]
+        if dist_delay:
+            rule.check_optimizer(self._optimizer)
+        # Each parameter's variants, chosen once: its weight's and its gradient's storage.
+        states = [param_state.create(i, p, p._stype != 'default', p._grad_stype != 'default')
+                  for i, p in enumerate(self._params)]
         if compressed is not None:
-            for s in self._states:
+            for s in states:
                 if s.trained:
                     compressed.check_dtype('parameter %s' % s.param.name, s.param.dtype)
-        self._base_lr = self._optimizer.learning_rate
-        self._order = ForwardOrder(self._states, registration_order)  # priorities (§8)
-        self._observer = StepObserver()
+        # The delayed update: the mode of 'dist_delay', which owns its state from here on.
+        self._delayed = DelayedUpdate(_Gluon(self), schedule, states, registration_order, rule,
+                                      local_lr, slack, pull_codec)
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)
-        # MXDELAY_LOG_EVERY: a log line every N steps, or the no-op log (chosen once).
-        self._step_log = steplog.from_env(self)
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
-                  delay, warmup_steps, self._rule,
-                  'optimizer lr' if self._local_lr is None else self._local_lr, self._slack)
+                  delay, warmup_steps, rule, 'optimizer lr' if local_lr is None else local_lr,
+                  slack)
 
     def set_observer(self, observer):
         """Send this trainer's events (gradient written, push acknowledged, pull received,
@@ -196,34 +181,33 @@ class DelayedTrainer(gluon.Trainer):
         if observer is not None and not isinstance(observer, StepObserver):
             raise ArgumentTypeError('observer must be an mxdelay.observer.StepObserver or None, '
                                     'got %r (%s)' % (observer, type(observer).__name__))
-        self._observer = observer or StepObserver()
+        self._delayed.observer = observer or StepObserver()
 
     def priority_order(self):
         """Parameter names from the highest push/pull priority to the lowest (forward order).
 
         Known after the first step; before it, registration order.
         """
-        return self._order.names()
+        return self._delayed.order.names()
 
     # -- the mode ---------------------------------------------------------------------------
     def _init_kvstore(self):
         # The mode is chosen here, once:
         # - a non-distributed kvstore: PassThrough, every step is gluon.Trainer's;
-        # - 'dist_delay': Delayed. Each step pushes the gradients as round t; warm-up and
-        #   switch pull W_{t+1} into the weights; the delayed phase updates locally and, at
-        #   the end of each period, issues a pull that the next step applies (§1.2).
+        # - 'dist_delay': the delayed update (mxdelay.delayed), connected to the store.
         super(DelayedTrainer, self)._init_kvstore()
         kvstore = self._kvstore
         if not self._distributed:
             # A warning when the user asked for delayed updates they will not get.
-            _LOG.log(logging.WARNING if self._schedule.delay > 1 else logging.INFO,
+            delay = self._delayed.schedule.delay
+            _LOG.log(logging.WARNING if delay > 1 else logging.INFO,
                      'DelayedTrainer: kvstore %r is not distributed: training exactly as '
                      'gluon.Trainer; delay=%d has no effect',
-                     getattr(kvstore, 'type', kvstore), self._schedule.delay)
-            self._kv_mode = PassThrough(self)
+                     getattr(kvstore, 'type', kvstore), delay)
+            self._kv_mode = self._pass_through()
             return
         # Chosen before the checks below: a store that fails them never trains pass-through.
-        self._kv_mode = mode = Delayed(self)
+        self._kv_mode = self._delayed
         if not isinstance(kvstore, DistDelay):
             raise ValueError("DelayedTrainer needs kvstore='dist_delay' for distributed training, "
                              'got %r; pass kvstore=\'dist_delay\' (and launch with mxdelay-launch '
@@ -232,13 +216,18 @@ class DelayedTrainer(gluon.Trainer):
             raise ValueError('update_on_kvstore is False (set by the environment variable '
                              'MXNET_UPDATE_ON_KVSTORE=0?), but with \'dist_delay\' the servers '
                              'apply the optimizer: unset MXNET_UPDATE_ON_KVSTORE')
-        mode.configure(self._slack)
+        self._delayed.connect(kvstore)
 
     def _reset_kvstore(self):
         # Gluon's: no kvstore (yet, or again). Until it is created, the calls that do not
         # create it (set_learning_rate, keys_per_step) have nobody else to tell.
         super(DelayedTrainer, self)._reset_kvstore()
-        self._kv_mode = PassThrough(self)
+        self._kv_mode = self._pass_through()
+
+    def _pass_through(self):
+        # gluon.Trainer's methods through the class hierarchy (mxdelay.passthrough).
+        base = super(DelayedTrainer, self)
+        return PassThrough(base, base._row_sparse_pull)
 
     def _mode(self):
         """The mode chosen when the kvstore was created; creates the kvstore if needed."""
@@ -246,28 +235,19 @@ class DelayedTrainer(gluon.Trainer):
             self._init_kvstore()
         return self._kv_mode
 
-    def _loss_scaler(self):
-        """The AMP loss scaler that ``amp.init_trainer(self)`` set, or None."""
-        return getattr(self, '_amp_loss_scaler', None)
-
     # -- gluon.Trainer's seams ----------------------------------------------------------------
-    def _check_and_rescale_grad(self, scale):
-        # gluon.Trainer refuses a new batch size with update_on_kvstore; on 'dist_delay' each
-        # worker scales its own pushes instead (Delayed.rescale).
-        self._optimizer.rescale_grad = scale
-        self._kv_mode.rescale(scale)
-
     def _init_params(self):
         pending = list(self._params_to_init)
         super(DelayedTrainer, self)._init_params()
-        self._kv_mode.init_params(pending)
+        self._kv_mode.params_initialized([self._param2idx[p.name] for p in pending
+                                          if p not in self._params_to_init])
 
     def _row_sparse_pull(self, parameter, out, row_id, full_idx=False):
         return self._mode().row_sparse_pull(parameter, out, row_id, full_idx)
 
     def _push_all(self):
         """Push this worker's gradients of the step (a seam: a subclass may wait first)."""
-        self._kv_mode.push_all()
+        self._delayed.push_all()
 
     # -- public API ---------------------------------------------------------------------------
     def set_learning_rate(self, lr):
@@ -301,7 +281,7 @@ class DelayedTrainer(gluon.Trainer):
         ValueError
             If `batch_size` is not finite and > 0.
         """
-        _check_batch_size(batch_size)
+        arguments.check_batch_size(batch_size)
         return self._mode().step(batch_size, ignore_stale_grad)
 
     def join(self):
@@ -400,7 +380,7 @@ class DelayedTrainer(gluon.Trainer):
     @property
     def schedule(self):
         """The :class:`mxdelay.schedule.DelaySchedule` (its ``step`` is the step counter)."""
-        return self._schedule
+        return self._delayed.schedule
 
     def save_states(self, fname):
         """Save everything needed to resume; collective: every worker calls it.
@@ -440,47 +420,71 @@ class DelayedTrainer(gluon.Trainer):
         return self._mode().load_states(fname, check_bool('trusted', trusted))
 
 
-def _check_batch_size(batch_size):
-    # gluon.Trainer divides by it unchecked: 0 raises ZeroDivisionError at the step, a
-    # negative or NaN size silently corrupts the update.
-    check_real('batch_size', batch_size, minimum=0, min_inclusive=False,
-               fix='pass the number of samples of this step, e.g. trainer.step(data.shape[0])')
+class _Gluon(object):
+    """What the delayed update asks of the Gluon trainer it runs in; Gluon's private state
+    is read and written in this module only.
+
+    Attributes
+    ----------
+    optimizer : Optimizer
+        The trainer's (a load replaces it: :meth:`adopt_optimizer`).
+    scale : float
+        The gradients' scale before the batch size (``amp.scale_loss`` changes it).
+    context : Context
+        The trainer's first context.
+    """
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+
+    optimizer = property(lambda self: self._trainer._optimizer)
+    scale = property(lambda self: self._trainer._scale)
+    context = property(lambda self: self._trainer._contexts[0])
+
+    def adopt_optimizer(self, optimizer):
+        """Make the loaded `optimizer` the trainer's, as ``gluon.Trainer.load_states`` does."""
+        self._trainer._optimizer = optimizer
+        optimizer.param_dict = dict(enumerate(self._trainer._params))
+
+    def init_params(self):
+        """Gluon's lazy initialisation: send the parameters not in the kvstore yet, if any."""
+        if self._trainer._params_to_init:
+            self._trainer._init_params()
+
+    def check_fresh(self, ignore_stale_grad):
+        """Raise UserWarning for a stale gradient, as ``gluon.Trainer`` does (unless
+        `ignore_stale_grad`); mark every trained gradient as used."""
+        for param in self._trainer._params:
+            if param.grad_req == 'null':
+                continue
+            for data in param._check_and_get(param._data, list):
+                if not data._fresh_grad and not ignore_stale_grad:
+                    raise UserWarning(
+                        'Gradient of Parameter `%s` on context %s has not been updated by '
+                        'backward since last `step`. Call step with ignore_stale_grad=True '
+                        'to push it anyway.' % (param.name, data.context))
+                data._fresh_grad = False
+
+    def push_all(self):
+        """The trainer's seam ``_push_all`` (a subclass may wait before the pushes)."""
+        self._trainer._push_all()
+
+    def loss_scaler(self):
+        """The AMP loss scaler that ``amp.init_trainer(trainer)`` set, or None."""
+        return getattr(self._trainer, '_amp_loss_scaler', None)
 
 
-def _parameter_names(params):
-    if isinstance(params, (dict, gluon.ParameterDict)):
-        return [params[key].name for key in params.keys()]
-    if isinstance(params, (list, tuple)):
-        return [getattr(p, 'name', None) for p in params]
-    return []
+def init_store(trainer):
+    """Create `trainer`'s kvstore and send the initial weights now, as ``Module.init_optimizer``
+    does before the first batch (:class:`mxdelay.DelayedModule`; a trainer does it at its first
+    step). Returns the kvstore (None where Gluon uses none: one device, no kvstore)."""
+    trainer._init_kvstore()   # pylint: disable=protected-access
+    trainer._init_params()    # pylint: disable=protected-access
+    return trainer._kvstore   # pylint: disable=protected-access
 
 
-def _refuse_compressed_sparse_grads(params, compressed):
-    """Refuse row_sparse gradients with compression on 'dist_delay' (docs/design.md §2.10).
-    Non-Parameters are left to gluon.Trainer's own check."""
-    for param in (params.values() if hasattr(params, 'values') else params):
-        grad_stype = getattr(param, '_grad_stype', 'default')
-        if grad_stype != 'default':
-            raise ValueError(
-                'compression_params=%r cannot be combined with row_sparse gradients '
-                '(Parameter %s has grad_stype=%r): row_sparse pushes are not compressed; '
-                'use compression_params=None, or dense gradients'
-                % (compressed.describe(), param.name, grad_stype))
-
-
-def _refuse_compressed_pulls(params, pull_codec):
-    """Refuse what compressed pulls do not support (docs/design.md §2.12)."""
-    for param in (params.values() if hasattr(params, 'values') else params):
-        stypes = (getattr(param, '_grad_stype', 'default'), getattr(param, '_stype', 'default'))
-        if stypes != ('default', 'default'):
-            raise ValueError(
-                'pull_compression=%r cannot be used with row_sparse parameters (Parameter %s '
-                'has stype=%r, grad_stype=%r): their pulls bring rows, not a model every '
-                'worker holds; use pull_compression=None, or dense parameters'
-                % (pull_codec.describe(), param.name, stypes[1], stypes[0]))
-
-
-def _is_dist_delay(kvstore):
-    if isinstance(kvstore, str):
-        return kvstore == STORE_TYPE
-    return isinstance(kvstore, DistDelay)
+def _stypes(params):
+    """``(param, stype, grad_stype)`` of each of `params` (non-Parameters: 'default', left
+    to gluon.Trainer's own check)."""
+    return [(p, getattr(p, '_stype', 'default'), getattr(p, '_grad_stype', 'default'))
+            for p in (params.values() if hasattr(params, 'values') else params)]

@@ -20,7 +20,46 @@ from kvstore_ext.optim.optimizers import describe_optimizer, type_difference
 
 from .loss_scaling import _STATE as _SCALER_FIELDS
 
-__all__ = ['collect', 'write', 'read', 'restore_arrays']
+__all__ = ['save', 'load', 'collect', 'write', 'read', 'restore_arrays']
+
+
+def save(fname, kv, schedule, optimizer, base_lr, states, amp):
+    """Write this worker's part of checkpoint `fname` (:func:`collect`, :func:`write`) once
+    every queued update is done; collective: every worker calls it after the same round."""
+    nd.waitall()
+    write(fname, kv, collect(kv, schedule, optimizer, base_lr, states, amp), schedule)
+    kv.barrier()
+
+
+def load(fname, kv, schedule, states, optimizer, amp, ctx, trusted=False):
+    """Read and check this worker's files of checkpoint `fname` (:func:`read`), vote with
+    every worker and server on whether all parts are good, then restore the parameters'
+    arrays (on `ctx`), the residuals and the pulled models; collective.
+
+    Returns
+    -------
+    dict
+        The worker file's body, for what the trainer adopts (optimizer, AMP, the counter).
+
+    Raises
+    ------
+    ValueError
+        On every worker, if any worker's or server's part is bad; nothing has changed then.
+    """
+    state, error, part_of = None, None, None
+    try:
+        state, part_of = read(fname, kv, schedule, [s.param for s in states], optimizer, amp,
+                              trusted)
+    except Exception as err:  # pylint: disable=broad-except
+        # Any error, not only ValueError, goes to the vote: one that escaped here would
+        # leave the other workers waiting in it (read turns them into ValueErrors).
+        error = store_checkpoint.failure_message(fname, err)
+    # Collective: if any worker's or server's file is bad, every worker raises here.
+    kv.apply_states(kv.check_states(files.kvstore_file(fname), error, trusted, part_of))
+    restore_arrays(state, states, ctx)
+    kv.set_residuals(state.get('residuals', {}))
+    kv.set_pulled_models(state.get('pulled_models', {}))
+    return state
 
 
 def collect(kv, schedule, optimizer, base_lr, states, amp):

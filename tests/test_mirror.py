@@ -208,7 +208,7 @@ def test_local_optimizer_is_a_copy_with_n_times_rescale_grad():
     for step in range(4):
         backward_at(params, [mx.cpu()], step)
         trainer.step(BATCH)
-    local = trainer._rule._local  # pylint: disable=protected-access
+    local = trainer._delayed.rule._local  # pylint: disable=protected-access
     assert local is not trainer.optimizer and type(local) is mx.optimizer.Adam
     assert local.rescale_grad == 1.0 / BATCH          # N = 1
     assert local._index_update_count[0] == 4          # rounds 0..3 applied

@@ -298,7 +298,7 @@ def test_sync_weights_is_exact_and_leaves_the_pulled_model(monkeypatch, setting,
         before = {k: v for k, v in trainer._kvstore.pulled_models().items()}
         trainer.sync_weights()
         store = trainer._kvstore
-        for state in trainer._states:
+        for state in trainer._delayed.states:
             np.testing.assert_array_equal(state.param.data().asnumpy(),
                                           server_weights(store, state.index))
         for key, (model, rnd) in store.pulled_models().items():

@@ -76,7 +76,7 @@ def test_a_line_every_n_steps(monkeypatch, caplog):
     monkeypatch.setenv('MXDELAY_LOG_EVERY', '5')
     caplog.set_level(logging.INFO, logger='mxdelay.trainer')
     trainer, params = trainer_of()
-    assert isinstance(trainer._step_log, steplog.StepLog)
+    assert isinstance(trainer._delayed.step_log, steplog.StepLog)
     around = train(trainer, params, 16)
     lines = log_lines(caplog, 3)
     assert len(lines) == 3, lines
@@ -104,7 +104,7 @@ def test_off_costs_nothing(monkeypatch, caplog, value):
     caplog.set_level(logging.INFO, logger='mxdelay.trainer')
     threads = set(threading.enumerate())
     trainer, params = trainer_of()
-    assert trainer._step_log is steplog.OFF
+    assert trainer._delayed.step_log is steplog.OFF
     train(trainer, params, 7)
     assert not [t for t in set(threading.enumerate()) - threads
                 if t.name.startswith('mxdelay-steplog')]
