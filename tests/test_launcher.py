@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mxdelay import launcher
+from mxdelay.launching import job as launch_job, options as launch_options, role as launch_role
 
 from support.jobs import (LAUNCHER, JobResult, PidFile, assert_ok, job_env, pid_alive,
                           python_command, role_lines, run_job, started_job, worker_lines)
@@ -440,9 +440,9 @@ def test_ssh_mode_with_a_stand_in_ssh(tmp_path):
 
 def built_job(args):
     """The launcher's job for `args` (options only), built but not started."""
-    parser = launcher.build_parser()
-    # pylint: disable=protected-access
-    return launcher._Job(launcher._Config(parser.parse_args(args + ['true']), parser))
+    parser = launch_options.build_parser()
+  
+    return launch_job.Job(launch_options.Config(parser.parse_args(args + ['true']), parser))
 
 
 def test_hostfile_slots_are_consecutive_places(tmp_path):
@@ -457,8 +457,8 @@ def test_hostfile_slots_are_consecutive_places(tmp_path):
                       ('worker 2 (on localhost)', ('localhost', 2222)),
                       ('worker 3 (on localhost)', ('localhost', 2222)),
                       ('worker 4 (on 127.0.0.1)', ('127.0.0.1', None))]  # round-robin wraps
-    local = [job._role_env(role)['MXDELAY_LOCAL_RANK'] + '/' +  # pylint: disable=protected-access
-             job._role_env(role)['MXDELAY_LOCAL_SIZE']  # pylint: disable=protected-access
+    local = [job.role_env(role)['MXDELAY_LOCAL_RANK'] + '/' +
+             job.role_env(role)['MXDELAY_LOCAL_SIZE']
              for role in job.roles if role.role == 'worker']
     assert local == ['0/2', '0/3', '1/3', '2/3', '1/2']
 
@@ -481,9 +481,9 @@ def test_ssh_option_replaces_a_default_of_the_same_key(tmp_path, monkeypatch, op
         started.append(argv)
         raise OSError('not started')
 
-    monkeypatch.setattr(launcher.subprocess, 'Popen', popen)
+    monkeypatch.setattr(launch_role.subprocess, 'Popen', popen)
     with pytest.raises(OSError):
-        job._start(job.roles[1])  # pylint: disable=protected-access
+        job.start(job.roles[1])
     assert started[0][:started[0].index('--')] == ['ssh'] + expected
 
 
