@@ -9,7 +9,7 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     python_requires='>=3.8',
-    packages=['mxdelay', 'kvstore_ext'],
+    packages=['mxdelay', 'mxdelay.launching', 'kvstore_ext'],
     package_data={'kvstore_ext': ['autoload/sitecustomize.py']},
     # MXNet is not a requirement: its builds are separate distributions (mxnet, mxnet-cu112,
     # ...) of the same module, and pip would install the CPU wheel over a CUDA build.

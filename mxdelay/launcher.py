@@ -35,6 +35,11 @@ What it adds to MXNet's launcher:
    ``DMLC_NUM_WORKER``, ``DMLC_NUM_SERVER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT``,
    ``DMLC_NODE_HOST``, ``MXDELAY_RANK``).
 
+6. ``--max-restarts N``: after a failure the job runs again, every role, up to N times,
+   after a back-off; ``--checkpoint-dir DIR --checkpoint-every STEPS`` make every
+   ``DelayedTrainer`` save checkpoints and resume from the newest
+   (:mod:`mxdelay.launching.restarts`, :mod:`mxdelay.autosave`).
+
 Every worker also gets ``MXDELAY_LOCAL_RANK`` and ``MXDELAY_LOCAL_SIZE``: its index among
 the workers of its host (a hostfile destination; all of them in local mode) and their
 number, for choosing a GPU (``mx.gpu(mxdelay.local_rank() % GPUS)``).
@@ -91,7 +96,8 @@ if not __package__:  # run as a file, like MXNet's tools/launch.py: find the pac
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from kvstore_ext import env  # noqa: E402
-from mxdelay.launching.job import KILL_GRACE, Job  # noqa: E402
+from mxdelay.launching import restarts  # noqa: E402
+from mxdelay.launching.job import KILL_GRACE  # noqa: E402
 from mxdelay.launching.options import Config, build_parser  # noqa: E402
 
 __all__ = ['main', 'build_parser', 'KILL_GRACE']
@@ -112,7 +118,8 @@ def main(argv=None):
     -------
     int
         0 when every worker exited 0; else the first failure's exit code (128 + signal
-        number for a signal), 124 on ``--timeout``, 130/143/129 on SIGINT/SIGTERM/SIGHUP.
+        number for a signal; with ``--max-restarts``, the last failure's), 124 on
+        ``--timeout``, 130/143/129 on SIGINT/SIGTERM/SIGHUP.
         Bad options exit 2 (``SystemExit``) before anything starts.
     """
     parser = build_parser()
@@ -130,7 +137,7 @@ def main(argv=None):
         parser.error('unknown option %s before the command; mxdelay-launch takes the options '
                      'listed above, and options meant for the command go after it'
                      % ' '.join(unknown))
-    return Job(Config(args, parser)).run()
+    return restarts.run(Config(args, parser))
 
 
 if __name__ == '__main__':

@@ -406,6 +406,16 @@ class Delayed(object):
         trainer._states[trainer._param2idx[parameter.name]].row_sparse_data(row_id, out)
 
     # -- checkpoints (docs/design.md §6) ------------------------------------------------------
+    def snapshot(self):
+        """The worker file's body now, for :mod:`mxdelay.autosave` (after a join: no round
+        in flight), which writes it later."""
+        trainer = self._trainer
+        self.amp.check_unchanged()
+        self._prepare(priorities=False)
+        nd.waitall()
+        return worker_state.collect(self._kv, trainer._schedule, trainer._optimizer,
+                                    trainer._base_lr, trainer._states, self.amp)
+
     def save_states(self, fname):
         trainer, kv = self._trainer, self._kv
         self.amp.check_unchanged()

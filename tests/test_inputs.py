@@ -76,7 +76,9 @@ def test_shutdown_wait_accepts_zero_and_more(monkeypatch, value):
 def test_the_launchers_own_variables_are_those_it_sets():
     job = launch_job.Job.__new__(launch_job.Job)  # only role_env, no job
     job.config = types.SimpleNamespace(root_uri='127.0.0.1', port=1, num_workers=1,
-                                       num_servers=1, env_server={}, env_worker={})
+                                       num_servers=1, env_server={}, env_worker={},
+                                       checkpoint_env={})
+    job.port = 1
     job._local = {0: (0, 1)}  # worker 0: local rank 0 of 1
     workers_only = {'MXDELAY_LOCAL_RANK', 'MXDELAY_LOCAL_SIZE'}  # only workers pick a device
     for role in ('scheduler', 'server', 'worker'):

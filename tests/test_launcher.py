@@ -720,3 +720,43 @@ def test_netns_mode_bad_hostfile_fails_at_once(tmp_path, netns_nodes, case):
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert not (tmp_path / 'started').exists()
+
+
+# --- restarts with ssh and netns (tests/test_restarts.py has the rest) ------------------------
+
+# Attempt 1 (no marker yet): worker 0 SIGKILLs itself, the others wait; attempt 2: all exit 0.
+KILLED_ONCE = ('[ -e {marker} ] && exit 0; if [ "$DMLC_ROLE" = worker ] && [ "$MXDELAY_RANK" = 0 ]; '
+               'then touch {marker}; kill -9 $$; fi; exec sleep 30')
+
+
+def restarted_once(tmp_path, launcher_args, label):
+    pids = PidFile(tmp_path / 'pids')
+    result = run_job(pids.wrap(['sh', '-c', KILLED_ONCE.format(marker=tmp_path / 'marker')]),
+                     num_workers=2, cwd=tmp_path, timeout=45,
+                     extra_launcher_args=launcher_args + ['--max-restarts', '1'])
+    assert_ok(result)
+    assert re.search(r'attempt 1 of at most 2 ended after [0-9.]+ s: %s; starting every role '
+                     r'again in 1 s' % re.escape(label), result.stderr), result.stderr
+    assert 'the job finished in attempt 2, after surviving 1 failure(s)' in result.stderr
+    every = [int(line.split()[0]) for line in open(pids.path, encoding='ascii')]
+    assert len(every) == 2 * 4, every   # both attempts' roles
+    deadline = time.monotonic() + 5
+    while any(pid_alive(pid) for pid in every):
+        assert time.monotonic() < deadline, [pid for pid in every if pid_alive(pid)]
+        time.sleep(0.05)
+    return pids
+
+
+@pytest.mark.jobs
+def test_ssh_mode_restarts_a_failed_job(tmp_path, sshd):
+    # The remote shell reports the killed command as exit code 137, which ssh passes on.
+    pids = restarted_once(tmp_path, ssh_args(tmp_path, sshd, 2),
+                          'worker 0 (on 127.0.0.1) exited with code 137')
+    assert_no_remote_helper(tmp_path, pids)
+
+
+@pytest.mark.jobs
+def test_netns_mode_restarts_a_failed_job(tmp_path, netns_nodes):
+    nodes = netns_nodes(4)
+    restarted_once(tmp_path, netns_args(tmp_path, nodes),
+                   'worker 0 (in netns %s) died with signal SIGKILL (exit -9)' % nodes[2][0])

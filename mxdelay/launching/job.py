@@ -10,21 +10,30 @@ import logging
 import shlex
 import signal
 import time
+from typing import NamedTuple, Optional
 
 from .output import Output
 from .role import Role, describe, exit_code
 
-__all__ = ['Job', 'KILL_GRACE']
+__all__ = ['Job', 'Ending', 'KILL_GRACE', 'EXIT_TIMEOUT']
 
 _LOG = logging.getLogger('mxdelay.launcher')
 
 #: Seconds between SIGTERM and SIGKILL when the launcher stops a job.
 KILL_GRACE = 3.0
 
-_EXIT_TIMEOUT = 124  # as coreutils' timeout(1)
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: The exit code of a job stopped by ``--timeout``, as coreutils' timeout(1).
+EXIT_TIMEOUT = 124
 _POLL_SECONDS = 0.05
 _DRAIN_SECONDS = 1.0  # how long to wait for the last output of a process that has exited
+
+
+class Ending(NamedTuple):
+    """How one run of a job ended: the launcher's exit code for it and, if a role failed
+    (the job may run again), that role and how it ended, in words."""
+
+    code: int
+    failure: Optional[str] = None
 
 
 def _local_ranks(roles):
@@ -46,8 +55,9 @@ def _local_ranks(roles):
 class Job:
     """Start the roles of one job, copy their output, and stop them all at the end."""
 
-    def __init__(self, config):
+    def __init__(self, config, port=None):
         self.config = config
+        self.port = config.port if port is None else port  # each attempt may get its own
         hosts = config.hosts
         if config.launcher == 'netns':
             self.roles = [Role('scheduler', 0, netns=hosts[0])]
@@ -62,7 +72,6 @@ class Job:
                               else Role(role, rank, host))
         self._local = _local_ranks(self.roles)
         self.output = Output()
-        self._signal = None
         self._libc = ctypes.CDLL(None, use_errno=True)
 
     def role_env(self, role):
@@ -71,7 +80,7 @@ class Job:
         variables = {
             'DMLC_ROLE': role.role,
             'DMLC_PS_ROOT_URI': config.root_uri,
-            'DMLC_PS_ROOT_PORT': str(config.port),
+            'DMLC_PS_ROOT_PORT': str(self.port),
             'DMLC_NUM_WORKER': str(config.num_workers),
             'DMLC_NUM_SERVER': str(config.num_servers),
             # The address the others use to reach this process.
@@ -86,6 +95,7 @@ class Job:
             variables['MXDELAY_LOCAL_RANK'] = str(local_rank)
             variables['MXDELAY_LOCAL_SIZE'] = str(local_size)
             variables.update(config.env_worker)
+            variables.update(config.checkpoint_env)
         return variables
 
     def start(self, role):
@@ -96,43 +106,48 @@ class Job:
         _LOG.debug('%s: %s', role.label, shlex.join(argv))
         role.start(argv, stdin, child_env, self.output, self._libc)
 
-    def run(self):
-        """Run the job to its end and return the launcher's exit code."""
+    def run(self, stop_signal=lambda: None, deadline=None):
+        """Run the job to its end; return how it ended.
+
+        Parameters
+        ----------
+        stop_signal : callable
+            Returns the number of a signal that asks the launcher to stop, or None.
+        deadline : float, optional
+            ``time.monotonic()`` at which ``--timeout`` stops the job.
+
+        Returns
+        -------
+        Ending
+        """
         config = self.config
         _LOG.info('starting 1 scheduler, %d server(s) and %d worker(s) (%s launcher; scheduler '
                   'at %s:%d)', config.num_servers, config.num_workers, config.launcher,
-                  config.root_uri, config.port)
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in _STOP_SIGNALS}
+                  config.root_uri, self.port)
         try:
             for role in self.roles:
                 try:
                     self.start(role)
                 except OSError as err:
                     _LOG.error('cannot start %s: %s; stopping the job', role.label, err)
-                    return 127
-            return self._supervise()
+                    return Ending(127)
+            return self._supervise(stop_signal, deadline)
         finally:
             self._stop()
             for role in self.roles:
                 if role.popen is not None:
                     role.popen.wait()  # reap, only now that no group is signalled any more
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
 
-    def _on_signal(self, signum, _frame):
-        self._signal = self._signal or signum
-
-    def _supervise(self):
-        """Wait for the job to succeed or fail; return the exit code."""
-        timeout = self.config.timeout
-        deadline = time.monotonic() + timeout if timeout else None
+    def _supervise(self, stop_signal, deadline):
+        """Wait for the job to succeed or fail."""
         shutdown_wait = self.config.shutdown_wait
         workers_done_at = None
         while True:
             self.output.pump(_POLL_SECONDS)
-            if self._signal is not None:
-                _LOG.error('received %s; stopping the job', signal.Signals(self._signal).name)
-                return 128 + self._signal
+            signum = stop_signal()
+            if signum is not None:
+                _LOG.error('received %s; stopping the job', signal.Signals(signum).name)
+                return Ending(128 + signum)
             for role in self.roles:
                 was_running = role.status is None
                 status = role.exited()
@@ -141,22 +156,24 @@ class Job:
                 if status:
                     # Its last words (a traceback, say) before the verdict.
                     self.output.pump(_DRAIN_SECONDS, until_closed=role.pipes)
-                    _LOG.error('%s %s; stopping the job', role.label, describe(status))
-                    return exit_code(status)
+                    failure = '%s %s' % (role.label, describe(status))
+                    _LOG.error('%s; stopping the job', failure)
+                    return Ending(exit_code(status), failure)
             running = [role for role in self.roles if role.exited() is None]
             if not running:
-                return 0
+                return Ending(0)
             now = time.monotonic()
             if deadline is not None and now > deadline:
-                _LOG.error('the job ran longer than --timeout %g s; stopping it', timeout)
-                return _EXIT_TIMEOUT
+                _LOG.error('the job ran longer than --timeout %g s; stopping it',
+                           self.config.timeout)
+                return Ending(EXIT_TIMEOUT)
             if all(role.role != 'worker' for role in running):
                 workers_done_at = workers_done_at or now
                 if now - workers_done_at > shutdown_wait:
                     _LOG.warning('every worker finished, but %s still running %g s later '
                                  '(MXDELAY_SHUTDOWN_WAIT); killing them',
                                  ', '.join(role.label for role in running), shutdown_wait)
-                    return 0
+                    return Ending(0)
 
     def _stop(self):
         """End every process started: SIGTERM, SIGKILL after a grace, and collect the output."""

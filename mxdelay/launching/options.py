@@ -11,7 +11,7 @@ import socket
 from kvstore_ext import env
 from . import hostfiles
 
-__all__ = ['build_parser', 'Config', 'OWN_VARIABLES']
+__all__ = ['build_parser', 'Config', 'OWN_VARIABLES', 'free_port']
 
 _LAUNCHERS = ('local', 'ssh', 'netns')
 
@@ -77,6 +77,19 @@ def build_parser():
                         help='ssh: pass -o KEY=VALUE to ssh (repeatable), e.g. '
                              'IdentityFile=~/.ssh/id_ed25519; it replaces the default '
                              'StrictHostKeyChecking=no or BatchMode=yes of the same key')
+    parser.add_argument('--max-restarts', type=int, default=0, metavar='N',
+                        help='when a process fails, stop the job as always, then start every '
+                             'role again, up to N times, after a back-off of 1 s doubling up to '
+                             '30 s (default: 0, the first failure ends the launcher)')
+    parser.add_argument('--checkpoint-dir', metavar='DIR',
+                        help='the workers save a checkpoint in DIR every --checkpoint-every '
+                             'steps and resume from the newest complete one (DelayedTrainer; '
+                             'a folder that every worker and server can reach)')
+    parser.add_argument('--checkpoint-every', type=int, metavar='STEPS',
+                        help='steps between two checkpoints (with --checkpoint-dir)')
+    parser.add_argument('--keep-checkpoints', type=int, metavar='K',
+                        help='complete checkpoints to keep, the newest (with --checkpoint-dir; '
+                             'default: %s)' % env.VARIABLES['MXDELAY_KEEP_CHECKPOINTS'][0])
     parser.add_argument('command', nargs=argparse.REMAINDER, metavar='COMMAND',
                         help='the command every role runs, e.g. mxdelay-run python train.py')
     return parser
@@ -121,7 +134,14 @@ class Config:  # pylint: disable=too-many-instance-attributes,too-few-public-met
                  '(e.g. --timeout 3600), or drop --timeout for no limit' % args.timeout)
         self.timeout = args.timeout
         self.port = _check_port(args.port, fail)
+        self.port_given = args.port is not None
         self.ssh_options = args.ssh_option
+        if args.max_restarts < 0:
+            fail('--max-restarts must be 0 or more, got %d; e.g. --max-restarts 3 starts the '
+                 'job at most 4 times' % args.max_restarts)
+        self.max_restarts = args.max_restarts
+        self.checkpoint_dir, self.checkpoint_env = _checkpoint_options(args, self.env_worker,
+                                                                       fail)
         try:
             self.shutdown_wait = env.get_float('MXDELAY_SHUTDOWN_WAIT')
         except ValueError as err:
@@ -186,11 +206,43 @@ def _refuse_own_variable(option, value, name, fail):
              % (option, value, name, OWN_VARIABLES[name], option, value))
 
 
+def _checkpoint_options(args, env_worker, fail):
+    """Return the checkpoint folder (absolute, or None) and the workers' variables for it."""
+    options = (('--checkpoint-dir', args.checkpoint_dir, 'MXDELAY_CHECKPOINT_DIR'),
+               ('--checkpoint-every', args.checkpoint_every, 'MXDELAY_CHECKPOINT_EVERY'),
+               ('--keep-checkpoints', args.keep_checkpoints, 'MXDELAY_KEEP_CHECKPOINTS'))
+    given = [option for option in options if option[1] is not None]
+    if not given:
+        return None, {}
+    if args.checkpoint_dir is None or args.checkpoint_every is None:
+        fail('%s needs --checkpoint-dir DIR and --checkpoint-every STEPS, got %s; give both, '
+             'e.g. --checkpoint-dir ckpt --checkpoint-every 500'
+             % (given[0][0], ' '.join('%s %s' % option[:2] for option in given)))
+    for option, value, name in given[1:]:
+        if value < 1:
+            fail('%s must be at least 1, got %d' % (option, value))
+    for option, value, name in given:
+        if name in env_worker:
+            fail('--env-worker %s:... and %s both set %s; drop one' % (name, option, name))
+    directory = os.path.abspath(args.checkpoint_dir)  # the servers write there too
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        fail('--checkpoint-dir %s is a file, not a folder; give a folder (it is created if '
+             'missing)' % args.checkpoint_dir)
+    variables = {name: str(value) for _, value, name in given}
+    variables['MXDELAY_CHECKPOINT_DIR'] = directory
+    return directory, variables
+
+
+def free_port():
+    """A TCP port that is free on every interface now (for the scheduler)."""
+    with socket.socket() as sock:
+        sock.bind(('', 0))  # ps-lite's scheduler binds all interfaces
+        return sock.getsockname()[1]
+
+
 def _check_port(port, fail):
     if port is None:
-        with socket.socket() as sock:
-            sock.bind(('', 0))  # ps-lite's scheduler binds all interfaces
-            return sock.getsockname()[1]
+        return free_port()
     if not 0 < port < 65536:
         fail('--port must be in 1..65535, got %d' % port)
     with socket.socket() as sock:
