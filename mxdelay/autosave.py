@@ -20,9 +20,10 @@ resuming from the newest one.
   of ``save_states``, named ``DIR/step-<counter>``. The part that needs the job to stand
   still is synchronous: a ``join`` (after a step), a copy of the worker's state to host
   memory, and the servers' files (they write them at once: no round may be in flight). The
-  worker's own file is written by a thread while training goes on; worker 0's thread then
-  waits for every worker's file and writes the index, last, with every part's sha256,
-  which makes the checkpoint complete, and deletes all but the newest K. A save first
+  worker's own file is written by a thread (at a lower CPU priority) while training goes
+  on, then its sha256 beside it (``.sha256``); worker 0's thread waits for every worker's
+  sha256 and writes the index, last, with every part's sha256, which makes the checkpoint
+  complete, and deletes all but the newest K. A save first
   waits for the previous save's thread. Its id is ``<token>-<counter>``, the token worker
   0's, shared at the resume: no vote per save.
 
@@ -32,6 +33,7 @@ steps, joined to save; a second ``join`` would wait for a round nobody else push
 Every worker must use the same settings (the launcher and the environment give them all
 the same). A non-distributed kvstore has no servers' part and is refused.
 """
+import concurrent.futures
 import logging
 import os
 import threading
@@ -49,6 +51,8 @@ _LOG = logging.getLogger(__name__)
 #: checkpoint up (it stays incomplete): that worker has died or sees another folder.
 PART_TIMEOUT = 600.0
 _POLL_SECONDS = 0.02
+#: The writing thread's nice value (:func:`_lower_priority`).
+WRITER_NICENESS = 10
 _RESUME = 'resume: '
 _CANDIDATES = 16   # the newest complete checkpoints tried, at most
 
@@ -100,10 +104,10 @@ class NoAutoSave:
         return False
 
     def after_step(self):
-        """Save if the step counter reached a multiple of the interval (never here)."""
+        """Save if a save is due after this step (never here)."""
 
     def after_join(self):
-        """Likewise after a ``join`` (never here)."""
+        """Save if a save is due after this ``join`` (never here)."""
 
 
 class AutoSave:
@@ -141,11 +145,11 @@ class AutoSave:
         return True
 
     def after_step(self):
-        """Save if this step brought the counter to a multiple of the interval."""
+        """Save if a save is due after this step (:meth:`_due`)."""
         self._save_if_due(join=True)
 
     def after_join(self):
-        """Save if this ``join`` brought the counter to a multiple of the interval."""
+        """Save if a save is due after this ``join`` (:meth:`_due`)."""
         self._save_if_due(join=False)
 
     def wait(self):
@@ -158,7 +162,7 @@ class AutoSave:
     def _resume(self):
         """Load the newest complete checkpoint that loads; return its step (0: none)."""
         trainer = self._trainer
-        missing = [p.name for p in trainer._params if any(d == 0 for d in p.shape or (0,))]
+        missing = [p.name for p in trainer._params if any(d <= 0 for d in p.shape or (0,))]
         if missing:
             raise ValueError('DelayedTrainer cannot resume from %s before the shapes of %s are '
                              'known: run one forward pass (e.g. net(x)) before reading '
@@ -170,6 +174,7 @@ class AutoSave:
         self._busy = True
         try:
             self._resumed = 0
+            refused = []
             for step in self._candidates(kv):
                 path = checkpoint_dir.path_of(self.directory, step)
                 try:
@@ -177,11 +182,17 @@ class AutoSave:
                 except ValueError as err:   # on every worker alike (the load's vote)
                     _LOG.warning('DelayedTrainer: cannot resume from %s (%s); trying the '
                                  'next older checkpoint', path, err)
+                    refused.append(str(err))
                     continue
                 self._resumed = step
                 _LOG.info('DelayedTrainer: resumed from %s at step %d', path, step)
                 break
             else:
+                if refused:
+                    # Starting over would soon prune them, or be pruned by them (newer steps).
+                    raise ValueError('%s holds checkpoints, none of which this job can resume '
+                                     'from: %s. Use another checkpoint_dir, or delete them'
+                                     % (self.directory, '; '.join(refused)))
                 _LOG.info('DelayedTrainer: no complete checkpoint in %s: starting at step %d',
                           self.directory, trainer.schedule.step)
         finally:
@@ -237,38 +248,47 @@ class AutoSave:
         fname = checkpoint_dir.path_of(self.directory, step)
         # An earlier run that reached this step but not its index left these; each goes
         # before the collectives below, so that worker 0 never takes one for this save's.
-        stale = [checkpoint.worker_file(fname, kv.rank)]
+        stale = [checkpoint.worker_file(fname, kv.rank),
+                 _digest_file(checkpoint.worker_file(fname, kv.rank))]
         if kv.rank == 0:
             stale += [fname, checkpoint.kvstore_file(fname)]
         for path in stale:
             if os.path.exists(path):
                 os.unlink(path)
-        body = trainer._mode().snapshot()
-        # A copy of every field, the optimizer's counters and scheduler included: training
-        # goes on while the thread writes (the arrays are copies already).
-        arrays = []
-        tree = checkpoint.encode(body, arrays)
-        body = checkpoint.decode(tree, arrays.__getitem__)
-        schedule = trainer.schedule.state_dict()
         save_id = '%s-%d' % (self._token, step)
-        kvstore_digest = store_checkpoint.save(kv, checkpoint.kvstore_file(fname), save_id)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            # The copy to host memory overlaps the servers' write: both only read.
+            body = pool.submit(self._snapshot)
+            kvstore_digest = store_checkpoint.save(kv, checkpoint.kvstore_file(fname), save_id)
+            body = body.result()
+        schedule = trainer.schedule.state_dict()
         self._writer = threading.Thread(
             target=self._write, name='mxdelay-autosave',
             args=(fname, kv.rank, kv.num_workers, body, save_id, kvstore_digest, schedule))
         self._writer.start()
 
+    def _snapshot(self):
+        """The worker file's body, every field a copy (the optimizer's counters and
+        scheduler included): training goes on while the thread writes it."""
+        arrays = []
+        tree = checkpoint.encode(self._trainer._mode().snapshot(), arrays)   # arrays: copies
+        return checkpoint.decode(tree, arrays.__getitem__)
+
     def _write(self, fname, rank, num_workers, body, save_id, kvstore_digest, schedule):
         """The thread: this worker's file; on worker 0 then the index and the pruning."""
+        _lower_priority()
         try:
-            digest = checkpoint.write_archive(checkpoint.worker_file(fname, rank),
-                                              checkpoint.WORKER, body, save_id)
+            path = checkpoint.worker_file(fname, rank)
+            digest = checkpoint.write_archive(path, checkpoint.WORKER, body, save_id)
             if rank != 0:
+                # For worker 0, which would otherwise read the whole file to hash it again
+                # (the load checks every part's sha256 against the index anyway).
+                checkpoint.atomic_write(_digest_file(path), digest.encode('ascii'))
                 return
             parts = {'worker0': digest, 'kvstore': kvstore_digest}
             for other in range(1, num_workers):
-                path = checkpoint.worker_file(fname, other)
-                _wait_for(path)
-                parts['worker%d' % other] = checkpoint.file_sha256(path)
+                parts['worker%d' % other] = _read_digest(
+                    checkpoint.worker_file(fname, other))
             # The index of DelayedTrainer.save_states (mxdelay.worker_state.write).
             checkpoint.write_json(fname, checkpoint.TRAINER_INDEX, {
                 'num_workers': num_workers, 'schedule': schedule,
@@ -282,12 +302,30 @@ class AutoSave:
             _LOG.exception('DelayedTrainer: the checkpoint %s could not be written', fname)
 
 
-def _wait_for(path):
-    """Wait until another worker's file `path` exists (written atomically: then whole)."""
+def _digest_file(path):
+    """Where the writer of the part `path` leaves its sha256 for worker 0."""
+    return path + '.sha256'
+
+
+def _read_digest(path):
+    """The sha256 of another worker's part `path`, once it has written both (atomically)."""
+    digest_file = _digest_file(path)
     deadline = time.monotonic() + PART_TIMEOUT
-    while not os.path.exists(path):
+    while not os.path.exists(digest_file):
         if time.monotonic() > deadline:
             raise TimeoutError('%s did not appear within %g s: that worker stopped, or writes '
                                'to another folder (the checkpoint folder must be shared by '
-                               'every worker and server)' % (path, PART_TIMEOUT))
+                               'every worker and server)' % (digest_file, PART_TIMEOUT))
         time.sleep(_POLL_SECONDS)
+    with open(digest_file, encoding='ascii') as src:
+        return src.read()
+
+
+def _lower_priority():
+    """Give the calling thread (Linux: its own nice value) a lower CPU priority than
+    training's threads: on a busy machine the save's hashing and compression take the
+    cycles training leaves."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
+    except (AttributeError, OSError):   # not Linux, or not allowed: the default priority
+        pass

@@ -3,7 +3,8 @@
 The checkpoint of step S (:mod:`mxdelay.autosave`) is the trainer checkpoint
 ``DIR/step-<S, 8 digits or more>`` of ``DelayedTrainer.save_states``' format
 (:mod:`kvstore_ext.checkpoint`): its index file ``step-00000400``, written last, and its parts
-``step-00000400.worker<i>``, ``.kvstore`` and ``.kvstore.server<j>``. A checkpoint is
+``step-00000400.worker<i>``, ``.kvstore`` and ``.kvstore.server<j>`` (and the workers'
+``.worker<i>.sha256``, which :mod:`mxdelay.autosave` leaves for worker 0). A checkpoint is
 *complete* when its index exists: worker 0 writes it only once every part is written
 (atomically, with each part's sha256), and prunes an old checkpoint index first, so a
 checkpoint that lost a part never looks complete. ``load_states`` still checks every

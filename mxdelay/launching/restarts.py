@@ -28,7 +28,7 @@ _LOG = logging.getLogger('mxdelay.launcher')
 #: in a tight loop, one that fails now and then restarts quickly each time.
 BACKOFF_FIRST = 1.0
 BACKOFF_MAX = 30.0
-STABLE_SECONDS = 60.0
+STABLE_SECONDS = 30.0
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL_SECONDS = 0.05
