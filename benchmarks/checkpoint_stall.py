@@ -1,5 +1,5 @@
 """How long a periodic checkpoint stalls training: the example's MLP (1.86M parameters), 2
-workers and 1 server on this machine, k=4.
+workers and 1 server on this machine, k=4, on loopback or on 1 Gbit/s links (``--network``).
 
 One job (:mod:`checkpoint_stall_worker`) cycles through 3 kinds of windows of ``--window``
 iterations: the trainer's own periodic checkpoint (``checkpoint_dir``, :mod:`mxdelay.autosave`:
@@ -11,9 +11,9 @@ iterations (while the thread writes and training goes on, they share the CPU); t
 synchronous parts of each periodic save; the writing thread's CPU and wall time. Reported:
 medians over the cycles, with the range, in ms and in iterations.
 
-Usage: ``python benchmarks/checkpoint_stall.py [--cycles 20] [--window 30]`` (about 4 minutes
-on 2 quiet cores), writing ``--out`` (default docs/benchmarks/checkpoint-stall/):
-results.json and results.md.
+Usage: ``python benchmarks/checkpoint_stall.py [--network loopback|1gbit] [--cycles 20]
+[--window 30]`` (about 5 minutes; 1gbit needs root), writing ``--out`` (default
+docs/benchmarks/checkpoint-stall/<network>/): results.json and results.md.
 """
 import argparse
 import json
@@ -66,7 +66,8 @@ def _ms(values):
 
 
 def markdown(meta, rows, breakdown):
-    lines = ['# Checkpoint stall: the MLP, 2 workers + 1 server, k=4, this machine', '',
+    lines = ['# Checkpoint stall: the MLP, 2 workers + 1 server, k=4, %s'
+             % harness.NETWORKS[meta['network']].label, '',
              'Command: `%s`; commit %s; %s; load %s before, %s after.' % (
                  meta['command'], meta['code_start'].get('commit'), meta['started'],
                  ' '.join('%.2f' % v for v in meta['load_before']),
@@ -101,18 +102,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--cycles', type=int, default=20)
     parser.add_argument('--window', type=int, default=30)
-    parser.add_argument('--out', default=os.path.join(harness.REPO, 'docs', 'benchmarks',
-                                                      'checkpoint-stall'))
+    parser.add_argument('--network', choices=('loopback', '1gbit'), default='loopback')
+    parser.add_argument('--out', help='default: docs/benchmarks/checkpoint-stall/NETWORK')
     args = parser.parse_args(argv)
+    args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'checkpoint-stall',
+                                        args.network)
     meta = harness.start_meta(harness.command_line(COMMAND, argv), cycles=args.cycles,
-                              window=args.window)
-    with tempfile.TemporaryDirectory(prefix='checkpoint-stall-') as folder:
+                              window=args.window, network=args.network)
+    rate = harness.NETWORKS[args.network].rate
+    with harness.shaped_network(4, rate) as (_, hostfile), \
+            tempfile.TemporaryDirectory(prefix='checkpoint-stall-') as folder:
         ckpt = os.path.join(folder, 'ckpt')
         os.makedirs(ckpt)
         out = os.path.join(folder, 'worker-{rank}.json')
         job = harness.Job([sys.executable, WORKER, '--out', out, '--checkpoint-dir', ckpt,
                            '--cycles', str(args.cycles), '--window', str(args.window)],
-                          timeout=1800)
+                          timeout=1800, hostfile=hostfile)
         code = job.run(os.path.join(folder, 'job.log'))
         if code != 0:
             with open(os.path.join(folder, 'job.log'), encoding='utf-8') as log:
