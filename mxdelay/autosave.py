@@ -13,11 +13,12 @@ resuming from the newest one.
   none, the job starts at step 0 and says so. ``resumed_step`` is the step counter then: the
   script skips that many batches, and training continues bit for bit as if it had never
   stopped after that checkpoint.
-- **Save**, on every worker, after the step (or ``join``) that brings the step counter to
-  the first value at or after each multiple of N whose step waited for the servers (any
-  step of the warm-up; in the delayed phase, a step that applied a pull: then one round is
-  in flight, not a period's, and the save's ``join`` waits for that round only): the files
-  of ``save_states``, named ``DIR/step-<counter>``. The part that needs the job to stand
+- **Save**, on every worker, at the first step counter at or after each multiple of N
+  where the job waits for the servers anyway: before a step that follows a warm-up step,
+  or before a delayed step that applies the pull issued by the step before it (which
+  waits for every round pushed so far: the save's ``join`` waits for nothing more); or
+  after a ``join`` that ends at such a counter. The files are those of ``save_states``,
+  named ``DIR/step-<counter>``: the state before that step. The part that needs the job to stand
   still is synchronous: a ``join`` (after a step), a copy of the worker's state to host
   memory, and the servers' files (they write them at once: no round may be in flight). The
   worker's own file is written by a thread (at a lower CPU priority) while training goes
@@ -28,8 +29,8 @@ resuming from the newest one.
   0's, shared at the resume: no vote per save.
 
 A save after a ``join`` skips its own ``join``: a worker whose ``join`` was filling rounds
-returns from it at the round where the others, having reached the multiple of N by their
-steps, joined to save; a second ``join`` would wait for a round nobody else pushes.
+returns from it at the round where the others, having reached the counter by their steps,
+joined to save; a second ``join`` would wait for a round nobody else pushes.
 Every worker must use the same settings (the launcher and the environment give them all
 the same). A non-distributed kvstore has no servers' part and is refused.
 """
@@ -100,11 +101,8 @@ class NoAutoSave:
     resumed_step = 0
 
     def before_step(self):
-        """Resume if not done yet; return True to skip this step (never here)."""
+        """Resume or save if due; return True to skip this step (never here)."""
         return False
-
-    def after_step(self):
-        """Save if a save is due after this step (never here)."""
 
     def after_join(self):
         """Save if a save is due after this ``join`` (never here)."""
@@ -131,10 +129,12 @@ class AutoSave:
         return self._resumed
 
     def before_step(self):
-        """Resume if the script has not read ``resumed_step``; return True if it did now
-        from a checkpoint: this step's gradient was computed with the weights from before
-        the resume, and must not be pushed."""
+        """Save if a save is due before this step (:meth:`_due`). Or resume, if the script
+        has not read ``resumed_step``, and return True if it did now from a checkpoint:
+        this step's gradient was computed with the weights from before the resume, and
+        must not be pushed."""
         if self._resumed is not None:
+            self._save_if_due(join=True)
             return False
         if not self._resume():
             return False
@@ -143,10 +143,6 @@ class AutoSave:
                      'Read trainer.resumed_step before the first forward pass to resume there '
                      '(and skip that many batches)', self._resumed)
         return True
-
-    def after_step(self):
-        """Save if a save is due after this step (:meth:`_due`)."""
-        self._save_if_due(join=True)
 
     def after_join(self):
         """Save if a save is due after this ``join`` (:meth:`_due`)."""
@@ -217,16 +213,17 @@ class AutoSave:
 
     # -- saving -----------------------------------------------------------------------------
     def _due(self, step):
-        """Whether a save falls at counter `step`: the first counter at or after each
-        multiple of the interval whose last step waited for the servers (a synchronous step,
-        or a delayed one that applied a pull), so that the save's join waits for the
-        servers to apply that one round only, not a whole period's."""
+        """Whether a save falls at counter `step` (before step `step`, or after a join that
+        ends there): the first counter at or after each multiple of the interval where the
+        servers are waited for anyway: after a synchronous step, or before a delayed step
+        that applies the pull issued by the step before, which waits for every round
+        pushed so far. The save's join then waits for nothing more."""
         if self._busy or self._resumed is None:
             return False
         if step < (self._saved // self.every + 1) * self.every:
             return False
         schedule = self._trainer.schedule
-        return schedule.is_synchronous(step - 1) or schedule.applies_pull(step - 1)
+        return schedule.is_synchronous(step - 1) or schedule.applies_pull(step)
 
     def _save_if_due(self, join):
         step = self._trainer.schedule.step

@@ -306,9 +306,8 @@ class DelayedTrainer(gluon.Trainer):
             If `batch_size` is not finite and > 0.
         """
         _check_batch_size(batch_size)
-        if not self._autosave.before_step():   # True: resumed now, this step's gradient is stale
+        if not self._autosave.before_step():   # saves if due; True: resumed now, drop this step
             self._mode().step(batch_size, ignore_stale_grad)
-            self._autosave.after_step()
 
     def join(self):
         """End this worker's epoch: take part in the other workers' remaining rounds with zero

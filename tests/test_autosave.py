@@ -3,8 +3,8 @@ their folder (:mod:`mxdelay.checkpoint_dir`).
 
 What is tested: the folder's names, what counts as complete, pruning; when a save falls
 (closed form in the schedule); the settings' checks; and a real job (2 workers, 1 server)
-whose worker is SIGKILLed after the checkpoint of step 13 is complete: the launcher restarts
-it, every worker resumes at step 13, and each worker's weights after every step from there
+whose worker is SIGKILLed after the checkpoint of step 12 is complete: the launcher restarts
+it, every worker resumes at step 12, and each worker's weights after every step from there
 equal those of the first, uninterrupted attempt exactly (tolerance: none). The first
 attempt's weights, which saved three times meanwhile, equal those of a job that never saves.
 """
@@ -55,11 +55,12 @@ def test_pruning_keeps_the_newest_complete_and_anything_newer(tmp_path):
     checkpoint_dir.prune(str(tmp_path / 'missing'), 2)   # nothing to do, no error
 
 
-def test_saves_fall_after_each_multiple_where_a_step_waited_for_the_servers():
+def test_saves_fall_after_each_multiple_where_the_servers_are_waited_for_anyway():
     # W=3, k=2: steps 0-3 are synchronous; from t0=4 the steps t = 6, 8, 10, ... apply a
-    # pull. A save falls at the first counter >= each multiple of 6 whose last step did
-    # either: 7, 13, 19 (and 4 with every=4, in the warm-up).
-    for every, expected in ((6, [7, 13, 19]), (4, [4, 9, 13, 17]), (1, [1, 2, 3, 4, 7, 9])):
+    # pull. A save falls at the first counter >= each multiple of N that follows a
+    # synchronous step (1-4) or precedes a step that applies a pull (6, 8, ...).
+    for every, expected in ((6, [6, 12, 18]), (4, [4, 8, 12, 16]), (5, [6, 10, 16, 20]),
+                            (1, [1, 2, 3, 4, 6, 8, 10])):
         trainer = types.SimpleNamespace(schedule=DelaySchedule(2, 3))
         saver = autosave.AutoSave(trainer, '/unused', every, 2)
         saver._resumed, saver._saved = 0, 0
@@ -118,7 +119,7 @@ def test_without_a_folder_nothing_is_saved_and_nothing_resumed(monkeypatch):
 
 # -- a real job: killed, restarted, resumed ------------------------------------------------
 CONFIG = {'steps': 22, 'batch': 4, 'lr': 0.1, 'momentum': 0.9, 'delay': 2, 'warmup_steps': 3}
-EVERY, RESUMED = 6, 13   # saves at 7, 13, 19 (see above); the kill waits for 13
+EVERY, RESUMED = 6, 12   # saves at 6, 12, 18 (see above); the kill waits for 12
 KILL = {'rank': 1, 'after': 16, 'wait_for': RESUMED}
 
 
@@ -162,9 +163,9 @@ def test_a_killed_job_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
             np.testing.assert_array_equal(second[name], never_saved[name][RESUMED:])
         # The weights moved in every step: the comparison above is not of constants.
         assert all(np.any(a != b) for a, b in zip(never_saved['w1'], never_saved['w1'][1:]))
-    # Saved at 7, 13 (attempt 1) and 19 (attempt 2); the newest 2 kept, 7 deleted whole.
+    # Saved at 6, 12 (attempt 1) and 18 (attempt 2); the newest 2 kept, 6 deleted whole.
     # (worker 1 leaves its file's sha256 for worker 0, which then need not read it whole).
     assert sorted(os.listdir(tmp_path / 'ckpt')) == sorted(
-        'step-%08d%s' % (step, part) for step in (13, 19)
+        'step-%08d%s' % (step, part) for step in (12, 18)
         for part in ('', '.worker0', '.worker1', '.worker1.sha256', '.kvstore',
                      '.kvstore.server0'))
