@@ -13,7 +13,7 @@ kill to the first step after the resume). Then the same job without kills: the f
 accuracy of both, and whether the final parameters are the same bytes (a resumed job
 continues bit for bit, and the data of a step depends only on its index).
 
-Usage (root; about 25 minutes): ``python benchmarks/fault_soak.py`` writing ``--out``
+Usage (root; about 20 minutes): ``python benchmarks/fault_soak.py`` writing ``--out``
 (default docs/benchmarks/fault-soak/): results.json and results.md.
 """
 import argparse
@@ -200,7 +200,7 @@ def markdown(meta, soak, reference):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--epochs', type=int, default=5)
+    parser.add_argument('--epochs', type=int, default=8)
     parser.add_argument('--every', type=int, default=100, help='--checkpoint-every')
     parser.add_argument('--gap', type=float, nargs=2, default=(40.0, 70.0),
                         help='seconds between a resumed job\'s first step and the next kill')

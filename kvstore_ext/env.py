@@ -75,9 +75,9 @@ VARIABLES = {
                                     'them: a finite number >= 0.'),
     'MXDELAY_CHECKPOINT_DIR': (None, 'Folder of the periodic checkpoints of every DelayedTrainer '
                                      '(its checkpoint_dir argument wins): it saves one every '
-                                     'MXDELAY_CHECKPOINT_EVERY steps (at the first step after '
-                                     'each multiple that waited for the servers) and resumes '
-                                     'from the newest complete one; mxdelay-launch '
+                                     'MXDELAY_CHECKPOINT_EVERY steps (where the job waits for '
+                                     'the servers anyway, at most delay steps later) and '
+                                     'resumes from the newest complete one; mxdelay-launch '
                                      '--checkpoint-dir sets it. Unset: off.'),
     'MXDELAY_CHECKPOINT_EVERY': (None, 'Steps between two periodic checkpoints (an integer >= 1; '
                                        'needed with MXDELAY_CHECKPOINT_DIR); mxdelay-launch '
