@@ -724,14 +724,18 @@ def test_netns_mode_bad_hostfile_fails_at_once(tmp_path, netns_nodes, case):
 
 # --- restarts with ssh and netns (tests/test_restarts.py has the rest) ------------------------
 
-# Attempt 1 (no marker yet): worker 0 SIGKILLs itself, the others wait; attempt 2: all exit 0.
-KILLED_ONCE = ('[ -e {marker} ] && exit 0; if [ "$DMLC_ROLE" = worker ] && [ "$MXDELAY_RANK" = 0 ]; '
-               'then touch {marker}; kill -9 $$; fi; exec sleep 30')
+# Attempt 1 (no marker yet): once the 4 roles have recorded their PIDs, worker 0 SIGKILLs
+# itself, the others wait; attempt 2: all exit 0.
+KILLED_ONCE = ('[ -e {marker} ] && exit 0; '
+               'if [ "$DMLC_ROLE" = worker ] && [ "$MXDELAY_RANK" = 0 ]; then '
+               'while [ $(wc -l < {pids}) -lt 4 ]; do sleep 0.02; done; '
+               'touch {marker}; kill -9 $$; fi; exec sleep 30')
 
 
 def restarted_once(tmp_path, launcher_args, label):
     pids = PidFile(tmp_path / 'pids')
-    result = run_job(pids.wrap(['sh', '-c', KILLED_ONCE.format(marker=tmp_path / 'marker')]),
+    script = KILLED_ONCE.format(marker=tmp_path / 'marker', pids=pids.path)
+    result = run_job(pids.wrap(['sh', '-c', script]),
                      num_workers=2, cwd=tmp_path, timeout=45,
                      extra_launcher_args=launcher_args + ['--max-restarts', '1'])
     assert_ok(result)

@@ -47,15 +47,17 @@ def test_backoff_doubles_until_its_cap_and_starts_over_after_a_long_attempt():
     assert restarts.backoff(30.0, ran=restarts.STABLE_SECONDS) == 1.0
 
 
-# Worker 0 fails with exit code 3 in its first FAILS attempts (counted in a file).
+# Worker 0 fails with exit code 3 in its first FAILS attempts (counted in a file), once
+# the ROLES roles of the attempt have recorded their PIDs (the launcher stops the others).
 FLAKY = ('if [ "$DMLC_ROLE" = worker ] && [ "$MXDELAY_RANK" = 0 ]; then '
          'n=$(($(cat %(count)s 2>/dev/null || echo 0) + 1)); echo $n > %(count)s; '
-         'echo "attempt $n"; [ $n -gt %(fails)d ] || exit 3; fi')
+         'echo "attempt $n"; [ $n -gt %(fails)d ] && exit 0; '
+         'while [ $(wc -l < "$1") -lt $((n * %(roles)d)) ]; do sleep 0.02; done; exit 3; fi')
 
 
 @pytest.mark.jobs
 def test_a_failed_job_runs_again_until_it_succeeds(tmp_path):
-    script = FLAKY % {'count': tmp_path / 'count', 'fails': 2}
+    script = FLAKY % {'count': tmp_path / 'count', 'fails': 2, 'roles': 4}
     result = run_job(roles(tmp_path, script), num_workers=2, timeout=30,
                      extra_launcher_args=['--max-restarts', '3'])
     assert result.returncode == 0, result.stderr
@@ -79,7 +81,7 @@ def test_a_failed_job_runs_again_until_it_succeeds(tmp_path):
 
 @pytest.mark.jobs
 def test_the_last_failure_ends_the_launcher_when_the_restarts_are_used_up(tmp_path):
-    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99}
+    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99, 'roles': 3}
     result = run_job(roles(tmp_path, script), num_workers=1, timeout=30,
                      extra_launcher_args=['--max-restarts', '1'])
     assert result.returncode == 3, result.stderr
@@ -91,7 +93,7 @@ def test_the_last_failure_ends_the_launcher_when_the_restarts_are_used_up(tmp_pa
 
 @pytest.mark.jobs
 def test_no_restart_without_max_restarts(tmp_path):
-    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99}
+    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99, 'roles': 3}
     result = run_job(roles(tmp_path, script), num_workers=1, timeout=30)
     assert result.returncode == 3
     assert 'attempt' not in result.stderr and worker_lines(result.stdout, 0) == ['attempt 1']
@@ -129,7 +131,7 @@ def _pids(tmp_path):
 
 @pytest.mark.jobs
 def test_a_signal_during_the_back_off_stops_the_launcher(tmp_path):
-    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99}
+    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99, 'roles': 3}
     with started_job(roles(tmp_path, script), num_workers=1,
                      extra_launcher_args=['--max-restarts', '5']) as launcher:
         seen = []
@@ -146,7 +148,7 @@ def test_a_signal_during_the_back_off_stops_the_launcher(tmp_path):
 
 @pytest.mark.jobs
 def test_timeout_bounds_every_attempt_together(tmp_path):
-    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99}
+    script = FLAKY % {'count': tmp_path / 'count', 'fails': 99, 'roles': 3}
     result = run_job(roles(tmp_path, script), num_workers=1, timeout=30,
                      extra_launcher_args=['--max-restarts', '50', '--timeout', '2'])
     assert result.returncode == 124, result.stderr
@@ -165,7 +167,8 @@ def test_checkpoint_options_reach_the_workers_and_the_restart_says_where_it_resu
     folder.mkdir()
     for name in ('step-00000007', 'step-00000007.worker0', 'step-00000013.worker0'):
         (folder / name).write_text('')   # only 7 is complete: 13 has no index
-    script = ECHO_CHECKPOINTS + '; ' + FLAKY % {'count': tmp_path / 'count', 'fails': 1}
+    script = ECHO_CHECKPOINTS + '; ' + FLAKY % {'count': tmp_path / 'count', 'fails': 1,
+                                               'roles': 3}
     result = run_job(roles(tmp_path, script), num_workers=1, timeout=30, cwd=tmp_path,
                      extra_launcher_args=['--max-restarts', '1', '--checkpoint-dir', 'ckpt',
                                           '--checkpoint-every', '6', '--keep-checkpoints', '3'])
@@ -180,7 +183,7 @@ def test_checkpoint_options_reach_the_workers_and_the_restart_says_where_it_resu
 
 @pytest.mark.jobs
 def test_a_restart_without_a_complete_checkpoint_says_the_job_starts_over(tmp_path):
-    script = FLAKY % {'count': tmp_path / 'count', 'fails': 1}
+    script = FLAKY % {'count': tmp_path / 'count', 'fails': 1, 'roles': 3}
     result = run_job(roles(tmp_path, script), num_workers=1, timeout=30, cwd=tmp_path,
                      extra_launcher_args=['--max-restarts', '1', '--checkpoint-dir', 'none-yet',
                                           '--checkpoint-every', '6'])
