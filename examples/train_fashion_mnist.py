@@ -49,7 +49,12 @@ workers' numbers are not collected. In the delayed phase a worker's weights are 
 copies after training, so that evaluation takes no training time: accuracy against training
 time (``--metrics-file`` records of kind ``'eval'``).
 
-Checkpoints (``--checkpoint-dir``, a folder that every worker and server of the job can
+Periodic checkpoints need no code: ``mxdelay-launch --checkpoint-dir D --checkpoint-every N
+--max-restarts R ...`` makes the trainer save one every N steps and, when the launcher
+restarts a failed job, resume from the newest; ``trainer.resumed_step`` says where, and the
+script skips the batches trained before it.
+
+Checkpoints of whole epochs (``--checkpoint-dir``, a folder that every worker and server of the job can
 reach; after every epoch, replacing the previous one): ``epoch-NNNN.params`` (worker 0's net
 parameters), ``epoch-NNNN.states`` and its side files (the trainer state of every worker and
 server), and ``latest.json``, written last, naming the last complete checkpoint;
@@ -80,6 +85,7 @@ elif 'mxdelay' in sys.modules or 'kvstore_ext' in sys.modules:
              '(a sitecustomize or mxdelay-run?); run the script with plain python')
 
 import argparse  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
+import itertools  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import json  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import logging  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
 import math  # noqa: E402  pylint: disable=wrong-import-position,wrong-import-order
@@ -466,6 +472,11 @@ def main(argv=None):
         if start_epoch >= args.epochs:
             _LOG.info('nothing left to train (--epochs %d)', args.epochs)
 
+    # mxdelay: periodic checkpoints (mxdelay-launch --checkpoint-dir D --checkpoint-every N):
+    # the trainer resumes from the newest one here; skip the batches trained before it
+    skip = trainer.resumed_step if args.trainer == 'delayed' else 0  # mxdelay:
+    if skip:
+        start_epoch, skip = divmod(skip, len(shard))  # mxdelay: equal shards: steps per epoch
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     params = [p for p in net.collect_params().values() if p.grad_req != 'null']
     snapshots = Snapshots(net, ctx) if args.eval_every and rank == 0 else None
@@ -473,9 +484,10 @@ def main(argv=None):
     for epoch in range(start_epoch, args.epochs):
         loss_sum, correct, seen, comm_wait = 0.0, 0, 0, 0.0
         start = time.perf_counter()
-        batches = progress(shard.batches(epoch), len(shard),
-                           'epoch %d/%d' % (epoch + 1, args.epochs),
+        batches = progress(itertools.islice(shard.batches(epoch), skip, None),  # mxdelay:
+                           len(shard) - skip, 'epoch %d/%d' % (epoch + 1, args.epochs),
                            rank == 0 and not args.no_progress)
+        skip = 0
         for batch, (x, y) in enumerate(batches):
             waited = time.perf_counter()
             wait_for_communication(params)

@@ -81,6 +81,17 @@ VARIABLES = {
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0, then it kills '
                                     'them: a finite number >= 0.'),
+    'MXDELAY_CHECKPOINT_DIR': (None, 'Folder of the periodic checkpoints of every DelayedTrainer '
+                                     '(its checkpoint_dir argument wins): it saves one every '
+                                     'MXDELAY_CHECKPOINT_EVERY steps (where the job waits for '
+                                     'the servers anyway, at most delay steps later) and '
+                                     'resumes from the newest complete one; mxdelay-launch '
+                                     '--checkpoint-dir sets it. Unset: off.'),
+    'MXDELAY_CHECKPOINT_EVERY': (None, 'Steps between two periodic checkpoints (an integer >= 1; '
+                                       'needed with MXDELAY_CHECKPOINT_DIR); mxdelay-launch '
+                                       '--checkpoint-every sets it.'),
+    'MXDELAY_KEEP_CHECKPOINTS': ('2', 'Periodic checkpoints kept, the newest complete ones (an '
+                                      'integer >= 1); mxdelay-launch --keep-checkpoints sets it.'),
 }
 
 #: name -> (smallest valid value, what it is) of the numeric variables: a value below it is
@@ -98,6 +109,8 @@ MINIMUMS = {
     'MXNET_KVSTORE_BIGARRAY_BOUND': (1, 'elements'),
     'MXDELAY_TIMELINE_STEPS': (1, 'steps to record'),
     'MXDELAY_LOG_EVERY': (0, 'steps between two log lines; 0 is off'),
+    'MXDELAY_CHECKPOINT_EVERY': (1, 'steps between two checkpoints'),
+    'MXDELAY_KEEP_CHECKPOINTS': (1, 'checkpoints to keep'),
     'MXDELAY_SHUTDOWN_WAIT': (0, 'seconds; 0 kills the servers as soon as the workers are done'),
 }
 

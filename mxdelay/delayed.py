@@ -359,6 +359,15 @@ class DelayedUpdate(object):
         self._named[parameter.name].row_sparse_data(row_id, out)
 
     # -- checkpoints (docs/design.md §6) ------------------------------------------------------
+    def snapshot(self):
+        """The worker file's body now, for :mod:`mxdelay.autosave` (after a join: no round
+        in flight), which writes it later."""
+        self.amp.check_unchanged()
+        self._prepare(priorities=False)
+        nd.waitall()
+        return worker_state.collect(self._kv, self.schedule, self._gluon.optimizer,
+                                    self._base_lr, self.states, self.amp)
+
     def save_states(self, fname):
         self.amp.check_unchanged()
         self._prepare(priorities=False)

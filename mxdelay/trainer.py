@@ -17,7 +17,7 @@ from kvstore_ext.optim import frozen_variance
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
                                  check_real, check_rounds)
 from kvstore_ext.worker.dist_delay import DistDelay
-from . import arguments, param_state
+from . import arguments, autosave, param_state
 from .delayed import DelayedUpdate
 from .observer import StepObserver
 from .passthrough import PassThrough
@@ -100,6 +100,8 @@ class DelayedTrainer(gluon.Trainer):
         yet (it goes out with the next pull). ``sync_weights`` and checkpoints stay exact.
         With any compression_params (float16 pushes too); not with AMP or row_sparse
         parameters (docs/design.md §2.12).
+    checkpoint_dir, checkpoint_every, keep_checkpoints : str, int, int, optional
+        Save checkpoints every N steps, resume from the newest (:mod:`mxdelay.autosave`).
 
     Raises
     ------
@@ -123,7 +125,8 @@ class DelayedTrainer(gluon.Trainer):
     def __init__(self, params, optimizer, optimizer_params=None, kvstore='dist_delay',
                  compression_params=None, update_on_kvstore=None, delay=4, warmup_steps=200,
                  local_lr=None, local_rule='mirror', dc_lambda=None, slack=None,
-                 pull_compression=None):
+                 pull_compression=None, checkpoint_dir=None, checkpoint_every=None,
+                 keep_checkpoints=None):
         schedule = DelaySchedule(delay, warmup_steps)  # checks both
         delay = schedule.delay
         if local_lr is not None:
@@ -164,6 +167,8 @@ class DelayedTrainer(gluon.Trainer):
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)
+        self._autosave = autosave.create(self, dist_delay, checkpoint_dir, checkpoint_every,
+                                         keep_checkpoints)
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, rule, 'optimizer lr' if local_lr is None else local_lr,
                   slack)
@@ -282,7 +287,8 @@ class DelayedTrainer(gluon.Trainer):
             If `batch_size` is not finite and > 0.
         """
         arguments.check_batch_size(batch_size)
-        return self._mode().step(batch_size, ignore_stale_grad)
+        if not self._autosave.before_step():   # saves if due; True: resumed now, drop this step
+            self._mode().step(batch_size, ignore_stale_grad)
 
     def join(self):
         """End this worker's epoch: take part in the other workers' remaining rounds with zero
@@ -308,7 +314,9 @@ class DelayedTrainer(gluon.Trainer):
         int
             The number of rounds this worker filled with zero gradients.
         """
-        return self._mode().join()
+        filled = self._mode().join()
+        self._autosave.after_join()
+        return filled
 
     def sync_weights(self, aux_states=False):
         """Make every worker's parameters the servers' global weights; collective.
@@ -376,6 +384,11 @@ class DelayedTrainer(gluon.Trainer):
         """Bytes a step's pushes and a pull carry (:func:`mxdelay.traffic.round_bytes`:
         as configured and with each compression); None without a distributed kvstore."""
         return self._mode().round_bytes()
+
+    @property
+    def resumed_step(self):
+        """The step resumed at from checkpoint_dir (0: none; the first read resumes)."""
+        return self._autosave.resumed_step
 
     @property
     def schedule(self):

@@ -29,7 +29,7 @@ from support.jobs import LAUNCHER, job_env
 from support.stores import OfflineNative, _no_channel
 from kvstore_ext import checks, env
 from kvstore_ext.worker.dist_delay import DistDelay
-from mxdelay import launcher
+from mxdelay.launching import job as launch_job, options as launch_options, role as launch_role
 from mxdelay.schedule import DelaySchedule
 
 pytestmark = pytest.mark.timeout(60)
@@ -74,17 +74,37 @@ def test_shutdown_wait_accepts_zero_and_more(monkeypatch, value):
 
 
 def test_the_launchers_own_variables_are_those_it_sets():
-    job = launcher._Job.__new__(launcher._Job)  # only _role_env, no job
+    job = launch_job.Job.__new__(launch_job.Job)  # only role_env, no job
     job.config = types.SimpleNamespace(root_uri='127.0.0.1', port=1, num_workers=1,
-                                       num_servers=1, env_server={}, env_worker={})
+                                       num_servers=1, env_server={}, env_worker={},
+                                       checkpoint_env={}, job_key='k3y')
+    job.port = 1
     job._local = {0: (0, 1)}  # worker 0: local rank 0 of 1
     workers_only = {'MXDELAY_LOCAL_RANK', 'MXDELAY_LOCAL_SIZE'}  # only workers pick a device
     for role in ('scheduler', 'server', 'worker'):
-        expected = set(launcher._OWN_VARIABLES) - (workers_only if role != 'worker' else set())
-        assert set(job._role_env(launcher._Role(role, 0))) == expected
+        expected = set(launch_options.OWN_VARIABLES) - (workers_only if role != 'worker' else set())
+        assert set(job.role_env(launch_role.Role(role, 0))) == expected
 
 
-@pytest.mark.parametrize('name', sorted(launcher._OWN_VARIABLES))
+def test_every_process_of_a_launch_gets_one_job_key_new_per_launch_or_the_users(monkeypatch):
+    monkeypatch.delenv('MXDELAY_JOB_KEY', raising=False)
+    parser = launch_options.build_parser()
+
+    def key_of_a_launch():
+        config = launch_options.Config(parser.parse_args(['-n', '2', '-s', '1', 'true']), parser)
+        job = launch_job.Job.__new__(launch_job.Job)
+        job.config, job.port, job._local = config, 1, {0: (0, 2), 1: (1, 2)}
+        keys = {job.role_env(launch_role.Role(role, rank))['MXDELAY_JOB_KEY']
+                for role, rank in (('scheduler', 0), ('server', 0), ('worker', 0), ('worker', 1))}
+        assert len(keys) == 1
+        return keys.pop()
+    first, second = key_of_a_launch(), key_of_a_launch()
+    assert first != second and len(first) == 64 and int(first, 16) >= 0   # 32 random bytes
+    monkeypatch.setenv('MXDELAY_JOB_KEY', 'chosen by the user')
+    assert key_of_a_launch() == 'chosen by the user'
+
+
+@pytest.mark.parametrize('name', sorted(launch_options.OWN_VARIABLES))
 @pytest.mark.parametrize('option', ['--env-worker', '--env-server', '--env'])
 def test_the_launchers_own_variables_cannot_be_overridden(tmp_path, option, name):
     value = name if option == '--env' else '%s:server' % name
@@ -92,7 +112,7 @@ def test_the_launchers_own_variables_cannot_be_overridden(tmp_path, option, name
     # environment the launcher, which imports kvstore_ext, would become a server).
     stderr = launch(tmp_path, ['-n', '1', option, value], {name: None})
     assert ('%s %s: mxdelay-launch sets %s for every process (%s); drop %s %s'
-            % (option, value, name, launcher._OWN_VARIABLES[name], option, value)) in stderr
+            % (option, value, name, launch_options.OWN_VARIABLES[name], option, value)) in stderr
 
 
 @pytest.mark.jobs

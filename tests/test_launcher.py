@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mxdelay import launcher
+from mxdelay.launching import job as launch_job, options as launch_options, role as launch_role
 
 from support.jobs import (LAUNCHER, JobResult, PidFile, assert_ok, job_env, pid_alive,
                           python_command, role_lines, run_job, started_job, worker_lines)
@@ -440,9 +440,9 @@ def test_ssh_mode_with_a_stand_in_ssh(tmp_path):
 
 def built_job(args):
     """The launcher's job for `args` (options only), built but not started."""
-    parser = launcher.build_parser()
-    # pylint: disable=protected-access
-    return launcher._Job(launcher._Config(parser.parse_args(args + ['true']), parser))
+    parser = launch_options.build_parser()
+  
+    return launch_job.Job(launch_options.Config(parser.parse_args(args + ['true']), parser))
 
 
 def test_hostfile_slots_are_consecutive_places(tmp_path):
@@ -457,8 +457,8 @@ def test_hostfile_slots_are_consecutive_places(tmp_path):
                       ('worker 2 (on localhost)', ('localhost', 2222)),
                       ('worker 3 (on localhost)', ('localhost', 2222)),
                       ('worker 4 (on 127.0.0.1)', ('127.0.0.1', None))]  # round-robin wraps
-    local = [job._role_env(role)['MXDELAY_LOCAL_RANK'] + '/' +  # pylint: disable=protected-access
-             job._role_env(role)['MXDELAY_LOCAL_SIZE']  # pylint: disable=protected-access
+    local = [job.role_env(role)['MXDELAY_LOCAL_RANK'] + '/' +
+             job.role_env(role)['MXDELAY_LOCAL_SIZE']
              for role in job.roles if role.role == 'worker']
     assert local == ['0/2', '0/3', '1/3', '2/3', '1/2']
 
@@ -481,9 +481,9 @@ def test_ssh_option_replaces_a_default_of_the_same_key(tmp_path, monkeypatch, op
         started.append(argv)
         raise OSError('not started')
 
-    monkeypatch.setattr(launcher.subprocess, 'Popen', popen)
+    monkeypatch.setattr(launch_role.subprocess, 'Popen', popen)
     with pytest.raises(OSError):
-        job._start(job.roles[1])  # pylint: disable=protected-access
+        job.start(job.roles[1])
     assert started[0][:started[0].index('--')] == ['ssh'] + expected
 
 
@@ -720,3 +720,47 @@ def test_netns_mode_bad_hostfile_fails_at_once(tmp_path, netns_nodes, case):
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert not (tmp_path / 'started').exists()
+
+
+# --- restarts with ssh and netns (tests/test_restarts.py has the rest) ------------------------
+
+# Attempt 1 (no marker yet): once the 4 roles have recorded their PIDs, worker 0 SIGKILLs
+# itself, the others wait; attempt 2: all exit 0.
+KILLED_ONCE = ('[ -e {marker} ] && exit 0; '
+               'if [ "$DMLC_ROLE" = worker ] && [ "$MXDELAY_RANK" = 0 ]; then '
+               'while [ $(wc -l < {pids}) -lt 4 ]; do sleep 0.02; done; '
+               'touch {marker}; kill -9 $$; fi; exec sleep 30')
+
+
+def restarted_once(tmp_path, launcher_args, label):
+    pids = PidFile(tmp_path / 'pids')
+    script = KILLED_ONCE.format(marker=tmp_path / 'marker', pids=pids.path)
+    result = run_job(pids.wrap(['sh', '-c', script]),
+                     num_workers=2, cwd=tmp_path, timeout=45,
+                     extra_launcher_args=launcher_args + ['--max-restarts', '1'])
+    assert_ok(result)
+    assert re.search(r'attempt 1 of at most 2 ended after [0-9.]+ s: %s; starting every role '
+                     r'again in 1 s' % re.escape(label), result.stderr), result.stderr
+    assert 'the job finished in attempt 2, after surviving 1 failure(s)' in result.stderr
+    every = [int(line.split()[0]) for line in open(pids.path, encoding='ascii')]
+    assert len(every) == 2 * 4, every   # both attempts' roles
+    deadline = time.monotonic() + 5
+    while any(pid_alive(pid) for pid in every):
+        assert time.monotonic() < deadline, [pid for pid in every if pid_alive(pid)]
+        time.sleep(0.05)
+    return pids
+
+
+@pytest.mark.jobs
+def test_ssh_mode_restarts_a_failed_job(tmp_path, sshd):
+    # The remote shell reports the killed command as exit code 137, which ssh passes on.
+    pids = restarted_once(tmp_path, ssh_args(tmp_path, sshd, 2),
+                          'worker 0 (on 127.0.0.1) exited with code 137')
+    assert_no_remote_helper(tmp_path, pids)
+
+
+@pytest.mark.jobs
+def test_netns_mode_restarts_a_failed_job(tmp_path, netns_nodes):
+    nodes = netns_nodes(4)
+    restarted_once(tmp_path, netns_args(tmp_path, nodes),
+                   'worker 0 (in netns %s) died with signal SIGKILL (exit -9)' % nodes[2][0])

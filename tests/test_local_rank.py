@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import mxdelay
-from mxdelay import launcher
+from mxdelay.launching import job as launch_job, options as launch_options, role as launch_role
 from support.jobs import REPO, assert_ok, run_job, worker_lines
 
 
@@ -49,16 +49,16 @@ def test_bad_values_are_refused(unset, rank, size, message):
 
 def _job(args):
     """The launcher's job for `args` (options only), built but not run."""
-    parser = launcher.build_parser()
-    # pylint: disable=protected-access
-    return launcher._Job(launcher._Config(parser.parse_args(args + ['true']), parser))
+    parser = launch_options.build_parser()
+  
+    return launch_job.Job(launch_options.Config(parser.parse_args(args + ['true']), parser))
 
 
 def _workers(job):
     """``[(host, MXDELAY_LOCAL_RANK, MXDELAY_LOCAL_SIZE)]`` of the job's workers, in rank order."""
     result = []
     for role in job.roles:
-        variables = job._role_env(role)  # pylint: disable=protected-access
+        variables = job.role_env(role)
         if role.role == 'worker':
             result.append((role.host and role.host[0], variables['MXDELAY_LOCAL_RANK'],
                            variables['MXDELAY_LOCAL_SIZE']))
@@ -92,10 +92,10 @@ def test_ssh_command_line_carries_the_local_rank(tmp_path, monkeypatch):
             started.append(argv)
             raise OSError('not started')  # the launcher stops at once, as on a failed start
 
-    monkeypatch.setattr(launcher.subprocess, 'Popen', Popen)
+    monkeypatch.setattr(launch_role.subprocess, 'Popen', Popen)
     for role in job.roles[3:]:  # the workers: on 127.0.0.1, then on localhost:2222
         with pytest.raises(OSError):
-            job._start(role)  # pylint: disable=protected-access
+            job.start(role)
     assert started[0][-2] == '127.0.0.1' and started[1][-2] == 'localhost'
     assert '-p' not in started[0] and started[1][started[1].index('-p') + 1] == '2222'
     for argv in started:

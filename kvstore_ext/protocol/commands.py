@@ -164,7 +164,7 @@ def encode_optimizer(optimizer):
     ------
     ValueError
         If the optimizer's class is not registered with MXNet under its name (the message
-        names the fix), as for a files.
+        names the fix), as for a checkpoint.
     """
     from kvstore_ext.checkpoint import files  # pylint: disable=import-outside-toplevel
     arrays = []

@@ -58,14 +58,15 @@ def forged(rank, out_dir):
         'vote_bad_ballot': ('vote', {'ballot': -3, 'error': None}),
         'register_bad_size': ('register', {'chunks': [[0, 0, 0, 'w', 1.0, 1.0, -5]]}),
     }
+    # Signed with the job's key, as a process of the job could: the fields are checked too.
+    key = os.environ['MXDELAY_JOB_KEY'].encode() if os.environ.get('MXDELAY_JOB_KEY') else None
     texts = {}
     for i, (case, (name, body)) in enumerate(sorted(cases.items())):
-        texts[case] = '%s%s %s' % (commands.COMMAND_PREFIX, name,
-                                   json.dumps(dict(body, rank=rank, seq=1000 + i)))
+        texts[case] = commands.encode_command(name, dict(body, rank=rank, seq=1000 + i), key)
     # Claimed ranks that are not this job's: no reply segment may be written for them.
     for claimed in (-1, 2, 10 ** 6):
-        texts['rank_%d' % claimed] = '%sstats %s' % (
-            commands.COMMAND_PREFIX, json.dumps({'rank': claimed, 'seq': 2000}))
+        texts['rank_%d' % claimed] = commands.encode_command(
+            'stats', {'rank': claimed, 'seq': 2000}, key)
     return texts
 
 

@@ -1,0 +1,82 @@
+"""A worker of tests/test_autosave.py: mlp_job.py's tiny tanh MLP trained with DelayedTrainer
+and periodic checkpoints (``mxdelay-launch --checkpoint-dir ... --checkpoint-every ...``),
+killed once and restarted by the launcher (``--max-restarts``).
+
+Usage: ``mxdelay-launch -n 2 -s 1 --max-restarts 1 --checkpoint-dir D --checkpoint-every E
+python autosave_job.py CONFIG_JSON OUT_DIR``. Data is a pure function of (rank, step), so a
+resumed run reproduces the uninterrupted one bit for bit.
+
+CONFIG keys: steps, batch, lr, momentum, delay, warmup_steps, ``kill`` (``{'rank', 'after',
+'wait_for'}``: in the first attempt, worker ``rank`` (ps-lite's) waits after step index
+``after`` until the checkpoint of step ``wait_for`` is complete, then SIGKILLs itself).
+
+Files in OUT_DIR: ``killed`` (made just before the kill: a later attempt sees it),
+``attempt<A>.worker<rank>.npz`` (rewritten after every step: ``first``, the resumed step,
+and every parameter after every step from ``first`` on).
+"""
+import mxdelay  # noqa: F401  before mxnet: the scheduler and servers become mxdelay's
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mxnet import autograd, gluon, nd
+
+from mxdelay import checkpoint_dir
+from mlp_model import NAMES, batch
+import mlp_model
+
+
+def save_history(path, first, history):
+    tmp = path + '.tmp.npz'
+    np.savez(tmp, first=first, **{k: np.array(v) for k, v in history.items()})
+    os.replace(tmp, path)
+
+
+def kill_when_saved(kill, step):
+    """Wait until the checkpoint of step `kill['wait_for']` is complete, then SIGKILL."""
+    directory = os.environ['MXDELAY_CHECKPOINT_DIR']
+    deadline = time.monotonic() + 30
+    while (checkpoint_dir.newest_complete(directory) or (0,))[0] < kill['wait_for']:
+        if time.monotonic() > deadline:
+            sys.exit('the checkpoint of step %d never completed' % kill['wait_for'])
+        time.sleep(0.01)
+    print('killing myself after step index %d' % step, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
+    marker = os.path.join(out_dir, 'killed')
+    attempt = 2 if os.path.exists(marker) else 1
+    net = mlp_model.build()[0]
+    trainer = mxdelay.DelayedTrainer(
+        net.collect_params(), 'sgd', {'learning_rate': config['lr'],
+                                      'momentum': config['momentum']},
+        kvstore='dist_delay', delay=config['delay'], warmup_steps=config['warmup_steps'])
+    first = trainer.resumed_step            # mxdelay: resume (collective), before the loop
+    rank = trainer.rank
+    print('attempt %d resumed at step %d' % (attempt, first), flush=True)
+    kill = config.get('kill') if attempt == 1 else None
+    loss_fn = gluon.loss.L2Loss()
+    history = {name: [] for name in NAMES.values()}
+    out = os.path.join(out_dir, 'attempt%d.worker%d.npz' % (attempt, rank))
+    for step in range(first, config['steps']):   # mxdelay: skip the steps already trained
+        x, y = batch(rank, step, config['batch'])
+        with autograd.record():
+            loss = loss_fn(net(nd.array(x)), nd.array(y))
+        loss.backward()
+        trainer.step(config['batch'])
+        for name, param in net.collect_params().items():
+            history[NAMES[name]].append(param.data().asnumpy())
+        save_history(out, first, history)
+        if kill and kill['rank'] == rank and kill['after'] == step:
+            open(marker, 'w').close()
+            kill_when_saved(kill, step)
+
+
+if __name__ == '__main__':
+    main()
