@@ -1,5 +1,6 @@
 """A worker of tests/test_commands_safety.py: sends forged commands to the job's mxdelay
-servers, as any peer on the network could, then trains one more round.
+servers, as a process of the job could (signed with the job's key when it has one),
+then trains one more round.
 
 Usage: ``mxdelay-launch -n 2 -s 1 python forged_commands_job.py OUT_DIR [keyed]``. Worker 0 sends
 each forged command of :data:`FORGED` (raw text on command id 0, as MXNet's
