@@ -6,13 +6,16 @@ as the job calls it: :mod:`kvstore_ext.quantize`, ``PayloadTensor.encode``,
 ``DecodeRows.decode``, ``Int8Pull`` / ``Float16Pull`` and the workers' ``Payload.decode_into``,
 MXNet's float16 cast.
 """
+import platform
+
+import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import nd
 
 from kvstore_ext import appliers, payload as push_codecs, pull_codecs, quantize
 from kvstore_ext.codecs import kernels
-from kvstore_ext.codecs.kernels import _dispatch, _library
+from kvstore_ext.codecs.kernels import _dispatch, _library, _reference, ndarray
 
 F32 = np.float32
 NAMES = {127: 'int8', 7: 'int4', 1: 'ternary'}
@@ -137,6 +140,33 @@ def test_the_workers_step_is_payload_tensors(h):
             assert_same(new, old)
         assert_same(sent, buf.asnumpy())
         assert_same(new_residual, tensor.residual)
+
+
+CONTEXTS = [mx.cpu()] + [mx.gpu(i) for i in range(mx.context.num_gpus())]
+
+
+@pytest.mark.parametrize('context', CONTEXTS, ids=str)
+@pytest.mark.parametrize('h', [127, 7, 1])
+def test_the_ndarray_encode_is_todays_bits_on_every_context(h, context):
+    # No GPU here: on a machine with one, this checks MXNet's CUDA arithmetic too.
+    rng = np.random.default_rng(20 + h)
+    for shape, block, chunks in (((9000,), 256, [(0, 1000), (1000, 1001), (1001, 9000)]),
+                                 ((7, 111), 1000, None), ((20,), 1, None)):
+        n = int(np.prod(shape))
+        grad, residual = values(rng, n, block, h), values(rng, n, block, h) * F32(0.01)
+        left = residual.copy()
+        payloads, sent = _reference.encode_with_feedback(grad, left, h, block,
+                                                         chunks or [(0, n)], None)
+        new_left = nd.array(residual, ctx=context)
+        new_payloads, new_sent = ndarray.encode_with_feedback_nd(
+            nd.array(grad.reshape(shape), ctx=context), new_left, h, block, chunks)
+        assert len(new_payloads) == len(payloads)
+        # A NaN scale's sign may differ (MXNet's |NaN| is positive): c and r follow it.
+        for new, old in zip(new_payloads, payloads):
+            assert_same(new, old, nan_bits=False)
+        assert new_sent.context == context
+        assert_same(new_sent.asnumpy(), sent, nan_bits=False)
+        assert_same(new_left.asnumpy(), left, nan_bits=False)
 
 
 @pytest.mark.parametrize('workers', [1, 2, 4])
@@ -270,6 +300,45 @@ def test_float16_casts_are_mxnets_and_numpys():
     every = np.arange(2 ** 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     assert_same(kernels.to_float32(every), nd.array(every, dtype=np.float16).astype(F32).asnumpy())
     assert_same(kernels.to_float32(every), every.astype(F32))
+
+
+def _has_avx2():
+    with open('/proc/cpuinfo', encoding='ascii', errors='replace') as info:
+        return platform.machine() == 'x86_64' and ' avx2' in info.read()
+
+
+BUILDS = [pytest.param(('-DMXD_NO_CLONES',), id='baseline'),
+          pytest.param(('-DMXD_NO_CLONES', '-march=x86-64-v3'), id='x86-64-v3', marks=[
+              pytest.mark.skipif(not _has_avx2(), reason='this CPU has no AVX2')])]
+
+
+@pytest.mark.parametrize('flags', BUILDS)
+def test_every_build_is_todays_bits(flags, tmp_path, monkeypatch):
+    # The tests above run the clone this CPU picks (x86-64-v4 here); these builds are what
+    # older CPUs pick, and what a compiler without target_clones builds.
+    target = str(tmp_path / 'kernels.so')
+    _library.build(_library.compiler(), target, tries=(flags,))
+    monkeypatch.setitem(_dispatch._STATE, 'library', _library.bind(target))  # pylint: disable=protected-access
+    rng = np.random.default_rng(17)
+    for h in (127, 7, 1):
+        for n, block in SIZES[1:9]:
+            p = values(rng, n, block, h)
+            payload, c = quantize.encode(p, h, block)
+            assert_same(kernels.encode(p, h, block)[0], payload)
+            assert_same(kernels.decode_sum(np.stack([payload, payload]), [1, 0], h, block, n),
+                        c + c)
+            left = p.copy()
+            payloads, sent = kernels.encode_with_feedback(c, left, h, block)
+            old_left = p.copy()
+            assert_same(payloads[0], _reference.encode_with_feedback(
+                c, old_left, h, block, [(0, n)], None)[0][0])
+            assert_same(left, old_left)
+            if n:
+                assert_same(kernels.int8_pull_encode(p, block)[0],
+                            pull_codecs.Int8Pull(block).encode(p)[0])
+    x = half_edges()
+    assert_same(kernels.to_float16(x), x.astype(np.float16))
+    assert_same(kernels.fp16_pull_encode(x)[1], x.astype(np.float16).astype(F32))
 
 
 def test_the_numpy_fallback_is_the_same(monkeypatch):

@@ -16,7 +16,8 @@ import shutil
 import subprocess
 import tempfile
 
-__all__ = ['SOURCE', 'FLAGS', 'load', 'KernelBuildError']
+__all__ = ['SOURCE', 'FLAGS', 'SIGNATURES', 'KernelBuildError', 'compiler', 'build', 'bind',
+           'load']
 
 _LOG = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class KernelBuildError(RuntimeError):
     """The kernels could not be compiled or loaded (the message says why and what to do)."""
 
 
-def _compiler():
+def compiler():
+    """The path of the first C compiler found on PATH."""
     for name in _COMPILERS:
         path = shutil.which(name)
         if path:
@@ -69,56 +71,67 @@ def _cache_dir():
     return path if os.access(path, os.W_OK) else None
 
 
-def _build(compiler, target):
-    """Compile SOURCE into `target` (a temporary name first, then renamed)."""
+def build(path, target, tries=((), ('-DMXD_NO_CLONES',))):
+    """Compile SOURCE with compiler `path` into `target` (a temporary name first, then
+    renamed), with the first of `tries` (extra flags) that the compiler accepts: by default
+    with the x86-64 clones, else without."""
     temporary = '%s.%d.tmp' % (target, os.getpid())
-    command = [compiler] + FLAGS + ['-o', temporary, SOURCE]
-    try:
-        result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                universal_newlines=True, timeout=300, check=False)
-    except (OSError, subprocess.SubprocessError) as error:
-        raise KernelBuildError('compiling the codec kernels failed: %s: %s'
-                               % (' '.join(command), error)) from error
-    if result.returncode != 0:
-        raise KernelBuildError('compiling the codec kernels failed (exit %d): %s\n%s'
-                               % (result.returncode, ' '.join(command), result.stdout))
-    os.replace(temporary, target)
-
-
-def load():
-    """The loaded library (a :class:`ctypes.CDLL` with its signatures set), built first if
-    the cache has none.
-
-    Raises
-    ------
-    KernelBuildError
-        If no compiler is found, compiling fails or the library does not load.
-    """
-    compiler = _compiler()
-    with open(SOURCE, 'rb') as source:
-        text = source.read()
-    key = hashlib.sha256(b'\0'.join([text, compiler.encode(), ' '.join(FLAGS).encode(),
-                                     platform.machine().encode()])).hexdigest()[:16]
-    directory = _cache_dir()
-    private = None
-    if directory is None:
-        private = directory = tempfile.mkdtemp(prefix='mxdelay-kernels-')
-    path = os.path.join(directory, 'codec_kernels-%s.so' % key)
-    try:
-        if not os.path.exists(path):
-            _LOG.info('compiling the codec kernels into %s', path)
-            _build(compiler, path)
+    failures = []
+    for extra in tries:
+        command = [path] + FLAGS + list(extra) + ['-o', temporary, SOURCE]
         try:
-            library = ctypes.CDLL(path)
-        except OSError as error:
-            raise KernelBuildError('loading the codec kernels %s failed: %s; delete the file '
-                                   'to build it again' % (path, error)) from error
-    finally:
-        if private is not None:
-            shutil.rmtree(private, ignore_errors=True)   # the loaded library stays mapped
+            result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    universal_newlines=True, timeout=300, check=False)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise KernelBuildError('compiling the codec kernels failed: %s: %s'
+                                   % (' '.join(command), error)) from error
+        if result.returncode == 0:
+            os.replace(temporary, target)
+            return
+        failures.append('%s (exit %d):\n%s' % (' '.join(command), result.returncode,
+                                                result.stdout))
+    raise KernelBuildError('compiling the codec kernels failed: %s' % '\n'.join(failures))
+
+
+def bind(path):
+    """The library at `path` (:class:`ctypes.CDLL`) with its functions' signatures set and
+    its tables made."""
+    try:
+        library = ctypes.CDLL(path)
+    except OSError as error:
+        raise KernelBuildError('loading the codec kernels %s failed: %s; delete the file to '
+                               'build it again' % (path, error)) from error
     for name, arguments in SIGNATURES.items():
         function = getattr(library, name)
         function.argtypes = arguments
         function.restype = _I
     library.mxd_init()
     return library
+
+
+def load():
+    """The library, built first if the cache has none (:func:`bind`).
+
+    Raises
+    ------
+    KernelBuildError
+        If no compiler is found, compiling fails or the library does not load.
+    """
+    path = compiler()
+    with open(SOURCE, 'rb') as source:
+        text = source.read()
+    key = hashlib.sha256(b'\0'.join([text, path.encode(), ' '.join(FLAGS).encode(),
+                                     platform.machine().encode()])).hexdigest()[:16]
+    directory = _cache_dir()
+    private = None
+    if directory is None:
+        private = directory = tempfile.mkdtemp(prefix='mxdelay-kernels-')
+    target = os.path.join(directory, 'codec_kernels-%s.so' % key)
+    try:
+        if not os.path.exists(target):
+            _LOG.info('compiling the codec kernels into %s', target)
+            build(path, target)
+        return bind(target)
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)   # the loaded library stays mapped

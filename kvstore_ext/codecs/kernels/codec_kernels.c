@@ -19,11 +19,12 @@
 typedef int64_t i64;
 #define INL static inline __attribute__((always_inline))
 
-/* Clones for the SIMD widths of x86-64, picked when the library is loaded (no -march=native:
- * a cache shared by machines of one cluster stays valid on each). */
-#if defined(__x86_64__) && defined(__has_attribute)
+/* Clones for x86-64's levels (baseline SSE2; v3: AVX2; v4: AVX-512), one picked when the
+ * library is loaded: no -march=native, so a cache shared by the machines of a cluster stays
+ * valid on each. The loader builds again with -DMXD_NO_CLONES if a compiler refuses them. */
+#if defined(__x86_64__) && defined(__has_attribute) && !defined(MXD_NO_CLONES)
 #if __has_attribute(target_clones)
-#define CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
+#define CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
 #endif
 #endif
 #ifndef CLONES
