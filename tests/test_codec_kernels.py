@@ -400,3 +400,16 @@ def test_bad_arguments_are_refused():
         kernels.int8_pull_broadcast(p, p[::2], 256)
     with pytest.raises(ValueError, match='a payload of 3 floats for an fp16 pull of 10 values'):
         kernels.fp16_pull_decode_add(np.zeros(3, F32), p, 10)
+
+
+@pytest.mark.big
+@pytest.mark.timeout(3600)
+def test_float16_cast_of_every_float32():
+    # All 2**32 bit patterns against numpy's cast (MXNet's bits, checked above on the edges):
+    # a few minutes (-m big).
+    step = 1 << 24
+    low = np.arange(step, dtype=np.uint32)
+    for start in range(0, 1 << 32, step):
+        x = (low + np.uint32(start)).view(F32)
+        assert np.array_equal(kernels.to_float16(x).view(np.uint16),
+                              x.astype(np.float16).view(np.uint16)), start

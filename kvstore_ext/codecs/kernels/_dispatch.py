@@ -2,7 +2,6 @@
 process, ``MXDELAY_CODEC_KERNELS``), the argument checks, and the split of a call over threads.
 """
 import logging
-import math
 import numbers
 import os
 import threading
@@ -44,20 +43,24 @@ def library():
     if 'library' not in _STATE:
         with _LOCK:
             if 'library' not in _STATE:
-                mode, library = _mode(), None
-                if mode != 'numpy':
-                    from . import _library as build   # pylint: disable=import-outside-toplevel
-                    try:
-                        library = build.load()
-                    except build.KernelBuildError as error:
-                        if mode == 'compiled':
-                            raise build.KernelBuildError(
-                                '%s; or unset MXDELAY_CODEC_KERNELS=compiled to run the numpy '
-                                'codecs (the same values, 5 to 40 times slower)' % error) from error
-                        _LOG.warning('codec kernels unavailable, the codecs run in numpy (the '
-                                     'same values, slower): %s', error)
-                _STATE['library'] = library
+                _STATE['library'] = _load(_mode())
     return _STATE['library']
+
+
+def _load(mode):
+    if mode == 'numpy':
+        return None
+    from . import _library   # pylint: disable=import-outside-toplevel
+    try:
+        return _library.load()
+    except _library.KernelBuildError as error:
+        if mode == 'compiled':
+            raise _library.KernelBuildError(
+                '%s; or unset MXDELAY_CODEC_KERNELS=compiled to run the codecs in numpy (the '
+                'same values, slower)' % error) from error
+        _LOG.warning('codec kernels unavailable, the codecs run in numpy (the same values, '
+                     'slower): %s', error)
+        return None
 
 
 def backend():

@@ -160,7 +160,9 @@ INL uint32_t unpack_words(const uint32_t *restrict words, i64 w0, i64 w1, float 
     for (i64 w = w0; w < w1; w++) {
         uint32_t bits = words[w], e = (bits >> 23) & 0xffu;
         uint32_t x = (((bits >> 31) * 254u + e - 1u) << 23) | (bits & 0x7fffffu);
-        bad |= (e == 0u) | (e == 255u) | (x >= LIMIT);
+        uint32_t wrong = (e == 0u) | (e == 255u) | (x >= LIMIT);
+        bad |= wrong;
+        x = wrong ? 0u : x;   /* in the table's range; the caller raises */
         float *out = lev + (w - w0) * D;
         if (D == 20) {
             for (int j = 0; j < 4; j++) {   /* 8 floats copied, 5 kept: the next group's */

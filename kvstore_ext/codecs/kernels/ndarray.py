@@ -4,14 +4,14 @@ gradient is quantized on the GPU and only the packed codes and scales are copied
 gradient copies 4).
 
 The same float32 operations as :mod:`kvstore_ext.quantize`, so the same bits (checked on the
-CPU, ``tests/test_codec_kernels.py``): a true division by the block's scale, rounding to
+CPU, ``tests/test_codec_kernels.py``; but a NaN scale, of a block holding a NaN, is a positive
+NaN: MXNet's ``abs``), with a true division by the block's scale, rounding to
 nearest even by adding and subtracting 1.5 * 2**23 (MXNet's ``rint`` rounds ties down; a level
 is below 2**22), and the codes as a float64 product of the digits with the powers of the base
 (every partial sum an integer below 2**32: exact in any order). On a GPU this also needs
 MXNet's CUDA build to divide in IEEE float32 and keep subnormals (no ``--use_fast_math``),
-which is not checked here (no GPU). On the CPU it is about 30 times slower than the compiled
-kernel (docs/codec-kernels.md): use :func:`kvstore_ext.codecs.kernels.encode_with_feedback`
-there.
+which is not checked here (no GPU). On the CPU it is much slower than the compiled kernel
+(docs/codec-kernels.md): use :func:`kvstore_ext.codecs.kernels.encode_with_feedback` there.
 """
 import numpy as np
 from mxnet import nd
