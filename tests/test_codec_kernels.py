@@ -313,12 +313,11 @@ BUILDS = [pytest.param(('-DMXD_NO_CLONES',), id='baseline'),
 
 
 @pytest.mark.parametrize('flags', BUILDS)
-def test_every_build_is_todays_bits(flags, tmp_path, monkeypatch):
+def test_every_build_is_todays_bits(flags, monkeypatch):
     # The tests above run the clone this CPU picks (x86-64-v4 here); these builds are what
-    # older CPUs pick, and what a compiler without target_clones builds.
-    target = str(tmp_path / 'kernels.so')
-    _library.build(_library.compiler(), target, tries=(flags,))
-    monkeypatch.setitem(_dispatch._STATE, 'library', _library.bind(target))  # pylint: disable=protected-access
+    # older CPUs pick, and what a compiler without target_clones builds (cached as the
+    # kernels are).
+    monkeypatch.setitem(_dispatch._STATE, 'library', _library.load(flags))  # pylint: disable=protected-access
     rng = np.random.default_rng(17)
     for h in (127, 7, 1):
         for n, block in SIZES[1:9]:

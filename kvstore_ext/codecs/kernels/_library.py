@@ -109,8 +109,9 @@ def bind(path):
     return library
 
 
-def load():
-    """The library, built first if the cache has none (:func:`bind`).
+def load(flags=None):
+    """The library, built first if the cache has none (:func:`bind`); with `flags` (extra
+    compiler flags, e.g. ``('-DMXD_NO_CLONES',)``) a build with exactly those (the tests').
 
     Raises
     ------
@@ -120,7 +121,8 @@ def load():
     path = compiler()
     with open(SOURCE, 'rb') as source:
         text = source.read()
-    key = hashlib.sha256(b'\0'.join([text, path.encode(), ' '.join(FLAGS).encode(),
+    options = FLAGS + list(flags or ())
+    key = hashlib.sha256(b'\0'.join([text, path.encode(), ' '.join(options).encode(),
                                      platform.machine().encode()])).hexdigest()[:16]
     directory = _cache_dir()
     private = None
@@ -130,7 +132,7 @@ def load():
     try:
         if not os.path.exists(target):
             _LOG.info('compiling the codec kernels into %s', target)
-            build(path, target)
+            build(path, target, *([] if flags is None else [(tuple(flags),)]))
         return bind(target)
     finally:
         if private is not None:
