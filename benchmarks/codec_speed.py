@@ -9,8 +9,10 @@ and .png)::
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
+import tempfile
 import time
 
 # One core for MXNet's operators too (today's worker decode and float16 cast run in MXNet):
@@ -107,6 +109,22 @@ def nd_wait(array):
     array.wait_to_read()
 
 
+def build_cost():
+    """Compile the kernels once from scratch, as a machine's first use does: the wall and
+    CPU seconds of the compiler, and the library's size."""
+    from kvstore_ext.codecs.kernels import _library  # pylint: disable=import-outside-toplevel
+    with tempfile.TemporaryDirectory() as directory:
+        target = os.path.join(directory, 'kernels.so')
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        _library.build(_library.compiler(), target)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {'compiler': _library.compiler(), 'wall_s': wall,
+                'cpu_s': (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+                'library_bytes': os.path.getsize(target)}
+
+
 def _busy():
     """The machine's busy CPU seconds (all cores, /proc/stat) and this process's."""
     with open('/proc/stat', encoding='ascii') as stat:
@@ -188,8 +206,8 @@ def plot(rows, path):
         axis.set_ylabel('ns per element (median)')
         axis.set_xticks(np.arange(len(keys)))
         axis.set_xticklabels(['%s\n%s' % key for key in keys], fontsize=8)
-        axis.set_title('%d elements, one core (new, threads: %s)'
-                       % (size, ', '.join(sorted({str(r['threads']) for r in here}))))
+        axis.set_title('%d elements; one thread, "new, threads": %d'
+                       % (size, max(r['threads'] for r in here)))
         axis.legend(fontsize=8, ncol=3)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
@@ -211,6 +229,7 @@ def main():
     meta = {'command': 'python benchmarks/codec_speed.py ' + ' '.join(sys.argv[1:]),
             'started': provenance.now(), 'code_start': provenance.code_version(),
             'machine': provenance.machine(), 'load_before': list(os.getloadavg())}
+    build = build_cost()
     rows, raw = [], {}
     for size in [int(s) for s in args.sizes.split(',')]:
         runs = methods(size, args.block, args.rows, args.threads)
@@ -228,7 +247,8 @@ def main():
                 load_after=list(os.getloadavg()))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + '.json', 'w', encoding='utf-8') as out:
-        json.dump(dict(meta, settings=vars(args), rows=rows, raw=raw), out, indent=1)
+        json.dump(dict(meta, settings=vars(args), build=build, rows=rows, raw=raw), out,
+                  indent=1)
     with open(args.out + '.csv', 'w', encoding='utf-8') as out:
         fields = list(rows[0])
         out.write(','.join(fields) + '\n')
@@ -243,7 +263,11 @@ def main():
              '[procedure.md](procedure.md).' % (
                  args.rounds, args.repeats, args.threads,
                  ', '.join('%.2f (%d elements)' % (v, k) for k, v in noisy.items())), ''
-             ] + table(rows)
+             ] + table(rows) + [
+                 '', 'Building the kernels from scratch (%s, a machine\'s first use): %.1f s of '
+                 'wall time, %.1f s of CPU; the library is %d KB.' % (
+                     build['compiler'], build['wall_s'], build['cpu_s'],
+                     build['library_bytes'] // 1024)]
     with open(args.out + '.md', 'w', encoding='utf-8') as out:
         out.write('\n'.join(lines) + '\n')
     print('\n'.join(lines))
