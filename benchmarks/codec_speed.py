@@ -68,7 +68,7 @@ def methods(n, block, rows, threads):
         add(name, direction, 'new', lambda h=h, p=payloads: kernels.decode_sum(
             p, order, h, block, n), n * rows)
         add(name, direction, 'new, threads', lambda h=h, p=payloads: kernels.decode_sum(
-            p, order, h, block, n, threads), n * rows)
+            p, order, h, block, n, threads=threads), n * rows)
     weight = (rs.randn(n)).astype(np.float32)
     for name, codec in (('int8 pull', pull_codecs.Int8Pull(block)),
                         ('fp16 pull', pull_codecs.Float16Pull())):
@@ -77,10 +77,14 @@ def methods(n, block, rows, threads):
         old_broadcast = getattr(_reference, '%s_pull_broadcast' % kind)
         new_broadcast = getattr(kernels, '%s_pull_broadcast' % kind)
         extra = (block,) if kind == 'int8' else ()
+        # The new encode writes into a payload kept from round to round (the model key's
+        # memory, as the server can); the old one makes a fresh one.
+        store = np.zeros(codec.payload_size(n), np.float32)
         add(name, 'encode', 'old', lambda b=old_broadcast, x=old_x, e=extra: b(weight, x, *e))
-        add(name, 'encode', 'new', lambda b=new_broadcast, x=new_x, e=extra: b(weight, x, *e))
-        add(name, 'encode', 'new, threads', lambda b=new_broadcast, x=new_x, e=extra: b(
-            weight, x, *e, threads=threads))
+        add(name, 'encode', 'new', lambda b=new_broadcast, x=new_x, e=extra, s=store: b(
+            weight, x, *e, payload=s))
+        add(name, 'encode', 'new, threads', lambda b=new_broadcast, x=new_x, e=extra, s=store: b(
+            weight, x, *e, payload=s, threads=threads))
         payload = pull_codecs.Payload(codec, n)
         payload._memory[:] = old_broadcast(weight, weight - residuals[2], *extra).view(np.uint8)  # pylint: disable=protected-access
         model_nd, model = nd.array(weight), weight.copy()

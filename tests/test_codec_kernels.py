@@ -181,8 +181,11 @@ def test_the_servers_sum_is_decode_rows(h, workers):
     old = appliers.DecodeRows(None, {'type': NAMES[h], 'block_size': block}).decode(
         'chunk', merged, n)
     for threads in (1, 2):
-        assert_same(kernels.decode_sum(rows[ranks], np.argsort(ranks), h, block, n, threads),
-                    old, nan_bits=False)
+        assert_same(kernels.decode_sum(rows[ranks], np.argsort(ranks), h, block, n,
+                                       threads=threads), old, nan_bits=False)
+    out = np.full(n, np.nan, dtype=F32)
+    assert kernels.decode_sum(rows[ranks], np.argsort(ranks), h, block, n, out=out) is out
+    assert_same(out, old, nan_bits=False)
 
 
 def test_threads_split_on_block_and_word_boundaries():
@@ -242,6 +245,9 @@ def test_int8_pulls_are_todays_bits(n, block):
     new_model = model.copy()
     assert_same(kernels.int8_pull_broadcast(weight, new_model, block, threads=2), old_payload)
     assert_same(new_model, model + old_dec, nan_bits=False)   # x̂ + dec: both may be NaN
+    store = np.full(old_payload.size, np.nan, dtype=F32)      # the model key's memory
+    assert kernels.int8_pull_broadcast(weight, model.copy(), block, payload=store) is store
+    assert_same(store, old_payload)
     # The worker's round, as Payload.decode_into computes it in MXNet's engine.
     old_model = _worker_decode(codec, n, old_payload, model)
     kernels.int8_pull_decode_add(old_payload, model, n, block)
@@ -270,6 +276,9 @@ def test_fp16_pulls_are_todays_bits(n):
     old_payload, old_dec = codec.encode(weight - model)
     new_model = model.copy()
     assert_same(kernels.fp16_pull_broadcast(weight, new_model), old_payload)
+    store = np.full(old_payload.size, np.nan, dtype=F32)
+    assert kernels.fp16_pull_broadcast(weight, model.copy(), payload=store) is store
+    assert_same(store, old_payload)
     assert_same(new_model, model + old_dec, nan_bits=False)
     old_model = _worker_decode(codec, n, old_payload, model)
     kernels.fp16_pull_decode_add(old_payload, model, n, threads=2)
@@ -350,9 +359,11 @@ def test_the_numpy_fallback_is_the_same(monkeypatch):
         payloads, sent = kernels.encode_with_feedback(grad, left, 1, block, [(0, 5), (5, n)])
         model = residual.copy()
         kernels.int8_pull_decode_add(kernels.int8_pull_encode(grad, block)[0], model, n, block)
+        store = np.full(kernels.fp16_pull_size(n), np.nan, dtype=F32)
+        kernels.fp16_pull_broadcast(grad, model, payload=store)
         return (list(kernels.encode(grad, 7, block)) + payloads + [sent, left, model]
                 + list(kernels.int8_pull_encode(grad, block))
-                + list(kernels.fp16_pull_encode(grad)) + [kernels.to_float16(grad)])
+                + list(kernels.fp16_pull_encode(grad)) + [kernels.to_float16(grad), store])
 
     compiled = outputs()
     monkeypatch.setitem(_dispatch._STATE, 'library', None)   # pylint: disable=protected-access
@@ -360,7 +371,7 @@ def test_the_numpy_fallback_is_the_same(monkeypatch):
     with pytest.raises(RuntimeError, match='run in numpy'):
         kernels.require_compiled()
     fallback = outputs()
-    assert len(compiled) == len(fallback) == 12
+    assert len(compiled) == len(fallback) == 13
     for new, old in zip(compiled, fallback):
         assert_same(new, old, nan_bits=False)
 

@@ -90,7 +90,7 @@ def in_place(array, name, size):
             and array.size == size and array.flags.writeable):
         raise ValueError('%s must be a writeable contiguous float32 numpy array of %d elements '
                          '(it is updated in place), got %s' % (name, size, _describe(array)))
-    return array.reshape(-1)
+    return array if array.ndim == 1 else array.reshape(-1)
 
 
 def _describe(array):

@@ -25,11 +25,21 @@ def int8_pull_size(n, block):
     return 1 + blocks + -(-blocks * block // 4)
 
 
-def _int8_encode(weight, model, out, block, threads):
+def _buffer(payload, size):
+    """A payload of `size` float32, `payload` if given, whose elements the kernels do not
+    write in full (the header, the last one's padding) are 0."""
+    if payload is None:
+        return np.zeros(size, dtype=F32)
+    payload = in_place(payload, 'payload', size)
+    payload[0] = payload[-1] = 0
+    return payload
+
+
+def _int8_encode(weight, model, out, block, threads, payload=None):
     # d = weight - model (model None: d = weight); model := model + dec, or out = dec.
     n = weight.size
     blocks = max(1, -(-n // block))
-    payload = np.zeros(int8_pull_size(n, block), dtype=F32)
+    payload = _buffer(payload, int8_pull_size(n, block))
     base = address(payload)
     run(library().mxd_i8pull_encode,
         [(address(weight), None if model is None else address(model),
@@ -49,15 +59,24 @@ def int8_pull_encode(d, block, threads=1):
     return _int8_encode(d, None, dec, block, threads), dec
 
 
-def int8_pull_broadcast(weight, model, block, threads=1):
-    """A server's pulled round (``ServerModel.broadcast``): the payload of ``weight - model``;
-    `model` (x̂: contiguous float32, `weight`'s size) := ``model + dec`` in place."""
+def int8_pull_broadcast(weight, model, block, payload=None, threads=1):
+    """A server's pulled round (``ServerModel.broadcast``): the payload of ``weight - model``
+    (into `payload` if given: contiguous float32 of :func:`int8_pull_size`, e.g. the model
+    key's memory, so that no fresh array is touched); `model` (x̂: contiguous float32,
+    `weight`'s size) := ``model + dec`` in place."""
     weight = flat(weight)
     model = in_place(model, 'model', weight.size)
     check_block(block)
     if library() is None:
-        return _reference.int8_pull_broadcast(weight, model, block)
-    return _int8_encode(weight, model, None, block, threads)
+        return _filled(payload, _reference.int8_pull_broadcast(weight, model, block))
+    return _int8_encode(weight, model, None, block, threads, payload)
+
+
+def _filled(payload, result):
+    if payload is None:
+        return result
+    in_place(payload, 'payload', result.size)[...] = result
+    return payload
 
 
 def int8_pull_decode_add(payload, model, n, block, threads=1):
@@ -88,9 +107,9 @@ def fp16_pull_size(n):
     return 1 + (n + 1) // 2
 
 
-def _fp16_encode(weight, model, out, threads):
+def _fp16_encode(weight, model, out, threads, payload=None):
     n = weight.size
-    payload = np.zeros(fp16_pull_size(n), dtype=F32)
+    payload = _buffer(payload, fp16_pull_size(n))
     run(library().mxd_f16_encode,
         [(address(weight), None if model is None else address(model),
           None if out is None else address(out), address(payload) + 4, lo, hi)
@@ -107,14 +126,14 @@ def fp16_pull_encode(d, threads=1):
     return _fp16_encode(d, None, dec, threads), dec
 
 
-def fp16_pull_broadcast(weight, model, threads=1):
-    """A server's pulled round: the payload of ``float16(weight - model)``; `model` :=
-    ``model + float32(q)`` in place."""
+def fp16_pull_broadcast(weight, model, payload=None, threads=1):
+    """A server's pulled round: the payload of ``float16(weight - model)`` (into `payload` if
+    given, as :func:`int8_pull_broadcast`); `model` := ``model + float32(q)`` in place."""
     weight = flat(weight)
     model = in_place(model, 'model', weight.size)
     if library() is None:
-        return _reference.fp16_pull_broadcast(weight, model)
-    return _fp16_encode(weight, model, None, threads)
+        return _filled(payload, _reference.fp16_pull_broadcast(weight, model))
+    return _fp16_encode(weight, model, None, threads, payload)
 
 
 def fp16_pull_decode_add(payload, model, n, threads=1):

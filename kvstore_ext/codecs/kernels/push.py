@@ -103,14 +103,15 @@ def _check_chunks(chunks, n):
 def decode(payload, h, block, n, threads=1):
     """The float32 values ``c`` of a chunk of `n` values that `payload` stands for, as
     :func:`kvstore_ext.quantize.decode` (the same errors for a bad size or word)."""
-    return decode_sum(flat(payload).reshape(1, -1), [0], h, block, n, threads)
+    return decode_sum(flat(payload).reshape(1, -1), [0], h, block, n, threads=threads)
 
 
-def decode_sum(rows, order, h, block, n, threads=1):
+def decode_sum(rows, order, h, block, n, out=None, threads=1):
     """The servers' :class:`kvstore_ext.appliers.DecodeRows`: the float32 sum, rank by rank in
     `order` (``c_0 + c_1 + ...`` left to right), of the values that rows ``rows[order[0]]``,
     ``rows[order[1]]``, ... stand for; each row is a payload of a chunk of `n` values.
-    Every payload is read once and the sum written once (tiles of a few thousand values).
+    Every payload is read once and the sum written once (tiles of a few thousand values),
+    into `out` if given (contiguous float32 of `n`), else into a new array.
 
     Raises
     ------
@@ -129,10 +130,11 @@ def decode_sum(rows, order, h, block, n, threads=1):
     if rows.shape[1] != size:
         raise ValueError('a payload of %d floats for a chunk of %d values: expected %d (h=%d, '
                          'block %d)' % (rows.shape[1], n, size, h, block))
+    out = np.empty(n, dtype=F32) if out is None else in_place(out, 'out', n)
     compiled = library()
     if compiled is None:
-        return _reference.decode_sum(rows, order, h, block, n)
-    out = np.empty(n, dtype=F32)
+        out[...] = _reference.decode_sum(rows, order, h, block, n)
+        return out
     function = getattr(compiled, 'mxd_%s_decode_sum' % name)
     results = run(function, [(address(rows), size, address(order), order.size, address(out), n,
                               block, lo, hi) for lo, hi in ranges(n, digits, threads)], threads)
