@@ -221,9 +221,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--out', default=os.path.join(REPO, 'docs', 'benchmarks', 'codec-speed',
                                                       'results'))
-    parser.add_argument('--sizes', default='25600000,524288',
+    parser.add_argument('--sizes', default='25600000,4194304,524288',
                         help='elements per array, comma-separated (default: ResNet-50\'s '
-                             'gradient, and one chunk of MXDELAY_CHUNK_SIZE)')
+                             'gradient, 2**22, and one chunk of MXDELAY_CHUNK_SIZE)')
     parser.add_argument('--block', type=int, default=256)
     parser.add_argument('--rows', type=int, default=2, help='workers of the servers\' sum')
     parser.add_argument('--threads', type=int, default=2, help='threads of "new, threads"')

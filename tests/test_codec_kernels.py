@@ -29,6 +29,13 @@ def compiled():
     kernels.require_compiled()
 
 
+@pytest.fixture(autouse=True)
+def small_parts(monkeypatch):
+    # Threads take parts of 2**20 elements and more; small ones here, so that the tests'
+    # arrays are split wherever they ask for threads.
+    monkeypatch.setattr(_dispatch, '_MIN_PART', 1 << 12)
+
+
 def assert_same(new, old, nan_bits=True):
     """The same bits; with ``nan_bits=False`` a NaN's bits may differ (a sum of two NaNs is
     either one: compilers and numpy's loops may swap an addition's operands)."""
@@ -190,8 +197,9 @@ def test_the_servers_sum_is_decode_rows(h, workers):
 
 def test_threads_split_on_block_and_word_boundaries():
     rng = np.random.default_rng(3)
-    for h, block in ((1, 256), (7, 3), (127, 5000)):
-        n = 3 * (1 << 17) + 11
+    n_big = 2 ** 21 + 5
+    for h, block in ((1, 256), (7, 3), (127, 5000), (1, 2 ** 20)):
+        n = 3 * (1 << 14) + 11 if block < n_big else n_big
         p = values(rng, n, block, h)
         payload, c = quantize.encode(p, h, block)
         for threads in (2, 3, 4):
