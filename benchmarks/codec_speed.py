@@ -129,6 +129,32 @@ def build_cost():
                 'library_bytes': os.path.getsize(target)}
 
 
+def thread_scaling(threads, rounds):
+    """The servers' sum of 2 int8 rows into a kept array, one thread against `threads`, by
+    size: where a second thread starts to pay (kernels._dispatch._MIN_PART). The parts are
+    forced down to 2**14 elements, so that every size is split."""
+    # pylint: disable=import-outside-toplevel,protected-access
+    from kvstore_ext.codecs import kernels
+    from kvstore_ext.codecs.kernels import _dispatch
+    kept, _dispatch._MIN_PART = _dispatch._MIN_PART, 1 << 14
+    found = []
+    try:
+        for power in range(16, 24):
+            n = 1 << power
+            rows = np.stack([kernels.encode(np.random.RandomState(power).randn(n), 127,
+                                            256)[0]] * 2)
+            out = np.empty(n, np.float32)
+            runs = [(None, None, None, None, lambda t=t: kernels.decode_sum(
+                rows, [0, 1], 127, 256, n, out=out, threads=t)) for t in (1, threads)]
+            times, other = measure(runs, rounds, 20)
+            found.append({'elements': n, 'one_us': statistics.median(times[0]) * 1e6,
+                          'threads_us': statistics.median(times[1]) * 1e6,
+                          'cpu_other': max(other)})
+    finally:
+        _dispatch._MIN_PART = kept
+    return found
+
+
 def _busy():
     """The machine's busy CPU seconds (all cores, /proc/stat) and this process's."""
     with open('/proc/stat', encoding='ascii') as stat:
@@ -234,6 +260,7 @@ def main():
             'started': provenance.now(), 'code_start': provenance.code_version(),
             'machine': provenance.machine(), 'load_before': list(os.getloadavg())}
     build = build_cost()
+    scaling = thread_scaling(args.threads, args.rounds)
     rows, raw = [], {}
     for size in [int(s) for s in args.sizes.split(',')]:
         runs = methods(size, args.block, args.rows, args.threads)
@@ -251,8 +278,8 @@ def main():
                 load_after=list(os.getloadavg()))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out + '.json', 'w', encoding='utf-8') as out:
-        json.dump(dict(meta, settings=vars(args), build=build, rows=rows, raw=raw), out,
-                  indent=1)
+        json.dump(dict(meta, settings=vars(args), build=build, thread_scaling=scaling, rows=rows,
+                       raw=raw), out, indent=1)
     with open(args.out + '.csv', 'w', encoding='utf-8') as out:
         fields = list(rows[0])
         out.write(','.join(fields) + '\n')
@@ -268,6 +295,14 @@ def main():
                  args.rounds, args.repeats, args.threads,
                  ', '.join('%.2f (%d elements)' % (v, k) for k, v in noisy.items())), ''
              ] + table(rows) + [
+                 '', 'Threads: the servers\' sum of 2 int8 rows into a kept array, median µs of '
+                 '%d rounds of 20 calls, every size split into %d parts:' % (
+                     args.rounds, args.threads), '',
+                 '| elements | 1 thread | %d threads | speed-up | other processes (cores) |'
+                 % args.threads, '|---:|---:|---:|---:|---:|'] + [
+                 '| %d | %.0f | %.0f | %.2fx | %.2f |' % (
+                     r['elements'], r['one_us'], r['threads_us'], r['one_us'] / r['threads_us'],
+                     r['cpu_other']) for r in scaling] + [
                  '', 'Building the kernels from scratch (%s, a machine\'s first use): %.1f s of '
                  'wall time, %.1f s of CPU; the library is %d KB.' % (
                      build['compiler'], build['wall_s'], build['cpu_s'],

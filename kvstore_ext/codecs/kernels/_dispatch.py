@@ -22,8 +22,8 @@ LEVELS = {127: ('int8', 4), 7: ('int4', 8), 1: ('ternary', 20)}
 MAX_BLOCK = 2 ** 20
 #: The values of MXDELAY_CODEC_KERNELS.
 MODES = ('auto', 'compiled', 'numpy')
-#: Fewest elements a thread gets. Measured on 2 cores (docs/codec-kernels.md): 2 threads
-#: were slower than one up to 2**20 elements a call, 1.8 times faster from 2**21 on.
+#: Fewest elements a thread gets: on 2 cores a second thread paid only from 2**21 elements
+#: a call on (docs/benchmarks/codec-speed/results.md, "Threads").
 _MIN_PART = 1 << 20
 
 _STATE = {}
