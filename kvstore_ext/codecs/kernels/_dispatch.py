@@ -22,8 +22,8 @@ LEVELS = {127: ('int8', 4), 7: ('int4', 8), 1: ('ternary', 20)}
 MAX_BLOCK = 2 ** 20
 #: The values of MXDELAY_CODEC_KERNELS.
 MODES = ('auto', 'compiled', 'numpy')
-#: Fewest elements a thread gets: on 2 cores a second thread paid only from 2**21 elements
-#: a call on (docs/benchmarks/codec-speed/results.md, "Threads").
+#: Fewest elements a thread gets: on 2 cores, below about 2**20 elements a call a second
+#: thread cost more than it saved (docs/benchmarks/codec-speed/results.md, "Threads").
 _MIN_PART = 1 << 20
 
 _STATE = {}
