@@ -78,6 +78,7 @@ def require_compiled():
 
 # -- helpers -----------------------------------------------------------------------------------
 def address(array):
+    """The address of `array`'s first element (for the kernels' pointer arguments)."""
     return array.__array_interface__['data'][0]
 
 
@@ -87,6 +88,8 @@ def flat(array):
 
 
 def in_place(array, name, size):
+    """`array` (flat) if it can be written in place: a writeable contiguous float32 numpy
+    array of `size` elements; else a ValueError naming argument `name`."""
     if not (isinstance(array, np.ndarray) and array.dtype == F32 and array.flags.c_contiguous
             and array.size == size and array.flags.writeable):
         raise ValueError('%s must be a writeable contiguous float32 numpy array of %d elements '
@@ -102,6 +105,7 @@ def _describe(array):
 
 
 def check_codec(h, block):
+    """``(name, digits per word)`` of the push codec of largest level `h`; checks `block`."""
     if h not in LEVELS:
         raise ValueError('h=%r is not a push codec\'s largest level: use 127 (int8), 7 (int4) or '
                          '1 (ternary)' % (h,))
@@ -110,6 +114,7 @@ def check_codec(h, block):
 
 
 def check_block(block):
+    """`block` as an int, if it is a block size (1 .. 2**20)."""
     if (isinstance(block, (bool, np.bool_)) or not isinstance(block, numbers.Integral)
             or not 1 <= block <= MAX_BLOCK):
         raise ValueError('block=%r must be an integer in 1..%d (the values sharing one float32 '
@@ -124,6 +129,7 @@ def payload_size(n, h, block):
 
 
 def check_threads(threads):
+    """`threads` as an int, if it is at least 1."""
     if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, numbers.Integral) \
             or threads < 1:
         raise ValueError('threads=%r must be an integer >= 1 (e.g. the cores of this process: '
@@ -136,7 +142,8 @@ def ranges(n, align, threads):
     parts = max(1, min(check_threads(threads), n // _MIN_PART))
     if parts == 1:
         return [(0, n)]
-    step = -(-(-(-n // parts)) // align) * align
+    per_part = -(-n // parts)
+    step = -(-per_part // align) * align   # rounded up to a multiple of align
     return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
 

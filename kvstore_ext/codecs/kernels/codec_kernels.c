@@ -1,8 +1,8 @@
 /* mxdelay's codec kernels: the float32 operations of kvstore_ext.quantize (pushes 'int8',
  * 'int4', 'ternary'), kvstore_ext.pull_codecs (pulls 'fp16', 'int8') and the float16 casts,
  * fused into one or two passes over memory. Every function computes the bits the numpy code
- * computes; kvstore_ext/codecs/kernels/__init__.py documents them and tests/test_codec_kernels.py
- * checks them.
+ * computes (but for which NaN a NaN is); kvstore_ext/codecs/kernels/__init__.py documents
+ * them and tests/test_codec_kernels.py checks them.
  *
  * Built without -ffast-math and with -ffp-contract=off: no reassociation and no fused
  * multiply-add (`p - l * s` must round twice, as numpy does). -fno-trapping-math only lets the

@@ -2,7 +2,7 @@
 float16 casts of float16 pushes (:mod:`kvstore_ext.wire`).
 
 A server's pulled round is :func:`int8_pull_broadcast` / :func:`fp16_pull_broadcast`: ``d = W
-- x̂``, its payload, ``x̂ := x̂ + dec(q)`` in one pass; a worker's is
+- x̂``, its payload, ``x̂ := x̂ + dec(q)`` in one pass over memory; a worker's is
 :func:`int8_pull_decode_add` / :func:`fp16_pull_decode_add`: ``x̂ := x̂ + dec(q)``. Payloads
 are laid out as today's (a float32 header element, then the codec's bytes).
 """
@@ -73,6 +73,7 @@ def int8_pull_broadcast(weight, model, block, payload=None, threads=1):
 
 
 def _filled(payload, result):
+    """`result` (the fallback's payload), copied into `payload` if given."""
     if payload is None:
         return result
     in_place(payload, 'payload', result.size)[...] = result

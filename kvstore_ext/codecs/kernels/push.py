@@ -89,6 +89,7 @@ def encode_with_feedback(grad, residual, h, block, chunks=None, out=None, thread
 
 
 def _check_chunks(chunks, n):
+    """`chunks` as int pairs, if they follow each other from 0 to `n` (None: one chunk)."""
     if chunks is None:
         return [(0, n)]
     chunks = [(int(start), int(stop)) for start, stop in chunks]
