@@ -86,10 +86,11 @@ def methods(n, block, rows, threads):
         add(name, 'encode', 'new, threads', lambda b=new_broadcast, x=new_x, e=extra, s=store: b(
             weight, x, *e, payload=s, threads=threads))
         payload = pull_codecs.Payload(codec, n)
-        payload._memory[:] = old_broadcast(weight, weight - residuals[2], *extra).view(np.uint8)  # pylint: disable=protected-access
+        memory = payload._memory   # pylint: disable=protected-access
+        memory[:] = old_broadcast(weight, weight - residuals[2], *extra).view(np.uint8)
         model_nd, model = nd.array(weight), weight.copy()
         decode_add = getattr(kernels, '%s_pull_decode_add' % kind)
-        words = payload._memory.view(np.float32)   # pylint: disable=protected-access
+        words = memory.view(np.float32)
         add(name, 'decode', 'old', lambda p=payload, m=model_nd: nd_wait(p.decode_into(m) or m))
         add(name, 'decode', 'new', lambda d=decode_add, w=words, m=model, e=extra: d(
             w, m, n, *e))

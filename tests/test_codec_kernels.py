@@ -334,7 +334,8 @@ def test_every_build_is_todays_bits(flags, monkeypatch):
     # The tests above run the clone this CPU picks (x86-64-v4 here); these builds are what
     # older CPUs pick, and what a compiler without target_clones builds (cached as the
     # kernels are).
-    monkeypatch.setitem(_dispatch._STATE, 'library', _library.load(flags))  # pylint: disable=protected-access
+    built = _library.load(flags)
+    monkeypatch.setitem(_dispatch._STATE, 'library', built)  # pylint: disable=protected-access
     rng = np.random.default_rng(17)
     for h in (127, 7, 1):
         for n, block in SIZES[1:9]:

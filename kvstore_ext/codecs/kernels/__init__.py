@@ -14,8 +14,8 @@ compiler into ``~/.cache/mxdelay`` and called through :mod:`ctypes`, which relea
 the ``threads`` argument splits a call over that many threads (a server decodes pushes and
 encodes pulls with the cores it has). Without a compiler every function falls back to
 today's code (:mod:`._reference`: the same bits, slower, docs/codec-kernels.md), with one
-warning. ``MXDELAY_CODEC_KERNELS`` chooses: ``auto`` (the default: compiled if possible), ``compiled``
-(an error if the kernels cannot be built) or ``numpy`` (always the fallback).
+warning. ``MXDELAY_CODEC_KERNELS`` chooses: ``auto`` (the default: compiled if possible),
+``compiled`` (an error if the kernels cannot be built) or ``numpy`` (always the fallback).
 
 Arrays are numpy arrays; inputs are converted to flat contiguous float32 (copied only if
 they are not), arrays updated in place must already be flat contiguous float32. The worker's

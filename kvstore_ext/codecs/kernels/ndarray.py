@@ -98,8 +98,8 @@ def _pack(levels, h, digits):
     code = codes.asnumpy().astype(np.uint32)
     high = code >> np.uint32(23)
     sign = (high >= 254).astype(np.uint32)
-    bits = ((sign << np.uint32(31)) | ((high - np.uint32(254) * sign + np.uint32(1)) << np.uint32(23))
-            | (code & np.uint32(0x7fffff)))
+    exponent = high - np.uint32(254) * sign + np.uint32(1)
+    bits = (sign << np.uint32(31)) | (exponent << np.uint32(23)) | (code & np.uint32(0x7fffff))
     return bits.view(F32)
 
 
