@@ -1,0 +1,161 @@
+"""What the kernels run on: the compiled library or the numpy fallback (decided once per
+process, ``MXDELAY_CODEC_KERNELS``), the argument checks, and the split of a call over threads.
+"""
+import logging
+import numbers
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+__all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'library', 'backend', 'require_compiled',
+           'address', 'flat', 'in_place', 'check_codec', 'check_block', 'payload_size',
+           'check_threads', 'ranges', 'run']
+
+_LOG = logging.getLogger('kvstore_ext.codecs.kernels')
+F32 = np.float32
+
+#: h of each push codec -> (its name, D: digits per packed word); as kvstore_ext.quantize.
+LEVELS = {127: ('int8', 4), 7: ('int4', 8), 1: ('ternary', 20)}
+#: The largest block size (kvstore_ext.quantize.MAX_BLOCK).
+MAX_BLOCK = 2 ** 20
+#: The values of MXDELAY_CODEC_KERNELS.
+MODES = ('auto', 'compiled', 'numpy')
+#: Fewest elements a thread gets: on 2 cores, below about 2**20 elements a call a second
+#: thread cost more than it saved (docs/benchmarks/codec-speed/results.md, "Threads").
+_MIN_PART = 1 << 20
+
+_STATE = {}
+_LOCK = threading.Lock()
+
+
+def _mode():
+    # TODO(lead): register MXDELAY_CODEC_KERNELS in kvstore_ext/env.py and read it there.
+    mode = os.environ.get('MXDELAY_CODEC_KERNELS', 'auto')
+    if mode not in MODES:
+        raise ValueError('environment variable MXDELAY_CODEC_KERNELS=%r: use one of %s'
+                         % (mode, ', '.join(MODES)))
+    return mode
+
+
+def library():
+    """The compiled library, or None for the fallback (decided once per process)."""
+    if 'library' not in _STATE:
+        with _LOCK:
+            if 'library' not in _STATE:
+                _STATE['library'] = _load(_mode())
+    return _STATE['library']
+
+
+def _load(mode):
+    if mode == 'numpy':
+        return None
+    from . import _library   # pylint: disable=import-outside-toplevel
+    try:
+        return _library.load()
+    except _library.KernelBuildError as error:
+        if mode == 'compiled':
+            raise _library.KernelBuildError(
+                '%s; or unset MXDELAY_CODEC_KERNELS=compiled to run the codecs in numpy (the '
+                'same values, slower)' % error) from error
+        _LOG.warning('codec kernels unavailable, the codecs run in numpy (the same values, '
+                     'slower): %s', error)
+        return None
+
+
+def backend():
+    """``'compiled'`` or ``'numpy'``: what the functions of this module run."""
+    return 'numpy' if library() is None else 'compiled'
+
+
+def require_compiled():
+    """Raise unless the compiled kernels run (builds them if needed)."""
+    if backend() != 'compiled':
+        raise RuntimeError('the codec kernels run in numpy (MXDELAY_CODEC_KERNELS=%s, or no C '
+                           'compiler): see the warning logged by %s' % (_mode(), _LOG.name))
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def address(array):
+    """The address of `array`'s first element (for the kernels' pointer arguments)."""
+    return array.__array_interface__['data'][0]
+
+
+def flat(array):
+    """`array` as flat contiguous float32 (a copy only if needed)."""
+    return np.ascontiguousarray(array, dtype=F32).reshape(-1)
+
+
+def in_place(array, name, size):
+    """`array` (flat) if it can be written in place: a writeable contiguous float32 numpy
+    array of `size` elements; else a ValueError naming argument `name`."""
+    if not (isinstance(array, np.ndarray) and array.dtype == F32 and array.flags.c_contiguous
+            and array.size == size and array.flags.writeable):
+        raise ValueError('%s must be a writeable contiguous float32 numpy array of %d elements '
+                         '(it is updated in place), got %s' % (name, size, _describe(array)))
+    return array if array.ndim == 1 else array.reshape(-1)
+
+
+def _describe(array):
+    if isinstance(array, np.ndarray):
+        return '%s array of shape %s%s' % (array.dtype, array.shape, '' if
+                                           array.flags.c_contiguous else ', not contiguous')
+    return type(array).__name__
+
+
+def check_codec(h, block):
+    """``(name, digits per word)`` of the push codec of largest level `h`; checks `block`."""
+    if h not in LEVELS:
+        raise ValueError('h=%r is not a push codec\'s largest level: use 127 (int8), 7 (int4) or '
+                         '1 (ternary)' % (h,))
+    check_block(block)
+    return LEVELS[h]
+
+
+def check_block(block):
+    """`block` as an int, if it is a block size (1 .. 2**20)."""
+    if (isinstance(block, (bool, np.bool_)) or not isinstance(block, numbers.Integral)
+            or not 1 <= block <= MAX_BLOCK):
+        raise ValueError('block=%r must be an integer in 1..%d (the values sharing one float32 '
+                         'scale, e.g. 256)' % (block, MAX_BLOCK))
+    return int(block)
+
+
+def payload_size(n, h, block):
+    """Float32 elements of a push payload of `n` values (kvstore_ext.quantize.payload_size)."""
+    digits = check_codec(h, block)[1]
+    return -(-n // block) + -(-n // digits)
+
+
+def check_threads(threads):
+    """`threads` as an int, if it is at least 1."""
+    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, numbers.Integral) \
+            or threads < 1:
+        raise ValueError('threads=%r must be an integer >= 1 (e.g. the cores of this process: '
+                         'len(os.sched_getaffinity(0)))' % (threads,))
+    return int(threads)
+
+
+def ranges(n, align, threads):
+    """[lo, hi) parts of [0, n) for `threads` threads, each lo a multiple of `align`."""
+    parts = max(1, min(check_threads(threads), n // _MIN_PART))
+    if parts == 1:
+        return [(0, n)]
+    per_part = -(-n // parts)
+    step = -(-per_part // align) * align   # rounded up to a multiple of align
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
+
+
+def run(function, calls, threads):
+    """function(*call) for each call (argument tuples), on up to `threads` threads; the
+    results in order."""
+    threads = min(check_threads(threads), len(calls))
+    if threads == 1:
+        return [function(*call) for call in calls]
+    with _LOCK:
+        pools = _STATE.setdefault('pools', {})
+        if threads not in pools:   # one pool per thread count: a server uses one or two
+            pools[threads] = ThreadPoolExecutor(threads, 'mxdelay-kernels')
+    futures = [pools[threads].submit(function, *call) for call in calls]
+    return [future.result() for future in futures]

@@ -1,0 +1,103 @@
+"""The numpy (and MXNet) code the kernels replace, as functions of the kernels' signatures:
+the fallback where no C compiler is found, and what the tests compare the kernels with.
+
+Each function is today's code path, unchanged in its arithmetic: :mod:`kvstore_ext.quantize`
+for the push codecs, :mod:`kvstore_ext.pull_codecs` for the pull codecs, MXNet's cast for
+float16.
+"""
+import numpy as np
+
+__all__ = ['encode', 'decode', 'decode_sum', 'encode_with_feedback', 'int8_pull_encode',
+           'int8_pull_broadcast', 'int8_pull_decode_add', 'fp16_pull_encode',
+           'fp16_pull_broadcast', 'fp16_pull_decode_add', 'to_float16', 'to_float32']
+
+F32 = np.float32
+
+
+def _quantize():
+    from ... import quantize   # pylint: disable=import-outside-toplevel
+    return quantize
+
+
+def _pull_codecs():
+    from ... import pull_codecs   # pylint: disable=import-outside-toplevel
+    return pull_codecs
+
+
+def encode(p, h, block):
+    return _quantize().encode(p, h, block)
+
+
+def decode(payload, h, block, n):
+    return _quantize().decode(payload, h, block, n)
+
+
+def decode_sum(rows, order, h, block, n):
+    # kvstore_ext.appliers.DecodeRows.decode: rank order, float32 additions left to right.
+    total = None
+    for index in order:
+        values = _quantize().decode(rows[index], h, block, n)
+        total = values if total is None else total + values
+    return total
+
+
+def encode_with_feedback(grad, residual, h, block, ranges, out):
+    # kvstore_ext.payload.PayloadTensor.encode, without its MXNet side.
+    p = np.array(grad, dtype=F32)
+    p += residual
+    sent = np.empty_like(p) if out is None else out
+    payloads = []
+    for start, stop in ranges:
+        payload, values = _quantize().encode(p[start:stop], h, block)
+        payloads.append(payload)
+        sent[start:stop] = values
+    np.subtract(p, sent, out=residual)
+    return payloads, sent
+
+
+def int8_pull_encode(d, block):
+    return _pull_codecs().Int8Pull(block).encode(d)
+
+
+def int8_pull_broadcast(weight, model, block):
+    # kvstore_ext.pull_codecs.ServerModel.broadcast, x̂ updated in place.
+    payload, dec = int8_pull_encode(weight - model, block)
+    np.add(model, dec, out=model)
+    return payload
+
+
+def int8_pull_decode_add(payload, model, n, block):
+    # Int8Pull.decode's NDArray operations in numpy: uint8 to float32 (exact), - 128, times
+    # the block's scale, added to the model.
+    blocks = max(1, -(-n // block))
+    start = 4 * (1 + blocks)
+    levels = payload.view(np.uint8)[start:start + blocks * block].astype(F32)
+    levels -= F32(128)
+    dec = (levels.reshape(blocks, block) * payload[1:1 + blocks].reshape(blocks, 1))
+    np.add(model, dec.reshape(-1)[:n], out=model)
+
+
+def fp16_pull_encode(d):
+    return _pull_codecs().Float16Pull().encode(d)
+
+
+def fp16_pull_broadcast(weight, model):
+    payload, dec = fp16_pull_encode(weight - model)
+    np.add(model, dec, out=model)
+    return payload
+
+
+def fp16_pull_decode_add(payload, model, n):
+    np.add(model, payload.view(np.float16)[2:2 + n].astype(F32), out=model)
+
+
+def to_float16(x, out):
+    from mxnet import nd   # pylint: disable=import-outside-toplevel
+    # MXNet's cast (kvstore_ext.wire.fill_send_buffer): numpy's bits, about ten times faster.
+    out[...] = nd.array(x, dtype=F32).astype(np.float16).asnumpy()
+    return out
+
+
+def to_float32(x, out):
+    out[...] = x   # exact
+    return out
