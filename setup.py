@@ -39,7 +39,8 @@ setup(
     ],
     # Subpackages too (tests/test_wheel.py installs the wheel and runs a job from it).
     packages=find_packages(include=['mxdelay', 'mxdelay.*', 'kvstore_ext', 'kvstore_ext.*']),
-    package_data={'kvstore_ext': ['autoload/sitecustomize.py']},
+    package_data={'kvstore_ext': ['autoload/sitecustomize.py'],
+                  'kvstore_ext.codecs.kernels': ['codec_kernels.c']},
     # MXNet is not a requirement: its builds are separate distributions (mxnet, mxnet-cu112,
     # ...) of the same module, and pip would install the CPU wheel over a CUDA build.
     # `import mxnet` checks the release (kvstore_ext.bootstrap); '[cpu]' installs the CPU wheel.

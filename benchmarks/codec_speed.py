@@ -33,7 +33,8 @@ def methods(n, block, rows, threads):
     """[(codec, direction, implementation, elements, function)]: each function runs once."""
     # pylint: disable=import-outside-toplevel
     from mxnet import nd
-    from kvstore_ext import pull_codecs, quantize
+    from kvstore_ext.codecs import pulls, quantize  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.worker.wires.pulls import Payload  # pylint: disable=import-outside-toplevel
     from kvstore_ext.codecs import kernels
     from kvstore_ext.codecs.kernels import _reference, ndarray
     kernels.require_compiled()
@@ -70,8 +71,8 @@ def methods(n, block, rows, threads):
         add(name, direction, 'new, threads', lambda h=h, p=payloads: kernels.decode_sum(
             p, order, h, block, n, threads=threads), n * rows)
     weight = (rs.randn(n)).astype(np.float32)
-    for name, codec in (('int8 pull', pull_codecs.Int8Pull(block)),
-                        ('fp16 pull', pull_codecs.Float16Pull())):
+    for name, codec in (('int8 pull', pulls.Int8Pull(block)),
+                        ('fp16 pull', pulls.Float16Pull())):
         kind = name.split()[0]
         old_x, new_x = weight - residuals[0], weight - residuals[1]
         old_broadcast = getattr(_reference, '%s_pull_broadcast' % kind)
@@ -85,7 +86,7 @@ def methods(n, block, rows, threads):
             weight, x, *e, payload=s))
         add(name, 'encode', 'new, threads', lambda b=new_broadcast, x=new_x, e=extra, s=store: b(
             weight, x, *e, payload=s, threads=threads))
-        payload = pull_codecs.Payload(codec, n)
+        payload = Payload(codec, n)
         memory = payload._memory   # pylint: disable=protected-access
         memory[:] = old_broadcast(weight, weight - residuals[2], *extra).view(np.uint8)
         model_nd, model = nd.array(weight), weight.copy()

@@ -52,6 +52,11 @@ VARIABLES = {
                                   "dist_sync script under mxdelay-run) and version-1 "
                                   'server files of load_states(..., trusted=True). Otherwise '
                                   'both are refused with an error (unpickling runs code).'),
+    'MXDELAY_CODEC_KERNELS': ('auto', "How the codecs run: 'auto' (the C kernels, built once per machine "
+                                      "into ~/.cache/mxdelay with the system's C compiler; numpy, "
+                                      "with a warning, where none builds), 'compiled' (the C "
+                                      "kernels or an error) or 'numpy'. Every choice computes the "
+                                      'same bits.'),
     'MXDELAY_JOB_KEY': (None, "A secret shared by every process of one job: each mxdelay command "
                               'carries an HMAC-SHA256 of its text with this key, and servers '
                               'refuse a command without a valid one. mxdelay-launch makes a '
@@ -115,7 +120,8 @@ MINIMUMS = {
 }
 
 #: name -> the values a variable may take (lower case; any case is accepted).
-CHOICES = {'MXDELAY_UPDATER_ERRORS': ('stop', 'log')}
+CHOICES = {'MXDELAY_UPDATER_ERRORS': ('stop', 'log'),
+           'MXDELAY_CODEC_KERNELS': ('auto', 'compiled', 'numpy')}
 
 #: MXNet's variables that mxdelay gives its own default (before MXNet is imported).
 MXNET_DEFAULTS = ('MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD',)

@@ -2,7 +2,7 @@
 
 Every test runs the compiled kernels: the module fixture fails (it does not skip) when they
 cannot be built, so a silent fallback to numpy cannot pass for them. Today's code is called
-as the job calls it: :mod:`kvstore_ext.quantize`, ``PayloadTensor.encode``,
+as the job calls it: :mod:`kvstore_ext.codecs.quantize`, ``PayloadTensor.encode``,
 ``DecodeRows.decode``, ``Int8Pull`` / ``Float16Pull`` and the workers' ``Payload.decode_into``,
 MXNet's float16 cast.
 """
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from mxnet import nd
 
-from kvstore_ext import appliers, payload as push_codecs, pull_codecs, quantize
+from kvstore_ext.codecs import blockwise, pulls, quantize
+from kvstore_ext.server import appliers
+from kvstore_ext.worker.wires.pulls import Payload
 from kvstore_ext.codecs import kernels
 from kvstore_ext.codecs.kernels import _dispatch, _library, _reference, ndarray
 
@@ -106,7 +108,7 @@ def test_many_random_sizes_and_blocks():
         assert_same(new_c, c)
         assert_same(kernels.decode(payload, h, block, n), c)
         if n:
-            d_payload, dec = pull_codecs.Int8Pull(block).encode(p)
+            d_payload, dec = pulls.Int8Pull(block).encode(p)
             new_payload, new_dec = kernels.int8_pull_encode(p, block)
             assert_same(new_payload, d_payload)
             assert_same(new_dec, dec)
@@ -133,7 +135,7 @@ def test_the_workers_step_is_payload_tensors(h):
     chunks = [(0, 12345), (12345, 12346), (12346, 40000), (40000, n)]
     grad, residual = values(rng, n, block, h), values(rng, n, block, h) * F32(0.01)
     # Today's worker step: PayloadTensor.encode on a CPU gradient.
-    tensor = push_codecs.Blockwise(NAMES[h], block).for_tensor(n)
+    tensor = blockwise.Blockwise(NAMES[h], block).for_tensor(n)
     tensor.ranges = chunks
     tensor.residual = residual.copy()
     buf = nd.zeros(n)
@@ -241,7 +243,7 @@ def test_bad_payloads_raise_todays_errors(h):
 @pytest.mark.parametrize('n, block', SIZES[1:-1] + [(3, 5000)])
 def test_int8_pulls_are_todays_bits(n, block):
     rng = np.random.default_rng(n + block)
-    codec = pull_codecs.Int8Pull(block)
+    codec = pulls.Int8Pull(block)
     d = values(rng, n, block)
     payload, dec = codec.encode(d)
     new_payload, new_dec = kernels.int8_pull_encode(d, block)
@@ -263,7 +265,7 @@ def test_int8_pulls_are_todays_bits(n, block):
 
 
 def _worker_decode(codec, n, payload, model):
-    receive = pull_codecs.Payload(codec, n)
+    receive = Payload(codec, n)
     receive._memory[:] = payload.view(np.uint8)   # pylint: disable=protected-access
     target = nd.array(model)
     receive.decode_into(target)
@@ -273,7 +275,7 @@ def _worker_decode(codec, n, payload, model):
 @pytest.mark.parametrize('n', [1, 2, 1001, 300001])
 def test_fp16_pulls_are_todays_bits(n):
     rng = np.random.default_rng(n)
-    codec = pull_codecs.Float16Pull()
+    codec = pulls.Float16Pull()
     d = np.concatenate([half_edges(), values(rng, n, 97)])[:n]
     rng.shuffle(d)
     payload, dec = codec.encode(d)
@@ -352,7 +354,7 @@ def test_every_build_is_todays_bits(flags, monkeypatch):
             assert_same(left, old_left)
             if n:
                 assert_same(kernels.int8_pull_encode(p, block)[0],
-                            pull_codecs.Int8Pull(block).encode(p)[0])
+                            pulls.Int8Pull(block).encode(p)[0])
     x = half_edges()
     assert_same(kernels.to_float16(x), x.astype(np.float16))
     assert_same(kernels.fp16_pull_encode(x)[1], x.astype(np.float16).astype(F32))
@@ -397,7 +399,7 @@ def test_the_switch_demands_the_compiled_kernels(monkeypatch, tmp_path, caplog):
     assert 'codec kernels unavailable' in caplog.text
     monkeypatch.delitem(_dispatch._STATE, 'library')   # pylint: disable=protected-access
     monkeypatch.setenv('MXDELAY_CODEC_KERNELS', 'fast')
-    with pytest.raises(ValueError, match="MXDELAY_CODEC_KERNELS='fast': use one of auto"):
+    with pytest.raises(ValueError, match="MXDELAY_CODEC_KERNELS='fast' is not one of auto, compiled, numpy"):
         kernels.backend()
 
 

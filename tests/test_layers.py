@@ -51,8 +51,9 @@ def _imports(module, path):
             targets.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ''
-            if node.level:
-                base = package + ('.' + base if base else '')
+            if node.level:   # relative: `from .` is the package, each more dot one up
+                anchor = '.'.join(package.split('.')[:len(package.split('.')) - node.level + 1])
+                base = anchor + ('.' + base if base else '')
             # `from pkg import name` imports pkg.name if that is a module, else a name of pkg.
             names = ['%s.%s' % (base, alias.name) for alias in node.names]
             submodules = [name for name in names if name in _modules()]

@@ -1,6 +1,6 @@
 """Fused codec kernels: the push codecs ``'int8'``, ``'int4'`` and ``'ternary'``
-(:mod:`kvstore_ext.quantize`), the pull codecs ``'fp16'`` and ``'int8'``
-(:mod:`kvstore_ext.pull_codecs`) and float16 casts, in one or two passes over memory.
+(:mod:`kvstore_ext.codecs.quantize`), the pull codecs ``'fp16'`` and ``'int8'``
+(:mod:`kvstore_ext.codecs.pulls`) and float16 casts, in one or two passes over memory.
 
 Every function returns the bits today's numpy (and MXNet) code returns, for every input
 (``tests/test_codec_kernels.py``), but for which NaN a NaN is: where a block holds NaNs of

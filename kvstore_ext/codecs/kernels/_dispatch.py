@@ -3,11 +3,12 @@ process, ``MXDELAY_CODEC_KERNELS``), the argument checks, and the split of a cal
 """
 import logging
 import numbers
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from kvstore_ext import env
 
 __all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'library', 'backend', 'require_compiled',
            'address', 'flat', 'in_place', 'check_codec', 'check_block', 'payload_size',
@@ -16,12 +17,12 @@ __all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'library', 'backend', 'require_compil
 _LOG = logging.getLogger('kvstore_ext.codecs.kernels')
 F32 = np.float32
 
-#: h of each push codec -> (its name, D: digits per packed word); as kvstore_ext.quantize.
+#: h of each push codec -> (its name, D: digits per packed word); as kvstore_ext.codecs.quantize.
 LEVELS = {127: ('int8', 4), 7: ('int4', 8), 1: ('ternary', 20)}
-#: The largest block size (kvstore_ext.quantize.MAX_BLOCK).
+#: The largest block size (kvstore_ext.codecs.quantize.MAX_BLOCK).
 MAX_BLOCK = 2 ** 20
 #: The values of MXDELAY_CODEC_KERNELS.
-MODES = ('auto', 'compiled', 'numpy')
+MODES = env.CHOICES['MXDELAY_CODEC_KERNELS']
 #: Fewest elements a thread gets: on 2 cores, below about 2**20 elements a call a second
 #: thread cost more than it saved (docs/benchmarks/codec-speed/results.md, "Threads").
 _MIN_PART = 1 << 20
@@ -31,12 +32,7 @@ _LOCK = threading.Lock()
 
 
 def _mode():
-    # TODO(lead): register MXDELAY_CODEC_KERNELS in kvstore_ext/env.py and read it there.
-    mode = os.environ.get('MXDELAY_CODEC_KERNELS', 'auto')
-    if mode not in MODES:
-        raise ValueError('environment variable MXDELAY_CODEC_KERNELS=%r: use one of %s'
-                         % (mode, ', '.join(MODES)))
-    return mode
+    return env.get_choice('MXDELAY_CODEC_KERNELS')
 
 
 def library():
@@ -123,7 +119,7 @@ def check_block(block):
 
 
 def payload_size(n, h, block):
-    """Float32 elements of a push payload of `n` values (kvstore_ext.quantize.payload_size)."""
+    """Float32 elements of a push payload of `n` values (kvstore_ext.codecs.quantize.payload_size)."""
     digits = check_codec(h, block)[1]
     return -(-n // block) + -(-n // digits)
 

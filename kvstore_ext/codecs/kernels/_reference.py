@@ -1,8 +1,8 @@
 """The numpy (and MXNet) code the kernels replace, as functions of the kernels' signatures:
 the fallback where no C compiler is found, and what the tests compare the kernels with.
 
-Each function is today's code path, unchanged in its arithmetic: :mod:`kvstore_ext.quantize`
-for the push codecs, :mod:`kvstore_ext.pull_codecs` for the pull codecs, MXNet's cast for
+Each function is today's code path, unchanged in its arithmetic: :mod:`kvstore_ext.codecs.quantize`
+for the push codecs, :mod:`kvstore_ext.codecs.pulls` for the pull codecs, MXNet's cast for
 float16.
 """
 import numpy as np
@@ -15,13 +15,13 @@ F32 = np.float32
 
 
 def _quantize():
-    from ... import quantize   # pylint: disable=import-outside-toplevel
+    from .. import quantize   # pylint: disable=import-outside-toplevel
     return quantize
 
 
-def _pull_codecs():
-    from ... import pull_codecs   # pylint: disable=import-outside-toplevel
-    return pull_codecs
+def _pulls():
+    from .. import pulls   # pylint: disable=import-outside-toplevel
+    return pulls
 
 
 def encode(p, h, block):
@@ -33,7 +33,7 @@ def decode(payload, h, block, n):
 
 
 def decode_sum(rows, order, h, block, n):
-    # kvstore_ext.appliers.DecodeRows.decode: rank order, float32 additions left to right.
+    # kvstore_ext.server.appliers.DecodeRows.decode: rank order, float32 additions left to right.
     total = None
     for index in order:
         values = _quantize().decode(rows[index], h, block, n)
@@ -42,7 +42,7 @@ def decode_sum(rows, order, h, block, n):
 
 
 def encode_with_feedback(grad, residual, h, block, ranges, out):
-    # kvstore_ext.payload.PayloadTensor.encode, without its MXNet side.
+    # kvstore_ext.codecs.blockwise.PayloadTensor.encode, without its MXNet side.
     p = np.array(grad, dtype=F32)
     p += residual
     sent = np.empty_like(p) if out is None else out
@@ -56,11 +56,11 @@ def encode_with_feedback(grad, residual, h, block, ranges, out):
 
 
 def int8_pull_encode(d, block):
-    return _pull_codecs().Int8Pull(block).encode(d)
+    return _pulls().Int8Pull(block).encode(d)
 
 
 def int8_pull_broadcast(weight, model, block):
-    # kvstore_ext.pull_codecs.ServerModel.broadcast, x̂ updated in place.
+    # kvstore_ext.server.pulled.ServerModel.broadcast, x̂ updated in place.
     payload, dec = int8_pull_encode(weight - model, block)
     np.add(model, dec, out=model)
     return payload
@@ -78,7 +78,7 @@ def int8_pull_decode_add(payload, model, n, block):
 
 
 def fp16_pull_encode(d):
-    return _pull_codecs().Float16Pull().encode(d)
+    return _pulls().Float16Pull().encode(d)
 
 
 def fp16_pull_broadcast(weight, model):

@@ -3,7 +3,7 @@ gradient is quantized on the GPU and only the packed codes and scales are copied
 (about 2 bytes a value for ``'int8'``, 0.4 for ``'ternary'``, where ``asnumpy()`` of the
 gradient copies 4).
 
-The same float32 operations as :mod:`kvstore_ext.quantize`, so the same bits (checked on the
+The same float32 operations as :mod:`kvstore_ext.codecs.quantize`, so the same bits (checked on the
 CPU, ``tests/test_codec_kernels.py``; but a NaN scale, of a block holding a NaN, is a positive
 NaN: MXNet's ``abs``), with a true division by the block's scale, rounding to
 nearest even by adding and subtracting 1.5 * 2**23 (MXNet's ``rint`` rounds ties down; a level

@@ -1,4 +1,4 @@
-"""The pull codecs' kernels (``'fp16'``, ``'int8'``, :mod:`kvstore_ext.pull_codecs`) and the
+"""The pull codecs' kernels (``'fp16'``, ``'int8'``, :mod:`kvstore_ext.codecs.pulls`) and the
 float16 casts of float16 pushes (:mod:`kvstore_ext.wire`).
 
 A server's pulled round is :func:`int8_pull_broadcast` / :func:`fp16_pull_broadcast`: ``d = W

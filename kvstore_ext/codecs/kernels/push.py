@@ -1,4 +1,4 @@
-"""The push codecs' kernels (``'int8'``, ``'int4'``, ``'ternary'``, :mod:`kvstore_ext.quantize`):
+"""The push codecs' kernels (``'int8'``, ``'int4'``, ``'ternary'``, :mod:`kvstore_ext.codecs.quantize`):
 the worker's encode with error feedback and the servers' decode-and-sum of the workers' rows.
 """
 import math
@@ -23,7 +23,7 @@ def _encoder(h, block):
 
 def encode(p, h, block, threads=1):
     """Quantize and pack `p` (flat float32): ``(payload, c)``, as
-    :func:`kvstore_ext.quantize.encode` (largest level `h`: 127, 7 or 1; `block` values per
+    :func:`kvstore_ext.codecs.quantize.encode` (largest level `h`: 127, 7 or 1; `block` values per
     float32 scale)."""
     p = flat(p)
     function, align = _encoder(h, block)
@@ -38,7 +38,7 @@ def encode(p, h, block, threads=1):
 
 
 def encode_with_feedback(grad, residual, h, block, chunks=None, out=None, threads=1):
-    """The worker's step of :class:`kvstore_ext.payload.PayloadTensor`: ``p = grad +
+    """The worker's step of :class:`kvstore_ext.codecs.blockwise.PayloadTensor`: ``p = grad +
     residual``; each chunk of p quantized by blocks into its payload; the values sent ``c``
     into `out`; ``residual := p - c``. One pass to read g and r and find each block's scale,
     one to quantize, write c and r and pack (each block's second pass reads it from cache).
@@ -103,12 +103,12 @@ def _check_chunks(chunks, n):
 
 def decode(payload, h, block, n, threads=1):
     """The float32 values ``c`` of a chunk of `n` values that `payload` stands for, as
-    :func:`kvstore_ext.quantize.decode` (the same errors for a bad size or word)."""
+    :func:`kvstore_ext.codecs.quantize.decode` (the same errors for a bad size or word)."""
     return decode_sum(flat(payload).reshape(1, -1), [0], h, block, n, threads=threads)
 
 
 def decode_sum(rows, order, h, block, n, out=None, threads=1):
-    """The servers' :class:`kvstore_ext.appliers.DecodeRows`: the float32 sum, rank by rank in
+    """The servers' :class:`kvstore_ext.server.appliers.DecodeRows`: the float32 sum, rank by rank in
     `order` (``c_0 + c_1 + ...`` left to right), of the values that rows ``rows[order[0]]``,
     ``rows[order[1]]``, ... stand for; each row is a payload of a chunk of `n` values.
     Every payload is read once and the sum written once (tiles of a few thousand values),
@@ -117,7 +117,7 @@ def decode_sum(rows, order, h, block, n, out=None, threads=1):
     Raises
     ------
     ValueError
-        As :func:`kvstore_ext.quantize.decode`, for a row of another size or a bad word; or
+        As :func:`kvstore_ext.codecs.quantize.decode`, for a row of another size or a bad word; or
         for an `order` that is not indices of rows.
     """
     name, digits = check_codec(h, block)
