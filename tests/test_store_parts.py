@@ -7,6 +7,8 @@
   sends for the scaled gradient, and ``sent`` undoes the factor; the residual is saved and
   loaded by the tensor's codec.
 """
+import functools
+
 import numpy as np
 import pytest
 import mxnet as mx
@@ -17,19 +19,21 @@ from kvstore_ext import codecs
 from kvstore_ext.worker.dist_delay import UnknownKeyError
 
 
-@pytest.mark.parametrize('call', ['push', 'pull', 'row_sparse_pull', 'num_chunks', 'rounds'])
+@pytest.mark.parametrize('call', ['push', 'pull', 'row_sparse_pull', 'delayed.traffic.num_chunks',
+                                  'delayed.rounds.rounds'])
 def test_an_unknown_key_is_an_mxnet_error_and_a_key_error(call):
     store = offline_store()
     args = {'push': (7, nd.zeros(6)), 'pull': (7,), 'row_sparse_pull': (7,),
-            'num_chunks': (7,), 'rounds': (7,)}[call]
+            'delayed.traffic.num_chunks': (7,), 'delayed.rounds.rounds': (7,)}[call]
     kwargs = {'pull': {'out': nd.zeros(6)},
               'row_sparse_pull': {'out': nd.zeros(6).tostype('row_sparse'),
                                   'row_ids': nd.array([0])}}.get(call, {})
+    method = functools.reduce(getattr, call.split('.'), store)
     with pytest.raises(mx.base.MXNetError, match=r"key 7 was not initialised on the dist_delay "
                                                  r"kvstore; call init or broadcast first"):
-        getattr(store, call)(*args, **kwargs)
+        method(*args, **kwargs)
     with pytest.raises(KeyError) as info:
-        getattr(store, call)(*args, **kwargs)
+        method(*args, **kwargs)
     assert type(info.value) is UnknownKeyError
 
 
