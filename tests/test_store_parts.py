@@ -1,5 +1,9 @@
-"""The store's parts in one process: unknown keys, and error feedback around a quantizer.
+"""The store's parts in one process: its face, unknown keys, and error feedback around a
+quantizer.
 
+- ``DistDelay``'s public members are MXNet's KVStore API (what Gluon, Module and a user call)
+  plus ``set_learning_rate``, ``close`` and ``delayed``; the delayed update's own calls are
+  on the parts of ``delayed``, which cannot be replaced.
 - A key that was never initialised raises what MXNet raises (``mx.base.MXNetError``), which
   is also the ``KeyError`` it always was, with the same message (issue 22).
 - :class:`kvstore_ext.codecs.feedback.ErrorFeedback` gives a quantizer its residual: a push with a
@@ -16,7 +20,25 @@ from mxnet import nd
 
 from support.stores import offline_store
 from kvstore_ext import codecs
-from kvstore_ext.worker.dist_delay import UnknownKeyError
+from kvstore_ext.worker.dist_delay import DistDelay, UnknownKeyError
+
+#: MXNet's KVStore API that DistDelay implements (mxnet.kvstore.KVStore's public members,
+#: less the ones only a native store has, _barrier and the like being private).
+KVSTORE_API = {'type', 'rank', 'num_workers', 'is_capable', 'init', 'broadcast', 'push', 'pull',
+               'pushpull', 'row_sparse_pull', 'set_optimizer', 'set_gradient_compression',
+               'save_optimizer_states', 'load_optimizer_states',
+               'register', 'OPTIMIZER', 'kv_registry'}   # KVStoreBase's class members
+
+
+def test_the_face_is_mxnets_kvstore_and_the_delayed_protocol_is_in_parts():
+    face = {name for name in dir(DistDelay) if not name.startswith('_')}
+    assert KVSTORE_API <= set(dir(mx.kvstore.KVStore))
+    assert face == KVSTORE_API | {'set_learning_rate', 'close', 'delayed'}
+    parts = offline_store().delayed
+    assert parts._fields == ('settings', 'rounds', 'uneven', 'state_fetch', 'checkpoint', 'job',
+                             'traffic', 'aux')
+    with pytest.raises(AttributeError):
+        parts.rounds = None
 
 
 @pytest.mark.parametrize('call', ['push', 'pull', 'row_sparse_pull', 'delayed.traffic.num_chunks',
