@@ -87,7 +87,7 @@ import bisect
 import json
 import sys
 
-from . import estimate
+from . import estimate, intervals
 from .estimate import step_budget
 
 __all__ = ['MARKER_DOMAIN', 'summarize', 'parameter_rows', 'totals', 'format_table',
@@ -167,56 +167,6 @@ def _is_local(name):
         not name.startswith('KVStore')
 
 
-def _overlap(interval, others):
-    start, end = interval
-    return sum(max(0.0, min(end, e) - max(start, s)) for s, e in others)
-
-
-def _union(intervals):
-    """Sorted, disjoint [(start, end)] covering the same time as `intervals`."""
-    out = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def _clip(disjoint, start, end):
-    return [(max(s, start), min(e, end)) for s, e in disjoint if e > start and s < end]
-
-
-def _length(disjoint):
-    return sum(e - s for s, e in disjoint)
-
-
-def _intersect(a, b):
-    """Intersection of two sorted disjoint interval lists."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def _gaps(busy, start, end):
-    """The parts of [start, end) not covered by the sorted disjoint intervals `busy`."""
-    out, cursor = [], start
-    for s, e in _clip(busy, start, end):
-        if s > cursor:
-            out.append((cursor, s))
-        cursor = max(cursor, e)
-    if cursor < end:
-        out.append((cursor, end))
-    return out
-
-
 def _wait(gaps, comm_ends):
     """Idle time released by communication (see the module docstring)."""
     total = 0.0
@@ -287,8 +237,8 @@ def summarize(path, pushes_per_step, schedule=None, first_step=0):
     pushes = _intervals(events, lambda name: name in (_PUSH, _PUSHPULL))
     pulls = _intervals(events, lambda name: name in (_PULL, _PUSHPULL))
     compute = _intervals(events, _is_compute)
-    local = _union(_intervals(events, _is_local))
-    comm = _union(pushes + pulls)
+    local = intervals.union(_intervals(events, _is_local))
+    comm = intervals.union(pushes + pulls)
     comm_ends = sorted(e for _, e in pushes + pulls)
     steps, issued = _python_steps(events)
     per_step = pushes_per_step
@@ -324,16 +274,18 @@ def summarize(path, pushes_per_step, schedule=None, first_step=0):
         backward_end = max(before) if before else float('nan')
         first_push = first_pushes[step]
         span_end = first_pushes[step + 1] if step + 1 < count else last_end
-        step_comm = _clip(comm, first_push, span_end)
-        hidden = _intersect(step_comm, local)
+        step_comm = intervals.clip(comm, first_push, span_end)
+        hidden = intervals.intersect(step_comm, local)
         row = {'step': first_step + step, 'backward_end': backward_end - origin,
                'first_push': first_push - origin, 'last_push': last_start - origin,
                'overlap': first_push < backward_end,
                'push_ms': sum(e - s for s, e in block[control:]),
-               'hidden_ms': sum(_overlap(iv, compute) for iv in block[control:]),
-               'comm_ms': _length(step_comm), 'comm_hidden_ms': _length(hidden),
-               'backward_hidden_ms': _length(_clip(hidden, first_push, backward_end)),
-               'wait_ms': _wait(_gaps(local, first_push, span_end), comm_ends),
+               'hidden_ms': sum(intervals.overlap(iv, compute) for iv in block[control:]),
+               'comm_ms': intervals.length(step_comm),
+               'comm_hidden_ms': intervals.length(hidden),
+               'backward_hidden_ms': intervals.length(
+                   intervals.clip(hidden, first_push, backward_end)),
+               'wait_ms': _wait(intervals.gaps(local, first_push, span_end), comm_ends),
                'pull_issued': None, 'pull_sent': None, 'pull_received': None,
                'pull_applied': None, 'applied_step': None}
         if schedule is not None:
