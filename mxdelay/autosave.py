@@ -42,7 +42,6 @@ import time
 
 from kvstore_ext import env
 from kvstore_ext.checkpoint import files
-from kvstore_ext.worker import store_checkpoint
 from kvstore_ext.checks import check_int, check_path
 from . import checkpoint_dir
 
@@ -167,13 +166,12 @@ class AutoSave:
                              'trainer.resumed_step or the first step' % (self.directory,
                                                                          ', '.join(missing)))
         os.makedirs(self.directory, exist_ok=True)
-        trainer._mode()   # creates the kvstore
-        kv = trainer._kvstore
+        mode = trainer._mode()   # creates the kvstore
         self._busy = True
         try:
             self._resumed = 0
             refused = []
-            for step in self._candidates(kv):
+            for step in self._candidates(mode):
                 path = checkpoint_dir.path_of(self.directory, step)
                 try:
                     trainer.load_states(path)
@@ -198,15 +196,15 @@ class AutoSave:
         self._saved = trainer.schedule.step
         return self._resumed
 
-    def _candidates(self, kv):
+    def _candidates(self, mode):
         """Worker 0's complete checkpoints, newest first, on every worker, and a fresh token
         of worker 0's (the vote carries rank 0's text to all, as it carries a save's id):
         the saves of this run are ``<token>-<step>``, no further vote needed."""
         mine = None
-        if kv.rank == 0:
+        if mode.rank == 0:
             mine = '%s%s %s' % (_RESUME, files.new_save_id(), ','.join(
                 str(step) for step, _ in checkpoint_dir.complete(self.directory)[:_CANDIDATES]))
-        votes = kv.agree(mine)
+        votes = mode.parts.job.agree(mine)
         if len(votes) != 1 or votes[0][0] != 0 or not votes[0][1].startswith(_RESUME):
             raise RuntimeError('the workers could not agree on a checkpoint to resume from '
                                '(votes %r)' % (votes,))
@@ -243,13 +241,13 @@ class AutoSave:
         self.wait()
         if join:
             trainer.join()   # every worker at the same round (see the module docstring)
-        kv = trainer._kvstore
+        mode = trainer._mode()
         fname = checkpoint_dir.path_of(self.directory, step)
         # An earlier run that reached this step but not its index left these; each goes
         # before the collectives below, so that worker 0 never takes one for this save's.
-        stale = [files.worker_file(fname, kv.rank),
-                 _digest_file(files.worker_file(fname, kv.rank))]
-        if kv.rank == 0:
+        stale = [files.worker_file(fname, mode.rank),
+                 _digest_file(files.worker_file(fname, mode.rank))]
+        if mode.rank == 0:
             stale += [fname, files.kvstore_file(fname)]
         for path in stale:
             if os.path.exists(path):
@@ -258,12 +256,12 @@ class AutoSave:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             # The copy to host memory overlaps the servers' write: both only read.
             body = pool.submit(self._snapshot)
-            kvstore_digest = store_checkpoint.save(kv, files.kvstore_file(fname), save_id)
+            kvstore_digest = mode.parts.checkpoint.save(files.kvstore_file(fname), save_id)
             body = body.result()
         schedule = trainer.schedule.state_dict()
         self._writer = threading.Thread(
             target=self._write, name='mxdelay-autosave',
-            args=(fname, kv.rank, kv.num_workers, body, save_id, kvstore_digest, schedule))
+            args=(fname, mode.rank, mode.num_workers, body, save_id, kvstore_digest, schedule))
         self._writer.start()
 
     def _snapshot(self):

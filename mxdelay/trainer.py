@@ -138,7 +138,7 @@ class DelayedTrainer(gluon.Trainer):
             check_rounds('slack', slack)
         dist_delay = arguments.check_kvstore(kvstore, update_on_kvstore)
         # Compression is validated here, at construction; once the store exists, its own
-        # parsed codec (kvstore.compression) is the one the trainer asks.
+        # parsed codec (kvstore.delayed.settings.compression) is the one the trainer asks.
         compressed = codecs.parse(compression_params) if dist_delay else None
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
@@ -221,7 +221,7 @@ class DelayedTrainer(gluon.Trainer):
             raise ValueError('update_on_kvstore is False (set by the environment variable '
                              'MXNET_UPDATE_ON_KVSTORE=0?), but with \'dist_delay\' the servers '
                              'apply the optimizer: unset MXNET_UPDATE_ON_KVSTORE')
-        self._delayed.connect(kvstore)
+        self._delayed.connect(kvstore, kvstore.delayed)
 
     def _reset_kvstore(self):
         # Gluon's: no kvstore (yet, or again). Until it is created, the calls that do not
