@@ -12,7 +12,7 @@ a compressed pull's payload (:func:`kvstore_ext.codecs.pulls.payload_bytes`). No
 ps-lite's headers (keys and lengths of each message), the store's per-round flag (a few
 elements), and row_sparse keys, whose messages carry the rows of each step (their number is
 given). Measured on the wire, headers included, the real MLP job's bytes are within 1% of
-this count (docs/benchmarks/wire-bytes).
+this count (docs/benchmarks/bytes/wire).
 A step pushes every trained parameter once; a pull brings every one once (warm-up and
 switch: every step; delayed phase: every k-th step).
 """
