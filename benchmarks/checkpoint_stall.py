@@ -105,8 +105,8 @@ def main(argv=None):
     parser.add_argument('--network', choices=('loopback', '1gbit'), default='loopback')
     parser.add_argument('--out', help='default: docs/benchmarks/restarts/checkpoint-stall/NETWORK')
     args = parser.parse_args(argv)
-    args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'checkpoint-stall',
-                                        args.network)
+    args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'restarts',
+                                        'checkpoint-stall', args.network)
     meta = harness.start_meta(harness.command_line(COMMAND, argv), cycles=args.cycles,
                               window=args.window, network=args.network)
     rate = harness.NETWORKS[args.network].rate
