@@ -59,9 +59,11 @@ _RESUME = 'resume: '
 _CANDIDATES = 16   # the newest complete checkpoints tried, at most
 
 
-def create(trainer, is_dist_delay, directory=None, every=None, keep=None):
+def create(trainer, mode, params, is_dist_delay, directory=None, every=None, keep=None):
     """The trainer's periodic checkpoints: an :class:`AutoSave`, or :class:`NoAutoSave`
-    when neither `directory` nor ``MXDELAY_CHECKPOINT_DIR`` names a folder.
+    when neither `directory` nor ``MXDELAY_CHECKPOINT_DIR`` names a folder. `trainer` is
+    asked through its public methods; `mode()` returns its mode (creating the kvstore, the
+    delayed update of ``'dist_delay'``) and `params` are its Parameters.
 
     Arguments win over the environment.
 
@@ -93,7 +95,7 @@ def create(trainer, is_dist_delay, directory=None, every=None, keep=None):
     every = check_int('checkpoint_every', every, 1, 'e.g. checkpoint_every=500')
     keep = check_int('keep_checkpoints', env.get_int('MXDELAY_KEEP_CHECKPOINTS')
                      if keep is None else keep, 1, 'e.g. keep_checkpoints=2')
-    return AutoSave(trainer, directory, every, keep)
+    return AutoSave(trainer, mode, params, directory, every, keep)
 
 
 class NoAutoSave:
@@ -113,8 +115,9 @@ class AutoSave:
     """Periodic checkpoints of `trainer` in `directory` every `every` steps, the newest
     `keep` kept (see the module docstring). Made by :func:`create`, which checks them."""
 
-    def __init__(self, trainer, directory, every, keep):
+    def __init__(self, trainer, mode, params, directory, every, keep):
         self._trainer = trainer
+        self._mode, self._params = mode, params
         self.directory, self.every, self.keep = directory, every, keep
         self._resumed = None   # the step resumed at, once resumed (0: started over)
         self._saved = None     # the step counter of the last save (or of the resume)
@@ -159,14 +162,14 @@ class AutoSave:
     def _resume(self):
         """Load the newest complete checkpoint that loads; return its step (0: none)."""
         trainer = self._trainer
-        missing = [p.name for p in trainer._params if any(d <= 0 for d in p.shape or (0,))]
+        missing = [p.name for p in self._params if any(d <= 0 for d in p.shape or (0,))]
         if missing:
             raise ValueError('DelayedTrainer cannot resume from %s before the shapes of %s are '
                              'known: run one forward pass (e.g. net(x)) before reading '
                              'trainer.resumed_step or the first step' % (self.directory,
                                                                          ', '.join(missing)))
         os.makedirs(self.directory, exist_ok=True)
-        mode = trainer._mode()   # creates the kvstore
+        mode = self._mode()   # creates the kvstore
         self._busy = True
         try:
             self._resumed = 0
@@ -241,7 +244,7 @@ class AutoSave:
         self.wait()
         if join:
             trainer.join()   # every worker at the same round (see the module docstring)
-        mode = trainer._mode()
+        mode = self._mode()
         fname = checkpoint_dir.path_of(self.directory, step)
         # An earlier run that reached this step but not its index left these; each goes
         # before the collectives below, so that worker 0 never takes one for this save's.
@@ -268,7 +271,7 @@ class AutoSave:
         """The worker file's body, every field a copy (the optimizer's counters and
         scheduler included): training goes on while the thread writes it."""
         arrays = []
-        tree = files.encode(self._trainer._mode().snapshot(), arrays)   # arrays: copies
+        tree = files.encode(self._mode().snapshot(), arrays)   # arrays: copies
         return files.decode(tree, arrays.__getitem__)
 
     def _write(self, fname, rank, num_workers, body, save_id, kvstore_digest, schedule):

@@ -167,8 +167,8 @@ class DelayedTrainer(gluon.Trainer):
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)
-        self._autosave = autosave.create(self, dist_delay, checkpoint_dir, checkpoint_every,
-                                         keep_checkpoints)
+        self._autosave = autosave.create(self, self._mode, self._params, dist_delay,
+                                         checkpoint_dir, checkpoint_every, keep_checkpoints)
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, rule, 'optimizer lr' if local_lr is None else local_lr,
                   slack)
