@@ -9,16 +9,21 @@ and no save (the control). Per kind and cycle: the excess of the window's first 
 over the median iteration of the whole run (the save itself), and of the window's other
 iterations (while the thread writes and training goes on, they share the CPU); the
 synchronous parts of each periodic save; the writing thread's CPU and wall time. Reported:
-medians over the cycles, with the range, in ms and in iterations.
+medians over the cycles, with the range, in ms and in iterations. Also the excess of the
+first two iterations together: a save falls where the worker waits for the servers anyway,
+in the next iteration's forward pass, and takes that wait into its own iteration.
 
 Usage: ``python benchmarks/checkpoint_stall.py [--network loopback|1gbit] [--cycles 20]
-[--window 30]`` (about 5 minutes; 1gbit needs root), writing ``--out`` (default
-docs/benchmarks/restarts/checkpoint-stall/<network>/): results.json and results.md.
+[--window 30] [--library DIR]`` (about 5 minutes; 1gbit needs root), writing ``--out``
+(default docs/benchmarks/restarts/checkpoint-stall/<network>/): results.json and results.md.
+``--library DIR`` runs the job on the mxdelay of DIR (a snapshot of another commit, e.g. the
+code before a change, for a run beside this one's; the results name its commit).
 """
 import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -41,10 +46,12 @@ def summarize(workers):
         median = statistics.median(times)
         for kind, firsts in record['windows'].items():
             first = [times[f] - median for f in firsts]
+            two = [times[f] + times[f + 1] - 2 * median for f in firsts]
             then = [sum(times[f + 1:f + 1 + after]) - after * median for f in firsts]
             writing = [sum(record['writing'][f:f + record['window']]) for f in firsts]
             rows.append({'rank': record['rank'], 'kind': kind, 'median_iteration': median,
-                         'first': first, 'after': then, 'writing_iterations': writing})
+                         'first': first, 'first_two': two, 'after': then,
+                         'writing_iterations': writing})
     return rows
 
 
@@ -66,24 +73,29 @@ def _ms(values):
 
 
 def markdown(meta, rows, breakdown):
+    library = meta.get('library')
     lines = ['# Checkpoint stall: the MLP, 2 workers + 1 server, k=4, %s'
              % harness.NETWORKS[meta['network']].label, '',
-             'Command: `%s`; commit %s; %s; load %s before, %s after.' % (
-                 meta['command'], meta['code_start'].get('commit'), meta['started'],
-                 ' '.join('%.2f' % v for v in meta['load_before']),
+             'Command: `%s`; commit %s%s; %s; load %s before, %s after.' % (
+                 meta['command'], meta['code_start'].get('commit'),
+                 '; the job ran the mxdelay of commit %s' % library['commit'] if library else '',
+                 meta['started'], ' '.join('%.2f' % v for v in meta['load_before']),
                  ' '.join('%.2f' % v for v in meta['load_after'])), '',
-             'Excess of a window\'s first iteration (the save) and of the %d iterations after it '
-             'over the median iteration of the run, median over %d cycles (range); '
-             '"iterations" = the median excess / the median iteration. The "none" rows are the '
-             'control: their spread is the noise.' % (meta['after'], meta['cycles']), '',
+             'Excess of a window\'s first iteration (the save), of its first two, and of the %d '
+             'iterations after the first over the median iteration of the run, median over %d '
+             'cycles (range); "iterations" = the median excess / the median iteration. The '
+             '"none" rows are the control: their spread is the noise.'
+             % (meta['after'], meta['cycles']), '',
              '| worker | kind | median iteration (ms) | save iteration: excess (ms) | in '
-             'iterations | the %d iterations after: excess (ms) | in iterations | iterations '
-             'the thread wrote |' % meta['after'], '|---|---|---:|---:|---:|---:|---:|---:|']
+             'iterations | save and next iteration: excess (ms) | in iterations | the %d '
+             'iterations after: excess (ms) | in iterations | iterations the thread wrote |'
+             % meta['after'], '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|']
     for row in rows:
         median = row['median_iteration']
-        lines.append('| %d | %s | %.1f | %s | %.1f | %s | %.1f | %g |' % (
+        lines.append('| %d | %s | %.1f | %s | %.1f | %s | %.1f | %s | %.1f | %g |' % (
             row['rank'], row['kind'], 1e3 * median, _ms(row['first']),
-            statistics.median(row['first']) / median, _ms(row['after']),
+            statistics.median(row['first']) / median, _ms(row['first_two']),
+            statistics.median(row['first_two']) / median, _ms(row['after']),
             statistics.median(row['after']) / median,
             statistics.median(row['writing_iterations'])))
     lines += ['', 'The synchronous half of a periodic save, per part (ms: median, range):', '',
@@ -104,11 +116,20 @@ def main(argv=None):
     parser.add_argument('--window', type=int, default=30)
     parser.add_argument('--network', choices=('loopback', '1gbit'), default='loopback')
     parser.add_argument('--out', help='default: docs/benchmarks/restarts/checkpoint-stall/NETWORK')
+    parser.add_argument('--library', help='run the job on the mxdelay of this folder (a '
+                        'snapshot of another commit)')
     args = parser.parse_args(argv)
     args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'restarts',
                                         'checkpoint-stall', args.network)
     meta = harness.start_meta(harness.command_line(COMMAND, argv), cycles=args.cycles,
                               window=args.window, network=args.network)
+    env = None
+    if args.library:
+        args.library = os.path.abspath(args.library)
+        env = {'PYTHONPATH': args.library}
+        meta['library'] = {'path': args.library, 'commit': subprocess.run(
+            ['git', '-C', args.library, 'rev-parse', 'HEAD'], capture_output=True, text=True,
+            check=True).stdout.strip()}
     rate = harness.NETWORKS[args.network].rate
     with harness.shaped_network(4, rate) as (_, hostfile), \
             tempfile.TemporaryDirectory(prefix='checkpoint-stall-') as folder:
@@ -117,7 +138,7 @@ def main(argv=None):
         out = os.path.join(folder, 'worker-{rank}.json')
         job = harness.Job([sys.executable, WORKER, '--out', out, '--checkpoint-dir', ckpt,
                            '--cycles', str(args.cycles), '--window', str(args.window)],
-                          timeout=1800, hostfile=hostfile)
+                          timeout=1800, hostfile=hostfile, env=env)
         code = job.run(os.path.join(folder, 'job.log'))
         if code != 0:
             with open(os.path.join(folder, 'job.log'), encoding='utf-8') as log:

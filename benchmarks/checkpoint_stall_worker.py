@@ -34,11 +34,14 @@ WRITES = []
 def time_parts():
     """Time each part of a save's synchronous half (the functions autosave calls)."""
     from kvstore_ext.checkpoint import files  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.worker import channel  # pylint: disable=import-outside-toplevel
     from kvstore_ext.worker.store_checkpoint import StoreCheckpoint  # pylint: disable=C0415
-    from mxdelay import autosave, delayed  # pylint: disable=import-outside-toplevel
+    from mxdelay import autosave, delayed, worker_state  # pylint: disable=C0415
 
     def timed(owner, name, label):
-        original = getattr(owner, name)
+        original = getattr(owner, name, None)
+        if original is None:
+            return   # not in the library this job runs (--library: another commit's)
 
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
@@ -51,6 +54,9 @@ def time_parts():
     timed(mxdelay.DelayedTrainer, 'join', 'join')
     timed(delayed.DelayedUpdate, 'snapshot', 'snapshot (waitall, copy to host)')
     timed(files, 'encode', 'encode (copy of the fields)')
+    timed(worker_state, 'collect', 'copy to host (in the snapshot)')
+    timed(channel, 'wait_for_issued_work', 'wait for issued work (before SAVE)')
+    timed(channel.CommandChannel, 'command', 'SAVE command (send, reply)')
     write = autosave.AutoSave._write
 
     def timed_write(self, *args):
@@ -60,6 +66,7 @@ def time_parts():
         WRITES.append((time.thread_time() - cpu, time.perf_counter() - wall))
     autosave.AutoSave._write = timed_write
     timed(StoreCheckpoint, 'save', "servers' files (barrier, SAVE, barrier)")
+    timed(StoreCheckpoint, 'save_in_background', "servers' copy (SAVE in the background)")
 
 
 def main():

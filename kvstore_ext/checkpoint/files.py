@@ -50,8 +50,9 @@ import numpy as np
 
 __all__ = ['VERSION', 'LEGACY_VERSION', 'TRAINER_INDEX', 'WORKER', 'KVSTORE_INDEX', 'SERVER',
            'worker_file', 'kvstore_file', 'server_files', 'new_save_id', 'atomic_write',
-           'file_sha256', 'write_json', 'write_archive', 'read_json', 'read_archive', 'read_pickle',
-           'legacy_updater', 'encode', 'decode', 'stale_temporaries']
+           'file_sha256', 'write_json', 'write_archive', 'write_encoded', 'read_json',
+           'read_archive', 'read_pickle', 'legacy_updater', 'encode', 'decode',
+           'stale_temporaries']
 
 _LOG = logging.getLogger(__name__)
 
@@ -195,6 +196,12 @@ def write_archive(path, kind, body, save_id):
     """
     arrays = []
     tree = encode(body, arrays)
+    return write_encoded(path, kind, tree, arrays, save_id)
+
+
+def write_encoded(path, kind, tree, arrays, save_id):
+    """:func:`write_archive` of a body already encoded (``tree = encode(body, arrays)``):
+    a copy taken now is written later, e.g. by a thread, without touching the original."""
     header = json.dumps({'format': kind, 'version': VERSION, 'save_id': save_id,
                          'body': tree}).encode('utf-8')
     entries = {'a%d' % i: a for i, a in enumerate(arrays)}

@@ -6,7 +6,9 @@ A server writes and reads only its own file of a checkpoint, ``<index>.server<j>
 ``check_only`` the server reads and validates every field the apply uses and keeps what it
 validated; the apply then takes those very objects (a body naming another save is read and
 validated afresh). Any failure of the check is a ``ValueError`` naming the file, which the
-workers turn into the collective refusal.
+workers turn into the collective refusal. ``SAVE`` with ``background`` (a periodic
+checkpoint's, docs/design.md §6.4) answers once the state is copied to host memory; a thread
+writes the file and its sha256 beside it, and the next ``SAVE`` or ``LOAD`` waits for it.
 """
 import json
 import logging
@@ -16,7 +18,7 @@ import numpy as np
 import mxnet as mx
 
 from kvstore_ext import env
-from kvstore_ext.checkpoint import files
+from kvstore_ext.checkpoint import background, files
 from kvstore_ext.optim.optimizers import flatten_state, format_differences
 from kvstore_ext.protocol import commands, counter
 from kvstore_ext.protocol.commands import field
@@ -50,29 +52,62 @@ class ServerCheckpoint(object):
         self._rounds = rounds
         self._num_servers = num_servers
         self._validated = None         # (LOAD body key, its validated file), until applied
+        self._writer = None            # the thread of a save in the background
 
     def save(self, body):
-        """The ``save`` command: write this server's file; reply with its sha256."""
+        """The ``save`` command: write this server's file; reply with its sha256. With
+        ``background``, copy the state to host memory and reply at once: a thread writes the
+        file, then its sha256 beside it (:mod:`kvstore_ext.checkpoint.background`)."""
         job, rounds = self._job, self._rounds
         path = commands.check_paths(body, job.server_rank, self._num_servers())
-        field(body, 'save_id', str, optional=True)
+        save_id = field(body, 'save_id', str, optional=True)
+        in_background = field(body, 'background', bool, optional=True, default=False)
+        if in_background and save_id is None:
+            raise ValueError('a save in the background needs a save_id (its sha256 file '
+                             'names it)')
+        self.wait()
         if rounds.in_flight():
             raise ValueError('cannot save server %d while rounds are in flight; save after a '
                              'barrier' % job.server_rank)
         updater = rounds.updates.updater
-        digest = files.write_archive(path, files.SERVER, {
+        arrays = []
+        # Every array a copy (chunk_state's and the optimizer state's asnumpy): the state as
+        # of this command, whatever rounds are applied while a thread writes it.
+        tree = files.encode({
             'server': job.server_rank, 'num_workers': job.num_workers,
             'chunks': self._chunks.saved(rounds.chunk_state),
             # What Updater.get_states(dump_optimizer=True) pickles, as arrays and fields.
             'updater': None if updater is None else {'states': updater.states,
                                                      'optimizer': updater.optimizer},
-        }, body.get('save_id'))
-        return {'path': path, 'chunks': len(self._chunks), 'sha256': digest}
+        }, arrays)
+        reply = {'path': path, 'chunks': len(self._chunks)}
+        if not in_background:
+            return dict(reply, sha256=files.write_encoded(path, files.SERVER, tree, arrays,
+                                                          save_id))
+        self._writer = background.start_writer(self._write, 'mxdelay-server-save', path, tree,
+                                               arrays, save_id)
+        return reply
+
+    def wait(self):
+        """Wait until the file of a ``save`` in the background is written."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def _write(self, path, tree, arrays, save_id):
+        # The thread of a save in the background: its failure is logged, and left for the
+        # worker that writes the index, which then leaves the checkpoint incomplete.
+        try:
+            background.leave(path, save_id, lambda: files.write_encoded(
+                path, files.SERVER, tree, arrays, save_id))
+        except Exception:  # pylint: disable=broad-except
+            _LOG.exception('server %d: %s could not be written', self._job.server_rank, path)
 
     def load(self, body):
         """The ``load`` command: with ``check_only``, validate this server's file and keep
         what was validated; else replace the weights, rounds and optimizer state by it."""
         path = self._request(body)
+        self.wait()   # a save in the background may still be writing this very file
         # The apply takes the very objects its check validated (not the file read again),
         # when the bodies name the same files of the same save.
         key = json.dumps({k: v for k, v in body.items() if k not in _NOT_THE_FILES},

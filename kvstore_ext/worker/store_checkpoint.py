@@ -3,7 +3,9 @@
 A save writes the servers' files (``Command.SAVE``, stamped with the save's id; each server
 answers its file's sha256) and worker 0's index (:data:`kvstore_ext.checkpoint.files.KVSTORE_INDEX`:
 the job's layout, every key's rounds, the finish counter's rounds, the job's
-``rescale_grad``, the save id and the servers' sha256). A load is two collective halves:
+``rescale_grad``, the save id and the servers' sha256); a periodic checkpoint's has the
+servers write in the background and worker 0 alone ask for it
+(:meth:`StoreCheckpoint.save_in_background`). A load is two collective halves:
 :meth:`StoreCheckpoint.check_states` validates everything on every worker and server and
 agrees on the outcome (nothing changes), :meth:`StoreCheckpoint.apply_states` makes the
 servers and the round counters take the state. Both send the servers the save id, their
@@ -13,12 +15,13 @@ part of another save is validated or applied (docs/design.md §6.3).
 The worker's own state that a trainer's checkpoint file holds (:mod:`mxdelay.worker_state`)
 is here too: the compression residuals and the pulled models of compressed pulls.
 """
+import functools
 import math
 
 import numpy as np
 from mxnet import nd
 
-from kvstore_ext.checkpoint import files
+from kvstore_ext.checkpoint import background, files
 from kvstore_ext.checks import ArgumentTypeError, check_bool, check_optional_text, check_path
 from kvstore_ext.optim.optimizers import describe_optimizer, optimizer_record
 from kvstore_ext.protocol.commands import Command
@@ -68,6 +71,31 @@ class StoreCheckpoint(object):
             digest = files.write_json(fname, files.KVSTORE_INDEX, index)
         self._job.barrier()
         return digest
+
+    def save_in_background(self, fname, save_id):
+        """Rank 0 alone, not collective: have every server copy its state for the store's
+        checkpoint `fname` (stamped with `save_id`) and write its file in the background
+        (docs/design.md §6.4).
+
+        The command first waits for this worker's issued pushes; each completes once its
+        round is applied, and no later round can complete without this worker's push, sent
+        after the reply: every server copies exactly the state after the rounds this worker
+        pushed, which its round counters (the index) record.
+
+        Returns
+        -------
+        callable
+            ``finish(timeout)``, for any thread (no MXNet): wait for the servers' files, write
+            the index `fname` with their sha256, return its sha256.
+        """
+        session = self._session
+        if session.optimizer is not None:
+            optimizer_record(session.optimizer)   # refused before anything is written
+        index = dict(self._job_index(), save_id=save_id)
+        servers = files.server_files(fname, index['num_servers'])
+        session.command(Command.SAVE, {'paths': servers, 'save_id': save_id,
+                                       'background': True})
+        return functools.partial(_write_index, fname, index, servers)
 
     def check_states(self, fname, error=None, trusted=False, part_of=None):
         """Collective first half of a load: validate everything, agree, change nothing.
@@ -232,6 +260,16 @@ class StoreCheckpoint(object):
                                                             sorted(mine, key=str)))
         for key, state in models.items():
             self._session.tensors[key].pull_state.load(key, state)
+
+
+def _write_index(fname, index, servers, timeout):
+    """The kvstore index `fname` of a save in the background, once every server's file
+    (`servers`) is written and its sha256 beside it; return the index's sha256."""
+    digests = [background.wait(path, index['save_id'], timeout) for path in servers]
+    digest = files.write_json(fname, files.KVSTORE_INDEX, dict(index, servers_sha256=digests))
+    for path in servers:
+        background.remove(path)   # the index lists them now
+    return digest
 
 
 def failure_message(fname, err):
