@@ -18,15 +18,17 @@ resuming from the newest one.
   or before a delayed step that applies the pull issued by the step before it (which
   waits for every round pushed so far: the save's ``join`` waits for nothing more); or
   after a ``join`` that ends at such a counter. The files are those of ``save_states``,
-  named ``DIR/step-<counter>``: the state before that step. The part that needs the job to stand
-  still is synchronous: a ``join`` (after a step), a copy of the worker's state to host
-  memory, and the servers' files (they write them at once: no round may be in flight). The
-  worker's own file is written by a thread (at a lower CPU priority) while training goes
-  on, then its sha256 beside it (``.sha256``); worker 0's thread waits for every worker's
-  sha256 and writes the index, last, with every part's sha256, which makes the checkpoint
-  complete, and deletes all but the newest K. A save first
-  waits for the previous save's thread. Its id is ``<token>-<counter>``, the token worker
-  0's, shared at the resume: no vote per save.
+  named ``DIR/step-<counter>``: the state before that step. The part that needs the job to
+  stand still is synchronous: a ``join`` (after a step), a copy of the worker's state to
+  host memory, and on worker 0 the servers' copy of theirs
+  (:meth:`StoreCheckpoint.save_in_background
+  <kvstore_ext.worker.store_checkpoint.StoreCheckpoint.save_in_background>`). Threads (at a
+  lower CPU priority) then write the files while training goes on, each part followed by
+  its sha256 (:mod:`kvstore_ext.checkpoint.background`); worker 0's thread waits for the
+  servers' and the other workers' and writes the kvstore index, then the index, last, with
+  every part's sha256, which makes the checkpoint complete, and deletes all but the newest
+  K. A save first waits for the previous save's thread. Its id is ``<token>-<counter>``,
+  the token worker 0's, shared at the resume: no vote per save.
 
 A save after a ``join`` skips its own ``join``: a worker whose ``join`` was filling rounds
 returns from it at the round where the others, having reached the counter by their steps,
@@ -37,11 +39,9 @@ the same). A non-distributed kvstore has no servers' part and is refused.
 import concurrent.futures
 import logging
 import os
-import threading
-import time
 
 from kvstore_ext import env
-from kvstore_ext.checkpoint import files
+from kvstore_ext.checkpoint import background, files
 from kvstore_ext.checks import check_int, check_path
 from . import checkpoint_dir
 
@@ -49,12 +49,10 @@ __all__ = ['create', 'AutoSave', 'NoAutoSave']
 
 _LOG = logging.getLogger(__name__)
 
-#: How long worker 0's thread waits for another worker's file of a save before it gives the
-#: checkpoint up (it stays incomplete): that worker has died or sees another folder.
+#: How long worker 0's thread waits for another worker's or a server's file of a save before
+#: it gives the checkpoint up (it stays incomplete): that process has died or sees another
+#: folder.
 PART_TIMEOUT = 600.0
-_POLL_SECONDS = 0.02
-#: The writing thread's nice value (:func:`_lower_priority`).
-WRITER_NICENESS = 10
 _RESUME = 'resume: '
 _CANDIDATES = 16   # the newest complete checkpoints tried, at most
 
@@ -216,11 +214,11 @@ class AutoSave:
 
     # -- saving -----------------------------------------------------------------------------
     def _due(self, step):
-        """Whether a save falls at counter `step` (before step `step`, or after a join that
-        ends there): the first counter at or after each multiple of the interval where the
-        servers are waited for anyway: after a synchronous step, or before a delayed step
-        that applies the pull issued by the step before, which waits for every round
-        pushed so far. The save's join then waits for nothing more."""
+        """Whether a save falls at counter `step` (before step `step`, or at a vote of
+        ``join``): the first counter at or after each multiple of the interval where the
+        worker waits for the servers anyway: after a synchronous step, or before a delayed
+        step that applies the pull issued by the step before, which waits for every round
+        pushed so far. The save's wait for this worker's rounds waits for nothing more."""
         if self._busy or self._resumed is None:
             return False
         if step < (self._saved // self.every + 1) * self.every:
@@ -247,48 +245,52 @@ class AutoSave:
         mode = self._mode()
         fname = checkpoint_dir.path_of(self.directory, step)
         # An earlier run that reached this step but not its index left these; each goes
-        # before the collectives below, so that worker 0 never takes one for this save's.
-        stale = [files.worker_file(fname, mode.rank),
-                 _digest_file(files.worker_file(fname, mode.rank))]
+        # before this save writes anything, so that no index of it looks complete meanwhile.
+        part = files.worker_file(fname, mode.rank)
+        stale = [part]
         if mode.rank == 0:
             stale += [fname, files.kvstore_file(fname)]
         for path in stale:
             if os.path.exists(path):
                 os.unlink(path)
+        background.remove(part)
         save_id = '%s-%d' % (self._token, step)
+        write_kvstore = None
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            # The copy to host memory overlaps the servers' write: both only read.
+            # The copy to host memory overlaps the servers' copy.
             body = pool.submit(self._snapshot)
-            kvstore_digest = mode.parts.checkpoint.save(files.kvstore_file(fname), save_id)
+            if mode.rank == 0:
+                write_kvstore = mode.parts.checkpoint.save_in_background(
+                    files.kvstore_file(fname), save_id)
             body = body.result()
         schedule = trainer.schedule.state_dict()
-        self._writer = threading.Thread(
-            target=self._write, name='mxdelay-autosave',
-            args=(fname, mode.rank, mode.num_workers, body, save_id, kvstore_digest, schedule))
-        self._writer.start()
+        self._writer = background.start_writer(
+            self._write, 'mxdelay-autosave', fname, mode.rank, mode.num_workers, body, save_id,
+            write_kvstore, schedule)
 
     def _snapshot(self):
-        """The worker file's body, every field a copy (the optimizer's counters and
-        scheduler included): training goes on while the thread writes it."""
+        """The worker file's body, encoded (:func:`files.encode`: every field a copy, the
+        optimizer's counters and scheduler included): training goes on while the thread
+        writes it."""
         arrays = []
-        tree = files.encode(self._mode().snapshot(), arrays)   # arrays: copies
-        return files.decode(tree, arrays.__getitem__)
+        return files.encode(self._mode().snapshot(), arrays), arrays
 
-    def _write(self, fname, rank, num_workers, body, save_id, kvstore_digest, schedule):
-        """The thread: this worker's file; on worker 0 then the index and the pruning."""
-        _lower_priority()
+    def _write(self, fname, rank, num_workers, body, save_id, write_kvstore, schedule):
+        """The thread: this worker's file; on worker 0 then the kvstore index, once the
+        servers' files are written, and the index, once every worker's is, and the pruning."""
+        path = files.worker_file(fname, rank)
         try:
-            path = files.worker_file(fname, rank)
-            digest = files.write_archive(path, files.WORKER, body, save_id)
+            def write():
+                return files.write_encoded(path, files.WORKER, body[0], body[1], save_id)
             if rank != 0:
                 # For worker 0, which would otherwise read the whole file to hash it again
                 # (the load checks every part's sha256 against the index anyway).
-                files.atomic_write(_digest_file(path), digest.encode('ascii'))
+                background.leave(path, save_id, write)
                 return
-            parts = {'worker0': digest, 'kvstore': kvstore_digest}
+            parts = {'worker0': write(), 'kvstore': write_kvstore(PART_TIMEOUT)}
             for other in range(1, num_workers):
-                parts['worker%d' % other] = _read_digest(
-                    files.worker_file(fname, other))
+                parts['worker%d' % other] = background.wait(files.worker_file(fname, other),
+                                                            save_id, PART_TIMEOUT)
             # The index of DelayedTrainer.save_states (mxdelay.worker_state.write).
             files.write_json(fname, files.TRAINER_INDEX, {
                 'num_workers': num_workers, 'schedule': schedule,
@@ -300,32 +302,3 @@ class AutoSave:
         except Exception:  # pylint: disable=broad-except
             # Training goes on; this checkpoint stays incomplete, so no resume will use it.
             _LOG.exception('DelayedTrainer: the checkpoint %s could not be written', fname)
-
-
-def _digest_file(path):
-    """Where the writer of the part `path` leaves its sha256 for worker 0."""
-    return path + '.sha256'
-
-
-def _read_digest(path):
-    """The sha256 of another worker's part `path`, once it has written both (atomically)."""
-    digest_file = _digest_file(path)
-    deadline = time.monotonic() + PART_TIMEOUT
-    while not os.path.exists(digest_file):
-        if time.monotonic() > deadline:
-            raise TimeoutError('%s did not appear within %g s: that worker stopped, or writes '
-                               'to another folder (the checkpoint folder must be shared by '
-                               'every worker and server)' % (digest_file, PART_TIMEOUT))
-        time.sleep(_POLL_SECONDS)
-    with open(digest_file, encoding='ascii') as src:
-        return src.read()
-
-
-def _lower_priority():
-    """Give the calling thread (Linux: its own nice value) a lower CPU priority than
-    training's threads: on a busy machine the save's hashing and compression take the
-    cycles training leaves."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
-    except (AttributeError, OSError):   # not Linux, or not allowed: the default priority
-        pass
