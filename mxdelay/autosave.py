@@ -14,25 +14,23 @@ resuming from the newest one.
   script skips that many batches, and training continues bit for bit as if it had never
   stopped after that checkpoint.
 - **Save**, on every worker, at the first step counter at or after each multiple of N
-  where the job waits for the servers anyway: before a step that follows a warm-up step,
-  or before a delayed step that applies the pull issued by the step before it (which
-  waits for every round pushed so far: the save's ``join`` waits for nothing more); or
-  after a ``join`` that ends at such a counter. The files are those of ``save_states``,
-  named ``DIR/step-<counter>``: the state before that step. The part that needs the job to
-  stand still is synchronous: a ``join`` (after a step), a copy of the worker's state to
-  host memory, and on worker 0 the servers' copy of theirs
-  (:meth:`StoreCheckpoint.save_in_background
-  <kvstore_ext.worker.store_checkpoint.StoreCheckpoint.save_in_background>`). Threads (at a
-  lower CPU priority) then write the files while training goes on, each part followed by
-  its sha256 (:mod:`kvstore_ext.checkpoint.background`); worker 0's thread waits for the
-  servers' and the other workers' and writes the kvstore index, then the index, last, with
-  every part's sha256, which makes the checkpoint complete, and deletes all but the newest
-  K. A save first waits for the previous save's thread. Its id is ``<token>-<counter>``,
-  the token worker 0's, shared at the resume: no vote per save.
+  where the worker waits for the servers anyway: before a step that follows a warm-up
+  step, or before a delayed step that applies the pull issued by the step before it (which
+  waits for every round pushed so far); a worker in ``join`` saves at such a counter too,
+  before its vote there, whether it fills the others' rounds or not. The files are those of
+  ``save_states``, named ``DIR/step-<counter>``: the state before that step. No collective:
+  each worker copies its own state to host memory once its queued work is done; worker 0
+  also has the servers copy theirs (:meth:`StoreCheckpoint.save_in_background
+  <kvstore_ext.worker.store_checkpoint.StoreCheckpoint.save_in_background>`: its pushes
+  done, every server holds exactly the rounds before the counter, and none after it can
+  complete before worker 0 pushes again). Threads (at a lower CPU priority) then write the
+  files while training goes on, each part followed by its sha256
+  (:mod:`kvstore_ext.checkpoint.background`); worker 0's thread waits for the servers' and
+  the other workers' and writes the kvstore index, then the index, last, with every
+  part's sha256, which makes the checkpoint complete, and deletes all but the newest K. A
+  save first waits for the previous save's thread. Its id is ``<token>-<counter>``, the
+  token worker 0's, shared at the resume: no vote per save.
 
-A save after a ``join`` skips its own ``join``: a worker whose ``join`` was filling rounds
-returns from it at the round where the others, having reached the counter by their steps,
-joined to save; a second ``join`` would wait for a round nobody else pushes.
 Every worker must use the same settings (the launcher and the environment give them all
 the same). A non-distributed kvstore has no servers' part and is refused.
 """
@@ -105,8 +103,8 @@ class NoAutoSave:
         """Resume or save if due; return True to skip this step (never here)."""
         return False
 
-    def after_join(self):
-        """Save if a save is due after this ``join`` (never here)."""
+    def before_round(self):
+        """Save if a save is due at a counter where ``join`` votes (never here)."""
 
 
 class AutoSave:
@@ -120,7 +118,7 @@ class AutoSave:
         self._resumed = None   # the step resumed at, once resumed (0: started over)
         self._saved = None     # the step counter of the last save (or of the resume)
         self._token = None     # worker 0's, shared at the resume: save ids are token-step
-        self._busy = False     # resuming or saving: the trainer's join must not save
+        self._busy = False     # resuming or saving: a join inside must not save
         self._writer = None    # the thread writing the last save's files
 
     @property
@@ -136,7 +134,7 @@ class AutoSave:
         this step's gradient was computed with the weights from before the resume, and
         must not be pushed."""
         if self._resumed is not None:
-            self._save_if_due(join=True)
+            self.before_round()
             return False
         if not self._resume():
             return False
@@ -146,9 +144,18 @@ class AutoSave:
                      '(and skip that many batches)', self._resumed)
         return True
 
-    def after_join(self):
-        """Save if a save is due after this ``join`` (:meth:`_due`)."""
-        self._save_if_due(join=False)
+    def before_round(self):
+        """Save if a save is due at this counter (:meth:`_due`): before a step, or where
+        this worker votes in ``join`` (filling the others' rounds or not)."""
+        step = self._trainer.schedule.step
+        if not self._due(step):
+            return
+        self._busy = True
+        try:
+            self._save(step)
+        finally:
+            self._busy = False
+        self._saved = step
 
     def wait(self):
         """Wait until the last save's files are written."""
@@ -226,22 +233,9 @@ class AutoSave:
         schedule = self._trainer.schedule
         return schedule.is_synchronous(step - 1) or schedule.applies_pull(step)
 
-    def _save_if_due(self, join):
-        step = self._trainer.schedule.step
-        if not self._due(step):
-            return
-        self._busy = True
-        try:
-            self._save(step, join)
-        finally:
-            self._busy = False
-        self._saved = step
-
-    def _save(self, step, join):
+    def _save(self, step):
         trainer = self._trainer
         self.wait()
-        if join:
-            trainer.join()   # every worker at the same round (see the module docstring)
         mode = self._mode()
         fname = checkpoint_dir.path_of(self.directory, step)
         # An earlier run that reached this step but not its index left these; each goes

@@ -199,10 +199,17 @@ class DelayedUpdate(object):
             return grads, [s.pulled for s in states], True
         return grads, [], False
 
-    def join(self):
+    def join(self, before_round=None):
+        """``DelayedTrainer.join``; ``before_round()``, if given, runs at every counter this
+        worker votes at, before its vote (the trainer's periodic checkpoint, due there as at
+        a step)."""
         self._prepare()
         filled = 0
-        while not self._parts.uneven.finish_round():
+        while True:
+            if before_round is not None:
+                before_round()
+            if self._parts.uneven.finish_round():
+                break
             if filled == 0:
                 for s in self.states:
                     if s.trained:
@@ -376,8 +383,8 @@ class DelayedUpdate(object):
 
     # -- checkpoints (docs/design.md §6) ------------------------------------------------------
     def snapshot(self):
-        """The worker file's body now, for :mod:`mxdelay.autosave` (after a join: no round
-        in flight), which writes it later."""
+        """The worker file's body now, before step ``schedule.step``, once every queued
+        update and pull is done, for :mod:`mxdelay.autosave`, which writes it later."""
         self.amp.check_unchanged()
         self._prepare(priorities=False)
         nd.waitall()

@@ -28,7 +28,7 @@ class PassThrough(object):
     def step(self, batch_size, ignore_stale_grad):
         return self._base.step(batch_size, ignore_stale_grad)
 
-    def join(self):
+    def join(self, before_round=None):  # pylint: disable=unused-argument
         return 0
 
     def sync_weights(self, aux_states):  # pylint: disable=unused-argument

@@ -314,9 +314,8 @@ class DelayedTrainer(gluon.Trainer):
         int
             The number of rounds this worker filled with zero gradients.
         """
-        filled = self._mode().join()
-        self._autosave.after_join()
-        return filled
+        # A periodic checkpoint due while this worker fills rounds is saved there too.
+        return self._mode().join(self._autosave.before_round)
 
     def sync_weights(self, aux_states=False):
         """Make every worker's parameters the servers' global weights; collective.

@@ -7,6 +7,10 @@ whose worker is SIGKILLed after the checkpoint of step 12 is complete: the launc
 it, every worker resumes at step 12, and each worker's weights after every step from there
 equal those of the first, uninterrupted attempt exactly (tolerance: none). The first
 attempt's weights, which saved three times meanwhile, equal those of a job that never saves.
+And a job with uneven data, whose shorter worker saves its part in ``join`` while it fills
+the others' rounds, and whose server SIGKILLs itself halfway through writing its part of a
+checkpoint in the background: that checkpoint never looks complete, the job resumes from the
+one before and continues bit for bit.
 """
 import json
 import os
@@ -123,12 +127,12 @@ EVERY, RESUMED = 6, 12   # saves at 6, 12, 18 (see above); the kill waits for 12
 KILL = {'rank': 1, 'after': 16, 'wait_for': RESUMED}
 
 
-def _run(tmp_path, name, config, launcher_args):
+def _run(tmp_path, name, config, launcher_args, env=None):
     out = tmp_path / name
     out.mkdir()
     command = [sys.executable, os.path.join(SCRIPTS, 'autosave_job.py'), json.dumps(config),
                str(out)]
-    result = run_job(command, num_workers=2, timeout=60, cwd=tmp_path,
+    result = run_job(command, num_workers=2, timeout=60, cwd=tmp_path, env=env,
                      extra_launcher_args=launcher_args)
     assert_ok(result)
     return out, result
@@ -165,6 +169,45 @@ def test_a_killed_job_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
         assert all(np.any(a != b) for a, b in zip(never_saved['w1'], never_saved['w1'][1:]))
     # Saved at 6, 12 (attempt 1) and 18 (attempt 2); the newest 2 kept, 6 deleted whole.
     # (worker 1 leaves its file's sha256 for worker 0, which then need not read it whole).
+    assert sorted(os.listdir(tmp_path / 'ckpt')) == sorted(
+        'step-%08d%s' % (step, part) for step in (12, 18)
+        for part in ('', '.worker0', '.worker1', '.worker1.sha256', '.kvstore',
+                     '.kvstore.server0'))
+
+
+UNEVEN = dict(CONFIG, uneven={'rank': 1, 'steps': 8})   # worker 1 fills rounds 8-21 in join
+
+
+@pytest.mark.jobs
+def test_a_server_killed_while_writing_in_the_background_leaves_no_complete_checkpoint(
+        tmp_path):
+    # Worker 1 has data for 8 steps: the checkpoints of steps 12 and 18 fall while it fills
+    # the others' rounds in join, where it saves its part. The server SIGKILLs itself halfway
+    # through writing its part of step 12 (in the background, after answering): the
+    # checkpoint of step 12 never looks complete, the job restarts from step 6's and
+    # continues bit for bit, the uneven worker's join included.
+    out, result = _run(tmp_path, 'killed', UNEVEN, [
+        '--max-restarts', '1', '--checkpoint-dir', 'ckpt', '--checkpoint-every', str(EVERY)],
+        env={'MXDELAY_SERVER_IMPORTS': 'dies_while_saving',
+             'SERVER_DIES_AT': 'step-%08d.kvstore.server0' % RESUMED,
+             'SERVER_DIES_MARKER': str(tmp_path / 'killed' / 'killed')})
+    assert 'server 0 died with signal SIGKILL' in result.stderr
+    assert 'the workers resume from the checkpoint of step %d' % EVERY in result.stderr
+    for rank in range(2):
+        assert 'attempt 2 resumed at step %d' % EVERY in worker_lines(result.stdout, rank)
+    reference, _ = _run(tmp_path, 'reference', UNEVEN, [])   # no checkpoints, no kill
+    for rank, steps in ((0, CONFIG['steps']), (1, UNEVEN['uneven']['steps'])):
+        first, second = _history(out, 1, rank), _history(out, 2, rank)
+        never_saved = _history(reference, 1, rank)
+        assert int(second['first']) == EVERY and len(second['w1']) == steps - EVERY
+        assert len(first['w1']) >= min(RESUMED, steps)   # the server died at step 12's save
+        for name in ('w1', 'b1', 'w2', 'b2'):
+            np.testing.assert_array_equal(first[name], never_saved[name][:len(first[name])])
+            np.testing.assert_array_equal(second[name], never_saved[name][EVERY:])
+            np.testing.assert_array_equal(second['joined_' + name],
+                                          never_saved['joined_' + name])
+    # Step 12 saved again in attempt 2 (its half-written temporary removed then), and 18;
+    # the servers' sha256 files go once the kvstore index lists them.
     assert sorted(os.listdir(tmp_path / 'ckpt')) == sorted(
         'step-%08d%s' % (step, part) for step in (12, 18)
         for part in ('', '.worker0', '.worker1', '.worker1.sha256', '.kvstore',

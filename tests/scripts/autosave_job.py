@@ -8,11 +8,14 @@ resumed run reproduces the uninterrupted one bit for bit.
 
 CONFIG keys: steps, batch, lr, momentum, delay, warmup_steps, ``kill`` (``{'rank', 'after',
 'wait_for'}``: in the first attempt, worker ``rank`` (ps-lite's) waits after step index
-``after`` until the checkpoint of step ``wait_for`` is complete, then SIGKILLs itself).
+``after`` until the checkpoint of step ``wait_for`` is complete, then SIGKILLs itself),
+``uneven`` (``{'rank', 'steps'}``: worker ``rank`` has data for that many steps only; every
+worker then calls ``trainer.join()``, in which that one fills the others' rounds).
 
 Files in OUT_DIR: ``killed`` (made just before the kill: a later attempt sees it),
 ``attempt<A>.worker<rank>.npz`` (rewritten after every step: ``first``, the resumed step,
-and every parameter after every step from ``first`` on).
+and every parameter after every step from ``first`` on; with ``uneven``, also each
+parameter after the ``join``, as ``joined_<name>``).
 """
 import mxdelay  # noqa: F401  before mxnet: the scheduler and servers become mxdelay's
 
@@ -30,9 +33,9 @@ from mlp_model import NAMES, batch
 import mlp_model
 
 
-def save_history(path, first, history):
+def save_history(path, first, history, **joined):
     tmp = path + '.tmp.npz'
-    np.savez(tmp, first=first, **{k: np.array(v) for k, v in history.items()})
+    np.savez(tmp, first=first, **{k: np.array(v) for k, v in history.items()}, **joined)
     os.replace(tmp, path)
 
 
@@ -64,7 +67,9 @@ def main():
     loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in NAMES.values()}
     out = os.path.join(out_dir, 'attempt%d.worker%d.npz' % (attempt, rank))
-    for step in range(first, config['steps']):   # mxdelay: skip the steps already trained
+    uneven = config.get('uneven')
+    steps = uneven['steps'] if uneven and uneven['rank'] == rank else config['steps']
+    for step in range(first, steps):   # mxdelay: skip the steps already trained
         x, y = batch(rank, step, config['batch'])
         with autograd.record():
             loss = loss_fn(net(nd.array(x)), nd.array(y))
@@ -76,6 +81,10 @@ def main():
         if kill and kill['rank'] == rank and kill['after'] == step:
             open(marker, 'w').close()
             kill_when_saved(kill, step)
+    if uneven:
+        trainer.join()
+        save_history(out, first, history, **{'joined_' + NAMES[name]: param.data().asnumpy()
+                                             for name, param in net.collect_params().items()})
 
 
 if __name__ == '__main__':
