@@ -17,7 +17,8 @@ Usage: ``python benchmarks/checkpoint_stall.py [--network loopback|1gbit] [--cyc
 [--window 30] [--library DIR]`` (about 5 minutes; 1gbit needs root), writing ``--out``
 (default docs/benchmarks/restarts/checkpoint-stall/<network>/): results.json and results.md.
 ``--library DIR`` runs the job on the mxdelay of DIR (a snapshot of another commit, e.g. the
-code before a change, for a run beside this one's; the results name its commit).
+code before a change, for a run beside this one's; the results name its commit);
+``--beside RESULTS_JSON`` shows such a run's tables below this one's.
 """
 import argparse
 import json
@@ -110,6 +111,15 @@ def markdown(meta, rows, breakdown):
     return '\n'.join(lines) + '\n'
 
 
+def beside(path, title, out):
+    """The tables of the run whose results.json is `path`, under the heading `title`, for
+    the page in folder `out`."""
+    with open(path, encoding='utf-8') as src:
+        earlier = json.load(src)
+    tables = markdown(earlier['meta'], earlier['rows'], earlier['parts']).split('\n', 2)[2]
+    return '\n## %s ([results.json](%s))\n\n%s' % (title, os.path.relpath(path, out), tables)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--cycles', type=int, default=20)
@@ -118,6 +128,10 @@ def main(argv=None):
     parser.add_argument('--out', help='default: docs/benchmarks/restarts/checkpoint-stall/NETWORK')
     parser.add_argument('--library', help='run the job on the mxdelay of this folder (a '
                         'snapshot of another commit)')
+    parser.add_argument('--beside', metavar='RESULTS_JSON', help="an earlier run's results "
+                        '(e.g. of the code before a change, with --library, just before this '
+                        "run), shown below this run's tables under --beside-title")
+    parser.add_argument('--beside-title', default='An earlier run')
     args = parser.parse_args(argv)
     args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'restarts',
                                         'checkpoint-stall', args.network)
@@ -156,9 +170,12 @@ def main(argv=None):
     with open(os.path.join(args.out, 'results.json'), 'w', encoding='utf-8') as dst:
         json.dump({'meta': meta, 'rows': rows, 'parts': breakdown,
                    'times': {w['rank']: w['times'] for w in workers}}, dst, indent=1)
+    page = markdown(meta, rows, breakdown)
+    if args.beside:
+        page += beside(args.beside, args.beside_title, args.out)
     with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
-        dst.write(markdown(meta, rows, breakdown))
-    print(markdown(meta, rows, breakdown))
+        dst.write(page)
+    print(page)
 
 
 if __name__ == '__main__':

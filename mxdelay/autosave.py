@@ -27,9 +27,12 @@ resuming from the newest one.
   files while training goes on, each part followed by its sha256
   (:mod:`kvstore_ext.checkpoint.background`); worker 0's thread waits for the servers' and
   the other workers' and writes the kvstore index, then the index, last, with every
-  part's sha256, which makes the checkpoint complete, and deletes all but the newest K. A
-  save first waits for the previous save's thread. Its id is ``<token>-<counter>``, the
-  token worker 0's, shared at the resume: no vote per save.
+  part's sha256, which makes the checkpoint complete, and deletes all but the newest K up
+  to it. A save first waits for the previous save's thread (a warning says how long): one
+  copy of the state at a time. Its id is ``<token>-<counter>``, the token worker 0's, shared
+  at the resume: no vote per save. A worker whose script ends without ``join`` (the store
+  fills the others' rounds at exit) leaves, in place of its part of each save due
+  meanwhile, why it cannot write one: worker 0 gives those checkpoints up at once.
 
 Every worker must use the same settings (the launcher and the environment give them all
 the same). A non-distributed kvstore has no servers' part and is refused.
@@ -37,6 +40,7 @@ the same). A non-distributed kvstore has no servers' part and is refused.
 import concurrent.futures
 import logging
 import os
+import time
 
 from kvstore_ext import env
 from kvstore_ext.checkpoint import background, files
@@ -53,6 +57,11 @@ _LOG = logging.getLogger(__name__)
 PART_TIMEOUT = 600.0
 _RESUME = 'resume: '
 _CANDIDATES = 16   # the newest complete checkpoints tried, at most
+_NOTICED = 0.1     # seconds: a save's wait for the previous one that is worth a warning
+_LEFT = ('worker %d ended its training script at step %d without trainer.join() and fills the '
+         "other workers' rounds until they end: no checkpoint after that step can hold its "
+         'state. With uneven data and periodic checkpoints, call trainer.join() on every '
+         'worker at the end of every epoch')
 
 
 def create(trainer, mode, params, is_dist_delay, directory=None, every=None, keep=None):
@@ -120,6 +129,7 @@ class AutoSave:
         self._token = None     # worker 0's, shared at the resume: save ids are token-step
         self._busy = False     # resuming or saving: a join inside must not save
         self._writer = None    # the thread writing the last save's files
+        self._left = None      # the step at which the script ended without join (_leaving)
 
     @property
     def resumed_step(self):
@@ -175,6 +185,7 @@ class AutoSave:
                                                                          ', '.join(missing)))
         os.makedirs(self.directory, exist_ok=True)
         mode = self._mode()   # creates the kvstore
+        mode.parts.uneven.before_leaving_round = self._leaving
         self._busy = True
         try:
             self._resumed = 0
@@ -235,7 +246,7 @@ class AutoSave:
 
     def _save(self, step):
         trainer = self._trainer
-        self.wait()
+        self._wait_for_previous(step)
         mode = self._mode()
         fname = checkpoint_dir.path_of(self.directory, step)
         # An earlier run that reached this step but not its index left these; each goes
@@ -261,6 +272,36 @@ class AutoSave:
         self._writer = background.start_writer(
             self._write, 'mxdelay-autosave', fname, mode.rank, mode.num_workers, body, save_id,
             write_kvstore, schedule)
+
+    def _wait_for_previous(self, step):
+        """Wait until the previous save's thread is done (saves never overlap: one copy of
+        the state at a time), and say so if that took a noticeable time: training stood
+        still meanwhile."""
+        start = time.monotonic()
+        self.wait()
+        if time.monotonic() - start >= _NOTICED:
+            _LOG.warning('DelayedTrainer: the checkpoint of step %d waited %.1f s for the previous '
+                         'one, still being written (saves never overlap: one copy of the '
+                         'state at a time); raise checkpoint_every (now %d) if this recurs',
+                         step, time.monotonic() - start, self.every)
+
+    def _leaving(self, step):
+        """Before each round this worker fills at exit (its script ended without ``join``,
+        :meth:`UnevenData.leave <kvstore_ext.worker.uneven.UnevenData.leave>`): a save due
+        there cannot hold its state, which stays at its last step. Leave that as its part's
+        failure (:func:`background.fail`): worker 0 gives that checkpoint up at once, naming
+        the cause, instead of waiting :data:`PART_TIMEOUT` for the part."""
+        if not self._due(step):
+            return
+        rank = self._mode().rank
+        if self._left is None:
+            self._left = self._trainer.schedule.step
+            _LOG.warning('DelayedTrainer: worker %d ended its training script at step %d '
+                         'without trainer.join() while the others go on: no checkpoint after '
+                         'it will be complete', rank, self._left)
+        background.fail(files.worker_file(checkpoint_dir.path_of(self.directory, step), rank),
+                        '%s-%d' % (self._token, step), _LEFT % (rank, self._left))
+        self._saved = step
 
     def _snapshot(self):
         """The worker file's body, encoded (:func:`files.encode`: every field a copy, the
@@ -292,7 +333,7 @@ class AutoSave:
                 'save_id': save_id, 'parts': parts})
             _LOG.info('DelayedTrainer: checkpoint of step %d written (%s)', schedule['step'],
                       fname)
-            checkpoint_dir.prune(self.directory, self.keep)
+            checkpoint_dir.prune(self.directory, self.keep, schedule['step'])
         except Exception:  # pylint: disable=broad-except
             # Training goes on; this checkpoint stays incomplete, so no resume will use it.
             _LOG.exception('DelayedTrainer: the checkpoint %s could not be written', fname)

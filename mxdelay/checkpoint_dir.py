@@ -3,8 +3,10 @@
 The checkpoint of step S (:mod:`mxdelay.autosave`) is the trainer checkpoint
 ``DIR/step-<S, 8 digits or more>`` of ``DelayedTrainer.save_states``' format
 (:mod:`kvstore_ext.checkpoint.files`): its index file ``step-00000400``, written last, and its parts
-``step-00000400.worker<i>``, ``.kvstore`` and ``.kvstore.server<j>`` (and the workers'
-``.worker<i>.sha256``, which :mod:`mxdelay.autosave` leaves for worker 0). A checkpoint is
+``step-00000400.worker<i>``, ``.kvstore`` and ``.kvstore.server<j>`` (and each part's
+``.sha256``, left for worker 0 by the thread that wrote it,
+:mod:`kvstore_ext.checkpoint.background`; the servers' go once the kvstore index lists
+them). A checkpoint is
 *complete* when its index exists: worker 0 writes it only once every part is written
 (atomically, with each part's sha256), and prunes an old checkpoint index first, so a
 checkpoint that lost a part never looks complete. ``load_states`` still checks every
@@ -58,10 +60,12 @@ def newest_complete(directory):
     return found[0] if found else None
 
 
-def prune(directory, keep):
-    """Delete every checkpoint of `directory` older than its `keep` newest complete ones,
-    complete or not (each one's index first). Newer files (a save under way) stay."""
-    kept = [step for step, _ in complete(directory)[:keep]]
+def prune(directory, keep, written):
+    """Delete every checkpoint of `directory` older than the `keep` newest complete ones up
+    to `written` (the step of the checkpoint just written), complete or not (each one's
+    index first). Newer files stay: a save under way, or a checkpoint of an earlier run that
+    the resume refused (a damaged part): counted, it would have this run's newest deleted."""
+    kept = [step for step, _ in complete(directory) if step <= written][:keep]
     if not kept:
         return
     files = sorted(_names(directory), key=lambda found: not found[2])  # indexes first

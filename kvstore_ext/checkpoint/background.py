@@ -16,7 +16,7 @@ import time
 
 from kvstore_ext.checkpoint import files
 
-__all__ = ['WRITER_NICENESS', 'digest_file', 'remove', 'leave', 'wait', 'start_writer']
+__all__ = ['WRITER_NICENESS', 'digest_file', 'remove', 'leave', 'fail', 'wait', 'start_writer']
 
 _LOG = logging.getLogger(__name__)
 
@@ -47,10 +47,16 @@ def leave(part, save_id, write):
     try:
         digest = write()
     except Exception as err:
-        _leave(part, save_id, '%s%s: %s' % (_FAILED, type(err).__name__, err))
+        fail(part, save_id, '%s: %s' % (type(err).__name__, err))
         raise
     _leave(part, save_id, digest)
     return digest
+
+
+def fail(part, save_id, why):
+    """Leave, instead of a sha256, that `part` of save `save_id` will not be written, and
+    `why` (:func:`wait` raises it)."""
+    _leave(part, save_id, _FAILED + why)
 
 
 def _leave(part, save_id, text):

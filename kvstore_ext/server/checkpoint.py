@@ -65,6 +65,10 @@ class ServerCheckpoint(object):
         if in_background and save_id is None:
             raise ValueError('a save in the background needs a save_id (its sha256 file '
                              'names it)')
+        if self._writer is not None and self._writer.is_alive():
+            _LOG.warning('server %d: the save of %s waits for the previous one, still being '
+                         'written (saves never overlap: one copy of the state at a time)',
+                         job.server_rank, path)
         self.wait()
         if rounds.in_flight():
             raise ValueError('cannot save server %d while rounds are in flight; save after a '

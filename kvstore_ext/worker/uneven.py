@@ -22,6 +22,9 @@ class UnevenData(object):
     def __init__(self, session, rounds):
         self._session = session
         self._rounds = rounds
+        #: Called with the round's index before each of :meth:`leave`'s votes, if set (the
+        #: trainer's periodic checkpoints, which a leaving worker can hold no part of).
+        self.before_leaving_round = None
 
     def finish_round(self, leaving=False):
         """Vote that this worker has no data for its next round; wait for every worker's vote.
@@ -55,7 +58,16 @@ class UnevenData(object):
         if finish is None or finish.all_finished:
             return
         padded = 0
-        while not self.finish_round(leaving=True):
+        while True:
+            if self.before_leaving_round is not None:
+                try:
+                    self.before_leaving_round(finish.flagged_rounds)
+                except Exception:  # pylint: disable=broad-except
+                    # The others' rounds must be filled whatever it met, or they hang.
+                    _LOG.exception('dist_delay: worker %d: the hook before filling round %d '
+                                   'failed', self._session.rank, finish.flagged_rounds)
+            if self.finish_round(leaving=True):
+                break
             for tensor in self._session.tensors.values():
                 # a tensor pushed in every round so far gets this round too
                 if tensor.kind.trained and tensor.next_round == finish.flagged_rounds - 1:

@@ -9,8 +9,11 @@ resumed run reproduces the uninterrupted one bit for bit.
 CONFIG keys: steps, batch, lr, momentum, delay, warmup_steps, ``kill`` (``{'rank', 'after',
 'wait_for'}``: in the first attempt, worker ``rank`` (ps-lite's) waits after step index
 ``after`` until the checkpoint of step ``wait_for`` is complete, then SIGKILLs itself),
-``uneven`` (``{'rank', 'steps'}``: worker ``rank`` has data for that many steps only; every
-worker then calls ``trainer.join()``, in which that one fills the others' rounds).
+``uneven`` (``{'rank', 'steps', 'join'}``: worker ``rank`` has data for that many steps only;
+every worker then calls ``trainer.join()``, in which that one fills the others' rounds, or
+with ``'join': False`` none does: that one's script ends, and it fills them at exit),
+``stall`` (``{'rank', 'before', 'seconds'}``: worker ``rank`` sleeps before step ``before``,
+so that the other reaches it, and the checkpoint due there, first).
 
 Files in OUT_DIR: ``killed`` (made just before the kill: a later attempt sees it),
 ``attempt<A>.worker<rank>.npz`` (rewritten after every step: ``first``, the resumed step,
@@ -67,9 +70,11 @@ def main():
     loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in NAMES.values()}
     out = os.path.join(out_dir, 'attempt%d.worker%d.npz' % (attempt, rank))
-    uneven = config.get('uneven')
+    uneven, stall = config.get('uneven'), config.get('stall')
     steps = uneven['steps'] if uneven and uneven['rank'] == rank else config['steps']
     for step in range(first, steps):   # mxdelay: skip the steps already trained
+        if stall and stall['rank'] == rank and stall['before'] == step:
+            time.sleep(stall['seconds'])
         x, y = batch(rank, step, config['batch'])
         with autograd.record():
             loss = loss_fn(net(nd.array(x)), nd.array(y))
@@ -81,7 +86,7 @@ def main():
         if kill and kill['rank'] == rank and kill['after'] == step:
             open(marker, 'w').close()
             kill_when_saved(kill, step)
-    if uneven:
+    if uneven and uneven.get('join', True):
         trainer.join()
         save_history(out, first, history, **{'joined_' + NAMES[name]: param.data().asnumpy()
                                              for name, param in net.collect_params().items()})
