@@ -19,8 +19,10 @@ row per worker*:
   which pulls read. The codec's wire is ``'rows'`` (:mod:`kvstore_ext.worker.wires.rows`).
 
 Each tensor's side (:class:`PayloadTensor`) keeps one float32 residual on the CPU and encodes
-in numpy: the gradient is read (this waits for backward); what it sent, ``c``, stays in the
-float32 send buffer, which the local rule reads (``sent``).
+with the fused kernel (:func:`kvstore_ext.codecs.kernels.encode_with_feedback`, numpy's bits):
+the gradient is read where it lies (this waits for backward); what it sent, ``c``, stays in
+the float32 send buffer, which the local rule reads (``sent``). The servers decode and sum
+the rows with the kernel too (:meth:`Blockwise.decode_sum`).
 """
 import numbers
 
@@ -28,7 +30,7 @@ import numpy as np
 from mxnet import nd
 
 from kvstore_ext.codecs import (Codec, CompressionError, CompressionTypeError, float32_only,
-                                heap, quantize, register)
+                                heap, host, kernels, quantize, register)
 from kvstore_ext.codecs.feedback import ResidualTensor
 from kvstore_ext.protocol import commands
 
@@ -79,6 +81,10 @@ class Blockwise(Codec):
         """On the servers: the values ``c`` one worker's `payload` stands for."""
         return quantize.decode(payload, self.levels, self.block, size)
 
+    def decode_sum(self, rows, order, size, threads=1):
+        """On the servers: the rows' values summed in `order`, in one pass (the kernel)."""
+        return kernels.decode_sum(rows, order, self.levels, self.block, size, threads=threads)
+
     def chunk_limit(self, workers):
         # The (N, P) slot keys stay below MXNET_KVSTORE_BIGARRAY_BOUND (RowWire.place).
         return largest_chunk(self, workers, commands.bigarray_bound())
@@ -103,24 +109,17 @@ class PayloadTensor(ResidualTensor):
 
     def encode(self, source, buf, factor):
         """p = g * factor + r; per chunk, quantize p by blocks into its payload; the values
-        sent, c, go into `buf`; r := p - c."""
+        sent, c, go into `buf`; r := p - c (one fused kernel over g and r)."""
         if factor is None and source.context.device_type == 'cpu':
-            # Straight from the gradient, once the slot's ordering writes into `buf` (its
-            # last pull, §2.11) are done: no copy into `buf` first.
+            # Straight from the gradient's memory, once the slot's ordering writes into `buf`
+            # (its last pull, §2.11) are done: no copy into `buf` first.
             buf.wait_to_read()
-            p = source.asnumpy()          # waits for backward
+            grad = host.view(source)      # waits for backward
         else:
             super(PayloadTensor, self).encode(source, buf, factor)   # g * factor, in MXNet
-            p = buf.asnumpy()             # waits for backward and the slot's last pull
-        p += self.residual                # p = g * factor + r (a sum: either order)
-        sent = np.empty_like(p)
-        payloads = []
-        for start, stop in self.ranges:
-            payload, values = quantize.encode(p[start:stop], self._codec.levels,
-                                              self._codec.block)
-            payloads.append(payload)
-            sent[start:stop] = values
-        np.subtract(p, sent, out=self.residual)
+            grad = host.view(buf)         # waits for backward and the slot's last pull
+        payloads, sent = kernels.encode_with_feedback(grad, self.residual, self._codec.levels,
+                                                      self._codec.block, self.ranges)
         # An engine copy (no wait here for the buffer's readers); `sent` lives on in it.
         nd.from_numpy(sent.reshape(buf.shape), zero_copy=True).copyto(buf)
         self.payloads = payloads

@@ -22,13 +22,15 @@ they are not), arrays updated in place must already be flat contiguous float32. 
 encode of a gradient on another device (a GPU) is :mod:`.ndarray` (MXNet operators, not
 imported here).
 """
-from ._dispatch import LEVELS, MAX_BLOCK, MODES, backend, payload_size, require_compiled
+from ._dispatch import (LEVELS, MAX_BLOCK, MODES, backend, compiled_calls, cores, payload_size,
+                        require_compiled)
 from .pull import (fp16_pull_broadcast, fp16_pull_decode_add, fp16_pull_encode, fp16_pull_size,
                    int8_pull_broadcast, int8_pull_decode_add, int8_pull_encode, int8_pull_size,
                    to_float16, to_float32)
 from .push import decode, decode_sum, encode, encode_with_feedback
 
-__all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'backend', 'require_compiled', 'payload_size',
+__all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'backend', 'require_compiled', 'cores',
+           'compiled_calls', 'payload_size',
            'encode', 'decode', 'decode_sum', 'encode_with_feedback', 'int8_pull_size',
            'int8_pull_encode', 'int8_pull_broadcast', 'int8_pull_decode_add', 'fp16_pull_size',
            'fp16_pull_encode', 'fp16_pull_broadcast', 'fp16_pull_decode_add', 'to_float16',

@@ -2,7 +2,7 @@
 the fallback where no C compiler is found, and what the tests compare the kernels with.
 
 Each function is today's code path, unchanged in its arithmetic: :mod:`kvstore_ext.codecs.quantize`
-for the push codecs, :mod:`kvstore_ext.codecs.pulls` for the pull codecs, MXNet's cast for
+for the push codecs, :mod:`kvstore_ext.codecs.pull_payloads` for the pull codecs, MXNet's cast for
 float16.
 """
 import numpy as np
@@ -19,9 +19,9 @@ def _quantize():
     return quantize
 
 
-def _pulls():
-    from .. import pulls   # pylint: disable=import-outside-toplevel
-    return pulls
+def _pull_payloads():
+    from .. import pull_payloads   # pylint: disable=import-outside-toplevel
+    return pull_payloads
 
 
 def encode(p, h, block):
@@ -56,7 +56,7 @@ def encode_with_feedback(grad, residual, h, block, ranges, out):
 
 
 def int8_pull_encode(d, block):
-    return _pulls().Int8Pull(block).encode(d)
+    return _pull_payloads().int8_encode(d, block)
 
 
 def int8_pull_broadcast(weight, model, block):
@@ -78,7 +78,7 @@ def int8_pull_decode_add(payload, model, n, block):
 
 
 def fp16_pull_encode(d):
-    return _pulls().Float16Pull().encode(d)
+    return _pull_payloads().fp16_encode(d)
 
 
 def fp16_pull_broadcast(weight, model):
