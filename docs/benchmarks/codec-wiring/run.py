@@ -9,9 +9,13 @@ variant's job importing the library of its own snapshot (``PYTHONPATH``, rule 8)
   ``--pins before=DIR`` (main before the wiring: numpy codecs);
 - ``after``: the same method, snapshot ``after=DIR`` (the kernels wired in);
 - ``fp16-engine``: k=4 + float16 pushes (``k4-fp16``), snapshot ``after``, MXNet's cast in
-  its engine (the library's);
-- ``fp16-kernel``: the same with ``fp16_kernel_worker.py`` (the cast by
-  ``kernels.to_float16`` on the worker's Python thread, after waiting for the gradient).
+  its engine (``fp16_cast_worker.py --fp16-cast engine``);
+- ``fp16-kernel``: the same, the cast by ``kernels.to_float16`` on the worker's Python
+  thread, after waiting for the gradient (``--fp16-cast kernel``).
+
+(The first run, docs/benchmarks/codec-wiring/fp16 at commit fa1f0a7, had the engine's cast
+in the library and the kernel's in ``fp16_kernel_worker.py``; the library now casts with
+the kernel, and both variants name their cast.)
 
 Per network (loopback: 100 warm-up steps then 304 timed; 1 Gbit/s per-node links: 40 then
 80, as ``benchmarks/tta.py --part phases``), ``--rounds`` rounds, the variants in one order
@@ -39,12 +43,13 @@ import harness  # noqa: E402  pylint: disable=wrong-import-position
 import provenance  # noqa: E402  pylint: disable=wrong-import-position
 import report  # noqa: E402  pylint: disable=wrong-import-position
 
-#: variant -> (snapshot name, method of benchmarks/methods.py, worker script)
+CAST_WORKER = os.path.join(HERE, 'fp16_cast_worker.py')
+#: variant -> (snapshot name, method of benchmarks/methods.py, worker script, its arguments)
 VARIANTS = {
-    'before': ('before', 'k4-ternary-pull-int8', harness.WORKER),
-    'after': ('after', 'k4-ternary-pull-int8', harness.WORKER),
-    'fp16-engine': ('after', 'k4-fp16', harness.WORKER),
-    'fp16-kernel': ('after', 'k4-fp16', os.path.join(HERE, 'fp16_kernel_worker.py')),
+    'before': ('before', 'k4-ternary-pull-int8', harness.WORKER, ()),
+    'after': ('after', 'k4-ternary-pull-int8', harness.WORKER, ()),
+    'fp16-engine': ('after', 'k4-fp16', CAST_WORKER, ('--fp16-cast', 'engine')),
+    'fp16-kernel': ('after', 'k4-fp16', CAST_WORKER, ('--fp16-cast', 'kernel')),
 }
 #: network -> (tc rate or None, warm-up steps, timed steps, seconds a step at most)
 NETWORKS = {'loopback': (None, 100, 304, 1.0), '1gbit': ('1gbit', 40, 80, 2.0)}
@@ -78,13 +83,13 @@ def parse_args(argv=None):
 
 def run_variant(args, name, network, round_index, hostfile):
     """One window run of variant `name`; its row."""
-    pin, method_name, worker = VARIANTS[name]
+    pin, method_name, worker, extra = VARIANTS[name]
     rate, warmup, steps, bound = NETWORKS[network]
     method = dataclasses.replace(harness.METHODS[method_name],
                                  env=(('PYTHONPATH', args.pins[pin]),))
     folder = os.path.join(args.scratch, '%s-%s-r%d' % (network, name, round_index))
     worker_args = ['--warmup-steps', str(warmup), '--steps', str(steps), '--seed', '1',
-                   '--data-dir', args.data_dir]
+                   '--data-dir', args.data_dir] + list(extra)
     saved, harness.WORKER = harness.WORKER, worker   # run_worker starts harness.WORKER
     try:
         code, results, cpu, info = harness.run_method(folder, method, worker_args,
@@ -125,26 +130,27 @@ def summary(rows, variants, networks):
 
 
 def write_markdown(path, meta, rows, table):
-    lines = ['# Codec kernels wired in: steady-state samples/s', '',
-             'Run: %s.' % provenance.meta_line(meta), '',
-             'Snapshots (each variant\'s `PYTHONPATH`): %s.' % ', '.join(
-                 '%s = `%s`, commit `%s`' % (k, v, meta['pin_commits'].get(k, '?')[:10])
-                 for k, v in meta['pins'].items()), '',
-             '## Medians over the rounds', ''] + report.table('network | variant | runs | samples/s (median) | min | max | noisy runs'
-                          ' | ratio of medians',
-                          [[t['network'], t['variant'], t.get('runs', ''),
-                            report.fmt(t.get('samples_per_s'), '%.0f'),
-                            report.fmt(t.get('min'), '%.0f'), report.fmt(t.get('max'), '%.0f'),
-                            t.get('noisy', ''), report.fmt(t.get('ratio'), '%.3f')]
-                           for t in table]) + ['', '## Every run', ''] + report.table('network | variant | round | exit | samples/s | ms/step | cores: '
-                          'workers | server | other | noisy | servers\' compiled kernels',
-                          [[r['network'], r['variant'], r['round'], r['exit'],
-                            report.fmt(r.get('samples_per_s'), '%.0f'),
-                            report.fmt(r.get('ms_per_step'), '%.1f'),
-                            report.fmt(r.get('cpu_workers')), report.fmt(r.get('cpu_server')),
-                            report.fmt(r.get('cpu_other')), r.get('noisy', ''),
-                            r['server_kernels'] or '-'] for r in rows]) + ['']
-    report.write_lines(path, lines)
+    medians = report.table(
+        'network | variant | runs | samples/s (median) | min | max | noisy runs | '
+        'ratio of medians',
+        [[t['network'], t['variant'], t.get('runs', ''),
+          report.fmt(t.get('samples_per_s'), '%.0f'), report.fmt(t.get('min'), '%.0f'), report.fmt(t.get('max'), '%.0f'), t.get('noisy', ''),
+          report.fmt(t.get('ratio'), '%.3f')] for t in table])
+    runs = report.table(
+        'network | variant | round | exit | samples/s | ms/step | cores: workers | server | '
+        'other | noisy | servers\' compiled kernels',
+        [[r['network'], r['variant'], r['round'], r['exit'],
+          report.fmt(r.get('samples_per_s'), '%.0f'), report.fmt(r.get('ms_per_step'), '%.1f'),
+          report.fmt(r.get('cpu_workers')), report.fmt(r.get('cpu_server')),
+          report.fmt(r.get('cpu_other')), r.get('noisy', ''), r['server_kernels'] or '-']
+         for r in rows])
+    pins = ', '.join('%s = `%s`, commit `%s`' % (k, v, meta['pin_commits'].get(k, '?')[:10])
+                     for k, v in meta['pins'].items())
+    report.write_lines(path, ['# Codec kernels wired in: steady-state samples/s', '',
+                              'Run: %s.' % provenance.meta_line(meta), '',
+                              'Snapshots (each variant\'s `PYTHONPATH`): %s.' % pins, '',
+                              '## Medians over the rounds', ''] + medians
+                       + ['', '## Every run', ''] + runs + [''])
 
 
 def main(argv=None):
