@@ -13,7 +13,7 @@ medians over the cycles, with the range, in ms and in iterations.
 
 Usage: ``python benchmarks/checkpoint_stall.py [--network loopback|1gbit] [--cycles 20]
 [--window 30]`` (about 5 minutes; 1gbit needs root), writing ``--out`` (default
-docs/benchmarks/checkpoint-stall/<network>/): results.json and results.md.
+docs/benchmarks/restarts/checkpoint-stall/<network>/): results.json and results.md.
 """
 import argparse
 import json
@@ -103,10 +103,10 @@ def main(argv=None):
     parser.add_argument('--cycles', type=int, default=20)
     parser.add_argument('--window', type=int, default=30)
     parser.add_argument('--network', choices=('loopback', '1gbit'), default='loopback')
-    parser.add_argument('--out', help='default: docs/benchmarks/checkpoint-stall/NETWORK')
+    parser.add_argument('--out', help='default: docs/benchmarks/restarts/checkpoint-stall/NETWORK')
     args = parser.parse_args(argv)
-    args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'checkpoint-stall',
-                                        args.network)
+    args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'restarts',
+                                        'checkpoint-stall', args.network)
     meta = harness.start_meta(harness.command_line(COMMAND, argv), cycles=args.cycles,
                               window=args.window, network=args.network)
     rate = harness.NETWORKS[args.network].rate

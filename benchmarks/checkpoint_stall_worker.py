@@ -34,8 +34,8 @@ WRITES = []
 def time_parts():
     """Time each part of a save's synchronous half (the functions autosave calls)."""
     from kvstore_ext.checkpoint import files  # pylint: disable=import-outside-toplevel
-    from kvstore_ext.worker import store_checkpoint  # pylint: disable=import-outside-toplevel
-    from mxdelay import autosave, modes  # pylint: disable=import-outside-toplevel
+    from kvstore_ext.worker.store_checkpoint import StoreCheckpoint  # pylint: disable=C0415
+    from mxdelay import autosave, delayed  # pylint: disable=import-outside-toplevel
 
     def timed(owner, name, label):
         original = getattr(owner, name)
@@ -49,7 +49,7 @@ def time_parts():
         setattr(owner, name, wrapper)
 
     timed(mxdelay.DelayedTrainer, 'join', 'join')
-    timed(modes.Delayed, 'snapshot', 'snapshot (waitall, copy to host)')
+    timed(delayed.DelayedUpdate, 'snapshot', 'snapshot (waitall, copy to host)')
     timed(files, 'encode', 'encode (copy of the fields)')
     write = autosave.AutoSave._write
 
@@ -59,7 +59,7 @@ def time_parts():
         write(self, *args)
         WRITES.append((time.thread_time() - cpu, time.perf_counter() - wall))
     autosave.AutoSave._write = timed_write
-    timed(store_checkpoint, 'save', "servers' files (barrier, SAVE, barrier)")
+    timed(StoreCheckpoint, 'save', "servers' files (barrier, SAVE, barrier)")
 
 
 def main():

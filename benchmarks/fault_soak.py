@@ -14,7 +14,7 @@ accuracy of both, and whether the final parameters are the same bytes (a resumed
 continues bit for bit, and the data of a step depends only on its index).
 
 Usage (root; about 20 minutes): ``python benchmarks/fault_soak.py`` writing ``--out``
-(default docs/benchmarks/fault-soak/): results.json and results.md.
+(default docs/benchmarks/restarts/soak/): results.json and results.md.
 """
 import argparse
 import hashlib
@@ -208,7 +208,7 @@ def main(argv=None):
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--timeout', type=int, default=3600)
     parser.add_argument('--out', default=os.path.join(harness.REPO, 'docs', 'benchmarks',
-                                                      'fault-soak'))
+                                                      'restarts', 'soak'))
     args = parser.parse_args(argv)
     meta = harness.start_meta(harness.command_line(COMMAND, argv), every=args.every,
                               gap=list(args.gap), seed=args.seed, epochs=args.epochs)

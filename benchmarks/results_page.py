@@ -358,7 +358,7 @@ def full_table():
         'after the first), and the figures corrected by issue 23 (loopback time to accuracy, '
         'round trip, server memory, 2bit), in '
         '[docs/benchmarks/README.md](docs/benchmarks/README.md#replaced-figures). '
-        'Per-layer pushes against pushes after backward: [overlap.md](docs/benchmarks/overlap.md) '
+        'Per-layer pushes against pushes after backward: [overlap.md](docs/benchmarks/overlap/overlap.md) '
         '(Markdown only: its raw runs are not committed).', WIDTH)
     lines = [intro, '', '| figure | result | what it includes | file |', '|---|---|---|---|'
              ] + rows + ['', outro]

@@ -33,7 +33,7 @@ VARIABLES = {
                                  'e.g. for mx.gpu(local_rank % GPUs).'),
     'MXDELAY_LOCAL_SIZE': (None, 'Number of workers on this worker\'s host; set by mxdelay-launch; '
                                  'mxdelay.local_size() reads it (1 when unset).'),
-    # Why 4 (docs/benchmarks/overlap.md, per-layer pushes): on 1 Gbit/s links 15 is faster
+    # Why 4 (docs/benchmarks/overlap/overlap.md, per-layer pushes): on 1 Gbit/s links 15 is faster
     # in the synchronous warm-up (520 vs 554 ms/step: all gradients ready at once, sent
     # first layer first) and ties in the delayed phase (331 vs 331); on loopback 4 is
     # faster (64.5 vs 68.9, 52.4 vs 54.1); 1 is the slowest on the link; and 4, unlike 15,

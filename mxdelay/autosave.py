@@ -42,7 +42,6 @@ import time
 
 from kvstore_ext import env
 from kvstore_ext.checkpoint import files
-from kvstore_ext.worker import store_checkpoint
 from kvstore_ext.checks import check_int, check_path
 from . import checkpoint_dir
 
@@ -60,9 +59,11 @@ _RESUME = 'resume: '
 _CANDIDATES = 16   # the newest complete checkpoints tried, at most
 
 
-def create(trainer, is_dist_delay, directory=None, every=None, keep=None):
+def create(trainer, mode, params, is_dist_delay, directory=None, every=None, keep=None):
     """The trainer's periodic checkpoints: an :class:`AutoSave`, or :class:`NoAutoSave`
-    when neither `directory` nor ``MXDELAY_CHECKPOINT_DIR`` names a folder.
+    when neither `directory` nor ``MXDELAY_CHECKPOINT_DIR`` names a folder. `trainer` is
+    asked through its public methods; `mode()` returns its mode (creating the kvstore, the
+    delayed update of ``'dist_delay'``) and `params` are its Parameters.
 
     Arguments win over the environment.
 
@@ -94,7 +95,7 @@ def create(trainer, is_dist_delay, directory=None, every=None, keep=None):
     every = check_int('checkpoint_every', every, 1, 'e.g. checkpoint_every=500')
     keep = check_int('keep_checkpoints', env.get_int('MXDELAY_KEEP_CHECKPOINTS')
                      if keep is None else keep, 1, 'e.g. keep_checkpoints=2')
-    return AutoSave(trainer, directory, every, keep)
+    return AutoSave(trainer, mode, params, directory, every, keep)
 
 
 class NoAutoSave:
@@ -114,8 +115,9 @@ class AutoSave:
     """Periodic checkpoints of `trainer` in `directory` every `every` steps, the newest
     `keep` kept (see the module docstring). Made by :func:`create`, which checks them."""
 
-    def __init__(self, trainer, directory, every, keep):
+    def __init__(self, trainer, mode, params, directory, every, keep):
         self._trainer = trainer
+        self._mode, self._params = mode, params
         self.directory, self.every, self.keep = directory, every, keep
         self._resumed = None   # the step resumed at, once resumed (0: started over)
         self._saved = None     # the step counter of the last save (or of the resume)
@@ -160,20 +162,19 @@ class AutoSave:
     def _resume(self):
         """Load the newest complete checkpoint that loads; return its step (0: none)."""
         trainer = self._trainer
-        missing = [p.name for p in trainer._params if any(d <= 0 for d in p.shape or (0,))]
+        missing = [p.name for p in self._params if any(d <= 0 for d in p.shape or (0,))]
         if missing:
             raise ValueError('DelayedTrainer cannot resume from %s before the shapes of %s are '
                              'known: run one forward pass (e.g. net(x)) before reading '
                              'trainer.resumed_step or the first step' % (self.directory,
                                                                          ', '.join(missing)))
         os.makedirs(self.directory, exist_ok=True)
-        trainer._mode()   # creates the kvstore
-        kv = trainer._kvstore
+        mode = self._mode()   # creates the kvstore
         self._busy = True
         try:
             self._resumed = 0
             refused = []
-            for step in self._candidates(kv):
+            for step in self._candidates(mode):
                 path = checkpoint_dir.path_of(self.directory, step)
                 try:
                     trainer.load_states(path)
@@ -198,15 +199,15 @@ class AutoSave:
         self._saved = trainer.schedule.step
         return self._resumed
 
-    def _candidates(self, kv):
+    def _candidates(self, mode):
         """Worker 0's complete checkpoints, newest first, on every worker, and a fresh token
         of worker 0's (the vote carries rank 0's text to all, as it carries a save's id):
         the saves of this run are ``<token>-<step>``, no further vote needed."""
         mine = None
-        if kv.rank == 0:
+        if mode.rank == 0:
             mine = '%s%s %s' % (_RESUME, files.new_save_id(), ','.join(
                 str(step) for step, _ in checkpoint_dir.complete(self.directory)[:_CANDIDATES]))
-        votes = kv.agree(mine)
+        votes = mode.parts.job.agree(mine)
         if len(votes) != 1 or votes[0][0] != 0 or not votes[0][1].startswith(_RESUME):
             raise RuntimeError('the workers could not agree on a checkpoint to resume from '
                                '(votes %r)' % (votes,))
@@ -243,13 +244,13 @@ class AutoSave:
         self.wait()
         if join:
             trainer.join()   # every worker at the same round (see the module docstring)
-        kv = trainer._kvstore
+        mode = self._mode()
         fname = checkpoint_dir.path_of(self.directory, step)
         # An earlier run that reached this step but not its index left these; each goes
         # before the collectives below, so that worker 0 never takes one for this save's.
-        stale = [files.worker_file(fname, kv.rank),
-                 _digest_file(files.worker_file(fname, kv.rank))]
-        if kv.rank == 0:
+        stale = [files.worker_file(fname, mode.rank),
+                 _digest_file(files.worker_file(fname, mode.rank))]
+        if mode.rank == 0:
             stale += [fname, files.kvstore_file(fname)]
         for path in stale:
             if os.path.exists(path):
@@ -258,19 +259,19 @@ class AutoSave:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             # The copy to host memory overlaps the servers' write: both only read.
             body = pool.submit(self._snapshot)
-            kvstore_digest = store_checkpoint.save(kv, files.kvstore_file(fname), save_id)
+            kvstore_digest = mode.parts.checkpoint.save(files.kvstore_file(fname), save_id)
             body = body.result()
         schedule = trainer.schedule.state_dict()
         self._writer = threading.Thread(
             target=self._write, name='mxdelay-autosave',
-            args=(fname, kv.rank, kv.num_workers, body, save_id, kvstore_digest, schedule))
+            args=(fname, mode.rank, mode.num_workers, body, save_id, kvstore_digest, schedule))
         self._writer.start()
 
     def _snapshot(self):
         """The worker file's body, every field a copy (the optimizer's counters and
         scheduler included): training goes on while the thread writes it."""
         arrays = []
-        tree = files.encode(self._trainer._mode().snapshot(), arrays)   # arrays: copies
+        tree = files.encode(self._mode().snapshot(), arrays)   # arrays: copies
         return files.decode(tree, arrays.__getitem__)
 
     def _write(self, fname, rank, num_workers, body, save_id, kvstore_digest, schedule):

@@ -8,9 +8,12 @@ the pull that the next step applies.
 :class:`DelayedUpdate` owns its state: the schedule, the per-parameter states and their
 priorities, the local rule and its learning rate, the observer, the step log and, once its
 store is connected, the AMP policy and the callables of the data path, chosen there once.
-What it needs of the Gluon trainer it runs in (the optimizer, Gluon's lazy initialisation
-and stale-gradient check, the loss scaler, the push seam) it asks through the adapter's
-narrow ``gluon`` object (:mod:`mxdelay.trainer`).
+It calls the store's ``KVStoreBase`` methods (push, pull, pushpull, the learning rate) and,
+for its own protocol, the store's parts that :meth:`DelayedUpdate.connect` is given
+(``DistDelay.delayed``: the settings, rounds, uneven data, state fetch, checkpoint, job,
+traffic and aux parts). What it needs of the Gluon trainer it runs in (the optimizer,
+Gluon's lazy initialisation and stale-gradient check, the loss scaler, the push seam) it asks
+through the adapter's narrow ``gluon`` object (:mod:`mxdelay.trainer`).
 """
 import logging
 
@@ -42,7 +45,8 @@ _NO_MANUAL_UPDATE = (
 class DelayedUpdate(object):
     """The k-step delayed update of one trainer (docs/design.md §1).
 
-    Created with the trainer; trains once :meth:`connect` has given it the trainer's store.
+    Created with the trainer; trains once :meth:`connect` has given it the trainer's store
+    and the store's parts.
     Each public method is the trainer's of the same name (``params_initialized``: after
     Gluon's ``_init_params``; ``row_sparse_pull``: Gluon's ``_row_sparse_pull``).
 
@@ -89,43 +93,48 @@ class DelayedUpdate(object):
         self._local_lr = local_lr
         self._base_lr = gluon.optimizer.learning_rate   # what local_lr is scaled against
         self._slack, self._pull_codec = slack, pull_codec
-        self._kv = None
+        self._kv = self._parts = None
         self._rule_gradient = self._scheduled_pull = self._exchange = None
         self._logged_phase = None
 
-    def connect(self, kv):
-        """Take the trainer's store `kv` (a ``DistDelay``, just created), configure it before
-        its hand-shake (its first ``init``) and choose the data path's callables."""
-        self._kv = kv
+    def connect(self, kv, parts):
+        """Take the trainer's store `kv` (a ``DistDelay``, just created) and its parts
+        `parts` (``kv.delayed``), configure the store before its hand-shake (its first
+        ``init``) and choose the data path's callables."""
+        self._kv, self._parts = kv, parts
+        settings, rounds = parts.settings, parts.rounds
         # amp: the servers skip rounds with a non-finite sum (docs/design.md §11).
         self.amp = amp_policy(self._gluon.loss_scaler)
         state_keys = self.rule.server_state_count(
             self._gluon.optimizer, sorted({np.dtype(s.param.dtype).name
                                            for s in self.states if s.trained}))
-        kv.configure(slack=max(self._slack, kv.slack), state_keys=state_keys)
+        settings.configure(slack=max(self._slack, settings.slack), state_keys=state_keys)
         # The kvstore adds its optimizer's description to the hand-shake.
         # The local rule's g: this worker's gradient, or with compression what it sent (so
         # that with one worker the local step is the servers' step, docs/design.md §1.4).
-        self._rule_gradient = _own_gradient if kv.compression is None else kv.sent_gradient
+        self._rule_gradient = _own_gradient if settings.compression is None \
+            else rounds.sent_gradient
         self.amp.refuse([s.param.name for s in self.states if s.gradient.sparse],
-                        kv.compression)
+                        settings.compression)
         if self._pull_codec is not None:
-            kv.set_pull_compression(self._pull_codec)
-        if kv.pull_compression is not None and self.amp.enabled:
+            settings.set_pull_compression(self._pull_codec)
+        pull_codec = settings.pull_compression
+        if pull_codec is not None and self.amp.enabled:
             # (Also when the store was given the setting itself.)
             raise ValueError(
                 'pull_compression=%r cannot be combined with AMP (amp.init_trainer) yet: the '
                 'skipped rounds of an overflow have not been tested with compressed pulls; use '
-                'pull_compression=None with AMP' % (kv.pull_compression.describe(),))
+                'pull_compression=None with AMP' % (pull_codec.describe(),))
         # The pulls of the schedule (warm-up, switch, the end of each period): compressed
         # with pull_compression (docs/design.md §2.12); sync_weights always pulls exactly.
-        self._scheduled_pull = kv.pull_compressed if kv.pull_compression else kv.pull
+        self._scheduled_pull = rounds.pull_compressed if pull_codec else kv.pull
         # A synchronous step's exchange: one pushpull per tensor, whose weights come back
         # while later tensors' pushes still arrive (docs/design.md §8); with compressed pulls
         # the push and the compressed pull of the same round (§2.12).
-        self._exchange = self._push_and_pull_compressed if kv.pull_compression else kv.pushpull
-        kv.set_config(delay=self.schedule.delay, warmup_steps=self.schedule.warmup_steps,
-                      local_rule=repr(self.rule), local_lr=self._local_lr, amp=self.amp.enabled)
+        self._exchange = self._push_and_pull_compressed if pull_codec else kv.pushpull
+        settings.set_config(delay=self.schedule.delay, warmup_steps=self.schedule.warmup_steps,
+                            local_rule=repr(self.rule), local_lr=self._local_lr,
+                            amp=self.amp.enabled)
 
     # -- the store ----------------------------------------------------------------------------
     @property
@@ -136,11 +145,17 @@ class DelayedUpdate(object):
     def num_workers(self):
         return self._kv.num_workers
 
+    @property
+    def parts(self):
+        """The store's delayed-protocol parts (``kv.delayed``), for :mod:`mxdelay.autosave`."""
+        return self._parts
+
     def keys_per_step(self):
-        return sum(self._kv.num_chunks(s.index) for s in self.states if s.trained)
+        return sum(self._parts.traffic.num_chunks(s.index) for s in self.states if s.trained)
 
     def round_bytes(self):
-        return traffic.round_bytes(self._kv, [s.index for s in self.states if s.trained])
+        return traffic.round_bytes(self._parts.traffic, self._parts.settings,
+                                   [s.index for s in self.states if s.trained])
 
     def set_learning_rate(self, lr):
         self._kv.set_learning_rate(lr)
@@ -152,10 +167,10 @@ class DelayedUpdate(object):
         raise ValueError(_NO_MANUAL_UPDATE % 'update()')
 
     def _rescale(self, scale):
-        # Each worker scales its own pushes by its own batch size (DistDelay.scale_gradients):
+        # Each worker scales its own pushes by its own batch size (Rounds.scale_gradients):
         # workers with other batch sizes, or a smaller last batch, stay exact; no command.
         self._gluon.optimizer.rescale_grad = scale
-        self._kv.scale_gradients(scale)
+        self._parts.rounds.scale_gradients(scale)
 
     # -- steps --------------------------------------------------------------------------------
     def _prepare(self, priorities=True):
@@ -187,7 +202,7 @@ class DelayedUpdate(object):
     def join(self):
         self._prepare()
         filled = 0
-        while not self._kv.finish_round():
+        while not self._parts.uneven.finish_round():
             if filled == 0:
                 for s in self.states:
                     if s.trained:
@@ -213,7 +228,7 @@ class DelayedUpdate(object):
         aux = [s for s in self.states if s.aux]
         if aux_states and aux:
             # One round of the aux keys' own, all at once: the mean over the workers (§2.13).
-            self._kv.average([s.index for s in aux], [s.param.list_data() for s in aux])
+            self._parts.aux.average([s.index for s in aux], [s.param.list_data() for s in aux])
 
     def _advance(self):
         """Push this worker's gradients as round t and make step t's update."""
@@ -244,7 +259,8 @@ class DelayedUpdate(object):
         # while later chunks' pushes still arrive (docs/design.md §8).
         order = [self.states[i] for i in self.order.push_order]
         grads = [s.reduced_grad() for s in order]
-        self.amp.before_pushes(grads, self._kv)
+        rounds = self._parts.rounds
+        self.amp.before_pushes(grads, rounds)
         t = self.schedule.step
         synchronous = self.schedule.is_synchronous(t)
         for s, grad in zip(order, grads):
@@ -254,11 +270,11 @@ class DelayedUpdate(object):
                 self._kv.push(s.index, grad, priority=s.priority)
             # Read at each event: an observer may replace itself (the timeline's, when done).
             self.observer.gradient_written(s.param.name, t, grad)
-            self.observer.push_acknowledged(s.param.name, t, self._kv.send_buffer(s.index))
+            self.observer.push_acknowledged(s.param.name, t, rounds.send_buffer(s.index))
 
     def _push_and_pull_compressed(self, key, grad, out, priority):
         self._kv.push(key, grad, priority=priority)
-        self._kv.pull_compressed(key, out=out, priority=priority)
+        self._parts.rounds.pull_compressed(key, out=out, priority=priority)
 
     def _weights_before_switch(self, t):
         """At the switch, before its pushes (whose pulls overwrite the weights): a copy of
@@ -290,8 +306,8 @@ class DelayedUpdate(object):
                     fetch[s.index] = arrays
         if fetch:
             # Collective: the servers' optimizer state after round W (docs/design.md §1.4).
-            self._kv.fetch_optimizer_states(fetch)
-        self.amp.after_synchronous_step(self._kv, t)
+            self._parts.state_fetch.fetch_optimizer_states(fetch)
+        self.amp.after_synchronous_step(self._parts.rounds, t)
 
     def _local_step(self, t):
         # Delayed phase: the local update's steps 1-4 (docs/design.md §1), then the pull
@@ -299,7 +315,7 @@ class DelayedUpdate(object):
         optimizer, observer, rule = self._gluon.optimizer, self.observer, self.rule
         applies = self.schedule.applies_pull(t)
         issues = self.schedule.issues_pull(t)
-        skipped = self.amp.skips_local_step(self._kv, t, applies)
+        skipped = self.amp.skips_local_step(self._parts.rounds, t, applies)
         update = t - self.amp.skipped   # the servers' update of round t, as known
         lr = self._local_learning_rate(optimizer, update)
         for s in self.states:
@@ -332,7 +348,7 @@ class DelayedUpdate(object):
                 self._scheduled_pull(s.index, out=s.pulled, priority=s.priority)
                 observer.pull_received(param.name, t, s.pulled)
         if issues:
-            self.amp.after_pulls(self._kv)
+            self.amp.after_pulls(self._parts.rounds)
 
     def _local_learning_rate(self, optimizer, update):
         """``local_lr`` scaled by the optimizer's schedule at num_update ``update + 1``
@@ -365,21 +381,21 @@ class DelayedUpdate(object):
         self.amp.check_unchanged()
         self._prepare(priorities=False)
         nd.waitall()
-        return worker_state.collect(self._kv, self.schedule, self._gluon.optimizer,
+        return worker_state.collect(self._kv, self._parts, self.schedule, self._gluon.optimizer,
                                     self._base_lr, self.states, self.amp)
 
     def save_states(self, fname):
         self.amp.check_unchanged()
         self._prepare(priorities=False)
         self.join()  # every worker at the same round, or a hang in the barriers below
-        worker_state.save(fname, self._kv, self.schedule, self._gluon.optimizer, self._base_lr,
-                          self.states, self.amp)
+        worker_state.save(fname, self._kv, self._parts, self.schedule, self._gluon.optimizer,
+                          self._base_lr, self.states, self.amp)
 
     def load_states(self, fname, trusted=False):
         self.amp.check_unchanged()
         self._prepare(priorities=False)
         self.join()
-        state = worker_state.load(fname, self._kv, self.schedule, self.states,
+        state = worker_state.load(fname, self._kv, self._parts, self.schedule, self.states,
                                   self._gluon.optimizer, self.amp, self._gluon.context, trusted)
         if state.get('optimizer') is not None:
             # The servers apply the saved optimizer from now on; so does the local rule

@@ -1,14 +1,12 @@
-"""Arithmetic on time intervals ``(start, end)`` in ms, for reading traces (:mod:`mxdelay.trace`).
+"""Arithmetic on time intervals ``[(start, end)]``, in ms, for reading traces
+(:mod:`mxdelay.trace`): overlaps, unions, clips, lengths, intersections and gaps. Lists
+called *disjoint* are sorted and non-overlapping, as :func:`union` returns them."""
 
-No MXNet: the trace reader runs anywhere.
-"""
-import bisect
-
-__all__ = ['overlap', 'union', 'clip', 'length', 'intersect', 'gaps', 'wait']
+__all__ = ['overlap', 'union', 'clip', 'length', 'intersect', 'gaps']
 
 
 def overlap(interval, others):
-    """Time of `interval` covered by `others` (summed over them)."""
+    """The time `interval` shares with each of `others`, summed."""
     start, end = interval
     return sum(max(0.0, min(end, e) - max(start, s)) for s, e in others)
 
@@ -25,12 +23,12 @@ def union(intervals):
 
 
 def clip(disjoint, start, end):
-    """The sorted disjoint intervals `disjoint` cut to [start, end)."""
+    """`disjoint` cut to [start, end)."""
     return [(max(s, start), min(e, end)) for s, e in disjoint if e > start and s < end]
 
 
 def length(disjoint):
-    """Total time of the disjoint intervals `disjoint`."""
+    """The total time `disjoint` covers."""
     return sum(e - s for s, e in disjoint)
 
 
@@ -58,15 +56,3 @@ def gaps(busy, start, end):
     if cursor < end:
         out.append((cursor, end))
     return out
-
-
-def wait(gaps, comm_ends):
-    """Idle time in `gaps` released by communication: in each gap, the time from its start to
-    the last completion (`comm_ends`, sorted) that falls within it (:mod:`mxdelay.trace`)."""
-    total = 0.0
-    for start, end in gaps:
-        # The last completion in (start, end]: comm_ends is sorted.
-        index = bisect.bisect_right(comm_ends, end) - 1
-        if index >= 0 and comm_ends[index] > start:
-            total += comm_ends[index] - start
-    return total

@@ -85,11 +85,11 @@ class GlobalOverflows(object):
         self.applied = applied
         self.skipped = skipped
 
-    def apply(self, scaler, kvstore, last):
+    def apply(self, scaler, rounds, last):
         """Advance `scaler` with the global flags of rounds ``applied .. last`` read from
-        `kvstore` (``DistDelay.overflows``; waits for its last ``pull_overflows``)."""
-        rounds = range(self.applied, last + 1)
-        for count in kvstore.overflows(rounds):
+        `rounds`, the store's rounds part (``Rounds.overflows``; waits for its last
+        ``pull_overflows``)."""
+        for count in rounds.overflows(range(self.applied, last + 1)):
             advance(scaler, count > 0)
             self.skipped += count > 0
         self.applied = max(self.applied, last + 1)
@@ -138,17 +138,18 @@ class NoAmp(object):
         """Raise ValueError for what this policy cannot train: `sparse`, the names of the
         parameters with row_sparse gradients, and `compression` (the store's codec or None)."""
 
-    def before_pushes(self, grads, kvstore):
+    # The hooks below get `rounds`, the store's rounds part (DistDelay.delayed.rounds).
+    def before_pushes(self, grads, rounds):
         """Called with the step's gradients (push order) before their pushes are queued."""
 
-    def after_synchronous_step(self, kvstore, t):
+    def after_synchronous_step(self, rounds, t):
         """Called after the pulls of synchronous step `t` are queued."""
 
-    def skips_local_step(self, kvstore, t, applies):
+    def skips_local_step(self, rounds, t, applies):
         """Whether delayed step `t` skips its local update; `applies`: it applies a pull."""
         return False
 
-    def after_pulls(self, kvstore):
+    def after_pulls(self, rounds):
         """Called after the pulls that end a period are queued."""
 
     def state_dict(self):
@@ -206,27 +207,27 @@ class LossScaledAmp(NoAmp):
                 'overflow flags seeing it (fp16); use compression_params=None with AMP'
                 % (compression.describe(),))
 
-    def before_pushes(self, grads, kvstore):
+    def before_pushes(self, grads, rounds):
         # Every push of the step waits for this flag, i.e. for the whole backward
         # (docs/design.md §11.1): an overflowed round reaches every chunk as inf/nan.
         self._finite = finite_flag(grads)
-        kvstore.set_finite_flag(self._finite)
+        rounds.set_finite_flag(self._finite)
 
-    def after_synchronous_step(self, kvstore, t):
+    def after_synchronous_step(self, rounds, t):
         # Round t's global overflow flag drives the loss scale of step t + 1, as
         # gluon.Trainer's local one does (docs/design.md §11.2); waits for round t.
-        kvstore.pull_overflows()
-        self.overflows.apply(self._scaler_of(), kvstore, t)
+        rounds.pull_overflows()
+        self.overflows.apply(self._scaler_of(), rounds, t)
 
-    def skips_local_step(self, kvstore, t, applies):
+    def skips_local_step(self, rounds, t, applies):
         # docs/design.md §11.2-3: the period's global flags reach the loss scale with its
         # pull; this worker skips its own local step only on its own overflow.
         if applies:
-            self.overflows.apply(self._scaler_of(), kvstore, t - 1)
+            self.overflows.apply(self._scaler_of(), rounds, t - 1)
         return not self._finite.asscalar()
 
-    def after_pulls(self, kvstore):
-        kvstore.pull_overflows()
+    def after_pulls(self, rounds):
+        rounds.pull_overflows()
 
     def state_dict(self):
         # The loss scaler and the rounds it has seen (docs/design.md §11.4); the overflow

@@ -18,7 +18,8 @@ from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_r
 from kvstore_ext.typenames import STORE_TYPE
 from .rules import create_rule
 from .schedule import DelaySchedule
-from .trainer import DelayedTrainer, init_store
+from .gluon_state import init_store
+from .trainer import DelayedTrainer
 
 __all__ = ['DelayedModule']
 

@@ -167,6 +167,17 @@ def _is_local(name):
         not name.startswith('KVStore')
 
 
+def _wait(gaps, comm_ends):
+    """Idle time released by communication (see the module docstring)."""
+    total = 0.0
+    for start, end in gaps:
+        # The last completion in (start, end]: comm_ends is sorted.
+        index = bisect.bisect_right(comm_ends, end) - 1
+        if index >= 0 and comm_ends[index] > start:
+            total += comm_ends[index] - start
+    return total
+
+
 def _python_steps(events):
     """(steps, {step: first pull call}) from the Python thread's C API calls.
 
@@ -265,7 +276,6 @@ def summarize(path, pushes_per_step, schedule=None, first_step=0):
         span_end = first_pushes[step + 1] if step + 1 < count else last_end
         step_comm = intervals.clip(comm, first_push, span_end)
         hidden = intervals.intersect(step_comm, local)
-        idle = intervals.gaps(local, first_push, span_end)
         row = {'step': first_step + step, 'backward_end': backward_end - origin,
                'first_push': first_push - origin, 'last_push': last_start - origin,
                'overlap': first_push < backward_end,
@@ -273,9 +283,9 @@ def summarize(path, pushes_per_step, schedule=None, first_step=0):
                'hidden_ms': sum(intervals.overlap(iv, compute) for iv in block[control:]),
                'comm_ms': intervals.length(step_comm),
                'comm_hidden_ms': intervals.length(hidden),
-               'backward_hidden_ms': intervals.length(intervals.clip(hidden, first_push,
-                                                                     backward_end)),
-               'wait_ms': intervals.wait(idle, comm_ends),
+               'backward_hidden_ms': intervals.length(
+                   intervals.clip(hidden, first_push, backward_end)),
+               'wait_ms': _wait(intervals.gaps(local, first_push, span_end), comm_ends),
                'pull_issued': None, 'pull_sent': None, 'pull_received': None,
                'pull_applied': None, 'applied_step': None}
         if schedule is not None:

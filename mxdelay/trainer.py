@@ -3,9 +3,8 @@
 The algorithm is docs/design.md §1. This module is the Gluon adapter: the trainer's
 arguments, checked at construction, Gluon's seams, and public methods that ask the mode
 chosen when the kvstore is created: :class:`PassThrough` (``gluon.Trainer`` itself) or the
-delayed update (:class:`mxdelay.delayed.DelayedUpdate`), which owns its state. Gluon's
-private state is read and written here only; the delayed update asks for what it needs of
-it through :class:`_Gluon`.
+delayed update (:class:`mxdelay.delayed.DelayedUpdate`), which owns its state and asks
+for what it needs of Gluon's private state through :class:`mxdelay.gluon_state.GluonState`.
 """
 import logging
 
@@ -13,18 +12,19 @@ from mxnet import gluon
 
 from kvstore_ext import codecs
 from kvstore_ext.codecs import pulls
-from kvstore_ext.optim import frozen_variance
+from kvstore_ext.optim import frozen_variance  # noqa: F401  registers 'frozenvarianceadam' by name
 from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
                                  check_real, check_rounds)
 from kvstore_ext.worker.dist_delay import DistDelay
 from . import arguments, autosave, param_state
 from .delayed import DelayedUpdate
+from .gluon_state import GluonState
 from .observer import StepObserver
 from .passthrough import PassThrough
 from .rules import create_rule
 from .schedule import DelaySchedule
 
-__all__ = ['DelayedTrainer', 'init_store']
+__all__ = ['DelayedTrainer']
 
 _LOG = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class DelayedTrainer(gluon.Trainer):
             check_rounds('slack', slack)
         dist_delay = arguments.check_kvstore(kvstore, update_on_kvstore)
         # Compression is validated here, at construction; once the store exists, its own
-        # parsed codec (kvstore.compression) is the one the trainer asks.
+        # parsed codec (kvstore.delayed.settings.compression) is the one the trainer asks.
         compressed = codecs.parse(compression_params) if dist_delay else None
         if compressed is not None:
             # Before Gluon ties a row_sparse Parameter to this trainer.
@@ -162,13 +162,13 @@ class DelayedTrainer(gluon.Trainer):
                 if s.trained:
                     compressed.check_dtype('parameter %s' % s.param.name, s.param.dtype)
         # The delayed update: the mode of 'dist_delay', which owns its state from here on.
-        self._delayed = DelayedUpdate(_Gluon(self), schedule, states, registration_order, rule,
+        self._delayed = DelayedUpdate(GluonState(self), schedule, states, registration_order, rule,
                                       local_lr, slack, pull_codec)
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)
-        self._autosave = autosave.create(self, dist_delay, checkpoint_dir, checkpoint_every,
-                                         keep_checkpoints)
+        self._autosave = autosave.create(self, self._mode, self._params, dist_delay,
+                                         checkpoint_dir, checkpoint_every, keep_checkpoints)
         _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, rule, 'optimizer lr' if local_lr is None else local_lr,
                   slack)
@@ -221,7 +221,7 @@ class DelayedTrainer(gluon.Trainer):
             raise ValueError('update_on_kvstore is False (set by the environment variable '
                              'MXNET_UPDATE_ON_KVSTORE=0?), but with \'dist_delay\' the servers '
                              'apply the optimizer: unset MXNET_UPDATE_ON_KVSTORE')
-        self._delayed.connect(kvstore)
+        self._delayed.connect(kvstore, kvstore.delayed)
 
     def _reset_kvstore(self):
         # Gluon's: no kvstore (yet, or again). Until it is created, the calls that do not
@@ -431,69 +431,6 @@ class DelayedTrainer(gluon.Trainer):
         """
         fname = check_path('fname', fname)
         return self._mode().load_states(fname, check_bool('trusted', trusted))
-
-
-class _Gluon(object):
-    """What the delayed update asks of the Gluon trainer it runs in; Gluon's private state
-    is read and written in this module only.
-
-    Attributes
-    ----------
-    optimizer : Optimizer
-        The trainer's (a load replaces it: :meth:`adopt_optimizer`).
-    scale : float
-        The gradients' scale before the batch size (``amp.scale_loss`` changes it).
-    context : Context
-        The trainer's first context.
-    """
-
-    def __init__(self, trainer):
-        self._trainer = trainer
-
-    optimizer = property(lambda self: self._trainer._optimizer)
-    scale = property(lambda self: self._trainer._scale)
-    context = property(lambda self: self._trainer._contexts[0])
-
-    def adopt_optimizer(self, optimizer):
-        """Make the loaded `optimizer` the trainer's, as ``gluon.Trainer.load_states`` does."""
-        self._trainer._optimizer = optimizer
-        optimizer.param_dict = dict(enumerate(self._trainer._params))
-
-    def init_params(self):
-        """Gluon's lazy initialisation: send the parameters not in the kvstore yet, if any."""
-        if self._trainer._params_to_init:
-            self._trainer._init_params()
-
-    def check_fresh(self, ignore_stale_grad):
-        """Raise UserWarning for a stale gradient, as ``gluon.Trainer`` does (unless
-        `ignore_stale_grad`); mark every trained gradient as used."""
-        for param in self._trainer._params:
-            if param.grad_req == 'null':
-                continue
-            for data in param._check_and_get(param._data, list):
-                if not data._fresh_grad and not ignore_stale_grad:
-                    raise UserWarning(
-                        'Gradient of Parameter `%s` on context %s has not been updated by '
-                        'backward since last `step`. Call step with ignore_stale_grad=True '
-                        'to push it anyway.' % (param.name, data.context))
-                data._fresh_grad = False
-
-    def push_all(self):
-        """The trainer's seam ``_push_all`` (a subclass may wait before the pushes)."""
-        self._trainer._push_all()
-
-    def loss_scaler(self):
-        """The AMP loss scaler that ``amp.init_trainer(trainer)`` set, or None."""
-        return getattr(self._trainer, '_amp_loss_scaler', None)
-
-
-def init_store(trainer):
-    """Create `trainer`'s kvstore and send the initial weights now, as ``Module.init_optimizer``
-    does before the first batch (:class:`mxdelay.DelayedModule`; a trainer does it at its first
-    step). Returns the kvstore (None where Gluon uses none: one device, no kvstore)."""
-    trainer._init_kvstore()   # pylint: disable=protected-access
-    trainer._init_params()    # pylint: disable=protected-access
-    return trainer._kvstore   # pylint: disable=protected-access
 
 
 def _stypes(params):

@@ -3,10 +3,12 @@
 What ``save_states`` writes for the worker (``fname.worker<i>``, and worker 0's index
 ``fname``), and what ``load_states`` reads, validates and applies. The files, their
 ``format`` and ``version`` are :mod:`kvstore_ext.checkpoint.files`'s; the servers' part is the
-store's (:mod:`kvstore_ext.worker.store_checkpoint`: ``save``, ``check_states``, ``apply_states``).
-Every part carries the save's id (rank 0's, shared through the vote); worker 0 writes the
-index last, with the sha256 of every worker file and of the kvstore index, which lists the
-servers' files' sha256 in turn.
+store's checkpoint part (:mod:`kvstore_ext.worker.store_checkpoint`: ``save``,
+``check_states``, ``apply_states``), which also holds the worker's residuals and pulled
+models. Each function takes the trainer's store `kv` (its rank and number of workers) and
+the store's parts `parts` (``kv.delayed``). Every part of a checkpoint carries the save's id
+(rank 0's, shared through the vote); worker 0 writes the index last, with the sha256 of
+every worker file and of the kvstore index, which lists the servers' files' sha256 in turn.
 """
 import math
 import os
@@ -15,7 +17,7 @@ import numpy as np
 from mxnet import nd, optimizer as mx_optimizer
 
 from kvstore_ext.checkpoint import files
-from kvstore_ext.worker import store_checkpoint
+from kvstore_ext.worker.store_checkpoint import failure_message, is_count
 from kvstore_ext.optim.optimizers import describe_optimizer, type_difference
 
 from .loss_scaling import _STATE as _SCALER_FIELDS
@@ -23,15 +25,16 @@ from .loss_scaling import _STATE as _SCALER_FIELDS
 __all__ = ['save', 'load', 'collect', 'write', 'read', 'restore_arrays']
 
 
-def save(fname, kv, schedule, optimizer, base_lr, states, amp):
+def save(fname, kv, parts, schedule, optimizer, base_lr, states, amp):
     """Write this worker's part of checkpoint `fname` (:func:`collect`, :func:`write`) once
     every queued update is done; collective: every worker calls it after the same round."""
     nd.waitall()
-    write(fname, kv, collect(kv, schedule, optimizer, base_lr, states, amp), schedule)
-    kv.barrier()
+    write(fname, kv, parts, collect(kv, parts, schedule, optimizer, base_lr, states, amp),
+          schedule)
+    parts.job.barrier()
 
 
-def load(fname, kv, schedule, states, optimizer, amp, ctx, trusted=False):
+def load(fname, kv, parts, schedule, states, optimizer, amp, ctx, trusted=False):
     """Read and check this worker's files of checkpoint `fname` (:func:`read`), vote with
     every worker and server on whether all parts are good, then restore the parameters'
     arrays (on `ctx`), the residuals and the pulled models; collective.
@@ -48,27 +51,31 @@ def load(fname, kv, schedule, states, optimizer, amp, ctx, trusted=False):
     """
     state, error, part_of = None, None, None
     try:
-        state, part_of = read(fname, kv, schedule, [s.param for s in states], optimizer, amp,
-                              trusted)
+        state, part_of = read(fname, kv, parts, schedule, [s.param for s in states], optimizer,
+                              amp, trusted)
     except Exception as err:  # pylint: disable=broad-except
         # Any error, not only ValueError, goes to the vote: one that escaped here would
         # leave the other workers waiting in it (read turns them into ValueErrors).
-        error = store_checkpoint.failure_message(fname, err)
+        error = failure_message(fname, err)
     # Collective: if any worker's or server's file is bad, every worker raises here.
-    kv.apply_states(kv.check_states(files.kvstore_file(fname), error, trusted, part_of))
+    checkpoint = parts.checkpoint
+    checkpoint.apply_states(checkpoint.check_states(files.kvstore_file(fname), error, trusted,
+                                                    part_of))
     restore_arrays(state, states, ctx)
-    kv.set_residuals(state.get('residuals', {}))
-    kv.set_pulled_models(state.get('pulled_models', {}))
+    checkpoint.set_residuals(state.get('residuals', {}))
+    checkpoint.set_pulled_models(state.get('pulled_models', {}))
     return state
 
 
-def collect(kv, schedule, optimizer, base_lr, states, amp):
+def collect(kv, parts, schedule, optimizer, base_lr, states, amp):
     """The worker file's body: what this worker needs to continue bit for bit.
 
     Parameters
     ----------
     kv : DistDelay
         The trainer's store.
+    parts : DelayedParts
+        The store's parts (``kv.delayed``).
     schedule : DelaySchedule
         The trainer's schedule (its counter).
     optimizer : Optimizer
@@ -78,6 +85,7 @@ def collect(kv, schedule, optimizer, base_lr, states, amp):
     amp : NoAmp or LossScaledAmp
         The trainer's AMP policy.
     """
+    settings = parts.settings
     return {
         'rank': kv.rank,
         'schedule': schedule.state_dict(), 'rescale_grad': optimizer.rescale_grad,
@@ -89,36 +97,36 @@ def collect(kv, schedule, optimizer, base_lr, states, amp):
         # the learning rate local_lr is scaled against.
         'optimizer': optimizer, 'base_lr': base_lr,
         # Gradient compression: the setting and this worker's residuals (per key).
-        'compression': kv.compression and kv.compression.describe(),
-        'residuals': kv.residuals(),
+        'compression': settings.compression and settings.compression.describe(),
+        'residuals': parts.checkpoint.residuals(),
         # Compressed pulls: the setting and this worker's pulled models x̂ (docs/design.md §2.12).
-        'pull_compression': kv.pull_compression and kv.pull_compression.describe(),
-        'pulled_models': kv.pulled_models(),
+        'pull_compression': settings.pull_compression and settings.pull_compression.describe(),
+        'pulled_models': parts.checkpoint.pulled_models(),
         # AMP: the loss scaler and the rounds it has seen (docs/design.md §11).
         'amp': amp.state_dict(),
     }
 
 
-def write(fname, kv, body, schedule):
+def write(fname, kv, parts, body, schedule):
     """Write this worker's file, have the servers write theirs, and (worker 0, last) the
     index `fname` with the save id and every other part's sha256 (docs/design.md §6.1-6.2).
     Collective."""
-    save_id = store_checkpoint.shared_save_id(kv)
+    save_id = parts.checkpoint.shared_save_id()
     files.write_archive(files.worker_file(fname, kv.rank), files.WORKER, body,
                              save_id)
     # Its first barrier: every worker's file is written when worker 0 goes on.
-    kvstore_digest = store_checkpoint.save(kv, files.kvstore_file(fname), save_id)
+    kvstore_digest = parts.checkpoint.save(files.kvstore_file(fname), save_id)
     if kv.rank == 0:
-        parts = {'worker%d' % rank: files.file_sha256(files.worker_file(fname, rank))
-                 for rank in range(kv.num_workers)}
-        parts['kvstore'] = kvstore_digest
+        digests = {'worker%d' % rank: files.file_sha256(files.worker_file(fname, rank))
+                   for rank in range(kv.num_workers)}
+        digests['kvstore'] = kvstore_digest
         files.write_json(fname, files.TRAINER_INDEX, {
             'num_workers': kv.num_workers, 'schedule': schedule.state_dict(),
             'kvstore': os.path.basename(files.kvstore_file(fname)),
-            'save_id': save_id, 'parts': parts})
+            'save_id': save_id, 'parts': digests})
 
 
-def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
+def read(fname, kv, parts, schedule, params, optimizer, amp, trusted=False):
     """Read and validate this worker's files of checkpoint `fname`; change nothing.
 
     Every field that :func:`restore_arrays` and the trainer's load apply is checked here
@@ -144,15 +152,15 @@ def read(fname, kv, schedule, params, optimizer, amp, trusted=False):
         one of another save than the index.
     """
     try:
-        return _read(fname, kv, schedule, params, optimizer, amp, trusted)
+        return _read(fname, kv, parts, schedule, params, optimizer, amp, trusted)
     except ValueError:
         raise
     except Exception as err:  # pylint: disable=broad-except
-        raise ValueError(store_checkpoint.failure_message(
+        raise ValueError(failure_message(
             files.worker_file(fname, kv.rank), err)) from None
 
 
-def _read(fname, kv, schedule, params, optimizer, amp, trusted):
+def _read(fname, kv, parts, schedule, params, optimizer, amp, trusted):
     index = files.read_json(fname, files.TRAINER_INDEX, trusted=trusted)
     if index['num_workers'] != kv.num_workers:
         raise ValueError('%s was saved by %d workers, this job has %d'
@@ -161,15 +169,15 @@ def _read(fname, kv, schedule, params, optimizer, amp, trusted):
     if index['version'] == files.LEGACY_VERSION:
         state, part_of = files.read_pickle(path, files.WORKER), None
     else:
-        parts, save_id = index.get('parts'), index.get('save_id')
+        digests, save_id = index.get('parts'), index.get('save_id')
         mine = 'worker%d' % kv.rank
-        if not isinstance(parts, dict) or mine not in parts or 'kvstore' not in parts \
+        if not isinstance(digests, dict) or mine not in digests or 'kvstore' not in digests \
                 or not isinstance(save_id, str):
             raise ValueError('%s lacks the save id or the sha256 of %s or of the kvstore '
                              'index, which every version-%d index holds'
                              % (fname, mine, files.VERSION))
-        state = files.read_archive(path, files.WORKER, save_id, parts[mine])
-        part_of = {'save_id': save_id, 'sha256': parts['kvstore']}
+        state = files.read_archive(path, files.WORKER, save_id, digests[mine])
+        part_of = {'save_id': save_id, 'sha256': digests['kvstore']}
         if state.get('rank') != kv.rank:
             raise ValueError('%s holds the state of worker %r, not of worker %d'
                              % (path, state.get('rank'), kv.rank))
@@ -179,7 +187,7 @@ def _read(fname, kv, schedule, params, optimizer, amp, trusted):
                                                          fname, index['schedule']['step']))
     saved = _field(path, state, 'schedule', dict)
     for name in ('step', 'delay', 'warmup_steps'):
-        if not store_checkpoint._is_count(saved.get(name)):  # pylint: disable=protected-access
+        if not is_count(saved.get(name)):
             raise ValueError('%s: field schedule.%s is %.60r, not an integer >= 0'
                              % (path, name, saved.get(name)))
     if (saved['delay'], saved['warmup_steps']) != (schedule.delay, schedule.warmup_steps):
@@ -188,21 +196,23 @@ def _read(fname, kv, schedule, params, optimizer, amp, trusted):
                                                        saved['warmup_steps'],
                                                        schedule.delay, schedule.warmup_steps))
     _check_arrays(path, state, params)
-    _check_setting(fname, state, 'compression', 'compression_params', kv.compression)
+    settings, checkpoint = parts.settings, parts.checkpoint
+    _check_setting(fname, state, 'compression', 'compression_params', settings.compression)
     residuals = _field(path, state, 'residuals', dict, default={})
-    if set(residuals) != set(kv.residuals()):
+    if set(residuals) != set(checkpoint.residuals()):
         raise ValueError('%s holds compression residuals of keys %s, this trainer has %s'
-                         % (fname, sorted(residuals), sorted(kv.residuals())))
-    for key, mine in kv.residuals().items():
+                         % (fname, sorted(residuals), sorted(checkpoint.residuals())))
+    for key, mine in checkpoint.residuals().items():
         theirs = residuals[key]
         if not isinstance(theirs, np.ndarray) or np.shape(theirs) != np.shape(mine) \
                 or theirs.dtype != np.asarray(mine).dtype:
             raise ValueError('%s: field residuals[%r] is %s, this trainer\'s residual is %s %s'
                              % (path, key, _describe(theirs), np.asarray(mine).dtype,
                                 np.shape(mine)))
-    _check_setting(fname, state, 'pull_compression', 'pull_compression', kv.pull_compression)
+    _check_setting(fname, state, 'pull_compression', 'pull_compression',
+                   settings.pull_compression)
     models = _field(path, state, 'pulled_models', dict, default={})
-    mine = kv.pulled_models()
+    mine = checkpoint.pulled_models()
     if set(models) != set(mine):
         raise ValueError('%s holds pulled models of keys %s, this trainer has %s'
                          % (path, sorted(models, key=str), sorted(mine, key=str)))
@@ -309,8 +319,7 @@ def _check_amp(path, saved):
         raise ValueError('%s: field amp.scaler is %.120r, not the loss scaler\'s %s'
                          % (path, scaler, ', '.join(names)))
     if not isinstance(overflows, dict) or set(overflows) != {'applied', 'skipped'} or any(
-            not store_checkpoint._is_count(overflows[n])  # pylint: disable=protected-access
-            for n in overflows):
+            not is_count(overflows[n]) for n in overflows):
         raise ValueError('%s: field amp.overflows is %.120r, not {applied, skipped} counts'
                          % (path, overflows))
 

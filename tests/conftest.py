@@ -23,11 +23,12 @@ from support.jobs import _CURRENT
 #: so that the job runs once (test_example.py's second test also resumes the first's
 #: checkpoint, and test_faults.py's table collects every fault's row). Every other test is
 #: a unit of its own. test_conftest.py checks that this set names every such module.
-SHARED_JOB_MODULES = frozenset(['tests/test_checkpoint_format.py', 'tests/test_docs.py',
-                                'tests/test_error_types.py', 'tests/test_example.py',
-                                'tests/test_faults.py', 'tests/test_load_atomic.py',
-                                'tests/test_local_rank.py', 'tests/test_stock_pin.py',
-                                'tests/test_updater_errors.py', 'tests/test_wheel.py'])
+SHARED_JOB_MODULES = frozenset(['tests/test_checkpoint_format.py', 'tests/test_codec_kernels.py',
+                                'tests/test_docs.py', 'tests/test_error_types.py',
+                                'tests/test_example.py', 'tests/test_faults.py',
+                                'tests/test_load_atomic.py', 'tests/test_local_rank.py',
+                                'tests/test_stock_pin.py', 'tests/test_updater_errors.py',
+                                'tests/test_wheel.py'])
 
 
 def pytest_configure(config):

@@ -14,6 +14,7 @@ stand-in (support/native.py; the delayed path); the rule constructors and ``crea
 ``DelaySchedule`` and its predicates; ``DistDelay``'s public methods on a store whose
 network is never reached (the checks run first; ``_command`` raises if called).
 """
+import functools
 import os
 import re
 import pathlib
@@ -181,7 +182,7 @@ def test_step_refuses_bad_batch_size_before_anything(kvstore, batch_size, error,
     assert trainer.schedule.step == 0
     np.testing.assert_array_equal(net.weight.data().asnumpy(), before)
     if kvstore == 'fake':
-        assert store._native.calls == []           # nothing was pushed (nor initialised)
+        assert store._session.native.calls == []   # nothing was pushed (nor initialised)
 
 
 @pytest.mark.parametrize('batch_size', [4, np.int64(4), 4.0, np.float32(4)], ids=repr)
@@ -317,20 +318,25 @@ def test_schedule_predicates_unchanged_for_valid_steps():
 
 GOOD = nd.zeros((2, 3))
 KV_ERRORS = [
-    ('configure', dict(slack=0), ValueError, r"slack must be an integer >= 1, got 0"),
-    ('configure', dict(slack='2'), TypeError, r"slack must be an integer >= 1, got '2'"),
-    ('configure', dict(chunk_size=10 ** 6), ValueError, r"chunk_size must be an integer in "
-                                                         r"\[1, 1000000\)"),
-    ('configure', dict(chunk_size=2.5), TypeError, r"chunk_size must be an integer >= 1"),
-    ('set_config', dict(rule=object()), TypeError, r"set_config: rule=<object .*> \(object\) is "
-                                                   r"not JSON-able"),
+    ('settings.configure', dict(slack=0), ValueError, r"slack must be an integer >= 1, "
+                                                       r"got 0"),
+    ('settings.configure', dict(slack='2'), TypeError, r"slack must be an integer >= 1, "
+                                                        r"got '2'"),
+    ('settings.configure', dict(chunk_size=10 ** 6), ValueError, r"chunk_size must be an "
+                                                                  r"integer in \[1, 1000000\)"),
+    ('settings.configure', dict(chunk_size=2.5), TypeError, r"chunk_size must be an "
+                                                             r"integer >= 1"),
+    ('settings.set_config', dict(rule=object()), TypeError, r"set_config: rule=<object .*> "
+                                                            r"\(object\) is not JSON-able"),
     ('set_optimizer', dict(optimizer='sgd'), TypeError, r"optimizer must be an "
                                                         r"mx\.optimizer\.Optimizer, got 'sgd'"),
     ('set_learning_rate', dict(lr='0.1'), TypeError, r"lr must be a finite number >= 0"),
     ('set_learning_rate', dict(lr=-1), ValueError, r"lr must be a finite number >= 0, got -1"),
-    ('scale_gradients', dict(rescale_grad=0), ValueError, r"rescale_grad must be a finite "
-                                                           r"number > 0, got 0; pass 1/batch_size"),
-    ('scale_gradients', dict(rescale_grad=None), TypeError, r"rescale_grad.*got None"),
+    ('rounds.scale_gradients', dict(rescale_grad=0), ValueError, r"rescale_grad must be a "
+                                                                  r"finite number > 0, got 0; "
+                                                                  r"pass 1/batch_size"),
+    ('rounds.scale_gradients', dict(rescale_grad=None), TypeError, r"rescale_grad.*got "
+                                                                    r"None"),
     ('init', dict(key=1.5, value=GOOD), TypeError, r"key must be an int or a str.*got 1\.5"),
     ('init', dict(key=True, value=GOOD), TypeError, r"key must be an int or a str.*got True"),
     ('init', dict(key=1, value=np.zeros(3)), TypeError, r"value for key 1 must be an NDArray or "
@@ -361,32 +367,38 @@ KV_ERRORS = [
     ('save_optimizer_states', dict(fname=None), TypeError, r"fname must be a file path"),
     ('load_optimizer_states', dict(fname=''), ValueError, r"fname must be a file path, got an "
                                                           r"empty string"),
-    ('check_states', dict(fname='x', error=1), TypeError, r"error must be None or a str, got 1"),
-    ('apply_states', dict(state='x'), TypeError, r"state must be the dict that check_states "
-                                                 r"returned, got 'x'"),
-    ('agree', dict(error=ValueError('x')), TypeError, r"error must be None or a str"),
+    ('checkpoint.check_states', dict(fname='x', error=1), TypeError, r"error must be None or "
+                                                                      r"a str, got 1"),
+    ('checkpoint.apply_states', dict(state='x'), TypeError, r"state must be the dict that "
+                                                            r"check_states returned, got 'x'"),
+    ('job.agree', dict(error=ValueError('x')), TypeError, r"error must be None or a str"),
 ]
 
 
 @pytest.mark.parametrize('method,kwargs,error,message', KV_ERRORS,
                          ids=['%s-%d' % (c[0], i) for i, c in enumerate(KV_ERRORS)])
 def test_dist_delay_checks_arguments_before_any_network_use(method, kwargs, error, message):
-    store = offline_store(placed=method != 'configure')
+    configure = method.endswith('.configure')
+    store = offline_store(placed=not configure)
     with pytest.raises(error, match=message):
-        getattr(store, method)(**kwargs)
-    assert list(store._tensors) == ([] if method == 'configure' else [0])  # nothing placed
-    assert store._slack == 1 and store._chunk_size == 1000 and store._config == {}
+        # a part's method ('settings.configure') or the face's ('init')
+        owner = store.delayed if '.' in method else store
+        functools.reduce(getattr, method.split('.'), owner)(**kwargs)
+    assert list(store._session.tensors) == ([] if configure else [0])  # nothing placed
+    settings = store.delayed.settings
+    assert settings.slack == 1 and settings.chunk_size == 1000 and settings.shared == {}
 
 
 def test_dist_delay_keys_may_be_numpy_integers_and_strings():
     store = offline_store()
-    store._tensors['w'] = Tensor('w', (3,), np.float32, [])
-    assert store._checked_lists(np.int64(0), GOOD, 'value', np.int32(1)) == ([0], [GOOD])
-    assert store._checked_lists(['w', 0], [nd.zeros(3), [GOOD, GOOD]], 'out', -2)[0] == ['w', 0]
-    assert store._checked_lists(0, nd.zeros((3, 2)), 'value', 0)[0] == [0]  # same size: as before
-    store.set_config(delay=4, local_lr=None, local_rule='MirrorRule(dc_lambda=0)')
-    assert store._config['delay'] == 4
-    fresh = offline_store(placed=False)
+    session = store._session
+    session.tensors['w'] = Tensor('w', (3,), np.float32, [])
+    assert session.checked_lists(np.int64(0), GOOD, 'value', np.int32(1)) == ([0], [GOOD])
+    assert session.checked_lists(['w', 0], [nd.zeros(3), [GOOD, GOOD]], 'out', -2)[0] == ['w', 0]
+    assert session.checked_lists(0, nd.zeros((3, 2)), 'value', 0)[0] == [0]  # same size: as before
+    store.delayed.settings.set_config(delay=4, local_lr=None, local_rule='MirrorRule(dc_lambda=0)')
+    assert store.delayed.settings.shared['delay'] == 4
+    fresh = offline_store(placed=False).delayed.settings
     fresh.configure(slack=np.int64(3), chunk_size=np.int32(10))
     assert (fresh.slack, fresh.chunk_size) == (3, 10)
     assert type(fresh.slack) is int

@@ -62,7 +62,7 @@ def test_saves_fall_after_each_multiple_where_the_servers_are_waited_for_anyway(
     for every, expected in ((6, [6, 12, 18]), (4, [4, 8, 12, 16]), (5, [6, 10, 16, 20]),
                             (1, [1, 2, 3, 4, 6, 8, 10])):
         trainer = types.SimpleNamespace(schedule=DelaySchedule(2, 3))
-        saver = autosave.AutoSave(trainer, '/unused', every, 2)
+        saver = autosave.AutoSave(trainer, None, [], '/unused', every, 2)
         saver._resumed, saver._saved = 0, 0
         saves = []
         for counter in range(1, 21):

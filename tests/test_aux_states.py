@@ -233,7 +233,7 @@ def train(rank, store, steps, sync_after, ctxs, aux_states=True, delay=3, warmup
     if save is not None:
         trainer.save_states(save)
     out['frozen'] = [p.data(c).asnumpy() for p in params if p.name == FROZEN for c in ctxs]
-    out['rounds'] = {p.name: store.rounds(trainer._param2idx[p.name]) for p in params
+    out['rounds'] = {p.name: store.delayed.rounds.rounds(trainer._param2idx[p.name]) for p in params
                      if p.name in AUX_SHAPES}
     return out
 
@@ -357,8 +357,9 @@ def test_with_2bit_the_values_go_by_command(monkeypatch):
                                      warmup_steps=1, compression_params=two_bit)
     backward_at(params[:4], ctxs, 0)
     trainer.step(BATCH)
-    assert set(store.residuals()) >= {trainer._param2idx[n] for n in MLP_NAMES}
-    assert not set(store.residuals()) & {trainer._param2idx[n] for n in AUX_SHAPES}
+    residuals = store.delayed.checkpoint.residuals()
+    assert set(residuals) >= {trainer._param2idx[n] for n in MLP_NAMES}
+    assert not set(residuals) & {trainer._param2idx[n] for n in AUX_SHAPES}
 
 
 def test_the_aux_command_and_its_refusals():
@@ -403,14 +404,14 @@ def test_refusals_name_the_key_and_the_fix():
                                          r'trainer\.sync_weights\(aux_states=True\)' % aux):
         store.push(aux, nd.zeros(7))
     with pytest.raises(ValueError, match=r'key %d does not hold aux states' % weight):
-        store.average(weight, params[weight].data())
+        store.delayed.aux.average(weight, params[weight].data())
     with pytest.raises(TypeError, match=r"aux_states must be True or False, got 'yes'"):
         trainer.sync_weights(aux_states='yes')
     frozen = trainer._param2idx[FROZEN]
     with pytest.raises(ValueError, match='does not hold aux states'):
-        store.average(frozen, params[frozen].data())
+        store.delayed.aux.average(frozen, params[frozen].data())
     # Registered as aux on the servers; the frozen weight and the trained ones are not.
-    info = store._native.servers[0]._chunks._chunks   # pylint: disable=protected-access
+    info = store._session.native.servers[0]._chunks._chunks   # pylint: disable=protected-access
     kinds = {i['param_index']: i['codec'] for i in info.values()}
     assert kinds[aux] == AUX and kinds[frozen] == {} and kinds[weight] == {}
 

@@ -88,7 +88,7 @@ FAKE_KV = types.SimpleNamespace(rank=0, num_workers=1)
 
 
 def read_worker(fname, trusted=False):
-    return worker_state.read(fname, FAKE_KV, None, None, None, None, trusted)
+    return worker_state.read(fname, FAKE_KV, None, None, None, None, None, trusted)
 
 
 # -- 1. pickle bombs ---------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def test_store_refuses_non_float32_keys():
     store = offline_store(placed=False)
     store.set_gradient_compression({'type': '2bit', 'threshold': 0.5})
     with pytest.raises(ValueError, match=r'only supported for float32.*key 3 is float16'):
-        store._check_compressible([3], [nd.zeros(2, dtype='float16')])
+        store.init(3, nd.zeros(2, dtype='float16'))   # refused before any network use
 
 
 def test_delayed_trainer_validates_compression_at_construction():

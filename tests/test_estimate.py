@@ -5,7 +5,7 @@ spans), each waiting 60 ms with 80 ms of communication, so S = 100, W = 60, C = 
 and 1000 bytes pushed and pulled per round. The model (module docstring): k = 1,
 C + W (P'+Q')/(P+Q); k >= 2, max(C, T (P' + Q'/k)/(P+Q)).
 
-Against a committed measurement (docs/benchmarks/overlap.md, 1 Gbit/s links, per-layer
+Against a committed measurement (docs/benchmarks/overlap/overlap.md, 1 Gbit/s links, per-layer
 pushes, bulk 4, the same 6-layer MLP in warm-up and at k=2): warm-up step 551.0 ms, wait
 527.4 ms, the last pull arriving 545 ms after the first push (taken as T: communication is
 outstanding all along); the delayed k=2 step was 327.1 ms, a speed-up of 1.68x. The
@@ -85,7 +85,7 @@ def test_format_estimate_says_it_is_an_estimate():
 
 
 def test_estimate_against_the_committed_overlap_measurement():
-    path = os.path.join(HERE, '..', 'docs', 'benchmarks', 'overlap.md')
+    path = os.path.join(HERE, '..', 'docs', 'benchmarks', 'overlap', 'overlap.md')
     text = re.sub(r'\s+', ' ', open(path, encoding='utf-8').read())
     section = text.split('## 1 Gbit/s links (run B, 3 rounds)', 1)[1].split('## ', 1)[0]
     assert ('| per layer, during backward | 4 | 551.0 (538.0-582.3) | 327.1 (323.7-338.9) |'

@@ -30,7 +30,7 @@ CHUNK = 16
 
 def _store(compression=None):
     store = delay_store(num_servers=2)
-    store.configure(chunk_size=CHUNK)
+    store.delayed.settings.configure(chunk_size=CHUNK)
     if compression:
         store.set_gradient_compression(compression)
     store.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
@@ -43,16 +43,16 @@ def test_pushpull_is_one_request_per_chunk_with_the_weights_of_push_and_pull():
     exchanged, separate = _store(), _store()
     for store in (exchanged, separate):
         store.init(0, nd.array(init))
-    tensor = exchanged._tensors[0]
+    tensor = exchanged._session.tensors[0]
     assert len(tensor.chunks) == 3 and len({c.server for c in tensor.chunks}) == 2
     out_a, out_b = nd.zeros(SHAPE), nd.zeros(SHAPE)
     # pushpull, pushpull, push, push, pushpull: rounds without a pull in between included
     for rnd, pulls in enumerate([True, True, False, False, True]):
         grad = nd.array(rs.randn(*SHAPE).astype(np.float32))
         if pulls:
-            before = len(exchanged._native.calls)
+            before = len(exchanged._session.native.calls)
             exchanged.pushpull(0, grad, out=out_a)
-            new = exchanged._native.calls[before:]
+            new = exchanged._session.native.calls[before:]
             assert [op for op, _, _ in new if op != 'push'] == ['pushpull'], rnd
             assert len(new[-1][1]) == 3, rnd           # every chunk in the one call
             separate.push(0, grad)
@@ -62,7 +62,7 @@ def test_pushpull_is_one_request_per_chunk_with_the_weights_of_push_and_pull():
         else:
             exchanged.push(0, grad)
             separate.push(0, grad)
-    assert exchanged.rounds(0) == separate.rounds(0) == 5
+    assert exchanged.delayed.rounds.rounds(0) == separate.delayed.rounds.rounds(0) == 5
     # Chunks 1 and 2 were sent from arrays of their own, of their sizes.
     own_buffers = tensor.wire_state.own
     assert [own.size for own in own_buffers] == [c.stop - c.start for c in tensor.chunks[1:]]
@@ -83,19 +83,19 @@ def test_pushpull_into_its_value_returns_the_weights_there():
 def test_with_a_codec_pushpull_is_a_push_and_a_pull(compression):
     store = _store(compression)
     store.init(0, nd.zeros(SHAPE))
-    before = len(store._native.calls)
+    before = len(store._session.native.calls)
     out = nd.zeros(SHAPE)
     store.pushpull(0, nd.ones(SHAPE), out=out)
-    ops = [op for op, _, _ in store._native.calls[before:]]
+    ops = [op for op, _, _ in store._session.native.calls[before:]]
     assert 'pushpull' not in ops and 'push' in ops and ops[-1] == 'pull'
-    assert not isinstance(store._tensors[0].wire_state, ExchangeBuffers)
+    assert not isinstance(store._session.tensors[0].wire_state, ExchangeBuffers)
     np.testing.assert_array_equal(out.asnumpy(), server_weights(store, 0).astype(np.float32))
 
 
 def _counter_heads(store):
     """The finish counter's (finished, leaving, exchanged) sums as its server holds them."""
-    chunk, = store._finish.tensor.chunks
-    return list(store._native.servers[chunk.server].weight(chunk.chunk_id).asnumpy()[:3])
+    chunk, = store._session.finish.tensor.chunks
+    return list(store._session.native.servers[chunk.server].weight(chunk.chunk_id).asnumpy()[:3])
 
 
 def test_every_key_of_a_round_goes_as_the_round_is_flagged():

@@ -42,13 +42,13 @@ def test_broadcast_gives_rank0s_value_rank0_pulls_nothing_others_once(monkeypatc
     monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
 
     def work(rank, store):
-        store.set_config(delay=2, warmup_steps=1)
+        store.delayed.settings.set_config(delay=2, warmup_steps=1)
         if push is not None:
             store.set_gradient_compression(push)
         if pull is not None:
-            store.set_pull_compression(pull)
+            store.delayed.settings.set_pull_compression(pull)
         pulled = []
-        native = store._native
+        native = store._session.native
         native_pull = native.pull
 
         def counting_pull(keys, out=None, priority=0, ignore_sparse=True):
@@ -64,10 +64,11 @@ def test_broadcast_gives_rank0s_value_rank0_pulls_nothing_others_once(monkeypatc
             others[key].wait_to_read()
         # The keys that hold W (slot keys, or the pull keys of float16 and blockwise pushes);
         # the other pulls are the commands' status keys.
-        weight_keys = {k for t in store._tensors.values() for c in t.chunks for k in c.pull_keys}
+        tensors = store._session.tensors
+        weight_keys = {k for t in tensors.values() for c in t.chunks for k in c.pull_keys}
         pulled = [k for k in pulled if k in weight_keys]
-        chunks = {key: len(store._tensors[key].chunks) for key in SHAPES}
-        models = {key: t.pull_state.model.asnumpy() for key, t in store._tensors.items()} \
+        chunks = {key: len(store._session.tensors[key].chunks) for key in SHAPES}
+        models = {key: t.pull_state.model.asnumpy() for key, t in store._session.tensors.items()} \
             if pull is not None else {}
         return ({key: (values[key].asnumpy(), others[key].asnumpy()) for key in SHAPES},
                 pulled, chunks, models)

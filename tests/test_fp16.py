@@ -246,12 +246,12 @@ def test_fp16_must_be_set_before_init():
     with pytest.raises(ValueError, match=r"must be called before the first init\(\) .* this "
                                          r"store has started"):
         store.set_gradient_compression(FP16)
-    assert store.wire_dtype is None
+    assert store.delayed.settings.wire_dtype is None
     fresh = offline_store(placed=False)
     fresh.set_gradient_compression(None)
-    assert fresh.wire_dtype is None
+    assert fresh.delayed.settings.wire_dtype is None
     fresh.set_gradient_compression(FP16)
-    assert fresh.wire_dtype == 'float16'
+    assert fresh.delayed.settings.wire_dtype == 'float16'
 
 
 def test_pull_keys_in_the_layout():

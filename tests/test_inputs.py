@@ -177,7 +177,8 @@ def test_zero_servers_is_not_one(monkeypatch):
                                          r'job needs one; launch with mxdelay-launch -s S'):
         DistDelay(native=OfflineNative(), channel_factory=_no_channel)
     monkeypatch.delenv('DMLC_NUM_SERVER')  # unset (no job): one server, as before
-    assert DistDelay(native=OfflineNative(), channel_factory=_no_channel)._num_servers == 1
+    assert DistDelay(native=OfflineNative(),
+                     channel_factory=_no_channel)._session.num_servers == 1
 
 
 @pytest.mark.parametrize('raw,level', [('INFO', 20), ('debug', 10), (' Warning ', 30),
@@ -230,9 +231,9 @@ def test_delayed_trainer_refuses_a_huge_delay_at_construction():
 def test_slack_has_an_upper_bound(monkeypatch, slack):
     store = DistDelay(native=OfflineNative(), channel_factory=_no_channel)
     with pytest.raises(ValueError, match=r"slack %s.*use slack <= 256" % (BOUND % slack)):
-        store.configure(slack=slack)
-    store.configure(slack=256)
-    assert store.slack == 256
+        store.delayed.settings.configure(slack=slack)
+    store.delayed.settings.configure(slack=256)
+    assert store.delayed.settings.slack == 256
     monkeypatch.setenv('MXDELAY_SLACK', str(slack))  # the environment's default alike
     with pytest.raises(ValueError, match='slack ' + BOUND % slack):
         DistDelay(native=OfflineNative(), channel_factory=_no_channel)

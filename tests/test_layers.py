@@ -281,7 +281,7 @@ kv.init(0, nd.zeros(2))
 kv.push(0, nd.ones(2) * (kv.rank + 1))
 out = nd.zeros(2)
 kv.pull(0, out=out)
-stats = kv.server_stats()      # a command: only mxdelay's servers answer it
+stats = kv.delayed.job.server_stats()  # a command: only mxdelay's servers answer it
 print('sum', out.asnumpy().tolist(), 'servers', sorted(s['server'] for s in stats))
 '''
 

@@ -20,6 +20,7 @@ objects it validated even when the file is gone by then. (A PermissionError case
 import json
 import os
 import re
+import types
 
 import numpy as np
 import pytest
@@ -184,12 +185,14 @@ def test_amp_state_is_checked(saved, pattern):
         worker_state._check_amp('f.worker0', saved)  # pylint: disable=protected-access
 
 
-class Store(object):
-    """What store_checkpoint.apply uses of a DistDelay: rank 0's LOAD fails on a server."""
+class Store(store_checkpoint.StoreCheckpoint):
+    """What ``StoreCheckpoint.apply_states`` uses of its session and job: rank 0's LOAD fails
+    on a server."""
 
     def __init__(self, rank, failures):
-        self.rank, self._failures, self.votes, self.restored = rank, failures, [], False
-        self._optimizer = None
+        session = types.SimpleNamespace(rank=rank, optimizer=None, command=self._command)
+        super(Store, self).__init__(session, types.SimpleNamespace(agree=self.agree))
+        self._failures, self.votes, self.restored = failures, [], False
 
     def _command(self, command, body):
         raise RuntimeError('mxdelay server 1: load failed: it broke')
@@ -209,7 +212,7 @@ def test_apply_is_collective(rank):
     state = {'load': {}, 'rounds': {}, 'servers': ['/x/ckpt.kvstore.server0']}
     with pytest.raises(ValueError, match=r'the servers could not apply /x/ckpt.kvstore after '
                                          r'validating it: worker 0: mxdelay server 1'):
-        store_checkpoint.apply(store, state)
+        store.apply_states(state)
     assert store.votes == ([failures[0][1]] if rank == 0 else [None])
     assert not store.restored
 

@@ -59,7 +59,8 @@ OPTIMIZERS = {
     'lamb': ('lamb', {'learning_rate': 0.01}),
     'lars': ('lars', {'learning_rate': 0.1, 'momentum': 0.9, 'momentum_correction': False}),
     # momentum_correction=True (LARS's default), without an lr_scheduler: the servers' ratio
-    # is 1 at every call, and so is the local copy's (mxdelay.rules._LarsMomentumCorrection).
+    # is 1 at every call, and so is the local copy's
+    # (mxdelay.rules.feeds.LarsMomentumCorrection).
     'lars-mc': ('lars', {'learning_rate': 0.1, 'momentum': 0.9}),
     # batch_scale=1, without an lr_scheduler; 'lars' reads whole-tensor norms.
     'lbsgd': ('lbsgd', {'learning_rate': 0.1, 'momentum': 0.9}),
@@ -182,7 +183,7 @@ def test_two_workers_with_equal_gradients_are_one_worker_with_twice_the_gradient
     # exact). Their weights are then those of one worker whose gradient is 2g (where
     # w' = W), bit for bit at every step: a check of how each feed scales the worker's
     # gradient by N (LBSGD 'lars' reads the norm of the raw gradient: without
-    # mxdelay.rules._RawGradientNorms its ratio would see g, not the servers' 2g).
+    # mxdelay.rules.feeds.RawGradientNorms its ratio would see g, not the servers' 2g).
     optimizer, optimizer_params = OPTIMIZERS[name]
     steps = WARMUP + 2 * 3 + 2
     two, two_final = _trajectory(2, optimizer, optimizer_params, 3, steps, 1.0)

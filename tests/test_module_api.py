@@ -178,7 +178,7 @@ def test_module_init_optimizer_gives_the_servers_dist_syncs_rescale_and_multipli
     mod.init_optimizer(kvstore=store, optimizer='sgd', optimizer_params=params)
     rescale = 1.0 / (batch * num_workers) if explicit is None else explicit
     optimizer = mod._optimizer  # pylint: disable=protected-access
-    assert optimizer is store._optimizer and optimizer.rescale_grad == rescale
+    assert optimizer is store._session.optimizer and optimizer.rescale_grad == rescale
     assert channel.hello['config']['optimizer']['rescale_grad'] == rescale
     [body] = [body for command, body in sent if command == Command.OPTIMIZER]
     assert commands.decode_optimizer(body['optimizer']).rescale_grad == rescale
@@ -207,4 +207,4 @@ def test_module_that_updates_locally_is_refused(monkeypatch):
     store = DistDelay(native=WorkersNative(2), channel_factory=_no_channel)
     with pytest.raises(ValueError, match='unset MXNET_UPDATE_ON_KVSTORE'):
         module(6).init_optimizer(kvstore=store, optimizer='sgd')
-    assert store._channel is None  # refused before the hand-shake
+    assert store._session.link.channel is None  # refused before the hand-shake

@@ -103,7 +103,8 @@ def test_one_worker_mirror_of_lars_is_the_servers_with_module_names(delay):
     optimizer = server_optimizer(kv)
     assert sorted(optimizer.idx2name.values()) == sorted(mlp_model.NAMES)
     for name, key in keys.items():   # every chunk by its own Parameter's name
-        assert [optimizer.idx2name[c.chunk_id] for c in kv._tensors[key].chunks] == [name]  # pylint: disable=protected-access
+        chunks = kv._session.tensors[key].chunks  # pylint: disable=protected-access
+        assert [optimizer.idx2name[c.chunk_id] for c in chunks] == [name]
 
 
 @pytest.mark.parametrize('optimizer, params, atol', [

@@ -48,7 +48,7 @@ def test_one_worker_delayed_trainer_is_gluon_trainer_on_local(name, num_servers)
             check(name, got.data().asnumpy(), want.data().asnumpy())
             check(name, server_weights(store, i), want.data().asnumpy())
     assert trainer.schedule.step == 12
-    native = store._native
+    native = store._session.native
     assert {native.server_of(k) for op, keys, _ in native.calls for k in keys} \
         == set(range(num_servers))
     assert all(server.applied_rounds(0) >= 0 for server in native.servers)

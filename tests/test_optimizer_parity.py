@@ -307,7 +307,7 @@ def test_delayed_trainer_keeps_whole_tensors_whole_beyond_the_chunk_size(monkeyp
         backward_at(parameters, [mx.cpu()], step)
         trainer.step(BATCH)
     assert whole_tensor_name(trainer._optimizer) == base   # pylint: disable=protected-access
-    tensors = kv._tensors  # pylint: disable=protected-access
+    tensors = kv._session.tensors  # pylint: disable=protected-access
     assert [len(tensors[i].chunks) for i in range(4)] == [1, 1, 1, 1]
     for i, param in enumerate(parameters):
         np.testing.assert_array_equal(param.data().asnumpy(), server_weights(kv, i))

@@ -176,7 +176,7 @@ def test_the_codecs_are_registered_and_tell_the_servers(name):
         H[name]))) + 8
     store = offline_store(placed=False)
     store.set_gradient_compression({'type': name, 'block_size': 16})
-    assert store.compression.describe() == {'type': name, 'block_size': 16}
+    assert store.delayed.settings.compression.describe() == {'type': name, 'block_size': 16}
 
 
 @pytest.mark.parametrize('params,error,message', [
@@ -239,10 +239,10 @@ def test_a_bare_store_refuses_the_amp_flag_when_it_is_set(name):
     with pytest.raises(ValueError, match=r"compression_params=\{'type': '%s', 'block_size': "
                                          r"256\} cannot carry the AMP overflow flag; train "
                                          r"without AMP or without compression_params" % name):
-        store.set_finite_flag(nd.ones(1))
+        store.delayed.rounds.set_finite_flag(nd.ones(1))
     carried = offline_store(placed=False)
     carried.set_gradient_compression({'type': 'fp16'})
-    carried.set_finite_flag(nd.ones(1))
+    carried.delayed.rounds.set_finite_flag(nd.ones(1))
 
 
 def test_chunks_stay_below_the_big_array_bound(monkeypatch):
@@ -259,15 +259,15 @@ def test_chunks_stay_below_the_big_array_bound(monkeypatch):
     kv.set_gradient_compression({'type': 'int8', 'block_size': 1})
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
     kv.init(0, nd.ones(2000))
-    tensor = kv._tensors[0]
+    tensor = kv._session.tensors[0]
     assert [(c.start, c.stop) for c in tensor.chunks] == [(0, 799), (799, 1598), (1598, 2000)]
     for chunk in tensor.chunks:
-        assert np.prod(kv._native._stored[chunk.keys[0]].shape) < 1000
+        assert np.prod(kv._session.native._stored[chunk.keys[0]].shape) < 1000
     grad = nd.array(np.linspace(-1, 1, 2000))
     kv.push(0, grad)
     out = nd.zeros(2000)
     kv.pull(0, out=out)
-    sent = kv.sent_gradient(0, grad).asnumpy()
+    sent = kv.delayed.rounds.sent_gradient(0, grad).asnumpy()
     np.testing.assert_array_equal(out.asnumpy(), np.float32(1) - np.float32(0.5) * sent)
     np.testing.assert_array_equal(server_weights(kv, 0), out.asnumpy())
 
@@ -368,7 +368,7 @@ def test_save_and_load_resume_bit_for_bit(tmp_path):
     params = mlp_params([mx.cpu()])
     trainer = mxdelay.DelayedTrainer(params, 'sgd', dict(OPT), kvstore=delay_store(), **args)
     train_steps(trainer, params, 0, 6)
-    residuals = trainer._kvstore.residuals()
+    residuals = trainer._kvstore.delayed.checkpoint.residuals()
     assert residuals and any(np.any(r != 0) for r in residuals.values())
     trainer.save_states(str(tmp_path / 'ckpt'))
     params2 = mlp_params([mx.cpu()])
@@ -537,7 +537,7 @@ def test_module_api_trains_with_the_codec_and_holds_the_servers_weights():
     mod.bind(it.provide_data, it.provide_label)
     mod.init_params(mx.init.Xavier())
     mod.init_optimizer(kvstore=kv, optimizer='sgd', optimizer_params={'learning_rate': 0.5})
-    assert kv.compression.describe() == {'type': 'ternary', 'block_size': 8}
+    assert kv.delayed.settings.compression.describe() == {'type': 'ternary', 'block_size': 8}
     metric = mx.metric.Accuracy()
     accuracy = []
     for _ in range(6):

@@ -81,8 +81,8 @@ def simulate(num_workers, steps, delay, warmup, pull_compression, compression=No
 def models_of(store):
     """{key: (worker's x̂, servers' x̂)} of every tensor of `store`."""
     out = {}
-    for key, tensor in store._tensors.items():
-        servers = store._native.servers
+    for key, tensor in store._session.tensors.items():
+        servers = store._session.native.servers
         theirs = np.concatenate([servers[c.server].pulled_model(c.chunk_id)
                                  for c in tensor.chunks])
         out[key] = (tensor.pull_state.model.asnumpy(), theirs)
@@ -183,11 +183,11 @@ def test_bytes_per_pull_from_the_model_keys():
         == 4 + 4 * 4096 + n
     # The store's model keys have these sizes (what each pull of the model key carries).
     store = delay_store()
-    store.set_config(delay=2, warmup_steps=1)
-    store.set_pull_compression({'type': 'int8'})
+    store.delayed.settings.set_config(delay=2, warmup_steps=1)
+    store.delayed.settings.set_pull_compression({'type': 'int8'})
     store.init(0, nd.zeros(1000))
-    native = store._native
-    chunk = store._tensors[0].chunks[0]
+    native = store._session.native
+    chunk = store._session.tensors[0].chunks[0]
     assert native._stored[chunk.model_key].size == 1 + 4 + 256 == \
         pulls.parse({'type': 'int8'}).payload_size(1000)
 
@@ -264,14 +264,14 @@ def test_workers_match_the_reference_bit_for_bit(monkeypatch, num_workers, num_s
 def test_no_drift_repeated_pulls_bring_the_model_to_w():
     # lr 0 after the first rounds: W stays; each pull sends what the last one did not.
     kv = delay_store()
-    kv.set_config(delay=1, warmup_steps=100)
-    kv.set_pull_compression({'type': 'int8', 'block_size': 8})
+    kv.delayed.settings.set_config(delay=1, warmup_steps=100)
+    kv.delayed.settings.set_pull_compression({'type': 'int8', 'block_size': 8})
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0))
     rs = np.random.RandomState(3)
     kv.init(0, nd.array(rs.randn(40)))
     out = nd.zeros(40)
     kv.push(0, nd.array(rs.randn(40)))
-    kv.pull_compressed(0, out=out)
+    kv.delayed.rounds.pull_compressed(0, out=out)
     W = server_weights(kv, 0)
     first = np.abs(W - out.asnumpy()).max()
     assert first > 1e-4
@@ -279,7 +279,7 @@ def test_no_drift_repeated_pulls_bring_the_model_to_w():
     errors = []
     for _ in range(4):
         kv.push(0, nd.zeros(40))
-        kv.pull_compressed(0, out=out)
+        kv.delayed.rounds.pull_compressed(0, out=out)
         errors.append(np.abs(W - out.asnumpy()).max())
     np.testing.assert_array_equal(server_weights(kv, 0), W)
     assert errors[0] < first / 50 and errors[-1] <= 4e-7 * np.abs(W).max(), (first, errors)
@@ -295,13 +295,13 @@ def test_sync_weights_is_exact_and_leaves_the_pulled_model(monkeypatch, setting,
     seen = {}
 
     def after(trainer, params):
-        before = {k: v for k, v in trainer._kvstore.pulled_models().items()}
+        before = {k: v for k, v in trainer._kvstore.delayed.checkpoint.pulled_models().items()}
         trainer.sync_weights()
         store = trainer._kvstore
         for state in trainer._delayed.states:
             np.testing.assert_array_equal(state.param.data().asnumpy(),
                                           server_weights(store, state.index))
-        for key, (model, rnd) in store.pulled_models().items():
+        for key, (model, rnd) in store.delayed.checkpoint.pulled_models().items():
             np.testing.assert_array_equal(model, before[key][0])
             assert rnd == before[key][1]
         seen[store.rank] = models_of(store)
@@ -326,7 +326,8 @@ def test_save_and_load_resume_bit_for_bit(tmp_path, compression):
     params2 = mlp_params([mx.cpu()])
     trainer2 = mxdelay.DelayedTrainer(params2, 'sgd', dict(OPT), kvstore=delay_store(), **args)
     trainer2.load_states(str(tmp_path / 'ckpt'))
-    assert trainer2._kvstore.pulled_models().keys() == trainer._kvstore.pulled_models().keys()
+    assert (trainer2._kvstore.delayed.checkpoint.pulled_models().keys()
+            == trainer._kvstore.delayed.checkpoint.pulled_models().keys())
     resumed = train_steps(trainer2, params2, 6, 6)
     for t, (got, want) in enumerate(zip(resumed, full[6:])):
         for g, w in zip(got, want):
@@ -362,14 +363,14 @@ def test_fp16_pushes_take_compressed_pulls_with_pull_keys_and_model_keys():
                            compression_params=PUSH_FP16, pull_compression=INT8)
     store = delay_store()
     store.set_gradient_compression(PUSH_FP16)
-    store.set_config(delay=2, warmup_steps=0)
-    store.set_pull_compression(INT8)
+    store.delayed.settings.set_config(delay=2, warmup_steps=0)
+    store.delayed.settings.set_pull_compression(INT8)
     store.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
     rs = np.random.RandomState(5)
     w0 = rs.randn(70).astype(np.float32)
     store.init(0, nd.array(w0))
-    chunk = store._tensors[0].chunks[0]
-    native = store._native
+    chunk = store._session.tensors[0].chunks[0]
+    native = store._session.native
     assert chunk.pull_keys != chunk.keys and chunk.model_key not in chunk.pull_keys
     assert {np.dtype(native._stored[k].dtype) for k in chunk.keys} == {np.dtype(np.float16)}
     assert {np.dtype(native._stored[k].dtype) for k in chunk.pull_keys + [chunk.model_key]} \
@@ -384,10 +385,10 @@ def test_fp16_pushes_take_compressed_pulls_with_pull_keys_and_model_keys():
                                       .astype(np.float32))
         w0 = w
         if rnd % 2 == 0:          # rounds 0, 2, 4 are pulled (k = 2, W = 0)
-            store.pull_compressed(0, out=out)
+            store.delayed.rounds.pull_compressed(0, out=out)
             xhat = xhat + reference.pull_int8(w - xhat, INT8['block_size'])
             np.testing.assert_array_equal(out.asnumpy(), xhat)
-            np.testing.assert_array_equal(store._tensors[0].pull_state.model.asnumpy(),
+            np.testing.assert_array_equal(store._session.tensors[0].pull_state.model.asnumpy(),
                                           native.servers[0].pulled_model(chunk.chunk_id))
         store.pull(0, out=exact)  # the pull key: W exactly, every round
         np.testing.assert_array_equal(exact.asnumpy(), w)
@@ -402,8 +403,8 @@ def test_row_sparse_parameters_are_refused():
         mxdelay.DelayedTrainer(net.collect_params(), 'sgd', dict(OPT), kvstore='dist_delay',
                                pull_compression=FP16)
     store = delay_store()
-    store.set_config(delay=2, warmup_steps=1)
-    store.set_pull_compression(FP16)
+    store.delayed.settings.set_config(delay=2, warmup_steps=1)
+    store.delayed.settings.set_pull_compression(FP16)
     with pytest.raises(ValueError, match='key 0 is row_sparse, which pull_compression'):
         store.init(0, nd.sparse.zeros('row_sparse', (4, 2)))
 
@@ -424,7 +425,7 @@ def test_amp_is_refused_when_the_store_is_created(compression, match):
 
 def test_bare_store_needs_the_schedule():
     store = delay_store()
-    store.set_pull_compression(FP16)
+    store.delayed.settings.set_pull_compression(FP16)
     with pytest.raises(ValueError, match=r'(?s)needs the pull schedule.*delay and '
                                          r'warmup_steps.*set_config\(delay=k, warmup_steps=W\)'):
         store.init(0, nd.zeros(3))
@@ -432,26 +433,26 @@ def test_bare_store_needs_the_schedule():
 
 def test_compressed_pull_only_at_pulled_rounds_and_none_skipped():
     store = delay_store()
-    store.set_config(delay=2, warmup_steps=0)
-    store.set_pull_compression(FP16)
+    store.delayed.settings.set_config(delay=2, warmup_steps=0)
+    store.delayed.settings.set_pull_compression(FP16)
     store.init(0, nd.zeros(3))
     out = nd.zeros(3)
     with pytest.raises(ValueError, match='after round -1: with pull_compression'):
-        store.pull_compressed(0, out=out)
+        store.delayed.rounds.pull_compressed(0, out=out)
     store.push(0, nd.ones(3))
-    store.pull_compressed(0, out=out)          # round 0: warm-up/switch
+    store.delayed.rounds.pull_compressed(0, out=out)          # round 0: warm-up/switch
     store.push(0, nd.ones(3))
     with pytest.raises(ValueError, match=r'after round 1: .*every delay=2-th\); use pull\(\)'):
-        store.pull_compressed(0, out=out)
+        store.delayed.rounds.pull_compressed(0, out=out)
     store.push(0, nd.ones(3))                  # round 2 is pulled
     store.push(0, nd.ones(3))
     store.push(0, nd.ones(3))                  # round 4 too; round 2 was skipped
     with pytest.raises(ValueError, match='the compressed pull of round 2 was skipped'):
-        store.pull_compressed(0, out=out)
+        store.delayed.rounds.pull_compressed(0, out=out)
     store.pull(0, out=out)                     # the exact pull is always there
     np.testing.assert_array_equal(out.asnumpy(), server_weights(store, 0))
     with pytest.raises(ValueError, match='set_pull_compression must be called before'):
-        store.set_pull_compression(FP16)
+        store.delayed.settings.set_pull_compression(FP16)
 
 
 # -- a real job -----------------------------------------------------------------------------

@@ -160,7 +160,7 @@ def test_round_bytes_counts_a_blockwise_codec_on_its_own_chunks(monkeypatch):
     # As if the job had 64 workers and MXNET_KVSTORE_BIGARRAY_BOUND=1100: an int8 chunk of n
     # values needs 64 x (ceil(n/256) + ceil(n/4)) < 1100 elements, so n <= 64; ternary's
     # 128 values take 64 x (1 + 7) = 512.
-    monkeypatch.setattr(trainer._kvstore._native, 'num_workers', 64)
+    monkeypatch.setattr(trainer._kvstore._session.native, 'num_workers', 64)
     monkeypatch.setenv('MXNET_KVSTORE_BIGARRAY_BOUND', '1100')
     settings = trainer.round_bytes()['settings']
     assert settings['int8 pushes'][0] == _blockwise(4, (64, 64, 16, 64, 4)) == 272

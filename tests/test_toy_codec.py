@@ -58,7 +58,8 @@ def test_the_codec_is_registered_and_says_what_the_servers_do():
                                   toy_round_trip(grad.asnumpy()))
     store = offline_store(placed=False)
     store.set_gradient_compression(dict(TOY))
-    assert store.compression.describe() == TOY and store.wire_dtype == 'float16'
+    settings = store.delayed.settings
+    assert settings.compression.describe() == TOY and settings.wire_dtype == 'float16'
 
 
 def test_the_byte_estimate_compares_the_registered_codecs_that_have_defaults():

@@ -28,7 +28,7 @@ class UnknownOptimizerError(ValueError):
 #: yet (``trainer.join()`` first, with uneven data) legitimately still has its initial value,
 #: and workers may use different batch sizes. Workers' optimizers are compared without them:
 #: the servers apply worker 0's, and each worker scales its gradients relative to it
-#: (``DistDelay.scale_gradients``).
+#: (``Rounds.scale_gradients``, :mod:`kvstore_ext.worker.rounds`).
 PER_STEP_FIELDS = ('rescale_grad',)
 
 #: Attributes of an optimizer or learning-rate scheduler that are bookkeeping, not

@@ -116,6 +116,13 @@ def decode_command(text, key=None):
         raise ValueError('not an mxdelay command (no %r prefix): %.60r' % (COMMAND_PREFIX, text))
     head, _, body = text[len(COMMAND_PREFIX):].partition(' ')
     name, marked, mac = head.partition('#')
+    # An unknown name first: it runs nothing, and says what a worker of another version
+    # sent (the authenticator is checked before anything is run).
+    try:
+        command = Command(name)
+    except ValueError:
+        raise ValueError('unknown mxdelay command %r; known: %s'
+                         % (name, ', '.join(c.value for c in Command))) from None
     if key is not None:
         if not marked:
             raise UnauthenticatedCommand(
@@ -126,11 +133,6 @@ def decode_command(text, key=None):
             raise UnauthenticatedCommand(
                 'command %.40r carries an authenticator that does not match its text: refused '
                 '(sent with another MXDELAY_JOB_KEY, or changed on the way)' % (name,))
-    try:
-        command = Command(name)
-    except ValueError:
-        raise ValueError('unknown mxdelay command %r; known: %s'
-                         % (name, ', '.join(c.value for c in Command))) from None
     try:
         return command, json.loads(body)
     except json.JSONDecodeError as err:

@@ -97,8 +97,9 @@ class Handshake(object):
             return False, refusal
         config = self._hellos[0]['config']
         # One rescale_grad for the whole job, rank 0's (1/its first batch size): every worker
-        # scales its own gradient relative to it (DistDelay.scale_gradients), so that workers
-        # with other or changing batch sizes need no command and cannot rescale each other.
+        # scales its own gradient relative to it (kvstore_ext.worker.rounds, scale_gradients),
+        # so that workers with other or changing batch sizes need no command and cannot
+        # rescale each other.
         optimizer = config.get('optimizer')
         job.rescale_grad = optimizer.get('rescale_grad') if optimizer else None
         # DelayedTrainer with AMP divides an overflowed round's pushes by 0: skip such

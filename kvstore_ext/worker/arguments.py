@@ -4,7 +4,7 @@ from mxnet import nd
 
 from kvstore_ext.checks import ArgumentTypeError, check_int
 
-__all__ = ['as_lists', 'describe']
+__all__ = ['as_lists', 'listed', 'describe']
 
 
 def as_lists(key, value, name='value', priority=0):
@@ -29,6 +29,11 @@ def as_lists(key, value, name='value', priority=0):
                                     'NDArrays (one per device), got %s; convert with '
                                     'mx.nd.array(...)' % (name, k, describe(v)))
     return keys, values
+
+
+def listed(value):
+    """`value` as a list (one array per device)."""
+    return value if isinstance(value, (list, tuple)) else [value]
 
 
 def describe(value):

@@ -11,7 +11,8 @@ its key is placed at ``init`` like any dense key, but with this kind (docs/desig
   factor) and its pulls read its slot keys (no pull keys, no model key);
 - its rounds are not the job's training rounds: they are not flagged on the finish counter,
   padded at exit or counted in a checkpoint's flagged rounds. One round is one
-  :meth:`AuxKeys.average`, which every worker calls at the same point (collective);
+  :meth:`Averaging.average` (the store's ``aux`` part, ``DistDelay.delayed.aux``), which
+  every worker calls at the same point (collective);
 - where MXNet's native store quantizes every push (``'2bit'``), the values go to the servers
   in a command (:meth:`AuxKeys.command_body`) and the round's pushes are zeros, which
   survive the quantization exactly.
@@ -20,10 +21,11 @@ import numpy as np
 from mxnet import nd
 
 from kvstore_ext import codecs
-from kvstore_ext.protocol.commands import AUX_SETTINGS
+from kvstore_ext.protocol.commands import AUX_SETTINGS, Command
+from kvstore_ext.worker.arguments import listed
 from kvstore_ext.worker.wires.slots import SlotWire
 
-__all__ = ['AuxKeys', 'is_aux']
+__all__ = ['AuxKeys', 'Averaging', 'is_aux']
 
 
 def is_aux(param):
@@ -98,3 +100,53 @@ class AuxKeys(SlotWire):
         for copies in arrays:
             for array in copies:
                 array.wait_to_read()
+
+
+class Averaging(object):
+    """The aux states of `session` (:class:`kvstore_ext.worker.session.Session`), averaged
+    over the workers."""
+
+    def __init__(self, session):
+        self._session = session
+
+    def average(self, key, value, priority=0):
+        """Replace aux states `value` by their mean over the workers; collective.
+
+        Every worker calls it at the same point, with the same keys: for each key it pushes
+        its own value (the mean over its devices when `value` lists one array per device) in
+        a round of the key's own, pulls the round's sum and writes ``sum / float32(N)`` into
+        every array (docs/design.md §2.13). Not compressed; not a training round (the finish
+        counter and the other keys' rounds are untouched). Returns when `value` is written.
+
+        Parameters
+        ----------
+        key : int or str, or list of them
+            Keys initialised for Parameters with ``differentiable=False`` (their optimizer's
+            ``param_dict`` says so when the key is placed).
+        value : NDArray, or list of them (one per device; a list per key)
+
+        Where MXNet's native store quantizes every push (``'2bit'``), the values go to the
+        servers in one command (JSON), and the rounds push zeros, which survive that exactly.
+
+        Raises
+        ------
+        ValueError
+            If a key is not an aux key.
+        """
+        session = self._session
+        keys, values = session.checked_lists(key, value, 'value', priority)
+        for k in keys:
+            if session.tensors[k].kind is not session.aux:
+                raise ValueError('key %r does not hold aux states: average() takes the keys of '
+                                 'Parameters with differentiable=False (BatchNorm\'s running '
+                                 'mean and variance), placed as such at init' % (k,))
+        tensors = [session.tensors[k] for k in keys]
+        arrays = [listed(v) for v in values]
+        mine = [session.aux.contribution(copies) for copies in arrays]
+        if session.settings.codec.exact_pushes:
+            pushed = mine
+        else:
+            session.command(Command.AUX, {'chunks': session.aux.command_body(tensors, mine)},
+                            refusal=ValueError)
+            pushed = [tensor.zeros() for tensor in tensors]
+        session.aux.average(tensors, arrays, pushed, session.num_workers, priority)

@@ -188,7 +188,7 @@ class ServerLink(object):
         # Described before sending: the servers' reply describes what they will apply, and
         # that must be this worker's optimizer as it is now (compared only here: the
         # learning rate changes later through SET_HYPER, legitimately), except rescale_grad:
-        # the servers apply the job's (DistDelay.scale_gradients).
+        # the servers apply the job's (Rounds.scale_gradients).
         mine = describe_optimizer(optimizer)
         # By registry name and fields (no pickle): the servers build it from MXNet's registry.
         replies = self.command(Command.OPTIMIZER,

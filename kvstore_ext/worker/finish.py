@@ -148,7 +148,8 @@ class FinishCounter(object):
                 '%d of %d workers ended their training script while this worker goes on '
                 '(training, or a collective call such as save_states): the job cannot '
                 'continue. With uneven data every worker must call trainer.join() (or '
-                'kvstore.finish_round()) at the same points, e.g. at the end of every epoch'
+                'kvstore.delayed.uneven.finish_round()) at the same points, e.g. at the end '
+                'of every epoch'
                 % (self.workers_left, self._num_workers))
 
     def restore(self, rounds, flagged_rounds):

@@ -1,10 +1,11 @@
 """AMP's all-finite flag of a round, as the pushes and the finish counter carry it.
 
 Under AMP (docs/design.md §11) a trainer gives the store each round's all-finite flag
-(``DistDelay.set_finite_flag``): a one-element NDArray, 1 if every gradient of the round is
-finite, else 0, still being computed in MXNet's engine. The flag is chosen per round, once:
-a round without one gets :data:`ALL_FINITE`, which changes nothing, and a round with one a
-:class:`FiniteFlag`. The data paths call it and never ask which they hold.
+(``Rounds.set_finite_flag``, :mod:`kvstore_ext.worker.rounds`): a one-element NDArray, 1 if
+every gradient of the round is finite, else 0, still being computed in MXNet's engine. The
+flag is chosen per round, once: a round without one gets :data:`ALL_FINITE`, which changes
+nothing, and a round with one a :class:`FiniteFlag`. The data paths call it and never ask
+which they hold.
 """
 from mxnet import nd
 

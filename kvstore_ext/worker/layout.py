@@ -1,27 +1,8 @@
-"""Where a worker's tensors live on the servers: integer keys, chunks and slot buffers.
+"""Where a worker's tensors live on the servers: chunks, their placement and slot buffers.
 
-MXNet's native worker sends a key of fewer than ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements to
-server ``(key * 9973) % num_servers``. mxdelay chooses its integer keys so that this formula
-lands every key on the server it wants (:class:`KeyLayout`):
-
-- one *status* key per server (``status_key(s)``), a small array through which the server
-  answers the hand-shake and the commands (:mod:`kvstore_ext.protocol.commands`);
-- ``R`` *slot* keys per tensor chunk (``slot_key(local, slot, server)``), all on the
-  chunk's server; round t of a chunk goes to slot ``t mod R`` (docs/design.md §2);
-- with float16 pushes, ``R`` float32 *pull* keys per chunk (``pull_key(local, slot,
-  server)``): the servers write round t's weights into pull key ``t mod R``, which pulls
-  read (:mod:`kvstore_ext.codecs.fp16`, docs/design.md §2.11);
-- ``J`` *state* keys per chunk (``state_key(local, j, server)``; J = 0 unless a trainer's
-  local rule fetches the servers' optimizer state, docs/design.md §2.9): a round of state
-  key j carries the j-th array of the chunk's optimizer state back to the workers;
-- with compressed pulls, one *model* key per chunk (``model_key(local, server)``, M = 1,
-  else 0): the payload of a compressed pull (:mod:`kvstore_ext.codecs.pulls`,
-  docs/design.md §2.12).
-
-A chunk's keys are numbered by its *local* index, its number among its own server's chunks,
-not by its job-wide chunk id: each server's keys are dense, so the job's chunks share the
-whole key range below :data:`MAX_KEY` instead of each server's keys using 1/S of it
-(docs/design.md §2.6).
+The keys of every chunk (R slot keys, and pull, state and model keys where the job has them)
+are numbered by :class:`kvstore_ext.protocol.keys.KeyLayout`, which the servers use too;
+this module decides which chunk goes to which server (docs/design.md §2.5, §2.6).
 
 A tensor of more than ``chunk_size`` elements is split into chunks, each placed on the
 least-loaded server that has key room (:class:`Placement`); a worker's :class:`Tensor` holds

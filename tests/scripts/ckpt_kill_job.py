@@ -32,8 +32,8 @@ import numpy as np
 from mxnet import autograd, gluon, nd
 
 import kvstore_ext.checkpoint.files
-import kvstore_ext.worker.dist_delay
 import kvstore_ext.protocol.commands
+import kvstore_ext.worker.session
 import kvstore_ext.worker.store_checkpoint
 from mlp_model import NAMES, batch
 import mlp_model
@@ -60,13 +60,14 @@ def arm_kill(kill, rank, saves):
         os.kill(os.getpid(), signal.SIGKILL)
 
     if kill['when'] == 'before_save':
-        shared = kvstore_ext.worker.store_checkpoint.shared_save_id
+        checkpoint_class = kvstore_ext.worker.store_checkpoint.StoreCheckpoint
+        shared = checkpoint_class.shared_save_id
 
-        def shared_save_id(store):
+        def shared_save_id(checkpoint):
             if now():
                 die()
-            return shared(store)
-        kvstore_ext.worker.store_checkpoint.shared_save_id = shared_save_id
+            return shared(checkpoint)
+        checkpoint_class.shared_save_id = shared_save_id
         return
     write_archive, write_json = (kvstore_ext.checkpoint.files.write_archive,
                                  kvstore_ext.checkpoint.files.write_json)
@@ -100,14 +101,14 @@ def main():
     arm_kill(config.get('kill'), rank, saves)
     first = 0
     if config.get('break_apply') and rank == 0:
-        store_class = kvstore_ext.worker.dist_delay.DistDelay
-        command = store_class._command  # pylint: disable=protected-access
+        session_class = kvstore_ext.worker.session.Session
+        command = session_class.command
 
         def broken(self, name, body, *args, **kwargs):
             if name == kvstore_ext.protocol.commands.Command.LOAD and not body.get('check_only'):
                 body = dict(body, save_id='another-save')
             return command(self, name, body, *args, **kwargs)
-        store_class._command = broken  # pylint: disable=protected-access
+        session_class.command = broken
     if config.get('resume_from'):
         try:
             trainer.load_states(config['resume_from'], trusted=config.get('trusted', False))

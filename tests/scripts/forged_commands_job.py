@@ -89,10 +89,10 @@ def main():
     kv = mx.kv.create('dist_delay')
     kv.init(3, nd.zeros(4))
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
-    kv.barrier()
+    kv.delayed.job.barrier()
     replies = {}
     if kv.rank == 0:
-        native, channel = kv._native, kv._channel  # pylint: disable=protected-access
+        native, channel = kv._session.native, kv._session.link.channel  # pylint: disable=W0212
         # A pickled object where a stock MXNet worker's optimizer would come.
         native._send_command_to_servers(  # pylint: disable=protected-access
             0, pickle.dumps(Bomb(os.path.join(out_dir, 'marker')), 0).decode('ascii'))
@@ -103,14 +103,14 @@ def main():
             native._send_command_to_servers(0, text)  # pylint: disable=protected-access
             native.pull(channel._keys[0], out=channel._status[0])  # pylint: disable=W0212
             replies[case] = channel._read_reply(0)  # pylint: disable=protected-access
-    kv.barrier()
+    kv.delayed.job.barrier()
     kv.push(3, nd.ones(4) * (kv.rank + 1))
     out = nd.zeros(4)
     kv.pull(3, out=out)
-    stats = kv.server_stats()
+    stats = kv.delayed.job.server_stats()
     with open(os.path.join(out_dir, 'worker%d.json' % kv.rank), 'w') as dst:
         json.dump({'replies': replies, 'pulled': out.asnumpy().tolist(), 'stats': stats,
-                   'lr': kv._command(commands.Command.SET_HYPER, {})[0]['lr']}, dst)  # noqa
+                   'lr': kv._session.command(commands.Command.SET_HYPER, {})[0]['lr']}, dst)  # noqa
 
 
 if __name__ == '__main__':

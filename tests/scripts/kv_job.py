@@ -66,7 +66,7 @@ def mode_rounds(kv, rounds, sleep, fp16):
             got = np.unique(outs[key][rnd].asnumpy())
             if got.tolist() != [expected_sum(kv.num_workers, rnd, fp16)]:
                 bad.append([key, rnd, got.tolist()])
-    return {'bad': bad, 'stats': kv.server_stats()}
+    return {'bad': bad, 'stats': kv.delayed.job.server_stats()}
 
 
 def mode_held(kv, fp16):
@@ -95,7 +95,7 @@ def mode_held(kv, fp16):
     out = nd.zeros(shape)
     kv.pull(0, out=out)
     return {'pulled': np.unique(out.asnumpy()).tolist(), 'grads': grads,
-            'stats': kv.server_stats()}
+            'stats': kv.delayed.job.server_stats()}
 
 
 def mode_slack(kv, sleep):
@@ -103,7 +103,7 @@ def mode_slack(kv, sleep):
     key, shape = 1, SHAPES[1]
     grad = nd.zeros(shape)
     waits = []
-    for rnd in range(kv.slack + 3):
+    for rnd in range(kv.delayed.settings.slack + 3):
         if kv.rank != 0:
             time.sleep(sleep)
         start = time.time()
@@ -113,9 +113,10 @@ def mode_slack(kv, sleep):
         kv.push(key, grad)
     out = nd.zeros(shape)
     kv.pull(key, out=out)
-    ok = np.unique(out.asnumpy()).tolist() == [expected_sum(kv.num_workers, kv.slack + 2)]
+    slack = kv.delayed.settings.slack
+    ok = np.unique(out.asnumpy()).tolist() == [expected_sum(kv.num_workers, slack + 2)]
     # The copy of round t waits for round t - slack - 1: measure that wait directly.
-    return {'waits': waits, 'ok': ok, 'slack': kv.slack}
+    return {'waits': waits, 'ok': ok, 'slack': kv.delayed.settings.slack}
 
 
 def mode_commands(kv, workdir):
@@ -127,14 +128,14 @@ def mode_commands(kv, workdir):
     kv.push(5, nd.ones(shape))                 # W1 = 1 - 0.5 * N
     kv.pull(5, out=out)
     result['after_round0'] = float(out.asnumpy()[0])
-    kv.barrier()
+    kv.delayed.job.barrier()
     if kv.rank == 0:
         kv.set_learning_rate(0.25)
-    kv.barrier()
+    kv.delayed.job.barrier()
     kv.push(5, nd.ones(shape))                 # W2 = W1 - 0.25 * N
     kv.pull(5, out=out)
     result['after_round1'] = float(out.asnumpy()[0])
-    result['stats'] = kv.server_stats()
+    result['stats'] = kv.delayed.job.server_stats()
     ckpt = os.path.join(workdir, 'kv.states')
     kv.save_optimizer_states(ckpt)             # collective
     kv.push(5, nd.ones(shape))                 # W3 = W2 - 0.25 * N
@@ -144,12 +145,12 @@ def mode_commands(kv, workdir):
     kv.push(5, nd.ones(shape) * 2)             # W3' = W2 - 0.25 * 2N
     kv.pull(5, out=out)
     result['after_reload'] = float(out.asnumpy()[0])
-    result['rounds_after_reload'] = kv.rounds(5)
+    result['rounds_after_reload'] = kv.delayed.rounds.rounds(5)
     # A truncated server file is refused and changes nothing.
-    kv.barrier()
+    kv.delayed.job.barrier()
     if kv.rank == 0:
         broken = os.path.join(workdir, 'broken')
-        servers = [broken + '.server%d' % i for i in range(kv._num_servers)]
+        servers = [broken + '.server%d' % i for i in range(kv._session.num_servers)]
         for i, path in enumerate(servers):
             with open(ckpt + '.server%d' % i, 'rb') as src:
                 data = src.read()
@@ -157,16 +158,17 @@ def mode_commands(kv, workdir):
                 dst.write(data[:len(data) // 2] if i == 0 else data)
         state = {'servers': servers}
         try:
-            kv._command(commands.Command.LOAD, {'paths': state['servers']})
+            kv._session.command(commands.Command.LOAD, {'paths': state['servers']})
             result['broken_load'] = 'accepted'
         except RuntimeError as err:
             result['broken_load'] = str(err)
         # An unknown command gets an error reply naming it.
-        kv._native._send_command_to_servers(0, 'mxdelay:bogus {"rank": %d, "seq": 99}' % kv.rank)
-        channel = kv._channel
-        kv._native.pull(channel._keys[0], out=channel._status[0])
+        native = kv._session.native
+        native._send_command_to_servers(0, 'mxdelay:bogus {"rank": %d, "seq": 99}' % kv.rank)
+        channel = kv._session.link.channel
+        native.pull(channel._keys[0], out=channel._status[0])
         result['bogus'] = channel._read_reply(0)
-    kv.barrier()
+    kv.delayed.job.barrier()
     kv.pull(5, out=out)
     result['after_broken_load'] = float(out.asnumpy()[0])
     return result
@@ -207,7 +209,7 @@ def mode_ordering(kv):
     result = {}
     kv.push(0, nd.Custom(nd.ones((2,)), op_type='mxdelay_test_slow'))    # round 0
     kv.pull(0, out=out)
-    stats = kv.server_stats()               # must count round 0
+    stats = kv.delayed.job.server_stats()               # must count round 0
     result['rounds'] = [c['rounds'] for s in stats for c in s['chunks'].values()]
     kv.push(0, nd.Custom(nd.ones((2,)), op_type='mxdelay_test_slow'))    # round 1, lr 0.5
     kv.pull(0, out=out)
@@ -229,7 +231,7 @@ def main():
     if fp16:
         kv.set_gradient_compression({'type': 'fp16'})
     if mode in ('rounds', 'slack'):
-        kv.configure(slack=int(sys.argv[2]))
+        kv.delayed.settings.configure(slack=int(sys.argv[2]))
         for key, shape in SHAPES.items():
             kv.init(key, nd.zeros(shape))
     if mode == 'rounds':

@@ -92,9 +92,9 @@ def main():
         if not np.array_equal(got_rows, rows) or not np.array_equal(out.data.asnumpy(),
                                                                     want[rows]):
             bad.append([key, rnd, case, got_rows.tolist()[:8]])
-    stats = kv.server_stats()
+    stats = kv.delayed.job.server_stats()
     print('RESULT ' + json.dumps({'rank': kv.rank, 'bad': bad, 'stats': stats,
-                                  'chunks': {k: kv.num_chunks(k) for k in KEYS}}))
+                                  'chunks': {k: kv.delayed.traffic.num_chunks(k) for k in KEYS}}))
 
 
 if __name__ == '__main__':

@@ -185,7 +185,7 @@ def _pairs(keys, values):
 
 def delay_store(num_servers=1):
     """A real ``DistDelay`` of one worker over an :class:`InProcessNative` of `num_servers`
-    servers; the stand-in is its ``_native``."""
+    servers; the stand-in is its session's ``native``."""
     with _environ(DMLC_NUM_SERVER=str(num_servers)):   # DistDelay reads it when created
         return DistDelay(native=InProcessNative(num_servers))
 
@@ -193,10 +193,10 @@ def delay_store(num_servers=1):
 def server_weights(store, key):
     """Tensor `key`'s weights W as its servers hold them: numpy, the tensor's shape, in the
     servers' dtype (a row_sparse tensor's rows made dense)."""
-    tensor = store._tensors[key]
+    tensor = store._session.tensors[key]
     parts = []
     for chunk in tensor.chunks:   # in order: elements of a dense tensor, rows of a sparse one
-        weight = store._native.servers[chunk.server].weight(chunk.chunk_id)
+        weight = store._session.native.servers[chunk.server].weight(chunk.chunk_id)
         assert weight is not None, 'chunk %d has no weights yet' % chunk.chunk_id
         parts.append(weight.asnumpy().reshape(-1))
     return np.concatenate(parts).reshape(tensor.shape)
@@ -219,24 +219,25 @@ def pushes(store):
 
 def server_optimizer(store, server=0):
     """The optimizer that server `server` of `store`'s stand-in applies (None before one)."""
-    return store._native.servers[server].optimizer
+    return store._session.native.servers[server].optimizer
 
 
 def _tensor_calls(store):
     # (op, kind, DistDelay key, priority) per tensor of every call (a call may hold several).
-    if store._placement is None:
+    session = store._session
+    if session.placement is None:
         return   # not started: no call yet
-    layout = store._placement.layout
-    tensors = dict(store._tensors)
-    if store._finish is not None:
-        tensors['finish'] = store._finish.tensor
+    layout = session.placement.layout
+    tensors = dict(session.tensors)
+    if session.finish is not None:
+        tensors['finish'] = session.finish.tensor
     by_chunk = {(chunk.server, chunk.local): key
                 for key, tensor in tensors.items() for chunk in tensor.chunks}
 
     def name_of(native_key):
         kind, local, _ = layout.decode(native_key)
         return kind, None if kind == 'status' else by_chunk[(layout.server_of(native_key), local)]
-    for op, keys, priority in store._native.calls:
+    for op, keys, priority in session.native.calls:
         for kind, key in dict.fromkeys(name_of(k) for k in keys):
             yield op, kind, key, priority
 

@@ -77,17 +77,17 @@ def started_store(answer=None):
     returns ``(store, channel)``."""
     channel = FakeChannel(answer)
     store = DistDelay(native=OfflineNative(), channel_factory=lambda native, layout: channel)
-    store._ensure_started()
+    store._session.ensure_started()  # pylint: disable=protected-access
     return store, channel
 
 
 def offline_store(placed=True):
     """A ``DistDelay`` with slack 1 and chunk size 1000 that fails the test on any network use
     (hand-shake, command, barrier); key 0 of shape (2, 3) is placed unless not `placed`
-    (configure() works only before)."""
+    (settings.configure() works only before)."""
     from kvstore_ext.worker.layout import Tensor  # pylint: disable=import-outside-toplevel
     store = DistDelay(native=OfflineNative(), channel_factory=_no_channel)
-    store.configure(slack=1, chunk_size=1000)
+    store.delayed.settings.configure(slack=1, chunk_size=1000)
     if placed:
-        store._tensors[0] = Tensor(0, (2, 3), np.float32, [])
+        store._session.tensors[0] = Tensor(0, (2, 3), np.float32, [])  # pylint: disable=W0212
     return store

@@ -104,7 +104,7 @@ def main():
         lines.append('| %s | %s |' % (METHODS[m][0], ' | '.join(cells)))
     lines += ['', '## 3. Bytes per step per worker link (computed)', '',
               'Sends + receives of one worker, %s parameters, scaled from the per-element bytes '
-              'of [../pull-bytes/results.md](../pull-bytes/results.md) (headers included). '
+              'of [../pull-bytes/results.md](../bytes/pull/results.md) (headers included). '
               'Synchronous steps (dist_sync, the 200 warm-up steps) push and pull every step, '
               'delayed steps push every step and pull every 4th. Not measured in this run.'
               % format(PARAMETERS, ','), '',

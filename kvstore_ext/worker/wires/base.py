@@ -80,7 +80,7 @@ class KeyKind(object):
         self.pull(tensor, outs, priority)
 
     def pull_compressed(self, tensor, outs, priority):
-        """A pull at a round every worker pulls (``DistDelay.pull_compressed``): here the
+        """A pull at a round every worker pulls (``Rounds.pull_compressed``): here the
         exact :meth:`pull`, as without ``pull_compression``."""
         self.pull(tensor, outs, priority)
 

@@ -3,7 +3,7 @@
 
 A wire (:mod:`kvstore_ext.worker.wires`) holds one pull strategy, chosen once at the
 hand-shake, which it calls at placement, init, before each push and for a scheduled pull
-(``DistDelay.pull_compressed``):
+(``Rounds.pull_compressed``):
 
 - :data:`EXACT` (:class:`ExactPulls`): a scheduled pull is the wire's exact pull;
 - :class:`CompressedPulls` (a :class:`~kvstore_ext.codecs.pulls.PullCodec` and the pulled
