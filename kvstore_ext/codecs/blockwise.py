@@ -18,11 +18,15 @@ row per worker*:
   chunk (:class:`kvstore_ext.server.appliers.DecodeRows`); W goes into float32 pull keys,
   which pulls read. The codec's wire is ``'rows'`` (:mod:`kvstore_ext.worker.wires.rows`).
 
-Each tensor's side (:class:`PayloadTensor`) keeps one float32 residual on the CPU and encodes
-with the fused kernel (:func:`kvstore_ext.codecs.kernels.encode_with_feedback`, numpy's bits):
-the gradient is read where it lies (this waits for backward); what it sent, ``c``, stays in
-the float32 send buffer, which the local rule reads (``sent``). The servers decode and sum
-the rows with the kernel too (:meth:`Blockwise.decode_sum`).
+Each tensor's side (:class:`PayloadTensor`) keeps one float32 residual and encodes a gradient
+in host memory with the fused kernel (:func:`kvstore_ext.codecs.kernels.encode_with_feedback`,
+numpy's bits), reading it where it lies (this waits for backward), and a gradient on another
+device (a GPU) there, with MXNet's operators
+(:func:`kvstore_ext.codecs.kernels.ndarray.encode_with_feedback_nd`: the same bits; the
+residual then lives on that device), so that only the payloads and ``c`` come to the host.
+What it sent, ``c``, stays in the float32 send buffer, which the local rule reads
+(``sent``). The servers decode and sum the rows with the kernel too
+(:meth:`Blockwise.decode_sum`). docs/design.md §2.15.
 """
 import numbers
 
@@ -32,6 +36,7 @@ from mxnet import nd
 from kvstore_ext.codecs import (Codec, CompressionError, CompressionTypeError, float32_only,
                                 heap, host, kernels, quantize, register)
 from kvstore_ext.codecs.feedback import ResidualTensor
+from kvstore_ext.codecs.kernels import ndarray as device_kernels
 from kvstore_ext.protocol import commands
 
 __all__ = ['Blockwise', 'PayloadTensor', 'parse_payload', 'largest_chunk', 'DEFAULT_BLOCK',
@@ -95,22 +100,28 @@ class Blockwise(Codec):
 
 
 class PayloadTensor(ResidualTensor):
-    """One tensor's residual (float32, numpy, on the CPU), its last push's payloads (one per
-    chunk) and batch-size factor."""
+    """One tensor's residual (float32: numpy on the CPU, or an NDArray on the device of its
+    gradients), its last push's payloads (one per chunk) and batch-size factor."""
 
     def __init__(self, codec, size):
         super(PayloadTensor, self).__init__()
         self._codec = codec
         heap.keep_large_blocks()   # the encode's temporaries: no page faults per round
         self.residual = np.zeros(size, dtype=np.float32)
+        self._on_device = None     # the residual on a gradient's device, once it is pushed there
         self.payloads = None
         self._factor = None
         self.ranges = [(0, size)]   # the chunks' element ranges (RowWire.place sets them)
 
     def encode(self, source, buf, factor):
         """p = g * factor + r; per chunk, quantize p by blocks into its payload; the values
-        sent, c, go into `buf`; r := p - c (one fused kernel over g and r)."""
-        if factor is None and source.context.device_type == 'cpu':
+        sent, c, go into `buf`; r := p - c (one fused kernel over g and r, or MXNet's
+        operators on g's device)."""
+        if not host.readable(source.context):
+            self._encode_on_device(source, buf, factor)
+            return
+        self._residual_to_host()
+        if factor is None:
             # Straight from the gradient's memory, once the slot's ordering writes into `buf`
             # (its last pull, §2.11) are done: no copy into `buf` first.
             buf.wait_to_read()
@@ -125,8 +136,33 @@ class PayloadTensor(ResidualTensor):
         self.payloads = payloads
         self._factor = factor
 
+    def _encode_on_device(self, source, buf, factor):
+        """The encode of a gradient outside host memory (a GPU), on its device: g * factor
+        and the quantization there, the payloads (their asnumpy waits for backward) and c
+        (an engine copy into `buf`) to the host."""
+        context = source.context
+        if self._on_device is None or self._on_device.context != context:
+            self._on_device = nd.array(self.state(), ctx=context)
+        grad = source if factor is None else source * factor   # float32, as TensorCodec's
+        payloads, sent = device_kernels.encode_with_feedback_nd(
+            grad, self._on_device, self._codec.levels, self._codec.block, self.ranges)
+        sent.reshape(buf.shape).copyto(buf)
+        self.payloads = payloads
+        self._factor = factor
+
+    def _residual_to_host(self):
+        if self._on_device is not None:
+            self.residual[:] = self._on_device.asnumpy()
+            self._on_device = None
+
     def state(self):
+        if self._on_device is not None:
+            return self._on_device.asnumpy()
         return self.residual.copy()
+
+    def load_state(self, value):
+        super(PayloadTensor, self).load_state(value)
+        self._on_device = None   # the next push on a device starts from the loaded values
 
 
 def largest_chunk(codec, workers, bound):

@@ -35,11 +35,15 @@ def enable_float32_sums(native):
 
 
 def fill_send_buffer(source, buf, factor):
-    """Copy `source` (float32) into the float16 `buf`, times `factor` if not None; the cast
-    rounds to nearest, as numpy's ``astype(float16)``."""
+    """Copy `source` (float32, on any device) into the float16 `buf`, times `factor` if not
+    None; the cast rounds to nearest, as numpy's ``astype(float16)``, in MXNet's engine."""
     if factor is not None:
         source = source * factor  # in float32, then one rounding to float16
-    source.copyto(buf)  # the copy casts
+    if not host.readable(source.context):
+        # MXNet copies between devices only within one dtype: cast on the gradient's device
+        # (a GPU), then copy half the bytes.
+        source = source.astype(buf.dtype)
+    source.copyto(buf)  # on the host, the copy casts
 
 
 class Float16(Codec):
@@ -81,7 +85,7 @@ class Float16Tensor(TensorCodec):
         self.factor = None
 
     def encode(self, source, buf, factor):
-        if factor is None and source.context.device_type == 'cpu':
+        if factor is None and host.readable(source.context):
             # The kernel, on this thread: it waits for the gradient's backward and for the
             # buffer's readers and writers in MXNet's engine (the slot's last push, the
             # ordering of its pulls), then casts in one pass (§2.15).

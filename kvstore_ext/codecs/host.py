@@ -4,17 +4,25 @@
 ``asnumpy()`` copies (a pass over memory as long as the kernels' own), and ``arr[:] = x``
 is one more. :func:`view` waits, as those do, until MXNet's engine is done with the array,
 then hands its memory to numpy: the caller reads (or writes) it on the Python thread before
-it queues anything else on the array.
+it queues anything else on the array. :func:`readable` says which arrays it can view: the
+codecs pick their path by it (a kernel on the host's memory, else MXNet's operators on the
+array's device, docs/design.md §2.15).
 """
 import ctypes
 
 import numpy as np
 from mxnet.base import _LIB, check_call
 
-__all__ = ['view']
+__all__ = ['readable', 'view']
 
 #: The devices whose memory the Python thread can read.
 _HOST = ('cpu', 'cpu_pinned', 'cpu_shared')
+
+
+def readable(context):
+    """Whether an array on `context` lies in host memory (:func:`view` can read it): the CPU
+    contexts, pinned and shared memory included; not a GPU."""
+    return context.device_type in _HOST
 
 
 def view(array, write=False):
@@ -27,7 +35,7 @@ def view(array, write=False):
     ValueError
         If `array` is not on the CPU (a GPU's memory has no host address).
     """
-    if array.context.device_type not in _HOST:
+    if not readable(array.context):
         raise ValueError('view: the array is on %s; copy it to the CPU first '
                          '(array.as_in_context(mx.cpu()))' % (array.context,))
     wait = _LIB.MXNDArrayWaitToWrite if write else _LIB.MXNDArrayWaitToRead
