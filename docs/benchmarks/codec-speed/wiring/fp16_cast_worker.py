@@ -11,7 +11,7 @@ import runpy
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHMARKS = os.path.join(HERE, os.pardir, os.pardir, os.pardir, 'benchmarks')
+BENCHMARKS = os.path.join(HERE, *[os.pardir] * 4, 'benchmarks')
 sys.path.insert(0, BENCHMARKS)
 
 import mxdelay  # noqa: E402,F401  before mxnet (a server or the scheduler runs its role there)

@@ -1,9 +1,9 @@
 """Steady-state samples/s of the MLP before and after the codec kernels were wired in, and of
 float16 pushes cast by MXNet's engine against the kernel (issue 37, item 1).
 
-Procedure (procedure.md, fixed before the run): window runs of ``benchmarks/bench_worker.py``
-(the example's MLP, 2 workers, 1 server, batch 128, seed 1; ``harness.run_method``), each
-variant's job importing the library of its own snapshot (``PYTHONPATH``, rule 8):
+Procedure: window runs of ``benchmarks/bench_worker.py`` (the example's MLP, 2 workers, 1
+server, batch 128, seed 1; ``harness.run_method``), each variant's job importing the
+library of its own snapshot (``PYTHONPATH``, rule 8):
 
 - ``before``: k=4 + ternary pushes + int8 pulls (``k4-ternary-pull-int8``), snapshot
   ``--pins before=DIR`` (main before the wiring: numpy codecs);
@@ -13,23 +13,25 @@ variant's job importing the library of its own snapshot (``PYTHONPATH``, rule 8)
 - ``fp16-kernel``: the same, the cast by ``kernels.to_float16`` on the worker's Python
   thread, after waiting for the gradient (``--fp16-cast kernel``).
 
-(The first run, docs/benchmarks/codec-wiring/fp16 at commit fa1f0a7, had the engine's cast
-in the library and the kernel's in ``fp16_kernel_worker.py``; the library now casts with
-the kernel, and both variants name their cast.)
+(The first run, ``fp16/`` here at commit fa1f0a7, had the engine's cast in the library and
+the kernel's in ``fp16_kernel_worker.py``; the library now casts with the kernel, and both
+variants name their cast.)
 
 Per network (loopback: 100 warm-up steps then 304 timed; 1 Gbit/s per-node links: 40 then
 80, as ``benchmarks/tta.py --part phases``), ``--rounds`` rounds, the variants in one order
 and every other round in the reverse order (``harness.ordered``). The figure: the job's
 samples/s over the timed window (``harness.window``), its median over the rounds with the
-range, and the ratios of medians (after / before, kernel / engine). Each run also records
-the cores of each role and of other processes in the window (noisy above 0.25) and the
-servers' last log line (the compiled kernels they called).
+range, the medians of ms per step and of the servers' CPU per step (their cores in the window
+times ms per step: one round of every tensor a step), and the ratios of medians (after /
+before, kernel / engine). Each run also records the cores of each role and of other
+processes in the window (noisy above 0.25) and the servers' last log line (the compiled
+kernels they called).
 
 Usage (root for the shaped links)::
 
-    python docs/benchmarks/codec-wiring/run.py --pins before=/tmp/pin-main,after=/tmp/pin-wire \\
-        --variants before,after --networks loopback,1gbit --rounds 5 \\
-        --out docs/benchmarks/codec-wiring
+    python docs/benchmarks/codec-speed/wiring/run.py \\
+        --pins before=/tmp/pin-main,after=/tmp/pin-wire --variants before,after \\
+        --networks loopback,1gbit --rounds 5 --out docs/benchmarks/codec-speed/wiring
 """
 import argparse
 import dataclasses
@@ -38,7 +40,7 @@ import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, os.pardir, os.pardir, os.pardir, 'benchmarks'))
+sys.path.insert(0, os.path.join(HERE, *[os.pardir] * 4, 'benchmarks'))
 import harness  # noqa: E402  pylint: disable=wrong-import-position
 import provenance  # noqa: E402  pylint: disable=wrong-import-position
 import report  # noqa: E402  pylint: disable=wrong-import-position
@@ -118,8 +120,13 @@ def summary(rows, variants, networks):
                       if r['network'] == network and r['variant'] == name and r['exit'] == 0]
             if values:
                 medians[name] = statistics.median(values)
+                ok = [r for r in rows
+                      if r['network'] == network and r['variant'] == name and r['exit'] == 0]
                 out.append(dict(network=network, variant=name, runs=len(values),
                                 samples_per_s=medians[name], min=min(values), max=max(values),
+                                ms_per_step=statistics.median(r['ms_per_step'] for r in ok),
+                                server_ms=statistics.median(r['cpu_server'] * r['ms_per_step']
+                                                            for r in ok),
                                 noisy=sum(r.get('noisy', False) for r in rows
                                           if r['network'] == network and r['variant'] == name)))
         for top, bottom in RATIOS:
@@ -131,10 +138,12 @@ def summary(rows, variants, networks):
 
 def write_markdown(path, meta, rows, table):
     medians = report.table(
-        'network | variant | runs | samples/s (median) | min | max | noisy runs | '
-        'ratio of medians',
+        'network | variant | runs | samples/s (median) | min | max | ms/step (median) | '
+        'servers\' CPU ms/step (median) | noisy runs | ratio of medians',
         [[t['network'], t['variant'], t.get('runs', ''),
-          report.fmt(t.get('samples_per_s'), '%.0f'), report.fmt(t.get('min'), '%.0f'), report.fmt(t.get('max'), '%.0f'), t.get('noisy', ''),
+          report.fmt(t.get('samples_per_s'), '%.0f'), report.fmt(t.get('min'), '%.0f'),
+          report.fmt(t.get('max'), '%.0f'), report.fmt(t.get('ms_per_step'), '%.1f'),
+          report.fmt(t.get('server_ms'), '%.1f'), t.get('noisy', ''),
           report.fmt(t.get('ratio'), '%.3f')] for t in table])
     runs = report.table(
         'network | variant | round | exit | samples/s | ms/step | cores: workers | server | '
@@ -156,8 +165,8 @@ def write_markdown(path, meta, rows, table):
 def main(argv=None):
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    meta = harness.start_meta(harness.command_line('python docs/benchmarks/codec-wiring/run.py',
-                                                   argv), pins=args.pins)
+    meta = harness.start_meta(harness.command_line(
+        'python docs/benchmarks/codec-speed/wiring/run.py', argv), pins=args.pins)
     meta['pin_commits'] = {}
     for pin, folder in args.pins.items():
         stamp = os.path.join(folder, 'COMMIT')
