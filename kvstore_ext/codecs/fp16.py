@@ -14,8 +14,8 @@ float32 and keep ``W`` and the optimizer state in float32; pulls return float32 
 This module is the codec (:class:`Float16`, registered as ``'fp16'``) and the float16 copy of
 one tensor's pushes (:class:`Float16Tensor`): the codec kernel's cast of a CPU gradient on
 the Python thread (``kernels.to_float16``, MXNet's bits), else MXNet's cast in its engine
-(docs/design.md §2.15: the kernel measured faster on a real job, though it waits for each
-gradient's backward).
+(on a GPU, cast there first; docs/design.md §2.15: the kernel's cast measured not slower on
+a real job, though it waits for each gradient's backward).
 """
 from kvstore_ext.codecs import (Codec, CompressionError, TensorCodec, float32_only, host, kernels,
                                 register)
