@@ -2,7 +2,8 @@
 
 The results files (:func:`write_csv`, :func:`read_csv`, :func:`write_json`, :func:`read_json`,
 :func:`write_lines`), Markdown tables (:func:`table`, :func:`fmt`, :func:`seconds`), plots
-(:func:`pyplot`, :func:`save`), the successful runs of each configuration (:func:`groups`),
+(:func:`pyplot`, :func:`save`), the link to the rules from a results folder (:func:`rules_link`),
+the successful runs of each configuration (:func:`groups`),
 what a *noisy* run is (:data:`NOISE_CORES`, :func:`is_noisy`) and the steady rate of a window
 run (:func:`steady_ms_per_step`). Each benchmark's own tables are in its script.
 """
@@ -12,12 +13,23 @@ import os
 
 __all__ = ['write_csv', 'read_csv', 'write_json', 'read_json', 'write_lines', 'table', 'fmt',
            'pyplot', 'save', 'seconds', 'groups', 'is_noisy', 'steady_ms_per_step',
-           'NOISE_CORES']
+           'rules_link', 'NOISE_CORES']
 
 #: A run during which processes outside the job used more than this many cores on average
 #: (the machine is shared) is *noisy*: flagged in the tables, never dropped
 #: (docs/benchmarks/README.md, rule 6).
 NOISE_CORES = 0.25
+
+
+#: docs/benchmarks/README.md: the rules every results folder follows.
+RULES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'docs',
+                     'benchmarks', 'README.md')
+
+
+def rules_link(out):
+    """A Markdown link to the benchmarks' rules from a results folder `out` (at any depth)."""
+    path = os.path.relpath(RULES, os.path.abspath(out)).replace(os.sep, '/')
+    return '[%s](%s)' % (path, path)
 
 
 def write_csv(path, rows):

@@ -16,8 +16,7 @@ launcher, and a ``PidFile``: the tests kill only the PIDs it recorded, and check
 is left. Data is a pure function of (rank, step) (scripts/fault_job.py).
 
 Set ``MXDELAY_FAULTS_TABLE=path`` to write the measured fault matrix as a Markdown table
-(docs/limits.md's section "Faults and bad input" states the behaviour; benchmarks/faults.py
-measures the same matrix into docs/benchmarks/faults.md).
+(docs/limits.md's section "Faults and bad input" states the behaviour).
 """
 import json
 import os

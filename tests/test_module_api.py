@@ -63,7 +63,7 @@ def run_module_job(out, config, num_servers):
     if config['mode'] == 'run':
         command = [MXDELAY_RUN] + command
     pids = PidFile(out / 'pids')
-    result = run_job(pids.wrap(command), num_workers=2, num_servers=num_servers, timeout=60,
+    result = run_job(pids.wrap(command), num_workers=2, num_servers=num_servers, timeout=120,
                      env=stock_env())
     assert_ok(result)
     pids.assert_all_dead()

@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 import mxdelay
 import mxnet as mx
-from mxnet import autograd, gluon, nd
+from mxnet import gluon
 
 from support.jobs import SCRIPTS, run_job, stock_env
 from support.model import BATCH, backward_at, mlp_params
@@ -144,16 +144,9 @@ def _local_gluon(config):
     net, names = mlp_model.build()
     optimizer, params = mlp_model.optimizer_of(config)
     trainer = gluon.Trainer(net.collect_params(), optimizer, params, kvstore=None)
-    loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in names.values()}
     for step in range(config['steps']):
-        x, y = mlp_model.batch(0, step, config['batch'])
-        with autograd.record():
-            loss = loss_fn(net(nd.array(x)), nd.array(y))
-        loss.backward()
-        trainer.step(config['batch'])
-        for name, param in net.collect_params().items():
-            history[names[name]].append(param.data().asnumpy())
+        mlp_model.train_step(net, trainer, 0, step, config['batch'], history)
     return {name: np.array(h) for name, h in history.items()}
 
 

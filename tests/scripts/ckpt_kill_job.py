@@ -29,13 +29,12 @@ import signal
 import sys
 
 import numpy as np
-from mxnet import autograd, gluon, nd
 
 import kvstore_ext.checkpoint.files
 import kvstore_ext.protocol.commands
 import kvstore_ext.worker.session
 import kvstore_ext.worker.store_checkpoint
-from mlp_model import NAMES, batch
+from mlp_model import NAMES, train_step
 import mlp_model
 
 
@@ -120,16 +119,9 @@ def main():
         if outcome['type'] is not None and not config.get('train_after_refusal'):
             return
         first = trainer.schedule.step
-    loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in NAMES.values()}
     for step in range(first, config['steps']):
-        x, y = batch(rank, step, config['batch'])
-        with autograd.record():
-            loss = loss_fn(net(nd.array(x)), nd.array(y))
-        loss.backward()
-        trainer.step(config['batch'])
-        for name, param in net.collect_params().items():
-            history[NAMES[name]].append(param.data().asnumpy())
+        train_step(net, trainer, rank, step, config['batch'], history)
         if step in config.get('save_after', ()):
             trainer.save_states(ckpt)
             saves[0] += 1

@@ -35,9 +35,8 @@ import sys
 import time
 
 import numpy as np
-from mxnet import autograd, gluon, nd
 
-from mlp_model import NAMES, batch, init_params, numpy_grad, weights_of  # noqa: F401
+from mlp_model import NAMES, train_step, weights_of
 import mlp_model
 
 
@@ -87,7 +86,6 @@ def main():
         kvstore=config.get('kvstore', 'dist_delay'), delay=config['delay'],
         warmup_steps=config['warmup_steps'])
     rank = trainer.rank  # creates the kvstore (and installs its excepthook)
-    loss_fn = gluon.loss.L2Loss()
     first = 0
     if config.get('resume_from'):
         prefix = config['resume_from']
@@ -108,13 +106,7 @@ def main():
                          repr(time.time()).encode())
             raise RuntimeError('injected fault: worker %d raises at step %d'
                                % (launcher_rank, step))
-        x, y = batch(rank, step, config['batch'])
-        with autograd.record():
-            loss = loss_fn(net(nd.array(x)), nd.array(y))
-        loss.backward()
-        trainer.step(config['batch'])
-        for name, param in net.collect_params().items():
-            history[NAMES[name]].append(param.data().asnumpy())
+        train_step(net, trainer, rank, step, config['batch'], history)
         if step == first:
             print('step %d done' % step)
         every = config.get('ckpt_every')

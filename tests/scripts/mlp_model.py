@@ -7,10 +7,10 @@ mxdelay: the stock pin's job (``stock_job.py``) must not import mxdelay in any p
 """
 import numpy as np
 import mxnet as mx
-from mxnet import gluon, nd
+from mxnet import autograd, gluon, nd
 
 __all__ = ['IN', 'HIDDEN', 'OUT', 'NAMES', 'init_params', 'batch', 'numpy_grad', 'build',
-           'weights_of', 'optimizer_of', 'symbol', 'PushThenPullTrainer', 'init_amp',
+           'train_step', 'weights_of', 'optimizer_of', 'symbol', 'PushThenPullTrainer', 'init_amp',
            'Amp']
 
 IN, HIDDEN, OUT = 8, 16, 4
@@ -61,6 +61,18 @@ def build(ctxs=None, lr_mult=None, wd_mult=None):
         param.lr_mult = (lr_mult or {}).get(NAMES[name], 1.0)
         param.wd_mult = (wd_mult or {}).get(NAMES[name], 1.0)
     return net, dict(NAMES)
+
+
+def train_step(net, trainer, rank, step, size, history):
+    """One step of Gluon's L2Loss on :func:`batch` (`rank`, `step`, `size`) through `trainer`;
+    then append each Parameter's weights to ``history[short name]``."""
+    x, y = batch(rank, step, size)
+    with autograd.record():
+        loss = gluon.loss.L2Loss()(net(nd.array(x)), nd.array(y))
+    loss.backward()
+    trainer.step(size)
+    for name, param in net.collect_params().items():
+        history[NAMES[name]].append(param.data().asnumpy())
 
 
 def weights_of(net):

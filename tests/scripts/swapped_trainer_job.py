@@ -18,9 +18,9 @@ import sys
 
 import numpy as np
 import mxnet as mx
-from mxnet import autograd, gluon, nd
+from mxnet import gluon
 
-from mlp_model import batch, build, optimizer_of
+from mlp_model import build, optimizer_of, train_step
 
 
 class UsersTrainer(mxdelay.DelayedTrainer):
@@ -40,16 +40,9 @@ def main():
     trainer = gluon.Trainer(net.collect_params(), optimizer, opt, kvstore=kv)
     if config.get('resume_from'):
         trainer.load_states(config['resume_from'])
-    loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in names.values()}
     for step in range(config.get('first', 0), config['steps']):
-        x, y = batch(rank, step, config['batch'])
-        with autograd.record():
-            loss = loss_fn(net(nd.array(x)), nd.array(y))
-        loss.backward()
-        trainer.step(config['batch'])
-        for name, param in net.collect_params().items():
-            history[names[name]].append(param.data().asnumpy())
+        train_step(net, trainer, rank, step, config['batch'], history)
         if config.get('save_at') == step:
             trainer.save_states(os.path.join(out_dir, 'ckpt'))
         if config.get('stop_after') == step:
