@@ -29,10 +29,9 @@ import sys
 import time
 
 import numpy as np
-from mxnet import autograd, gluon, nd
 
 from mxdelay import checkpoint_dir
-from mlp_model import NAMES, batch
+from mlp_model import NAMES
 import mlp_model
 
 
@@ -67,7 +66,6 @@ def main():
     rank = trainer.rank
     print('attempt %d resumed at step %d' % (attempt, first), flush=True)
     kill = config.get('kill') if attempt == 1 else None
-    loss_fn = gluon.loss.L2Loss()
     history = {name: [] for name in NAMES.values()}
     out = os.path.join(out_dir, 'attempt%d.worker%d.npz' % (attempt, rank))
     uneven, stall = config.get('uneven'), config.get('stall')
@@ -75,21 +73,15 @@ def main():
     for step in range(first, steps):   # mxdelay: skip the steps already trained
         if stall and stall['rank'] == rank and stall['before'] == step:
             time.sleep(stall['seconds'])
-        x, y = batch(rank, step, config['batch'])
-        with autograd.record():
-            loss = loss_fn(net(nd.array(x)), nd.array(y))
-        loss.backward()
-        trainer.step(config['batch'])
-        for name, param in net.collect_params().items():
-            history[NAMES[name]].append(param.data().asnumpy())
+        mlp_model.train_step(net, trainer, rank, step, config['batch'], history)
         save_history(out, first, history)
         if kill and kill['rank'] == rank and kill['after'] == step:
             open(marker, 'w').close()
             kill_when_saved(kill, step)
     if uneven and uneven.get('join', True):
         trainer.join()
-        save_history(out, first, history, **{'joined_' + NAMES[name]: param.data().asnumpy()
-                                             for name, param in net.collect_params().items()})
+        save_history(out, first, history, **{'joined_' + name: weights
+                                             for name, weights in mlp_model.weights_of(net).items()})
 
 
 if __name__ == '__main__':
