@@ -236,7 +236,9 @@ def test_a_killed_job_resumes_from_its_checkpoint_bit_for_bit(tmp_path):
 
 
 UNEVEN = dict(CONFIG, uneven={'rank': 1, 'steps': 8})   # worker 1 fills rounds 8-21 in join
-BEHIND = {'rank': 1, 'before': EVERY, 'seconds': 0.5}   # worker 0 saves step 6 first
+# Worker 1 sleeps before step 5: worker 0 reaches the save of 6 while round 5 waits for
+# worker 1's pushes; the servers must copy their state only once round 5 is applied.
+BEHIND = {'rank': 1, 'before': EVERY - 1, 'seconds': 0.5}
 
 
 @pytest.mark.jobs
@@ -246,8 +248,8 @@ def test_a_server_killed_while_writing_in_the_background_leaves_no_complete_chec
     # the others' rounds in join, where it saves its part. The server SIGKILLs itself halfway
     # through writing its part of step 12 (in the background, after answering): the
     # checkpoint of step 12 never looks complete, the job restarts from step 6's and
-    # continues bit for bit, the uneven worker's join included. Worker 1 reaches step 6
-    # half a second after worker 0 has saved it (BEHIND), in both attempts.
+    # continues bit for bit, the uneven worker's join included. Worker 1 pushes round 5
+    # half a second after worker 0 has reached the save of step 6 (BEHIND), in both attempts.
     out, result = _run(tmp_path, 'killed', dict(UNEVEN, stall=BEHIND), [
         '--max-restarts', '1', '--checkpoint-dir', 'ckpt', '--checkpoint-every', str(EVERY)],
         env={'MXDELAY_SERVER_IMPORTS': 'dies_while_saving',
