@@ -279,11 +279,12 @@ class AutoSave:
         still meanwhile."""
         start = time.monotonic()
         self.wait()
-        if time.monotonic() - start >= _NOTICED:
-            _LOG.warning('DelayedTrainer: the checkpoint of step %d waited %.1f s for the previous '
-                         'one, still being written (saves never overlap: one copy of the '
-                         'state at a time); raise checkpoint_every (now %d) if this recurs',
-                         step, time.monotonic() - start, self.every)
+        waited = time.monotonic() - start
+        if waited >= _NOTICED:
+            _LOG.warning('DelayedTrainer: the checkpoint of step %d waited %.1f s for the '
+                         'previous one, still being written (saves never overlap: one copy of '
+                         'the state at a time); raise checkpoint_every (now %d) if this recurs',
+                         step, waited, self.every)
 
     def _leaving(self, step):
         """Before each round this worker fills at exit (its script ended without ``join``,

@@ -12,9 +12,10 @@ saves due meanwhile; the settings' checks; and real jobs (2 workers, 1 server):
   attempt exactly (tolerance: none). The first attempt's weights, which saved three times
   meanwhile, equal those of a job that never saves;
 - uneven data, whose shorter worker saves its part in ``join`` while it fills the others'
-  rounds (and pushes round 5 after worker 0 reached the save of 6), and whose server SIGKILLs itself
-  halfway through writing its part of a checkpoint in the background: that checkpoint never
-  looks complete, the job resumes from the one before and continues bit for bit;
+  rounds (and pushes round 5 after worker 0 reached the save of 6), and whose server
+  SIGKILLs itself halfway through writing its part of a checkpoint in the background: that
+  checkpoint never looks complete, the job resumes from the one before and continues bit
+  for bit;
 - uneven data without ``join``: the checkpoints after the shorter worker's end fail at once,
   naming the cause.
 """

@@ -5,9 +5,10 @@ A periodic checkpoint (:mod:`mxdelay.autosave`) copies every part's content to h
 while the job stands still, and a thread of each process writes its part afterwards
 (:func:`kvstore_ext.checkpoint.files.write_encoded`). Such a part ``P`` is followed by
 ``P.sha256``, written atomically: the save's id, then the sha256 of ``P`` or ``failed:
-<why>`` when ``P`` could not be written. Worker 0's thread waits for each (:func:`wait`) before it writes the
-index that lists them, last: a part that was never written (its process died, its write
-failed) leaves the checkpoint without an index, incomplete, and never looks complete.
+<why>`` when ``P`` could not be written. Worker 0's thread waits for each (:func:`wait`)
+before it writes the index that lists them, last: a part that was never written (its
+process died, its write failed) leaves the checkpoint without an index, incomplete, and
+never looks complete.
 """
 import logging
 import os

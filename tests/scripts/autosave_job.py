@@ -80,8 +80,8 @@ def main():
             kill_when_saved(kill, step)
     if uneven and uneven.get('join', True):
         trainer.join()
-        save_history(out, first, history, **{'joined_' + name: weights
-                                             for name, weights in mlp_model.weights_of(net).items()})
+        joined = mlp_model.weights_of(net)
+        save_history(out, first, history, **{'joined_' + name: w for name, w in joined.items()})
 
 
 if __name__ == '__main__':
