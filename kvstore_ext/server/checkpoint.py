@@ -22,7 +22,7 @@ from kvstore_ext.checkpoint import background, files
 from kvstore_ext.optim.optimizers import flatten_state, format_differences
 from kvstore_ext.protocol import commands, counter
 from kvstore_ext.protocol.commands import field
-from kvstore_ext.server import agreement
+from kvstore_ext.server import agreement, save_copy
 from kvstore_ext.server.job import ALLOW_PICKLE
 
 __all__ = ['ServerCheckpoint']
@@ -53,11 +53,14 @@ class ServerCheckpoint(object):
         self._num_servers = num_servers
         self._validated = None         # (LOAD body key, its validated file), until applied
         self._writer = None            # the thread of a save in the background
+        self._copy = None              # a save in the background whose chunks wait for rounds
 
     def save(self, body):
         """The ``save`` command: write this server's file; reply with its sha256. With
-        ``background``, copy the state to host memory and reply at once: a thread writes the
-        file, then its sha256 beside it (:mod:`kvstore_ext.checkpoint.background`)."""
+        ``background``, reply at once: each chunk is copied to host memory at the save's
+        round (:mod:`kvstore_ext.server.save_copy`: at once, or when its round before is
+        applied, if the body names the rounds), then a thread writes the file, then its
+        sha256 beside it (:mod:`kvstore_ext.checkpoint.background`)."""
         job, rounds = self._job, self._rounds
         path = commands.check_paths(body, job.server_rank, self._num_servers())
         save_id = field(body, 'save_id', str, optional=True)
@@ -65,32 +68,61 @@ class ServerCheckpoint(object):
         if in_background and save_id is None:
             raise ValueError('a save in the background needs a save_id (its sha256 file '
                              'names it)')
+        targets = save_copy.save_rounds(body, self._chunks, rounds)
+        if targets is not None and not in_background:
+            raise ValueError('a save names its rounds only in the background (a save that '
+                             'waits writes the state after every round pushed)')
+        self._check_no_copy('save %s' % path)
         if self._writer is not None and self._writer.is_alive():
             _LOG.warning('server %d: the save of %s waits for the previous one, still being '
                          'written (saves never overlap: one copy of the state at a time)',
                          job.server_rank, path)
         self.wait()
-        if rounds.in_flight():
+        if targets is None and rounds.in_flight():
             raise ValueError('cannot save server %d while rounds are in flight; save after a '
                              'barrier' % job.server_rank)
-        updater = rounds.updates.updater
-        arrays = []
-        # Every array a copy (chunk_state's and the optimizer state's asnumpy): the state as
-        # of this command, whatever rounds are applied while a thread writes it.
-        tree = files.encode({
-            'server': job.server_rank, 'num_workers': job.num_workers,
-            'chunks': self._chunks.saved(rounds.chunk_state),
-            # What Updater.get_states(dump_optimizer=True) pickles, as arrays and fields.
-            'updater': None if updater is None else {'states': updater.states,
-                                                     'optimizer': updater.optimizer},
-        }, arrays)
         reply = {'path': path, 'chunks': len(self._chunks)}
-        if not in_background:
-            return dict(reply, sha256=files.write_encoded(path, files.SERVER, tree, arrays,
-                                                          save_id))
-        self._writer = background.start_writer(self._write, 'mxdelay-server-save', path, tree,
-                                               arrays, save_id)
-        return reply
+        written = []
+
+        def copied(chunks, updater):
+            # Every array a copy: the state at the save's rounds, whatever rounds are
+            # applied while a thread writes it.
+            self._copy = rounds.after_round = None
+            arrays = []
+            tree = files.encode({'server': job.server_rank, 'num_workers': job.num_workers,
+                                 'chunks': chunks, 'updater': updater}, arrays)
+            if in_background:
+                self._writer = background.start_writer(self._write, 'mxdelay-server-save',
+                                                       path, tree, arrays, save_id)
+            else:
+                written.append(files.write_encoded(path, files.SERVER, tree, arrays, save_id))
+
+        copy = save_copy.SaveCopy(self._chunks, rounds, targets, copied)
+        if copy.waiting():
+            self._copy = (copy, path, save_id)
+            rounds.after_round = self._applied
+        return dict(reply, sha256=written[0]) if written else reply
+
+    def _applied(self, chunk):
+        # The round keeper applied a round of `chunk` while a save waits for rounds. A
+        # failure is the save's (left for worker 0, which then gives that checkpoint up),
+        # not the round's, which would stop the server.
+        copy, path, save_id = self._copy
+        try:
+            copy.applied(chunk)
+        except Exception as err:  # pylint: disable=broad-except
+            self._copy = self._rounds.after_round = None
+            _LOG.exception('server %d: the copy of %s failed', self._job.server_rank, path)
+            background.fail(path, save_id, '%s: %s' % (type(err).__name__, err))
+
+    def _check_no_copy(self, what):
+        """Refuse `what` while a save in the background still waits for rounds: it would
+        change (or copy) the state that save has not copied yet."""
+        if self._copy is not None:
+            raise ValueError('server %d cannot %s: the previous save in the background still '
+                             'waits for rounds before it copies chunks %s (the save that '
+                             'sent it must wait for its files first)'
+                             % (self._job.server_rank, what, self._copy[0].waiting()))
 
     def wait(self):
         """Wait until the file of a ``save`` in the background is written."""
@@ -111,6 +143,7 @@ class ServerCheckpoint(object):
         """The ``load`` command: with ``check_only``, validate this server's file and keep
         what was validated; else replace the weights, rounds and optimizer state by it."""
         path = self._request(body)
+        self._check_no_copy('load %s' % path)
         self.wait()   # a save in the background may still be writing this very file
         # The apply takes the very objects its check validated (not the file read again),
         # when the bodies name the same files of the same save.

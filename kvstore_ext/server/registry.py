@@ -149,6 +149,10 @@ class ChunkRegistry(object):
         keys, docs/design.md §2.11): the finish counter's and aux chunks (§2.13)."""
         return self.is_counter(chunk) or self.is_aux(chunk)
 
+    def info(self, chunk):
+        """This server's `chunk`'s registration (:data:`INFO_FIELDS`), a copy."""
+        return dict(self._chunks[chunk])
+
     def saved(self, chunk_state):
         """What a checkpoint keeps: chunk id -> info and ``chunk_state(chunk)``."""
         return {c: dict(info, **chunk_state(c)) for c, info in self._chunks.items()}

@@ -67,6 +67,9 @@ class RoundKeeper(object):
         self._next_round = {}          # chunk id -> round whose completion is applied next
         self._slot_round = {}          # (chunk, slot) -> round of the slot's next completion
         self._held = {}                # chunk id -> {round: (gradient copy, stored)}
+        #: ``after_round(chunk)``, if set, after each round applied, before any other round
+        #: of the chunk: a save in the background that copies chunks at their round (§6.4).
+        self.after_round = None
 
     def set_slots(self, slots):
         """The number of slot keys per chunk (R)."""
@@ -110,6 +113,8 @@ class RoundKeeper(object):
         self._weights[chunk] = stored
         self.models.broadcast(chunk, self._next_round[chunk], stored)
         self._next_round[chunk] += 1
+        if self.after_round is not None:
+            self.after_round(chunk)
 
     # -- what the server reads --------------------------------------------------------------
     @property

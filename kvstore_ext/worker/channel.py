@@ -18,7 +18,8 @@ from kvstore_ext.optim.optimizers import (PER_STEP_FIELDS, describe_optimizer, f
                                           optimizer_differences)
 from kvstore_ext.protocol.commands import Command
 
-__all__ = ['CommandChannel', 'ServerLink', 'StockServerError', 'wait_for_issued_work']
+__all__ = ['CommandChannel', 'ServerLink', 'StockServerError', 'ordered_by_servers',
+           'wait_for_issued_work']
 
 
 class StockServerError(RuntimeError):
@@ -178,9 +179,11 @@ class ServerLink(object):
         return replies
 
     def command(self, command, body, refusal=RuntimeError):
-        """Run `command` on every server after this worker's issued work; return the
-        replies (raise `refusal` if a server refuses)."""
-        wait_for_issued_work()
+        """Run `command` on every server after this worker's issued work (unless the servers
+        order it themselves: :func:`ordered_by_servers`); return the replies (raise
+        `refusal` if a server refuses)."""
+        if not ordered_by_servers(command, body):
+            wait_for_issued_work()
         return self.channel.command(command, body, refusal)
 
     def send_optimizer(self, optimizer):
@@ -213,6 +216,17 @@ class ServerLink(object):
     def close(self):
         """Drop the native store and the channel (the worker leaves the job)."""
         self._native = self.channel = None
+
+
+def ordered_by_servers(command, body):
+    """Whether `command` may overtake this worker's issued pushes: only a save in the
+    background that names its rounds (docs/design.md §6.4). Each server copies each chunk
+    at the round the body names, when its earlier rounds are applied, and no chunk can
+    apply that round first: it needs this worker's push of it, which this worker issues
+    only after the reply, and which reaches a server behind the command (one connection
+    from this worker to each server, in order; each server handles commands and rounds in
+    the order they arrive, on one thread)."""
+    return command == Command.SAVE and bool(body.get('background')) and 'rounds' in body
 
 
 def wait_for_issued_work():

@@ -77,10 +77,11 @@ class StoreCheckpoint(object):
         checkpoint `fname` (stamped with `save_id`) and write its file in the background
         (docs/design.md §6.4).
 
-        The command first waits for this worker's issued pushes; each completes once its
-        round is applied, and no later round can complete without this worker's push, sent
-        after the reply: every server copies exactly the state after the rounds this worker
-        pushed, which its round counters (the index) record.
+        The command names the index's rounds (every key's and the finish counter's) and
+        does not wait for this worker's issued pushes: each server copies each chunk at its
+        round, at once or when its round before is applied (:mod:`kvstore_ext.server.save_copy`),
+        and none can apply that round before this worker pushes it, after the reply
+        (the command travels on the connection its pushes take, ahead of them).
 
         Returns
         -------
@@ -93,8 +94,9 @@ class StoreCheckpoint(object):
             optimizer_record(session.optimizer)   # refused before anything is written
         index = dict(self._job_index(), save_id=save_id)
         servers = files.server_files(fname, index['num_servers'])
-        session.command(Command.SAVE, {'paths': servers, 'save_id': save_id,
-                                       'background': True})
+        session.command(Command.SAVE, {'paths': servers, 'save_id': save_id, 'background': True,
+                                       'rounds': index['rounds'],
+                                       'finish_rounds': index['finish_rounds']})
         return functools.partial(_write_index, fname, index, servers)
 
     def check_states(self, fname, error=None, trusted=False, part_of=None):
