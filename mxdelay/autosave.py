@@ -306,10 +306,12 @@ class AutoSave:
 
     def _snapshot(self):
         """The worker file's body, encoded (:func:`files.encode`: every field a copy, the
-        optimizer's counters and scheduler included): training goes on while the thread
+        optimizer's counters and scheduler included; the arrays filled by MXNet's engine),
+        and the copies to wait for before writing it: training goes on while the thread
         writes it."""
         arrays = []
-        return files.encode(self._mode().snapshot(), arrays), arrays
+        body, copies = self._mode().snapshot()
+        return files.encode(body, arrays), arrays, copies
 
     def _write(self, fname, rank, num_workers, body, save_id, write_kvstore, schedule):
         """The thread: this worker's file; on worker 0 then the kvstore index, once the
@@ -317,6 +319,7 @@ class AutoSave:
         path = files.worker_file(fname, rank)
         try:
             def write():
+                body[2].wait()   # the engine's copies of the arrays
                 return files.write_encoded(path, files.WORKER, body[0], body[1], save_id)
             if rank != 0:
                 # For worker 0, which would otherwise read the whole file to hash it again

@@ -383,13 +383,15 @@ class DelayedUpdate(object):
 
     # -- checkpoints (docs/design.md §6) ------------------------------------------------------
     def snapshot(self):
-        """The worker file's body now, before step ``schedule.step``, once every queued
-        update and pull is done, for :mod:`mxdelay.autosave`, which writes it later."""
+        """The worker file's body before step ``schedule.step``, for :mod:`mxdelay.autosave`,
+        which writes it later, and the :class:`~mxdelay.worker_state.HostCopies` to wait for
+        before: the parameters' arrays are copied by MXNet's engine after every queued
+        update and pull (no wait here, where a step would not wait)."""
         self.amp.check_unchanged()
         self._prepare(priorities=False)
-        nd.waitall()
+        copies = worker_state.HostCopies()
         return worker_state.collect(self._kv, self._parts, self.schedule, self._gluon.optimizer,
-                                    self._base_lr, self.states, self.amp)
+                                    self._base_lr, self.states, self.amp, copies), copies
 
     def save_states(self, fname):
         self.amp.check_unchanged()

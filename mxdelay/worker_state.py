@@ -22,7 +22,7 @@ from kvstore_ext.optim.optimizers import describe_optimizer, type_difference
 
 from .loss_scaling import _STATE as _SCALER_FIELDS
 
-__all__ = ['save', 'load', 'collect', 'write', 'read', 'restore_arrays']
+__all__ = ['save', 'load', 'collect', 'write', 'read', 'restore_arrays', 'HostCopies']
 
 
 def save(fname, kv, parts, schedule, optimizer, base_lr, states, amp):
@@ -67,7 +67,7 @@ def load(fname, kv, parts, schedule, states, optimizer, amp, ctx, trusted=False)
     return state
 
 
-def collect(kv, parts, schedule, optimizer, base_lr, states, amp):
+def collect(kv, parts, schedule, optimizer, base_lr, states, amp, to_host=None):
     """The worker file's body: what this worker needs to continue bit for bit.
 
     Parameters
@@ -84,15 +84,20 @@ def collect(kv, parts, schedule, optimizer, base_lr, states, amp):
         The trainer's per-parameter state, in index order.
     amp : NoAmp or LossScaledAmp
         The trainer's AMP policy.
+    to_host : callable, optional
+        ``to_host(array)``: the parameters' arrays as numpy (default ``asnumpy``; a
+        :class:`HostCopies`, which need not wait).
     """
     settings = parts.settings
+    to_host = to_host or nd.NDArray.asnumpy
     return {
         'rank': kv.rank,
         'schedule': schedule.state_dict(), 'rescale_grad': optimizer.rescale_grad,
-        'weights': {s.index: s.weights()[0].asnumpy() for s in states},
-        'pre_weight': {s.index: s.pre_weight.asnumpy() for s in states if s.started},
-        'pulled': {s.index: s.pulled.asnumpy() for s in states if s.pulled is not None},
-        'rule_state': {s.index: _to_numpy(s.rule_state) for s in states if s.started},
+        'weights': {s.index: to_host(s.weights()[0]) for s in states},
+        'pre_weight': {s.index: to_host(s.pre_weight) for s in states if s.started},
+        'pulled': {s.index: to_host(s.pulled) for s in states if s.pulled is not None},
+        'rule_state': {s.index: _to_numpy(s.rule_state, to_host) for s in states
+                       if s.started},
         # As gluon.Trainer's states: the optimizer (its param_dict is not pickled) and
         # the learning rate local_lr is scaled against.
         'optimizer': optimizer, 'base_lr': base_lr,
@@ -336,11 +341,46 @@ def restore_arrays(state, states, ctx):
         s.rule_state = _from_numpy(state['rule_state'].get(s.index), ctx)
 
 
-def _to_numpy(state):
+def _to_numpy(state, to_host):
     # A rule state: None, an NDArray, or a (nested) tuple or list of those.
     if isinstance(state, (tuple, list)):
-        return type(state)(_to_numpy(s) for s in state)
-    return None if state is None else state.asnumpy()
+        return type(state)(_to_numpy(s, to_host) for s in state)
+    return None if state is None else to_host(state)
+
+
+class HostCopies(object):
+    """Copies of NDArrays to host memory by MXNet's engine, for a checkpoint that the
+    Python thread does not wait for (:mod:`mxdelay.autosave`).
+
+    ``copies(array)`` returns a numpy array that the engine fills with `array`'s value after
+    the writes queued on it so far and before any queued later (one copy; no wait here).
+    Read none of them before :meth:`wait`. An array of a dtype the engine cannot write into
+    numpy's memory (int8, bfloat16) is copied at once, waiting for its writes.
+    """
+
+    def __init__(self):
+        self._targets = []
+
+    def __call__(self, array):
+        if array.stype != 'default':
+            array = array.tostype('default')   # as asnumpy gives a row_sparse array
+        host = np.empty(array.shape, dtype=array.dtype)
+        if not host.size or str(host.dtype) not in _ENGINE_DTYPES:
+            return array.asnumpy()
+        target = nd.from_numpy(host, zero_copy=True)   # the engine writes `host`
+        array.copyto(target)
+        self._targets.append(target)
+        return host
+
+    def wait(self):
+        """Wait until every copy is written (any thread)."""
+        for target in self._targets:
+            target.wait_to_read()
+        self._targets = []
+
+
+#: The dtypes that nd.from_numpy wraps without a copy (DLPack's).
+_ENGINE_DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64', 'uint8')
 
 
 def _from_numpy(state, ctx):
