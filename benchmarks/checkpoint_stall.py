@@ -18,7 +18,8 @@ Usage: ``python benchmarks/checkpoint_stall.py [--network loopback|1gbit] [--cyc
 (default docs/benchmarks/restarts/checkpoint-stall/<network>/): results.json and results.md.
 ``--library DIR`` runs the job on the mxdelay of DIR (a snapshot of another commit, e.g. the
 code before a change, for a run beside this one's; the results name its commit);
-``--beside RESULTS_JSON`` shows such a run's tables below this one's.
+``--beside RESULTS_JSON`` shows such a run's tables below this one's, under
+``--beside-title`` (both may be repeated, in pairs, for several earlier runs).
 """
 import argparse
 import json
@@ -128,11 +129,15 @@ def main(argv=None):
     parser.add_argument('--out', help='default: docs/benchmarks/restarts/checkpoint-stall/NETWORK')
     parser.add_argument('--library', help='run the job on the mxdelay of this folder (a '
                         'snapshot of another commit)')
-    parser.add_argument('--beside', metavar='RESULTS_JSON', help="an earlier run's results "
-                        '(e.g. of the code before a change, with --library, just before this '
-                        "run), shown below this run's tables under --beside-title")
-    parser.add_argument('--beside-title', default='An earlier run')
+    parser.add_argument('--beside', metavar='RESULTS_JSON', action='append', default=[],
+                        help="an earlier run's results (e.g. of the code before a change, with "
+                        "--library, just before this run), shown below this run's tables "
+                        'under its --beside-title; repeat both for several')
+    parser.add_argument('--beside-title', action='append', default=[])
     args = parser.parse_args(argv)
+    if len(args.beside_title) > len(args.beside):
+        parser.error('--beside-title given %d times, --beside %d: one title per --beside'
+                     % (len(args.beside_title), len(args.beside)))
     args.out = args.out or os.path.join(harness.REPO, 'docs', 'benchmarks', 'restarts',
                                         'checkpoint-stall', args.network)
     meta = harness.start_meta(harness.command_line(COMMAND, argv), cycles=args.cycles,
@@ -171,8 +176,9 @@ def main(argv=None):
         json.dump({'meta': meta, 'rows': rows, 'parts': breakdown,
                    'times': {w['rank']: w['times'] for w in workers}}, dst, indent=1)
     page = markdown(meta, rows, breakdown)
-    if args.beside:
-        page += beside(args.beside, args.beside_title, args.out)
+    titles = args.beside_title + ['An earlier run'] * (len(args.beside) - len(args.beside_title))
+    for path, title in zip(args.beside, titles):
+        page += beside(path, title, args.out)
     with open(os.path.join(args.out, 'results.md'), 'w', encoding='utf-8') as dst:
         dst.write(page)
     print(page)

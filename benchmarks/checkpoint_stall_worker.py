@@ -52,7 +52,7 @@ def time_parts():
         setattr(owner, name, wrapper)
 
     timed(mxdelay.DelayedTrainer, 'join', 'join')
-    timed(delayed.DelayedUpdate, 'snapshot', 'snapshot (waitall, copy to host)')
+    timed(delayed.DelayedUpdate, 'snapshot', 'snapshot (its waits, copy to host)')
     timed(files, 'encode', 'encode (copy of the fields)')
     timed(worker_state, 'collect', 'copy to host (in the snapshot)')
     timed(channel, 'wait_for_issued_work', 'wait for issued work (before SAVE)')

@@ -156,3 +156,31 @@ def test_a_round_past_the_saves_is_refused(tmp_path):
     job.round(1, 0)
     assert job.save(path, save_id='s1', background=True, rounds={'0': 3, '1': 1})['chunks'] == 2
     assert background.wait(path, 's1', 30) == files.file_sha256(path)
+
+
+def test_a_learning_rate_set_while_a_chunk_waits_is_saved(tmp_path):
+    # A worker sets the learning rate before pushing chunk 1's round 1 (so after the save
+    # arrived, and before the save's round 2 on any chunk): the state at round 2 has it.
+    reference = Job(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+    for chunk, rnd in ((0, 0), (1, 0), (0, 1)):
+        reference.round(chunk, rnd)
+    reference.server.command(Command.SET_HYPER, {'rank': 0, 'lr': 0.05})
+    reference.round(1, 1)
+    expected = str(tmp_path / 'reference.server0')
+    reference.save(expected, save_id='s0')
+
+    job = Job(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9))
+    for chunk, rnd in ((0, 0), (0, 1), (1, 0)):
+        job.round(chunk, rnd)
+    path = str(tmp_path / 'ckpt.server0')
+    job.save(path, **background_save(path))
+    job.server.command(Command.SET_HYPER, {'rank': 0, 'lr': 0.05})
+    job.round(1, 1)
+    job.server.command(Command.SET_HYPER, {'rank': 0, 'lr': 0.01})   # for round 2: not saved
+    job.round(0, 2)
+    chunks, _, optimizer_saved = read(path, background.wait(path, 's1', 30))
+    expected_chunks, _, expected_optimizer = read(expected)
+    assert optimizer_saved == expected_optimizer
+    assert optimizer_saved['fields']['lr'] == 0.05
+    for chunk in range(2):
+        np.testing.assert_array_equal(chunks[chunk]['weight'], expected_chunks[chunk]['weight'])

@@ -115,6 +115,14 @@ class ServerCheckpoint(object):
             _LOG.exception('server %d: the copy of %s failed', self._job.server_rank, path)
             background.fail(path, save_id, '%s: %s' % (type(err).__name__, err))
 
+    def set_hyper(self, body):
+        """A ``set_hyper`` (`body`, checked and applied) while a save waits for rounds
+        changes its copy of the optimizer too: its sender waited for its own pushes, so it
+        has not pushed the round that a waiting chunk misses, which comes before the save's
+        round; the learning rate is the one the save's state holds."""
+        if self._copy is not None and body.get('lr') is not None:
+            self._copy[0].set_learning_rate(float(body['lr']))
+
     def _check_no_copy(self, what):
         """Refuse `what` while a save in the background still waits for rounds: it would
         change (or copy) the state that save has not copied yet."""

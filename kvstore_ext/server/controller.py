@@ -84,7 +84,8 @@ class DelayServer(KVStoreServer):
             Command.HELLO: self._handshake.hello,
             Command.REGISTER: optimizer.register,
             Command.OPTIMIZER: optimizer.optimizer,
-            Command.SET_HYPER: optimizer.set_hyper,
+            Command.SET_HYPER: lambda body: _both(optimizer.set_hyper, checkpoint.set_hyper,
+                                                  body),
             Command.SAVE: checkpoint.save,
             Command.LOAD: checkpoint.load,
             Command.STATS: lambda body: rounds.stats(self._rounds, self._chunks,
@@ -232,6 +233,13 @@ class DelayServer(KVStoreServer):
             _LOG.exception('server %d: updater failed on key %d; stopping',
                            self._job.server_rank, key)
             os._exit(3)
+
+
+def _both(handler, follower, body):
+    # `handler`'s reply to `body`, once `follower` has taken the same command.
+    reply = handler(body)
+    follower(body)
+    return reply
 
 
 def import_server_modules():

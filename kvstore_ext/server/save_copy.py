@@ -14,7 +14,8 @@ skipped rounds and pulled model x̂ (:meth:`RoundKeeper.chunk_state
 <kvstore_ext.server.rounds.RoundKeeper.chunk_state>`), its optimizer state, and its update
 count in the optimizer. The optimizer itself (hyper-parameters, learning-rate scheduler) is
 copied when the command arrives, before any round R; each chunk's copy then sets its update
-count there, and ``num_update`` (their maximum) follows.
+count there, and ``num_update`` (their maximum) follows, as does a learning rate set while
+chunks wait (:meth:`SaveCopy.set_learning_rate`: it is for a round before R).
 """
 import copy
 
@@ -95,6 +96,11 @@ class SaveCopy(object):
     def waiting(self):
         """The chunks that still wait for a round before their copy, sorted."""
         return sorted(self._pending)
+
+    def set_learning_rate(self, lr):
+        """The workers set the learning rate `lr` for a round before the save's."""
+        if self._optimizer is not None:
+            self._optimizer.set_learning_rate(lr)
 
     def applied(self, chunk):
         """The round keeper has just applied a round of `chunk`: copy it if that was the
