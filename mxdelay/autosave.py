@@ -18,11 +18,12 @@ resuming from the newest one.
   step, or before a delayed step that applies the pull issued by the step before it (which
   waits for every round pushed so far); a worker in ``join`` saves at such a counter too,
   before its vote there, whether it fills the others' rounds or not. The files are those of
-  ``save_states``, named ``DIR/step-<counter>``: the state before that step. No collective:
-  each worker copies its own state to host memory once its queued work is done; worker 0
-  also has the servers copy theirs (:meth:`StoreCheckpoint.save_in_background
-  <kvstore_ext.worker.store_checkpoint.StoreCheckpoint.save_in_background>`: its pushes
-  done, every server holds exactly the rounds before the counter, and none after it can
+  ``save_states``, named ``DIR/step-<counter>``: the state before that step. No collective,
+  and no wait for the servers: each worker has MXNet's engine copy its arrays to host
+  memory after its queued work (:class:`~mxdelay.worker_state.HostCopies`); worker 0 also
+  has the servers copy theirs (:meth:`StoreCheckpoint.save_in_background
+  <kvstore_ext.worker.store_checkpoint.StoreCheckpoint.save_in_background>`: each server
+  copies each chunk once the rounds before the counter are applied, and none after it can
   complete before worker 0 pushes again). Threads (at a lower CPU priority) then write the
   files while training goes on, each part followed by its sha256
   (:mod:`kvstore_ext.checkpoint.background`); worker 0's thread waits for the servers' and

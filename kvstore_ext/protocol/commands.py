@@ -67,9 +67,10 @@ class Command(str, enum.Enum):
     #                            name and fields as JSON, no pickle; reply describes the
     #                            installed optimizer (describe_optimizer)
     SET_HYPER = 'set_hyper'    # {rank, lr}: change the servers' learning rate
-    SAVE = 'save'              # {rank, paths, save_id?, background?}: server i writes
-    #                            paths[i] (weights, optimizer, rounds); with background, a
-    #                            thread writes it, then its sha256 beside it
+    SAVE = 'save'              # {rank, paths, save_id?, background?, rounds?,
+    #                            finish_rounds?}: server i writes paths[i] (weights,
+    #                            optimizer, rounds); with background, a thread writes it,
+    #                            then its sha256 beside it, each chunk copied at its round
     LOAD = 'load'              # {rank, paths, check_only?, optimizer?}: server i validates
     #                            paths[i] (its saved optimizer against `optimizer`, a
     #                            describe_optimizer dict), then restores it

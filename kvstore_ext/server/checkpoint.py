@@ -7,8 +7,10 @@ A server writes and reads only its own file of a checkpoint, ``<index>.server<j>
 validated; the apply then takes those very objects (a body naming another save is read and
 validated afresh). Any failure of the check is a ``ValueError`` naming the file, which the
 workers turn into the collective refusal. ``SAVE`` with ``background`` (a periodic
-checkpoint's, docs/design.md §6.4) answers once the state is copied to host memory; a thread
-writes the file and its sha256 beside it, and the next ``SAVE`` or ``LOAD`` waits for it.
+checkpoint's, docs/design.md §6.4) answers at once; each chunk is copied to host memory at
+the save's round (:mod:`kvstore_ext.server.save_copy`), then a thread writes the file and its
+sha256 beside it, and the next ``SAVE`` or ``LOAD`` waits for it (and is refused while
+chunks wait for their round).
 """
 import json
 import logging

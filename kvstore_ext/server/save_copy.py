@@ -125,8 +125,9 @@ class SaveCopy(object):
 
     def _finish_if_done(self):
         if not self._pending:
-            self._done({c: self._copied[c] for c in sorted(self._copied)}, None if self._updater is None else {
-                'states': self._states, 'optimizer': self._optimizer})
+            updater = None if self._updater is None else {'states': self._states,
+                                                          'optimizer': self._optimizer}
+            self._done({c: self._copied[c] for c in sorted(self._copied)}, updater)
 
 
 def _copy_state(state):
