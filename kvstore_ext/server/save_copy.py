@@ -15,7 +15,10 @@ skipped rounds and pulled model x̂ (:meth:`RoundKeeper.chunk_state
 count in the optimizer. The optimizer itself (hyper-parameters, learning-rate scheduler) is
 copied when the command arrives, before any round R; each chunk's copy then sets its update
 count there, and ``num_update`` (their maximum) follows, as does a learning rate set while
-chunks wait (:meth:`SaveCopy.set_learning_rate`: it is for a round before R).
+chunks wait (:meth:`SaveCopy.set_learning_rate`: it is for a round before R). A field that
+an optimizer changes at every update besides the update counts (MXNet's ``Nadam``'s
+``m_schedule``: one product over every chunk's updates, which no chunk's copy can hold)
+is as of the command's arrival: exact only if no chunk waited.
 """
 import copy
 
