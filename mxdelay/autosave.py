@@ -20,7 +20,7 @@ resuming from the newest one.
   before its vote there, whether it fills the others' rounds or not. The files are those of
   ``save_states``, named ``DIR/step-<counter>``: the state before that step. No collective,
   and no wait for the servers: each worker has MXNet's engine copy its arrays to host
-  memory after its queued work (:class:`~mxdelay.worker_state.HostCopies`); worker 0 also
+  memory after its queued work (:class:`~kvstore_ext.checkpoint.host_copies.HostCopies`); worker 0 also
   has the servers copy theirs (:meth:`StoreCheckpoint.save_in_background
   <kvstore_ext.worker.store_checkpoint.StoreCheckpoint.save_in_background>`: each server
   copies each chunk once the rounds before the counter are applied, and none after it can

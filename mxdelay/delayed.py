@@ -21,6 +21,8 @@ import numpy as np
 
 from mxnet import autograd, nd
 
+from kvstore_ext.checkpoint.host_copies import HostCopies
+
 from . import steplog, traffic, worker_state
 from .loss_scaling import amp_policy
 from .observer import StepObserver
@@ -384,12 +386,13 @@ class DelayedUpdate(object):
     # -- checkpoints (docs/design.md §6) ------------------------------------------------------
     def snapshot(self):
         """The worker file's body before step ``schedule.step``, for :mod:`mxdelay.autosave`,
-        which writes it later, and the :class:`~mxdelay.worker_state.HostCopies` to wait for
-        before: the parameters' arrays are copied by MXNet's engine after every queued
-        update and pull (no wait here, where a step would not wait)."""
+        which writes it later, and the copies to wait for before
+        (:class:`~kvstore_ext.checkpoint.host_copies.HostCopies`): MXNet's engine copies the
+        parameters' arrays after every queued update and pull (no wait here, where a step
+        would not wait)."""
         self.amp.check_unchanged()
         self._prepare(priorities=False)
-        copies = worker_state.HostCopies()
+        copies = HostCopies()
         return worker_state.collect(self._kv, self._parts, self.schedule, self._gluon.optimizer,
                                     self._base_lr, self.states, self.amp, copies), copies
 

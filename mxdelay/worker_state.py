@@ -22,7 +22,7 @@ from kvstore_ext.optim.optimizers import describe_optimizer, type_difference
 
 from .loss_scaling import _STATE as _SCALER_FIELDS
 
-__all__ = ['save', 'load', 'collect', 'write', 'read', 'restore_arrays', 'HostCopies']
+__all__ = ['save', 'load', 'collect', 'write', 'read', 'restore_arrays']
 
 
 def save(fname, kv, parts, schedule, optimizer, base_lr, states, amp):
@@ -86,7 +86,7 @@ def collect(kv, parts, schedule, optimizer, base_lr, states, amp, to_host=None):
         The trainer's AMP policy.
     to_host : callable, optional
         ``to_host(array)``: the parameters' arrays as numpy (default ``asnumpy``; a
-        :class:`HostCopies`, which need not wait).
+        :class:`~kvstore_ext.checkpoint.host_copies.HostCopies`, which need not wait).
     """
     settings = parts.settings
     to_host = to_host or nd.NDArray.asnumpy
@@ -346,41 +346,6 @@ def _to_numpy(state, to_host):
     if isinstance(state, (tuple, list)):
         return type(state)(_to_numpy(s, to_host) for s in state)
     return None if state is None else to_host(state)
-
-
-class HostCopies(object):
-    """Copies of NDArrays to host memory by MXNet's engine, for a checkpoint that the
-    Python thread does not wait for (:mod:`mxdelay.autosave`).
-
-    ``copies(array)`` returns a numpy array that the engine fills with `array`'s value after
-    the writes queued on it so far and before any queued later (one copy; no wait here).
-    Read none of them before :meth:`wait`. An array of a dtype the engine cannot write into
-    numpy's memory (int8, bfloat16) is copied at once, waiting for its writes.
-    """
-
-    def __init__(self):
-        self._targets = []
-
-    def __call__(self, array):
-        if array.stype != 'default':
-            array = array.tostype('default')   # as asnumpy gives a row_sparse array
-        host = np.empty(array.shape, dtype=array.dtype)
-        if not host.size or str(host.dtype) not in _ENGINE_DTYPES:
-            return array.asnumpy()
-        target = nd.from_numpy(host, zero_copy=True)   # the engine writes `host`
-        array.copyto(target)
-        self._targets.append(target)
-        return host
-
-    def wait(self):
-        """Wait until every copy is written (any thread)."""
-        for target in self._targets:
-            target.wait_to_read()
-        self._targets = []
-
-
-#: The dtypes that nd.from_numpy wraps without a copy (DLPack's).
-_ENGINE_DTYPES = ('float16', 'float32', 'float64', 'int32', 'int64', 'uint8')
 
 
 def _from_numpy(state, ctx):
