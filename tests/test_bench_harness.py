@@ -224,11 +224,8 @@ SIGNALLED_DRIVER = '''
 import sys
 sys.path.insert(0, sys.argv[1])
 import harness
-with harness.interruptible():
-    try:
-        harness.Job(sys.argv[3:], 600, num_workers=2).run(sys.argv[2])
-    except harness.Interrupted as stop:
-        sys.exit(128 + stop.signum)
+sys.exit(harness.run_stoppable(
+    lambda: harness.Job(sys.argv[3:], 600, num_workers=2).run(sys.argv[2])))
 '''
 
 
