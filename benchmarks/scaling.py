@@ -294,9 +294,13 @@ def byte_floor(row, rate_bits):
 
 def cpu_shares(row):
     """Cores each worker and each server used on average in the window (the role's cores,
-    ``cpu_workers`` and ``cpu_server``, over its processes)."""
-    return dict(cores_per_worker=row['cpu_workers'] / row['workers'],
-                cores_per_server=row['cpu_server'] / row['servers'])
+    ``cpu_workers`` and ``cpu_server``, over its processes), and the CPU ms each one spent
+    per step (cores x ms per step): a step cannot be shorter than the job's CPU ms per step
+    over the cores the machine leaves it."""
+    shares = dict(cores_per_worker=row['cpu_workers'] / row['workers'],
+                  cores_per_server=row['cpu_server'] / row['servers'])
+    return dict(shares, worker_cpu_ms=shares['cores_per_worker'] * row['ms_per_step'],
+                server_cpu_ms=shares['cores_per_server'] * row['ms_per_step'])
 
 
 def _order(methods, config_index, round_index):
@@ -363,6 +367,7 @@ def summarize(rows):
         for name in ('worker_tx_mb', 'worker_rx_mb', 'server_tx_mb', 'server_rx_mb',
                      'server_cpu_s_per_round', 'cpu_workers', 'cpu_server', 'cpu_other',
                      'steady_samples_per_s', 'cores_per_worker', 'cores_per_server',
+                     'worker_cpu_ms', 'server_cpu_ms',
                      'worker_floor_ms', 'server_floor_ms', 'floor_samples_per_s'):
             item[name] = _median(runs, name)
         item['busy_cores'] = statistics.median(_busy(r) for r in runs)
@@ -607,20 +612,24 @@ def _envelope_lines(rows, summary, pairs, workers, servers, methods):
              'the bytes per step through the busiest direction of a worker\'s link and of a '
              'server\'s (headers included, from the ports\' counters) over the link\'s rate, in '
              'ms, and the samples/s the slower of the two allows; the cores each worker and '
-             'each server used in the window, and the rest of the machine (*other*: other '
-             'sessions and the bridge\'s packet work). One TCP stream from the server to a '
+             'each server used in the window, the CPU ms each spent per step (cores x job '
+             'ms/step), and the rest of the machine (*other*: other sessions and the bridge\'s '
+             'packet work). One TCP stream from the server to a '
              'worker right after each network was built carried: %s.' % (
                  '; '.join('%s %s N=%d S=%d: %.2f Gbit/s' % (key + (value,))
                            for key, value in links.items()) or 'not measured'), '']
     return lines + _table(
         ['model', 'link', 'N', 'S', 'method', 'samples/s', '/ sync', 'steady samples/s',
          'steady / sync', 'floor ms: worker link', 'server link', 'floor samples/s',
-         'cores per worker', 'cores per server', 'other cores', 'noisy runs'],
+         'cores per worker', 'cores per server', 'CPU ms per step: worker', 'server',
+         'other cores', 'noisy runs'],
         [[model, rate, str(n), str(s), METHODS[m].label, _fmt(it['samples_per_s'], '%.1f'),
           _fmt(it['x_sync'], '%.2fx'), _fmt(it['steady_samples_per_s'], '%.1f'),
           _fmt(it['x_sync_steady'], '%.2fx'), _fmt(it['worker_floor_ms'], '%.0f'),
           _fmt(it['server_floor_ms'], '%.0f'), _fmt(it['floor_samples_per_s'], '%.1f'),
-          _fmt(it['cores_per_worker']), _fmt(it['cores_per_server']), _fmt(it['cpu_other']),
+          _fmt(it['cores_per_worker']), _fmt(it['cores_per_server']),
+          _fmt(it['worker_cpu_ms'], '%.0f'), _fmt(it['server_cpu_ms'], '%.0f'),
+          _fmt(it['cpu_other']),
           '%d of %d' % (it['noisy'], it['runs'])]
          for model, rate in pairs for n in workers for s in servers for m in methods
          for it in [summary.get((model, rate, n, s, m))] if it])
@@ -642,8 +651,11 @@ def _method_rows(summary, pairs, workers, servers, methods, keys):
 
 
 def plot(path, summary, methods, second=None):
-    """samples/s against N per method, one panel per model and S; `second`: the summary
-    of a second invocation, dashed."""
+    """samples/s against N per method, one panel per model, rate and S; `second`: the
+    summary of a second invocation, dashed. A grid of one N and one S: :func:`plot_floor`."""
+    if len({k[2:4] for k in summary}) == 1 and not second:
+        plot_floor(path, summary, methods)
+        return
     plt = report.pyplot()
     pairs = _pairs(summary)
     servers = sorted({k[3] for k in summary})
@@ -672,12 +684,42 @@ def plot(path, summary, methods, second=None):
     report.save(fig, path, 100)
 
 
+def plot_floor(path, summary, methods):
+    """Steady samples/s per method (job samples/s where a run had none), one panel per
+    model and rate, each bar beside the samples/s its byte floor allows (log scale)."""
+    plt = report.pyplot()
+    pairs = _pairs(summary)
+    fig, axes = plt.subplots(1, len(pairs), squeeze=False,
+                             figsize=(max(6.0, 3.6 * len(pairs)), 3.8))
+    for axis, (model, rate) in zip(axes[0], pairs):
+        items = [(m, summary[k]) for m in methods for k in summary
+                 if k[:2] == (model, rate) and k[4] == m]
+        spots = range(len(items))
+        axis.bar([x - 0.2 for x in spots], [it['steady_samples_per_s'] or it['samples_per_s']
+                                            for _, it in items], 0.4, label='measured',
+                 color=['0.5' if m == 'sync' else 'C0' for m, _ in items])
+        axis.bar([x + 0.2 for x in spots], [it['floor_samples_per_s'] or 0 for _, it in items],
+                 0.4, label='byte floor allows', color='C1', alpha=0.5)
+        axis.set_xticks(list(spots))
+        axis.set_xticklabels([METHODS[m].label.replace(' + ', '\n+ ') for m, _ in items],
+                             fontsize=7)
+        axis.set_yscale('log')
+        axis.set_title('%s, %s, N=%d S=%d' % ((model, rate) + next(
+            k[2:4] for k in summary if k[:2] == (model, rate))), fontsize=9)
+        axis.set_ylabel('samples/s')
+        axis.grid(alpha=0.3, axis='y')
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle('Steady samples/s (grey: stock) beside what the links alone allow',
+                 fontsize=10)
+    report.save(fig, path, 100)
+
+
 def _complete(meta, rows):
-    """`rows` with their link's rate, byte floor and cores per role: a runs.csv of one link
-    written before they were columns has the rate in the meta only."""
+    """`rows` with their link's rate, byte floor and cores per role (a runs.csv of one link
+    written before they were columns has the rate in the meta only)."""
     for row in rows:
         row.setdefault('rate', meta['settings']['rate'])
-        if 'error' not in row and 'floor_samples_per_s' not in row:
+        if 'error' not in row:  # derived from the counters: the same for a new row
             row.update(byte_floor(row, netns.rate_bits(row['rate'])))
             row.update(cpu_shares(row))
     return rows

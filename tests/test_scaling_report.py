@@ -105,8 +105,10 @@ def test_cores_per_role_from_the_cpu_monitors_samples():
     assert row['cpu_workers'] == pytest.approx(0.8, rel=1e-12)
     assert row['cpu_server'] == pytest.approx(0.4, rel=1e-12)
     assert row['cpu_other'] == pytest.approx(0.8, rel=1e-12)
-    assert scaling.cpu_shares(row) == pytest.approx(dict(cores_per_worker=0.4,
-                                                         cores_per_server=0.4), rel=1e-12)
+    # 500 ms a step (the 2 s window over 4 steps): 0.4 cores x 500 ms each
+    assert scaling.cpu_shares(row) == pytest.approx(dict(
+        cores_per_worker=0.4, cores_per_server=0.4, worker_cpu_ms=200.0, server_cpu_ms=200.0),
+        rel=1e-12)
     assert scaling.cpu_shares(dict(row, servers=2, cpu_server=1.0))['cores_per_server'] == 0.5
 
 
