@@ -1,5 +1,6 @@
-"""Codec speed: ns per element of each codec and direction, today's code against the fused
-kernels (kvstore_ext/codecs/kernels), beside a memory copy on the same core.
+"""Codec speed: ns per element of each codec and direction, the numpy code (the job's before
+the kernels were wired in; their reference and fallback) against the fused kernels
+(kvstore_ext/codecs/kernels), beside a memory copy on the same core.
 
 Procedure: docs/benchmarks/codec-speed/procedure.md. Usage (writes results.json, .csv, .md
 and .png)::
@@ -15,7 +16,7 @@ import sys
 import tempfile
 import time
 
-# One core for MXNet's operators too (today's worker decode and float16 cast run in MXNet):
+# One core for MXNet's operators too (the worker's pull decode and the old float16 cast):
 # before MXNet is imported.
 os.environ['OMP_NUM_THREADS'] = '1'
 

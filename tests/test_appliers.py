@@ -18,6 +18,7 @@ import pytest
 import mxnet as mx
 from mxnet import nd
 
+from kvstore_ext import codecs
 from kvstore_ext.checkpoint import files
 from kvstore_ext.protocol import commands
 from kvstore_ext.protocol.counter import HEAD
@@ -83,6 +84,39 @@ def test_sum_scale_hands_the_applier_the_sum_times_s_exactly(scale):
     stored = [nd.ones(7), nd.ones(7)]
     keeper.on_round(0, 0, nd.array(grad), stored[0])
     np.testing.assert_array_equal(stored[0].asnumpy(), grad * np.float32(scale))
+
+
+class _HalvesRows(codecs.Codec):
+    """A codec of one row per worker without a kernel: a row holds float32(v / 2) of each
+    value; the servers get it back with Codec.decode_sum's default loop over decode."""
+    type_name = 'test_halves'
+    wire = 'rows'
+
+    def describe(self):
+        return {'type': self.type_name}
+
+    def payload_size(self, size):
+        return size
+
+    def decode(self, payload, size):
+        assert payload.size == size
+        return payload * np.float32(2)
+
+
+def test_a_rows_codec_without_a_kernel_is_decoded_by_the_default_loop(monkeypatch):
+    monkeypatch.setitem(codecs._registry(), 'test_halves', lambda params: _HalvesRows())
+    n = 5
+    # Decoded 2**24, 1, -2**24: rank order sums to 0, the arrival order (1, 2, 0) to 1.
+    rows = np.array([[2.0 ** 23] * n, [0.5] * n, [-2.0 ** 23] * n], dtype=np.float32)
+    merged = nd.sparse.row_sparse_array((rows[[1, 2, 0]], np.array([1, 2, 0], dtype=np.int64)),
+                                        shape=rows.shape)
+    recorder = _Recorder()
+    applier = appliers.choose('default', None, {'payload': {'type': 'test_halves'}}, False,
+                              lambda chunk: None)
+    assert _chain(applier) == [appliers.DecodeRows, CopySum]
+    applier._inner = recorder   # pylint: disable=protected-access
+    applier.apply(4, merged, nd.zeros(n), nd.zeros(n))
+    np.testing.assert_array_equal(recorder.seen[0][1], np.zeros(n, dtype=np.float32))
 
 
 def test_sum_scale_equals_pushing_the_scaled_sum_bit_for_bit():

@@ -1,11 +1,15 @@
-"""The codec kernels (kvstore_ext/codecs/kernels) against today's code, bit for bit.
+"""The codec kernels (kvstore_ext/codecs/kernels) against the numpy code, bit for bit.
 
 Every test runs the compiled kernels: the module fixture fails (it does not skip) when they
-cannot be built, so a silent fallback to numpy cannot pass for them. Today's code is called
-as the job calls it: :mod:`kvstore_ext.codecs.quantize`, ``PayloadTensor.encode``,
-``DecodeRows.decode``, ``Int8Pull`` / ``Float16Pull`` and the workers' ``Payload.decode_into``,
-MXNet's float16 cast.
+cannot be built, so a silent fallback to numpy cannot pass for them. The numpy code is called
+as the job called it before the kernels were wired in: :mod:`kvstore_ext.codecs.quantize`,
+``PayloadTensor.encode`` and ``DecodeRows.decode`` with the kernels switched to their numpy
+fallback (:func:`numpy_path`: ``quantize`` per chunk, the decodes summed in a loop),
+``Int8Pull`` / ``Float16Pull``'s ``encode`` and the workers' ``Payload.decode_into``, MXNet's
+float16 cast.
 """
+import contextlib
+
 import platform
 
 import mxnet as mx
@@ -36,6 +40,15 @@ def small_parts(monkeypatch):
     # Threads take parts of 2**20 elements and more; small ones here, so that the tests'
     # arrays are split wherever they ask for threads.
     monkeypatch.setattr(_dispatch, '_MIN_PART', 1 << 12)
+
+
+@contextlib.contextmanager
+def numpy_path():
+    """The kernels' numpy fallback inside the block (the job's code before the kernels)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(_dispatch._STATE, 'library', None)   # pylint: disable=protected-access
+        assert kernels.backend() == 'numpy'
+        yield
 
 
 def assert_same(new, old, nan_bits=True):
@@ -134,12 +147,21 @@ def test_the_workers_step_is_payload_tensors(h):
     n, block = 50000, 256
     chunks = [(0, 12345), (12345, 12346), (12346, 40000), (40000, n)]
     grad, residual = values(rng, n, block, h), values(rng, n, block, h) * F32(0.01)
-    # Today's worker step: PayloadTensor.encode on a CPU gradient.
-    tensor = blockwise.Blockwise(NAMES[h], block).for_tensor(n)
-    tensor.ranges = chunks
-    tensor.residual = residual.copy()
-    buf = nd.zeros(n)
-    tensor.encode(nd.array(grad), buf, None)
+    # The worker's step in numpy (PayloadTensor.encode on a CPU gradient, numpy_path), then
+    # as the job runs it (the compiled kernel).
+    tensor, wired = (blockwise.Blockwise(NAMES[h], block).for_tensor(n) for _ in range(2))
+    tensor.ranges = wired.ranges = chunks
+    tensor.residual, wired.residual = residual.copy(), residual.copy()
+    buf, wired_buf = nd.zeros(n), nd.zeros(n)
+    with numpy_path():
+        tensor.encode(nd.array(grad), buf, None)
+    calls = kernels.compiled_calls().get('mxd_%s_encode' % NAMES[h], 0)
+    wired.encode(nd.array(grad), wired_buf, None)
+    assert kernels.compiled_calls()['mxd_%s_encode' % NAMES[h]] == calls + 1
+    for new, old in zip(wired.payloads, tensor.payloads):
+        assert_same(new, old)
+    assert_same(wired_buf.asnumpy(), buf.asnumpy())
+    assert_same(wired.residual, tensor.residual)
     for threads in (1, 3):
         new_residual = residual.copy()
         payloads, sent = kernels.encode_with_feedback(grad, new_residual, h, block, chunks,
@@ -187,8 +209,10 @@ def test_the_servers_sum_is_decode_rows(h, workers):
                      for _ in range(workers)])
     ranks = rng.permutation(workers)   # the merged array's rows, in arrival order
     merged = nd.sparse.row_sparse_array((rows[ranks], ranks.astype(np.int64)), shape=rows.shape)
-    old = appliers.DecodeRows(None, {'type': NAMES[h], 'block_size': block}).decode(
-        'chunk', merged, n)
+    decoder = appliers.DecodeRows(None, {'type': NAMES[h], 'block_size': block})
+    with numpy_path():
+        old = decoder.decode('chunk', merged, n)   # the numpy decodes, summed in a loop
+    assert_same(decoder.decode('chunk', merged, n), old, nan_bits=False)   # as the job runs
     for threads in (1, 2):
         assert_same(kernels.decode_sum(rows[ranks], np.argsort(ranks), h, block, n,
                                        threads=threads), old, nan_bits=False)

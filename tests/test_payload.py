@@ -17,8 +17,13 @@ What is tested, and against what:
   servers with chunks, against the numpy reference **bit for bit**, warm-up and delayed
   phase, with exact and compressed pulls; each also differs from the unquantized reference,
   so the test sees the quantization;
-- a checkpoint resume bit for bit (the residuals are saved).
+- a checkpoint resume bit for bit (the residuals are saved);
+- a real job runs the compiled codec kernels (the workers' encode, the servers' sum of the
+  rows and their int8 pulls: each process's count of kernel calls) and is the numpy
+  reference's bit for bit.
 """
+import collections
+import json
 import os
 import sys
 
@@ -40,9 +45,9 @@ from support.reference_jobs import (MLP_BASE, assert_equal_to_reference,
                                     differs_from_reference, rounds_differ_from_reference,
                                     run_mlp_job)
 from support.stores import offline_store
-from support.jobs import SCRIPTS, assert_ok, kv_results, run_job
+from support.jobs import SCRIPTS, assert_ok, kv_results, role_lines, run_job
 from kvstore_ext import codecs
-from kvstore_ext.codecs import quantize
+from kvstore_ext.codecs import kernels, quantize
 from kvstore_ext.codecs.blockwise import largest_chunk
 from kvstore_ext.server import appliers
 
@@ -408,6 +413,43 @@ def test_a_two_worker_job_matches_the_reference_bit_for_bit(tmp_path, setting, p
     assert_rounds_equal_reference(histories, trajectory)
     unquantized = replay(histories, config, None, 50)
     assert rounds_differ_from_reference(histories, unquantized)
+
+
+@pytest.mark.jobs
+def test_a_job_runs_the_compiled_kernels_on_workers_and_servers_bit_for_bit(tmp_path):
+    # Ternary pushes and int8 pulls, 2 workers, 2 servers, chunks of 50 values: every push
+    # is encoded by the compiled kernel on its worker, every round's rows are summed and
+    # every pulled round encoded by the compiled kernels on the servers (their counts: the
+    # workers' npz, the servers' last log line), and the job is the numpy reference's.
+    kernels.require_compiled()   # built here; the job's processes load the cached library
+    setting, pull, chunk = {'type': 'ternary', 'block_size': 16}, {'type': 'int8'}, 50
+    config = dict(MLP_BASE, compression=setting, pull_compression=pull, record_grads=True,
+                  delay=2, warmup_steps=3)
+    out = tmp_path / 'out'
+    out.mkdir()
+    result = run_job([sys.executable, os.path.join(SCRIPTS, 'mlp_job.py'), json.dumps(config),
+                      str(out)], num_workers=2, num_servers=2,
+                     env={'MXDELAY_CHUNK_SIZE': chunk})
+    assert_ok(result)
+    histories = {rank: np.load(str(out / ('worker%d.npz' % rank))) for rank in range(2)}
+    steps, sizes = config['steps'], [w.size for w in mlp_model.init_params().values()]
+    chunks = sum(-(-size // chunk) for size in sizes)
+    pulled = sum(reference.pulled_round(t, config['delay'], config['warmup_steps'])
+                 for t in range(steps))
+    for history in histories.values():
+        assert json.loads(str(history['kernel_calls'])) == {
+            'mxd_ternary_encode': steps * len(sizes)}   # one call a tensor a step
+    served = collections.Counter()
+    for rank in range(2):
+        last = role_lines(result.stderr, 'server', rank)[-1]
+        assert 'compiled codec kernels: ' in last, last
+        served.update({name: int(count) for name, count in (
+            call.split() for call in last.split('compiled codec kernels: ')[1].split(', '))})
+    assert served == {'mxd_ternary_decode_sum': steps * chunks,
+                      'mxd_i8pull_encode': pulled * chunks}
+    trajectory = replay(histories, config, setting, chunk)
+    assert_rounds_equal_reference(histories, trajectory)
+    assert rounds_differ_from_reference(histories, replay(histories, config, None, chunk))
 
 
 @pytest.mark.jobs

@@ -199,6 +199,30 @@ class Codec(object):
             If `payload` is not a row of this codec for `size` values."""
         raise NotImplementedError
 
+    def decode_sum(self, rows, order, size, threads=1):
+        """On the servers: the float32 sum ``c_a + c_b + ...`` (left to right) of the values
+        that rows ``rows[a]``, ``rows[b]``, ... stand for, ``order = [a, b, ...]`` (the
+        workers' rows in rank order); each :meth:`decode` of a row, added in numpy. A codec
+        with a fused kernel overrides it (the same bits), splitting it over up to `threads`
+        threads.
+
+        Parameters
+        ----------
+        rows : numpy.ndarray
+            (workers, :meth:`payload_size`) float32, one worker's row each.
+        order : sequence of int
+            Indices of `rows`, in the order of the sum.
+        size : int
+            Values of the chunk.
+        threads : int
+            Threads a kernel may use (this loop uses one).
+        """
+        total = None
+        for index in order:
+            values = self.decode(rows[index], size)
+            total = values if total is None else total + values
+        return total
+
 
 #: No compression: pushes in the tensor's dtype, unchanged.
 NONE = Codec()

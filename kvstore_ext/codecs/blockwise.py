@@ -18,9 +18,15 @@ row per worker*:
   chunk (:class:`kvstore_ext.server.appliers.DecodeRows`); W goes into float32 pull keys,
   which pulls read. The codec's wire is ``'rows'`` (:mod:`kvstore_ext.worker.wires.rows`).
 
-Each tensor's side (:class:`PayloadTensor`) keeps one float32 residual on the CPU and encodes
-in numpy: the gradient is read (this waits for backward); what it sent, ``c``, stays in the
-float32 send buffer, which the local rule reads (``sent``).
+Each tensor's side (:class:`PayloadTensor`) keeps one float32 residual and encodes a gradient
+in host memory with the fused kernel (:func:`kvstore_ext.codecs.kernels.encode_with_feedback`,
+numpy's bits), reading it where it lies (this waits for backward), and a gradient on another
+device (a GPU) there, with MXNet's operators
+(:func:`kvstore_ext.codecs.kernels.ndarray.encode_with_feedback_nd`: the same bits; the
+residual then lives on that device), so that only the payloads and ``c`` come to the host.
+What it sent, ``c``, stays in the float32 send buffer, which the local rule reads
+(``sent``). The servers decode and sum the rows with the kernel too
+(:meth:`Blockwise.decode_sum`). docs/design.md §2.15.
 """
 import numbers
 
@@ -28,8 +34,9 @@ import numpy as np
 from mxnet import nd
 
 from kvstore_ext.codecs import (Codec, CompressionError, CompressionTypeError, float32_only,
-                                heap, quantize, register)
+                                heap, host, kernels, quantize, register)
 from kvstore_ext.codecs.feedback import ResidualTensor
+from kvstore_ext.codecs.kernels import ndarray as device_kernels
 from kvstore_ext.protocol import commands
 
 __all__ = ['Blockwise', 'PayloadTensor', 'parse_payload', 'largest_chunk', 'DEFAULT_BLOCK',
@@ -79,6 +86,10 @@ class Blockwise(Codec):
         """On the servers: the values ``c`` one worker's `payload` stands for."""
         return quantize.decode(payload, self.levels, self.block, size)
 
+    def decode_sum(self, rows, order, size, threads=1):
+        """On the servers: the rows' values summed in `order`, in one pass (the kernel)."""
+        return kernels.decode_sum(rows, order, self.levels, self.block, size, threads=threads)
+
     def chunk_limit(self, workers):
         # The (N, P) slot keys stay below MXNET_KVSTORE_BIGARRAY_BOUND (RowWire.place).
         return largest_chunk(self, workers, commands.bigarray_bound())
@@ -89,45 +100,69 @@ class Blockwise(Codec):
 
 
 class PayloadTensor(ResidualTensor):
-    """One tensor's residual (float32, numpy, on the CPU), its last push's payloads (one per
-    chunk) and batch-size factor."""
+    """One tensor's residual (float32: numpy on the CPU, or an NDArray on the device of its
+    gradients), its last push's payloads (one per chunk) and batch-size factor."""
 
     def __init__(self, codec, size):
         super(PayloadTensor, self).__init__()
         self._codec = codec
         heap.keep_large_blocks()   # the encode's temporaries: no page faults per round
         self.residual = np.zeros(size, dtype=np.float32)
+        self._on_device = None     # the residual on a gradient's device, once it is pushed there
         self.payloads = None
         self._factor = None
         self.ranges = [(0, size)]   # the chunks' element ranges (RowWire.place sets them)
 
     def encode(self, source, buf, factor):
         """p = g * factor + r; per chunk, quantize p by blocks into its payload; the values
-        sent, c, go into `buf`; r := p - c."""
-        if factor is None and source.context.device_type == 'cpu':
-            # Straight from the gradient, once the slot's ordering writes into `buf` (its
-            # last pull, §2.11) are done: no copy into `buf` first.
+        sent, c, go into `buf`; r := p - c (one fused kernel over g and r, or MXNet's
+        operators on g's device)."""
+        if not host.readable(source.context):
+            self._encode_on_device(source, buf, factor)
+            return
+        self._residual_to_host()
+        if factor is None:
+            # Straight from the gradient's memory, once the slot's ordering writes into `buf`
+            # (its last pull, §2.11) are done: no copy into `buf` first.
             buf.wait_to_read()
-            p = source.asnumpy()          # waits for backward
+            grad = host.view(source)      # waits for backward
         else:
             super(PayloadTensor, self).encode(source, buf, factor)   # g * factor, in MXNet
-            p = buf.asnumpy()             # waits for backward and the slot's last pull
-        p += self.residual                # p = g * factor + r (a sum: either order)
-        sent = np.empty_like(p)
-        payloads = []
-        for start, stop in self.ranges:
-            payload, values = quantize.encode(p[start:stop], self._codec.levels,
-                                              self._codec.block)
-            payloads.append(payload)
-            sent[start:stop] = values
-        np.subtract(p, sent, out=self.residual)
+            grad = host.view(buf)         # waits for backward and the slot's last pull
+        payloads, sent = kernels.encode_with_feedback(grad, self.residual, self._codec.levels,
+                                                      self._codec.block, self.ranges)
         # An engine copy (no wait here for the buffer's readers); `sent` lives on in it.
         nd.from_numpy(sent.reshape(buf.shape), zero_copy=True).copyto(buf)
         self.payloads = payloads
         self._factor = factor
 
+    def _encode_on_device(self, source, buf, factor):
+        """The encode of a gradient outside host memory (a GPU), on its device: g * factor
+        and the quantization there, the payloads (their asnumpy waits for backward) and c
+        (an engine copy into `buf`) to the host."""
+        context = source.context
+        if self._on_device is None or self._on_device.context != context:
+            self._on_device = nd.array(self.state(), ctx=context)
+        grad = source if factor is None else source * factor   # float32, as TensorCodec's
+        payloads, sent = device_kernels.encode_with_feedback_nd(
+            grad, self._on_device, self._codec.levels, self._codec.block, self.ranges)
+        sent.reshape(buf.shape).copyto(buf)
+        self.payloads = payloads
+        self._factor = factor
+
+    def _residual_to_host(self):
+        if self._on_device is not None:
+            self.residual[:] = self._on_device.asnumpy()
+            self._on_device = None
+
     def state(self):
+        if self._on_device is not None:
+            return self._on_device.asnumpy()
         return self.residual.copy()
+
+    def load_state(self, value):
+        super(PayloadTensor, self).load_state(value)
+        self._on_device = None   # the next push on a device starts from the loaded values
 
 
 def largest_chunk(codec, workers, bound):

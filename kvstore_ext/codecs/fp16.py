@@ -12,9 +12,13 @@ float32 and keep ``W`` and the optimizer state in float32; pulls return float32 
   codec's wire is ``'pull_keys'`` (:mod:`kvstore_ext.worker.wires.pull_keys`).
 
 This module is the codec (:class:`Float16`, registered as ``'fp16'``) and the float16 copy of
-one tensor's pushes (:class:`Float16Tensor`).
+one tensor's pushes (:class:`Float16Tensor`): the codec kernel's cast of a CPU gradient on
+the Python thread (``kernels.to_float16``, MXNet's bits), else MXNet's cast in its engine
+(on a GPU, cast there first; docs/design.md §2.15: the kernel's cast measured not slower on
+a real job, though it waits for each gradient's backward).
 """
-from kvstore_ext.codecs import Codec, CompressionError, TensorCodec, float32_only, register
+from kvstore_ext.codecs import (Codec, CompressionError, TensorCodec, float32_only, host, kernels,
+                                register)
 
 __all__ = ['Float16', 'Float16Tensor', 'enable_float32_sums', 'fill_send_buffer']
 
@@ -31,11 +35,15 @@ def enable_float32_sums(native):
 
 
 def fill_send_buffer(source, buf, factor):
-    """Copy `source` (float32) into the float16 `buf`, times `factor` if not None; the cast
-    rounds to nearest, as numpy's ``astype(float16)``."""
+    """Copy `source` (float32, on any device) into the float16 `buf`, times `factor` if not
+    None; the cast rounds to nearest, as numpy's ``astype(float16)``, in MXNet's engine."""
     if factor is not None:
         source = source * factor  # in float32, then one rounding to float16
-    source.copyto(buf)  # the copy casts
+    if not host.readable(source.context):
+        # MXNet copies between devices only within one dtype: cast on the gradient's device
+        # (a GPU), then copy half the bytes.
+        source = source.astype(buf.dtype)
+    source.copyto(buf)  # on the host, the copy casts
 
 
 class Float16(Codec):
@@ -77,7 +85,13 @@ class Float16Tensor(TensorCodec):
         self.factor = None
 
     def encode(self, source, buf, factor):
-        fill_send_buffer(source, buf, factor)
+        if factor is None and host.readable(source.context):
+            # The kernel, on this thread: it waits for the gradient's backward and for the
+            # buffer's readers and writers in MXNet's engine (the slot's last push, the
+            # ordering of its pulls), then casts in one pass (§2.15).
+            kernels.to_float16(host.view(source), out=host.view(buf, write=True))
+        else:
+            fill_send_buffer(source, buf, factor)   # in MXNet's engine
         self.factor = factor
 
     def sent(self, buf, grad):

@@ -11,10 +11,12 @@ did not carry stays in ``W - x̂`` and goes out with the next pull (error feedba
   stored value in C++, so the payload of a pulled round must be in the key when the round is
   applied;
 - the codecs (:class:`Float16Pull` ``'fp16'``, :class:`Int8Pull` ``'int8'``; :func:`parse`):
-  the servers encode synchronously, in their updater (:meth:`PullCodec.encode`: numpy, and
-  MXNet's float16 casts), the workers decode with NDArray operations in MXNet's engine
-  (:class:`kvstore_ext.worker.wires.pulls.Payload`); both compute ``dec(q)`` with the same
-  float32 operations, so ``x̂`` is bit-identical everywhere;
+  the servers encode synchronously, in their updater (:meth:`PullCodec.broadcast`: a fused
+  kernel of :mod:`kvstore_ext.codecs.kernels` writing into the model key, with the bits of
+  :meth:`PullCodec.encode`, numpy and MXNet's float16 casts), the workers decode with NDArray
+  operations in MXNet's engine (:class:`kvstore_ext.worker.wires.pulls.Payload`); both
+  compute ``dec(q)`` with the same float32 operations, so ``x̂`` is bit-identical
+  everywhere;
 - the wire: one *model key* per chunk (``KeyLayout.model_key``), a float32 key whose bytes
   are the payload. MXNet 1.9.1's server aborts on int8/uint8 keys ("only support floating
   point types"), and a float16 key's pulls depend on the native server's multi-precision
@@ -27,6 +29,7 @@ import numpy as np
 from mxnet import nd
 
 from kvstore_ext.checks import ArgumentTypeError, check_int
+from kvstore_ext.codecs import kernels, pull_payloads
 
 __all__ = ['PullCodec', 'Float16Pull', 'Int8Pull', 'parse', 'known_types', 'EXAMPLE',
            'payload_bytes', 'bytes_per_pull']
@@ -60,8 +63,18 @@ class PullCodec(object):
 
     def encode(self, d):
         """Return ``(payload, dec)``: the payload (numpy float32, :meth:`payload_size`) and
-        ``dec(q)`` (numpy float32, ``d``'s size), both computed from `d` on the server."""
+        ``dec(q)`` (numpy float32, ``d``'s size), both computed from `d` on the server (the
+        built-in codecs: :mod:`kvstore_ext.codecs.pull_payloads`, numpy)."""
         raise NotImplementedError
+
+    def broadcast(self, weight, model, payload, threads=1):
+        """A server's pulled round: write the payload of ``d = weight - model`` into
+        `payload` and advance ``model += dec(q)``, in place (all flat float32 numpy;
+        `payload` of :meth:`payload_size`, e.g. the model key's memory). This is
+        :meth:`encode` and an addition; a codec with a fused kernel overrides it (the same
+        bits in one pass, split over up to `threads` threads)."""
+        payload[...], dec = self.encode(weight - model)
+        np.add(model, dec, out=model)
 
     def scratch(self, n):
         """The worker's temporary arrays for decoding a chunk of `n` elements."""
@@ -82,16 +95,13 @@ class Float16Pull(PullCodec):
     alias_dtype = np.float16
 
     def payload_size(self, n):
-        return 1 + (n + 1) // 2
+        return pull_payloads.fp16_size(n)
 
     def encode(self, d):
-        # MXNet's casts, not numpy's: the same bits (round to nearest even; checked on every
-        # float16 midpoint), but numpy converts one element at a time in software, about ten
-        # times slower on a 2^19-element chunk (docs/benchmarks/pull-cpu).
-        q = nd.array(d, dtype=F32).astype(np.float16)
-        payload = np.zeros(self.payload_size(d.size), dtype=F32)
-        payload.view(np.float16)[2:2 + d.size] = q.asnumpy()
-        return payload, q.astype(F32).asnumpy()
+        return pull_payloads.fp16_encode(d)
+
+    def broadcast(self, weight, model, payload, threads=1):
+        kernels.fp16_pull_broadcast(weight, model, payload=payload, threads=threads)
 
     def scratch(self, n):
         return nd.zeros(n, dtype=F32)
@@ -117,35 +127,17 @@ class Int8Pull(PullCodec):
         return {'type': self.type_name, 'block_size': self.block_size}
 
     def _blocks(self, n):
-        return max(1, -(-n // self.block_size))
+        return pull_payloads.int8_blocks(n, self.block_size)
 
     def payload_size(self, n):
-        blocks = self._blocks(n)
-        return 1 + blocks + -(-blocks * self.block_size // 4)
+        return pull_payloads.int8_size(n, self.block_size)
 
     def encode(self, d):
-        n, size = d.size, self.block_size
-        blocks = self._blocks(n)
-        padded = np.zeros(blocks * size, dtype=F32)
-        padded[:n] = d
-        padded = padded.reshape(blocks, size)
-        scale = (np.abs(padded).max(axis=1) / F32(127)).astype(F32)
-        safe = np.where(scale > 0, scale, F32(1)).astype(F32)
-        # In place: each fresh array of a chunk costs page faults (numpy returns big ones to
-        # the system).
-        levels = np.divide(padded, safe[:, None])
-        np.rint(levels, out=levels)                  # to nearest even
-        np.clip(levels, -127, 127, out=levels)
-        levels[scale == 0] = 0
-        levels += F32(0)   # -0 becomes +0: the workers' (code - 128) is +0
-        # The workers' float32 operations: (code - 128) * scale, where code - 128 is the level.
-        dec = (levels * scale[:, None]).reshape(-1)[:n]
-        levels += F32(128)
-        payload = np.zeros(self.payload_size(n), dtype=F32)
-        payload[1:1 + blocks] = scale
-        start = 4 * (1 + blocks)   # bytes: the header, then the scales
-        payload.view(np.uint8)[start:start + blocks * size] = levels.reshape(-1)  # 1 .. 255
-        return payload, dec
+        return pull_payloads.int8_encode(d, self.block_size)
+
+    def broadcast(self, weight, model, payload, threads=1):
+        kernels.int8_pull_broadcast(weight, model, self.block_size, payload=payload,
+                                    threads=threads)
 
     def scratch(self, n):
         blocks = self._blocks(n)

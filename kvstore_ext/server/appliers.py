@@ -37,7 +37,7 @@ import numpy as np
 from mxnet import nd
 
 from kvstore_ext import codecs
-from kvstore_ext.codecs import heap
+from kvstore_ext.codecs import heap, host, kernels
 from kvstore_ext.protocol.commands import AUX_SETTINGS as AUX
 from kvstore_ext.protocol.counter import HEAD
 
@@ -154,8 +154,11 @@ class DecodeRows(Applier):
     """Decorator for one-row-per-worker pushes (docs/design.md §2.14): the round's merged
     row_sparse (N, P) array holds worker r's payload in row r; `inner` gets the float32 sum,
     in rank order, of the values each payload stands for (the chunk's codec's
-    :meth:`~kvstore_ext.codecs.Codec.decode`: the very values the worker computed), shaped as
-    the weights.
+    :meth:`~kvstore_ext.codecs.Codec.decode_sum`: the very values the workers computed, in
+    one fused kernel where the codec has one), shaped as the weights.
+
+    The kernel runs on every core of this process (:func:`kvstore_ext.codecs.kernels.cores`;
+    a call splits only in parts of at least 2**20 values).
 
     Parameters
     ----------
@@ -169,7 +172,8 @@ class DecodeRows(Applier):
     def __init__(self, inner, settings):
         self._inner = inner
         self._codec = codecs.decoder(settings)
-        heap.keep_large_blocks()   # the decode's temporaries: no page faults per round
+        self._threads = kernels.cores()
+        heap.keep_large_blocks()   # the sums' fresh arrays: no page faults per round
 
     def apply(self, chunk, grad, weight, stored):
         # The sum's memory as an NDArray (no copy): the round keeper waits for `stored`,
@@ -181,17 +185,14 @@ class DecodeRows(Applier):
         """The float32 numpy sum over the workers of the values `grad`'s rows stand for
         (`grad`: the merge of row_sparse pushes, which the slot keys of this wire are)."""
         workers = grad.shape[0]
-        rows = grad.indices.asnumpy()
-        data = grad.data.asnumpy()
+        rows = host.view(grad.indices)    # the merged array's memory: read, not copied
         if sorted(rows.tolist()) != list(range(workers)):
             raise RuntimeError('chunk %s: a round with the rows of workers %s, not of all %d: '
                                'every worker pushes its own row' % (chunk, rows.tolist(),
                                                                      workers))
-        total = None
-        for index in np.argsort(rows):   # rank order: the sum does not depend on arrival order
-            values = self._codec.decode(data[index], size)
-            total = values if total is None else total + values
-        return total
+        data = host.view(grad.data).reshape(workers, -1)
+        # Rank order: the sum does not depend on the order the pushes arrived in.
+        return self._codec.decode_sum(data, np.argsort(rows), size, threads=self._threads)
 
 
 class SkipNonFinite(Applier):

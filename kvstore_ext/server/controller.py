@@ -22,6 +22,7 @@ import mxnet as mx
 from mxnet.kvstore import KVStoreServer
 
 from kvstore_ext import env
+from kvstore_ext.codecs import kernels
 from kvstore_ext.protocol import commands
 from kvstore_ext.protocol.commands import Command, check_rank, field
 from kvstore_ext.server import agreement, appliers, registry, rounds
@@ -268,4 +269,7 @@ def serve():
               env.get('DMLC_NUM_WORKER'))
     server.run()
     rank = server._job.server_rank  # pylint: disable=protected-access
-    _LOG.info('mxdelay server %s stopped', 'with no worker' if rank is None else rank)
+    calls = kernels.compiled_calls()
+    _LOG.info('mxdelay server %s stopped; compiled codec kernels: %s',
+              'with no worker' if rank is None else rank,
+              ', '.join('%s %d' % call for call in sorted(calls.items())) or 'none called')

@@ -11,6 +11,8 @@ The stored arrays of both come from the workers' round of zeros at init.
 """
 import numpy as np
 
+from kvstore_ext.codecs import host, kernels
+
 __all__ = ['PullStores', 'PulledModels', 'ServerModel']
 
 
@@ -98,11 +100,14 @@ class ServerModel(object):
         self.codec = codec
         self.model = np.array(initial, dtype=np.float32).reshape(-1)
         self.store = None   # the model key's stored NDArray, from the workers' zero round
+        self._threads = kernels.cores()
 
     def broadcast(self, weight):
         """Round applied, pulled by every worker: write ``C(W - x̂)`` into the model key and
-        advance ``x̂`` by what it carries. `weight` is W (an NDArray)."""
-        d = weight.asnumpy().reshape(-1) - self.model
-        payload, dec = self.codec.encode(d)
-        self.model = self.model + dec
-        self.store[:] = payload   # a synchronous copy: pulls read the bytes at once
+        advance ``x̂`` by what it carries, in place (:meth:`PullCodec.broadcast
+        <kvstore_ext.codecs.pulls.PullCodec.broadcast>`: one fused kernel on every core of
+        this process). `weight` is W (an NDArray). The payload goes straight into the key's
+        memory, before the round is acknowledged: the native server answers pulls from it
+        in C++, on the thread that runs this one."""
+        self.codec.broadcast(host.view(weight), self.model, host.view(self.store, write=True),
+                             threads=self._threads)

@@ -69,11 +69,23 @@ def mode_rounds(kv, rounds, sleep, fp16):
     return {'bad': bad, 'stats': kv.delayed.job.server_stats()}
 
 
-def mode_held(kv):
+def mode_held(kv, fp16):
     """Round 0's gradient takes 1 s in the engine, round 1's is ready: every worker's push
     of round 1 (slot 1) leaves first, so round 1 completes before round 0 and the servers
     hold it. The pull after round 1 must still be exactly W_2. Returns the pulled values
-    and the pushed ones (SGD, lr 0.5, rescale 1, W_0 = 1 over 3 chunks)."""
+    and the pushed ones (SGD, lr 0.5, rescale 1, W_0 = 1 over 3 chunks).
+
+    With float16 pushes the store casts a CPU gradient on the Python thread once it is ready
+    (docs/design.md §2.15), so round 1 could not leave first; the cast of a gradient with a
+    batch-size factor or on a GPU stays MXNet's, in its engine, and this job casts every
+    push so (``fp16.fill_send_buffer``) to hold a round of float16 pushes."""
+    if fp16:
+        from kvstore_ext.codecs import fp16 as codec   # pylint: disable=import-outside-toplevel
+
+        def engine_cast(tensor, source, buf, factor):
+            codec.fill_send_buffer(source, buf, factor)
+            tensor.factor = factor
+        codec.Float16Tensor.encode = engine_cast
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, rescale_grad=1.0))
     shape = (3000,)
     kv.init(0, nd.ones(shape))
@@ -225,7 +237,7 @@ def main():
     if mode == 'rounds':
         result = mode_rounds(kv, int(sys.argv[3]), float(sys.argv[4]), fp16)
     elif mode == 'held':
-        result = mode_held(kv)
+        result = mode_held(kv, fp16)
     elif mode == 'slack':
         result = mode_slack(kv, float(sys.argv[3]))
     elif mode == 'ordering':

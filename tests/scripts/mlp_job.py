@@ -25,7 +25,9 @@ trainer). The npz then also holds ``loss_scale``, the loss scale after every ste
 ``synced_<name>``. ``compression``: the trainer's ``compression_params`` (e.g.
 ``{"type": "fp16"}``). ``pull_compression``: the DelayedTrainer's (docs/design.md §2.12). ``codec_modules``: modules imported first, e.g. a test's codec that
 registers itself (``["toy_codec"]``). ``record_grads``: also record each step's gradient (``grad_<name>``). ``end_marker``:
-write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``.
+write the wall time at the end of the script to ``OUT_DIR/ended.worker<rank>``. The npz's
+``kernel_calls`` is the worker's compiled codec kernel calls (JSON,
+``kernels.compiled_calls()``).
 """
 import json as _json
 import os as _os
@@ -49,6 +51,8 @@ import time
 import numpy as np
 import mxnet as mx
 from mxnet import autograd, gluon, nd
+
+from kvstore_ext.codecs import kernels
 
 # The model and data, shared with the stock pin's job (stock_job.py), which has no mxdelay.
 from mlp_model import (IN, HIDDEN, OUT, Amp, batch, build, init_amp, init_params,  # noqa: F401
@@ -163,7 +167,7 @@ def main():
     np.savez(os.path.join(out_dir, 'worker%d.npz' % rank), first=first, step_times=times,
              step_clock=np.array(clock).reshape(-1, 2),
              rounds=rounds, loss_scale=amp.scales, **{k: np.array(v) for k, v in history.items()},
-             **synced)
+             kernel_calls=json.dumps(kernels.compiled_calls()), **synced)
     if config.get('end_marker'):   # the script's end (before anything atexit does)
         with open(os.path.join(out_dir, 'ended.worker%d' % rank), 'w', encoding='ascii') as out:
             out.write(repr(time.time()))

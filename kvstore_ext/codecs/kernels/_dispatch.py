@@ -1,8 +1,10 @@
 """What the kernels run on: the compiled library or the numpy fallback (decided once per
 process, ``MXDELAY_CODEC_KERNELS``), the argument checks, and the split of a call over threads.
 """
+import collections
 import logging
 import numbers
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -10,9 +12,9 @@ import numpy as np
 
 from kvstore_ext import env
 
-__all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'library', 'backend', 'require_compiled',
-           'address', 'flat', 'in_place', 'check_codec', 'check_block', 'payload_size',
-           'check_threads', 'ranges', 'run']
+__all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'library', 'backend', 'require_compiled', 'cores',
+           'compiled_calls', 'address', 'flat', 'in_place', 'check_codec', 'check_block',
+           'payload_size', 'check_threads', 'ranges', 'run']
 
 _LOG = logging.getLogger('kvstore_ext.codecs.kernels')
 F32 = np.float32
@@ -29,6 +31,8 @@ _MIN_PART = 1 << 20
 
 _STATE = {}
 _LOCK = threading.Lock()
+#: Compiled calls in this process, by the C function's name (:func:`compiled_calls`).
+_CALLS = collections.Counter()
 
 
 def _mode():
@@ -70,6 +74,18 @@ def require_compiled():
     if backend() != 'compiled':
         raise RuntimeError('the codec kernels run in numpy (MXDELAY_CODEC_KERNELS=%s, or no C '
                            'compiler): see the warning logged by %s' % (_mode(), _LOG.name))
+
+
+def cores():
+    """The cores this process may run on (``os.sched_getaffinity``: a ``taskset`` or a
+    container's cpuset limits it): the ``threads`` a server gives its kernel calls."""
+    return len(os.sched_getaffinity(0))
+
+
+def compiled_calls():
+    """``{C function name: calls}`` of the compiled kernels in this process so far (a
+    function split over threads counts once): what shows that a job ran them."""
+    return dict(_CALLS)
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -146,6 +162,7 @@ def ranges(n, align, threads):
 def run(function, calls, threads):
     """function(*call) for each call (argument tuples), on up to `threads` threads; the
     results in order."""
+    _CALLS[function.__name__] += 1
     threads = min(check_threads(threads), len(calls))
     if threads == 1:
         return [function(*call) for call in calls]

@@ -1,9 +1,9 @@
 """The numpy (and MXNet) code the kernels replace, as functions of the kernels' signatures:
 the fallback where no C compiler is found, and what the tests compare the kernels with.
 
-Each function is today's code path, unchanged in its arithmetic: :mod:`kvstore_ext.codecs.quantize`
-for the push codecs, :mod:`kvstore_ext.codecs.pulls` for the pull codecs, MXNet's cast for
-float16.
+Each function is the job's code path before the kernels, unchanged in its arithmetic:
+:mod:`kvstore_ext.codecs.quantize` for the push codecs, :mod:`kvstore_ext.codecs.pull_payloads`
+for the pull codecs, MXNet's cast for float16.
 """
 import numpy as np
 
@@ -19,9 +19,9 @@ def _quantize():
     return quantize
 
 
-def _pulls():
-    from .. import pulls   # pylint: disable=import-outside-toplevel
-    return pulls
+def _pull_payloads():
+    from .. import pull_payloads   # pylint: disable=import-outside-toplevel
+    return pull_payloads
 
 
 def encode(p, h, block):
@@ -56,7 +56,7 @@ def encode_with_feedback(grad, residual, h, block, ranges, out):
 
 
 def int8_pull_encode(d, block):
-    return _pulls().Int8Pull(block).encode(d)
+    return _pull_payloads().int8_encode(d, block)
 
 
 def int8_pull_broadcast(weight, model, block):
@@ -78,7 +78,7 @@ def int8_pull_decode_add(payload, model, n, block):
 
 
 def fp16_pull_encode(d):
-    return _pulls().Float16Pull().encode(d)
+    return _pull_payloads().fp16_encode(d)
 
 
 def fp16_pull_broadcast(weight, model):
@@ -93,7 +93,8 @@ def fp16_pull_decode_add(payload, model, n):
 
 def to_float16(x, out):
     from mxnet import nd   # pylint: disable=import-outside-toplevel
-    # MXNet's cast (kvstore_ext.wire.fill_send_buffer): numpy's bits, about ten times faster.
+    # MXNet's cast (kvstore_ext.codecs.fp16.fill_send_buffer): numpy's bits, about ten times
+    # faster.
     out[...] = nd.array(x, dtype=F32).astype(np.float16).asnumpy()
     return out
 

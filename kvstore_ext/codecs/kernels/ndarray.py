@@ -11,7 +11,7 @@ is below 2**22), and the codes as a float64 product of the digits with the power
 (every partial sum an integer below 2**32: exact in any order). On a GPU this also needs
 MXNet's CUDA build to divide in IEEE float32 and keep subnormals (no ``--use_fast_math``),
 which is not checked here (no GPU). On the CPU it is much slower than the compiled kernel
-(docs/codec-kernels.md): use :func:`kvstore_ext.codecs.kernels.encode_with_feedback` there.
+(docs/design.md §2.15): use :func:`kvstore_ext.codecs.kernels.encode_with_feedback` there.
 """
 import numpy as np
 from mxnet import nd

@@ -1,10 +1,11 @@
 """The pull codecs' kernels (``'fp16'``, ``'int8'``, :mod:`kvstore_ext.codecs.pulls`) and the
-float16 casts of float16 pushes (:mod:`kvstore_ext.wire`).
+float16 casts of float16 pushes (:mod:`kvstore_ext.codecs.fp16`).
 
 A server's pulled round is :func:`int8_pull_broadcast` / :func:`fp16_pull_broadcast`: ``d = W
 - x̂``, its payload, ``x̂ := x̂ + dec(q)`` in one pass over memory; a worker's is
 :func:`int8_pull_decode_add` / :func:`fp16_pull_decode_add`: ``x̂ := x̂ + dec(q)``. Payloads
-are laid out as today's (a float32 header element, then the codec's bytes).
+are laid out as :mod:`kvstore_ext.codecs.pull_payloads` lays them out (a float32 header
+element, then the codec's bytes).
 """
 import numpy as np
 

@@ -140,7 +140,7 @@ def decode_sum(rows, order, h, block, n, out=None, threads=1):
     results = run(function, [(address(rows), size, address(order), order.size, address(out), n,
                               block, lo, hi) for lo, hi in ranges(n, digits, threads)], threads)
     if any(result < 0 for result in results):
-        # A bad word: today's code, row by row in rank order, raises today's error.
+        # A bad word: the numpy decode, row by row in rank order, raises its error.
         for index in order:
             _reference.decode(rows[index], h, block, n)
         raise RuntimeError('the codec kernels found a bad word that numpy accepts')
