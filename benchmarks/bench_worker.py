@@ -233,6 +233,14 @@ def pull_compression(text):
                      "(BLOCK a positive integer), got %r" % text)
 
 
+def codec_kernels():
+    """What ran this (delayed) worker's codecs: ``{'backend': 'compiled' or 'numpy',
+    'calls': {C function: calls}}`` (``kvstore_ext.codecs.kernels``; a stock worker has no
+    mxdelay to ask)."""
+    from kvstore_ext.codecs import kernels  # pylint: disable=import-outside-toplevel
+    return {'backend': kernels.backend(), 'calls': kernels.compiled_calls()}
+
+
 def evaluate(net, images, labels):
     """Accuracy of `net` on a whole split (as the example's ``evaluate``)."""
     correct = 0
@@ -335,7 +343,8 @@ def main(argv=None):
               'batch_size': args.batch_size, 'steps': total - skip,
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
-              'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total}
+              'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total,
+              'codec_kernels': codec_kernels() if args.mode == 'delayed' else None}
     if snapshots:
         test_images, test_labels = data.load_split('test', args.data_dir)
         evaluated = time.time()

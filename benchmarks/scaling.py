@@ -276,6 +276,9 @@ def run_one(args, net, hostfile, config, method, round_index):
     row.update(byte_floor(row, netns.rate_bits(rate)))
     row.update(cpu_shares(row))
     row['trained_parameters'] = results[0]['trained_parameters']
+    kernels = results[0]['codec_kernels']  # worker 0's: its backend and the calls it made
+    row['codec_kernels'] = kernels and '%s, %d calls' % (kernels['backend'],
+                                                         sum(kernels['calls'].values()))
     row['final_loss'] = results[0]['losses'][-1]
     return row
 
@@ -462,6 +465,12 @@ def results_markdown(meta, rows, summary_link):
     envs = sorted({(r['method'], r.get('worker_env', '')) for r in rows})
     lines += ['', 'MXNET_* variables the workers saw at exit, per method: ' + '; '.join(
         '%s: %s' % env for env in envs) + '.']
+    kernels = sorted({(r['method'], r['codec_kernels']) for r in rows
+                      if r.get('codec_kernels')})
+    if kernels:
+        lines += ['', 'The codec kernels of worker 0 (`kvstore_ext.codecs.kernels`: their '
+                  'backend and the calls it made), per method and run: ' + '; '.join(
+                      '%s: %s' % item for item in kernels) + '.']
     return '\n'.join(lines) + '\n'
 
 
