@@ -1,6 +1,6 @@
-"""The scaling benchmark's arithmetic: ratios, scaling efficiency, verdicts, the byte floor,
-the cores per role, and the link counters and CPU times it reads (benchmarks/monitor.py);
-the link rates it shapes and measures (benchmarks/netns.py)."""
+"""The scaling benchmark's arithmetic (benchmarks/scaling_report.py): ratios, scaling
+efficiency, verdicts, the byte floor, the cores per role; the link counters and CPU times it
+reads (benchmarks/monitor.py); the link rates it shapes and measures (benchmarks/netns.py)."""
 import os
 import sys
 
@@ -12,6 +12,7 @@ import harness  # noqa: E402  pylint: disable=wrong-import-position
 import monitor  # noqa: E402  pylint: disable=wrong-import-position
 import netns  # noqa: E402  pylint: disable=wrong-import-position
 import scaling  # noqa: E402  pylint: disable=wrong-import-position
+import scaling_report  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def _row(model, workers, servers, method, rate, round_index=1, link='1gbit', **more):
@@ -28,7 +29,7 @@ def test_ratio_efficiency_and_verdicts():
             # a second round: the median of 80 and 120 is 100; a failed run is left out
             _row('mlp', 2, 1, 'sync', 80.0), _row('mlp', 2, 1, 'sync', 120.0, 2),
             dict(_row('mlp', 2, 1, 'sync', None, 3), error='exit [1]')]
-    summary = scaling.summarize(rows)
+    summary = scaling_report.summarize(rows)
     assert summary[('mlp', '1gbit', 2, 1, 'sync')]['samples_per_s'] == 100.0
     assert summary[('mlp', '1gbit', 2, 1, 'sync')]['runs'] == 2
     assert summary[('mlp', '1gbit', 2, 1, 'sync')]['busy_cores'] == 1.875
@@ -42,7 +43,7 @@ def test_ratio_efficiency_and_verdicts():
     assert summary[('resnet18', '1gbit', 8, 2, 'k4')]['efficiency'] == pytest.approx(
         500 / 600, abs=1e-12)
     assert summary[('resnet18', '1gbit', 4, 2, 'k4-fp16')]['efficiency'] is None  # no N=2
-    assert scaling.verdicts(summary) == [
+    assert scaling_report.verdicts(summary) == [
         ('resnet18 1gbit N=4 S=2: k=4 >= 1.6x dist_sync', '2.00x', 'met'),
         ('resnet18 1gbit N=4 S=2: k=4 + fp16 >= 2.5x dist_sync', '2.50x', 'met'),
         ("resnet18 1gbit S=2: scaling efficiency N=2 -> 8 of k=4 >= dist_sync's",
@@ -59,15 +60,15 @@ def test_each_link_is_a_configuration_of_its_own_and_the_envelope_targets_use_st
             _row('resnet50', 2, 1, ternary, 36.0, steady_samples_per_s=32.0),
             _row('mlp', 2, 1, 'sync', 10.0, link='10gbit'),
             _row('mlp', 2, 1, 'k4', 20.0, link='10gbit')]
-    summary = scaling.summarize(rows)
+    summary = scaling_report.summarize(rows)
     assert summary[('resnet50', '10gbit', 2, 1, ternary)]['x_sync'] == 0.75
     assert summary[('resnet50', '10gbit', 2, 1, ternary)]['x_sync_steady'] == 0.9
     assert summary[('resnet50', '1gbit', 2, 1, ternary)]['x_sync'] == 3.6
     assert summary[('resnet50', '1gbit', 2, 1, ternary)]['x_sync_steady'] == 3.2
     assert summary[('mlp', '10gbit', 2, 1, 'k4')]['x_sync_steady'] is None
-    assert scaling._pairs(summary) == [('mlp', '10gbit'), ('resnet50', '10gbit'),
+    assert scaling_report.model_rates(summary) == [('mlp', '10gbit'), ('resnet50', '10gbit'),
                                        ('resnet50', '1gbit')]
-    assert scaling.verdicts(summary) == [
+    assert scaling_report.verdicts(summary) == [
         ('resnet50 10gbit N=2 S=1: k=4 + ternary + pull int8 >= 1.0x dist_sync (steady '
          'samples/s)', '0.90x', 'missed'),
         ('resnet50 1gbit N=2 S=1: k=4 + ternary + pull int8 >= 3.0x dist_sync (steady '
@@ -80,13 +81,13 @@ def test_byte_floor():
     # 2 x 8 samples per 150.72 ms. A worker's busiest direction is its send.
     row = dict(workers=2, servers=1, batch=8, worker_tx_mb=94.2, worker_rx_mb=23.55,
                server_tx_mb=47.1, server_rx_mb=188.4)
-    floor = scaling.byte_floor(row, netns.rate_bits('10gbit'))
+    floor = scaling_report.byte_floor(row, netns.rate_bits('10gbit'))
     assert floor == pytest.approx(dict(worker_floor_ms=75.36, server_floor_ms=150.72,
                                        floor_samples_per_s=16000 / 150.72), rel=1e-12)
     # a slower link: ten times the floor; no bytes at all: no floor
-    slow = scaling.byte_floor(row, netns.rate_bits('1gbit'))
+    slow = scaling_report.byte_floor(row, netns.rate_bits('1gbit'))
     assert slow['server_floor_ms'] == pytest.approx(1507.2, rel=1e-12)
-    assert scaling.byte_floor(dict(row, worker_tx_mb=0.0, worker_rx_mb=0.0, server_tx_mb=0.0,
+    assert scaling_report.byte_floor(dict(row, worker_tx_mb=0.0, worker_rx_mb=0.0, server_tx_mb=0.0,
                                    server_rx_mb=0.0), 1e9)['floor_samples_per_s'] is None
 
 
@@ -106,10 +107,11 @@ def test_cores_per_role_from_the_cpu_monitors_samples():
     assert row['cpu_server'] == pytest.approx(0.4, rel=1e-12)
     assert row['cpu_other'] == pytest.approx(0.8, rel=1e-12)
     # 500 ms a step (the 2 s window over 4 steps): 0.4 cores x 500 ms each
-    assert scaling.cpu_shares(row) == pytest.approx(dict(
+    assert scaling_report.cpu_shares(row) == pytest.approx(dict(
         cores_per_worker=0.4, cores_per_server=0.4, worker_cpu_ms=200.0, server_cpu_ms=200.0),
         rel=1e-12)
-    assert scaling.cpu_shares(dict(row, servers=2, cpu_server=1.0))['cores_per_server'] == 0.5
+    two = scaling_report.cpu_shares(dict(row, servers=2, cpu_server=1.0))
+    assert two['cores_per_server'] == 0.5
 
 
 def test_rates_tbf_bursts_and_their_errors():
