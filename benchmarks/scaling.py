@@ -60,11 +60,15 @@ Procedure (fixed before the run; the defaults below are the full run's):
   samples/s the slower of the two allows (N x batch per that time): what the links alone
   would allow, to set beside the measured rate;
   *cores per role* (``cpu_shares``): the cores each worker and each server used on average
-  in the window (the role's CPU time from ``monitor.CpuMonitor`` over its processes);
-  the load average before and after, and ``cpu_other`` (cores used by other processes).
-- **Reports**: medians over rounds (with the range). ``--out``: ``runs.csv`` (every run),
-  ``results.md`` (every run), ``meta.json`` (commit at start and end, command, machine,
-  load), ``throughput.png`` (samples/s against N per method, a panel per model, rate and S);
+  in the window (the role's CPU time from ``monitor.CpuMonitor`` over its processes), and
+  the CPU ms each spent per step (cores x ms per step);
+  ``codec_kernels``: what ran worker 0's codecs (``kvstore_ext.codecs.kernels``: compiled
+  or numpy, and the calls it made); the load average before and after, and ``cpu_other`` (cores used by other processes).
+- **Reports** (``benchmarks/scaling_report.py``; the plots here): medians over rounds (with
+  the range). ``--out``: ``runs.csv`` (every run), ``results.md`` (every run),
+  ``meta.json`` (commit at start and end, command, machine, load), ``throughput.png``
+  (samples/s against N per method, a panel per model, rate and S; for a grid of one N and
+  one S, each method's steady samples/s beside what its byte floor allows);
   ``--summary`` (``docs/benchmarks/scaling/scaling.md``): the tables (samples/s beside the
   byte floor and the cores per role, per configuration and method) and the verdicts on the
   issues' targets that the grid holds (issue 13, 1gbit: ResNet-18 N=4 S=2: k4 >= 1.6x
