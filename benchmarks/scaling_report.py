@@ -14,8 +14,8 @@ import netns
 import report
 
 __all__ = ['METHODS', 'DEFAULT_METHODS', 'PERIOD', 'MODELS', 'TARGETS', 'KEY', 'byte_floor',
-           'cpu_shares', 'summarize', 'verdicts', 'model_rates', 'results_markdown',
-           'summary_markdown']
+           'cpu_shares', 'period_profile', 'summarize', 'verdicts', 'model_rates',
+           'results_markdown', 'summary_markdown']
 
 METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16',
                           'k4-ternary-pull-int8')
@@ -72,6 +72,14 @@ def cpu_shares(row):
                 server_cpu_ms=shares['cores_per_server'] * row['ms_per_step'])
 
 
+def period_profile(step_ms, period=PERIOD):
+    """Worker 0's median step time (ms) at each position of the period: `step_ms` is its
+    timed steps' times (the ``step_ms`` column, space-separated), position i the steps i,
+    i + period, ... of the window: a delayed method's pull falls at one position."""
+    times = [float(value) for value in str(step_ms).split()]
+    return [statistics.median(times[i::period]) for i in range(min(period, len(times)))]
+
+
 # -- over the runs --------------------------------------------------------------------------
 def _median(rows, key):
     values = [r[key] for r in rows if r.get(key) not in (None, '')]
@@ -99,6 +107,9 @@ def summarize(rows):
                      'worker_floor_ms', 'server_floor_ms', 'floor_samples_per_s'):
             item[name] = _median(runs, name)
         item['busy_cores'] = statistics.median(_busy(r) for r in runs)
+        profiles = [period_profile(r['step_ms']) for r in runs if r.get('step_ms')]
+        item['period_ms'] = [statistics.median(p[i] for p in profiles)
+                             for i in range(PERIOD)] if profiles else None
         summary[key] = item
     for (model, rate, workers, servers, method), item in summary.items():
         sync = summary.get((model, rate, workers, servers, 'sync'))
@@ -350,7 +361,9 @@ def _envelope_lines(rows, summary, pairs, workers, servers, methods):
              'ms, and the samples/s the slower of the two allows; the cores each worker and '
              'each server used in the window, the CPU ms each spent per step (cores x job '
              'ms/step), and the rest of the machine (*other*: other sessions and the bridge\'s '
-             'packet work). One TCP stream from the server to a '
+             'packet work); worker 0\'s step times at each position of the k=4 period (the '
+             'median over the window\'s steps there, then over rounds: a delayed method\'s '
+             'pull shows at one position). One TCP stream from the server to a '
              'worker right after each network was built carried: %s.' % (
                  '; '.join('%s %s N=%d S=%d: %.2f Gbit/s' % (key + (value,))
                            for key, value in links.items()) or 'not measured'), '']
@@ -358,7 +371,7 @@ def _envelope_lines(rows, summary, pairs, workers, servers, methods):
         ['model', 'link', 'N', 'S', 'method', 'samples/s', '/ sync', 'steady samples/s',
          'steady / sync', 'floor ms: worker link', 'server link', 'floor samples/s',
          'cores per worker', 'cores per server', 'CPU ms per step: worker', 'server',
-         'other cores', 'noisy runs'],
+         'other cores', 'noisy runs', 'worker 0 step ms by position in the period'],
         [[model, rate, str(n), str(s), METHODS[m].label, _fmt(it['samples_per_s'], '%.1f'),
           _fmt(it['x_sync'], '%.2fx'), _fmt(it['steady_samples_per_s'], '%.1f'),
           _fmt(it['x_sync_steady'], '%.2fx'), _fmt(it['worker_floor_ms'], '%.0f'),
@@ -366,7 +379,8 @@ def _envelope_lines(rows, summary, pairs, workers, servers, methods):
           _fmt(it['cores_per_worker']), _fmt(it['cores_per_server']),
           _fmt(it['worker_cpu_ms'], '%.0f'), _fmt(it['server_cpu_ms'], '%.0f'),
           _fmt(it['cpu_other']),
-          '%d of %d' % (it['noisy'], it['runs'])]
+          '%d of %d' % (it['noisy'], it['runs']),
+          ' / '.join('%.0f' % v for v in it['period_ms'] or ())]
          for model, rate in pairs for n in workers for s in servers for m in methods
          for it in [summary.get((model, rate, n, s, m))] if it])
 

@@ -114,6 +114,21 @@ def test_cores_per_role_from_the_cpu_monitors_samples():
     assert two['cores_per_server'] == 0.5
 
 
+def test_period_profile_shows_the_pull_step():
+    # 9 steps, the 4th of every period slow (the pull): medians at each position; a run's
+    # profiles then the median over rounds in the summary
+    steps = '100 110 120 400 100 90 130 600 105'
+    assert scaling_report.period_profile(steps) == [100.0, 100.0, 125.0, 500.0]
+    assert scaling_report.period_profile('50 60') == [50.0, 60.0]
+    rows = [_row('mlp', 2, 1, 'k4', 1.0, step_ms=steps),
+            _row('mlp', 2, 1, 'k4', 1.0, 2, step_ms='100 100 100 100'),
+            _row('mlp', 2, 1, 'k4', 1.0, 3, step_ms='300 300 300 300'),
+            _row('mlp', 2, 1, 'sync', 1.0)]
+    summary = scaling_report.summarize(rows)
+    assert summary[('mlp', '1gbit', 2, 1, 'k4')]['period_ms'] == [100.0, 100.0, 125.0, 300.0]
+    assert summary[('mlp', '1gbit', 2, 1, 'sync')]['period_ms'] is None
+
+
 def test_rates_tbf_bursts_and_their_errors():
     assert [netns.rate_bits(r) for r in ('100mbit', '1gbit', '10gbit', '2.5gbit')] == [
         1e8, 1e9, 1e10, 2.5e9]
