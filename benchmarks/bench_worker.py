@@ -20,7 +20,8 @@ Two kinds of run:
 
 - window (default): the first ``--warmup-steps`` + 1 steps (warm-up and switch of
   ``DelayedTrainer``; the same number for every mode) are not timed; the next ``--steps``
-  are. The JSON has the window's start and end and the worker's CPU seconds in it.
+  are. The JSON has the window's start and end and the worker's CPU seconds in it (and,
+  for a delayed worker, what ran its codecs: :func:`codec_kernels`).
 - ``--epochs E``: full training, ``E`` epochs of the shard. Worker 0 copies its weights at
   the end of every ``--eval-every`` steps and of every epoch, and evaluates the copies on the
   10000 test images *after* training, so that evaluation takes no time from training.
