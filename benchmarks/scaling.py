@@ -63,7 +63,8 @@ Procedure (fixed before the run; the defaults below are the full run's):
   in the window (the role's CPU time from ``monitor.CpuMonitor`` over its processes), and
   the CPU ms each spent per step (cores x ms per step);
   ``codec_kernels``: what ran worker 0's codecs (``kvstore_ext.codecs.kernels``: compiled
-  or numpy, and the calls it made); the load average before and after, and ``cpu_other`` (cores used by other processes).
+  or numpy, and the calls it made); the load average before and after, and ``cpu_other``
+  (cores used by other processes).
 - **Reports** (``benchmarks/scaling_report.py``; the plots here): medians over rounds (with
   the range). ``--out``: ``runs.csv`` (every run), ``results.md`` (every run),
   ``meta.json`` (commit at start and end, command, machine, load), ``throughput.png``

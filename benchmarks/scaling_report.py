@@ -32,9 +32,9 @@ MODELS = {
                            'batch 32', args=['--model', 'resnet18', '--batch-size', '32',
                                              '--lr', '0.01'],
                      batch=32, megabytes=44.7, steps=8),
-    'resnet50': dict(label='resnet50_v1(classes=10) (23.55M trained parameters in 193 tensors; 299 '
-                           'with the BatchNorm statistics), '
-                           'synthetic 3x32x32, batch 8',
+    'resnet50': dict(label='resnet50_v1(classes=10) (23.55M trained parameters in 193 '
+                           'tensors; 299 with the BatchNorm statistics), synthetic 3x32x32, '
+                           'batch 8',
                      args=['--model', 'resnet50', '--batch-size', '8', '--lr', '0.01'],
                      batch=8, megabytes=94.2, steps=20),
 }
@@ -250,8 +250,10 @@ def summary_markdown(meta, rows, summary, methods, out_link, code, report_only=F
                  _fmt(statistics.median(busy) if busy else None), meta['machine']['cores'],
                  _fmt(min(busy, default=None)), _fmt(_median(rows, 'cpu_other'))),
              '', '**On 2 shared cores the absolute numbers mean little; the ratios measured '
-             'side by side in one run are the result.** With 8 workers, 4 servers and a '
-             'scheduler on 2 cores the runs are partly CPU-bound, not only link-bound.', '']
+             'side by side in one run are the result.** With up to %d processes a job '
+             '(scheduler, servers, workers) on %d cores the runs are partly CPU-bound, not '
+             'only link-bound.' % (1 + max(servers, default=0) + max(workers, default=0),
+                                   meta['machine']['cores']), '']
     if second:
         meta2, rows2, _, link2 = second
         lines += ['Second invocation of the same command (every run: [%s/results.md](%s/'
