@@ -273,10 +273,11 @@ def run_all(args, rows, rows_path):
                for s in args.servers]
     total = len(configs) * len(args.methods) * args.rounds
     for index, config in enumerate(configs):
-        with harness.shaped_network(1 + config[3] + config[2], config[1],
+        _, rate, workers, servers = config
+        with harness.shaped_network(1 + servers + workers, rate,
                                     'mxscaling-') as (net, hostfile):
-            # What one TCP stream gets from the server's link to the first worker's, now.
-            link = netns.measure_rate(net, 1, 1 + config[3]) / 1e9
+            # What one TCP stream carries from the first server to the first worker, now.
+            link = netns.measure_rate(net, 1, 1 + servers) / 1e9
             _LOG.info('%s %s N=%d S=%d: one TCP stream carries %.2f Gbit/s', *config, link)
             for round_index in range(1, args.rounds + 1):
                 for method in _order(args.methods, index, round_index):
