@@ -3,9 +3,11 @@
 The model, data and seed are those of ``examples/train_fashion_mnist.py``: its
 ``build_net(--model)`` (default ``'mlp'``), read from the example's source (importing the
 example would import mxdelay), and its per-worker shards (``fashion_mnist_data``, numpy
-only). ``--model resnet18`` is Gluon's model zoo ``resnet18_v1(classes=10)`` on synthetic
-data instead (the scaling benchmark's communication-heavy model): :class:`SyntheticShard`,
-fixed random 3x32x32 images and labels seeded by seed and rank (window runs only). The
+only). ``--model resnet18`` and ``--model resnet50`` are Gluon's model zoo
+``resnet18_v1(classes=10)`` and ``resnet50_v1(classes=10)`` on synthetic data instead (the
+scaling benchmark's communication-heavy models): :class:`SyntheticShard`, fixed random
+3x32x32 images and labels seeded by seed and rank (window runs only); ``--batch-size``
+defaults to 8 for resnet50 (issue 37's envelope), 128 for the others. The
 optimizer is ``--optimizer`` (SGD with ``--momentum``, Adam or LAMB), ``--lr``, ``--wd``, on
 the servers (and mirrored locally by ``DelayedTrainer``); ``--freeze-second-moment`` (delayed
 Adam only) makes it ``mxdelay.FrozenVarianceAdam`` frozen at the switch
@@ -18,7 +20,8 @@ Two kinds of run:
 
 - window (default): the first ``--warmup-steps`` + 1 steps (warm-up and switch of
   ``DelayedTrainer``; the same number for every mode) are not timed; the next ``--steps``
-  are. The JSON has the window's start and end and the worker's CPU seconds in it.
+  are. The JSON has the window's start and end and the worker's CPU seconds in it (and,
+  for a delayed worker, what ran its codecs: :func:`codec_kernels`).
 - ``--epochs E``: full training, ``E`` epochs of the shard. Worker 0 copies its weights at
   the end of every ``--eval-every`` steps and of every epoch, and evaluates the copies on the
   10000 test images *after* training, so that evaluation takes no time from training.
@@ -101,13 +104,17 @@ def build_net(model='mlp'):
 
 #: --model -> the shape of one input example (the first forward's, which sizes the layers)
 INPUT_SHAPE = {'mlp': (1, 28, 28), 'cnn': (1, 28, 28), 'cnn-bn': (1, 28, 28),
-               'resnet18': (3, 32, 32)}
+               'resnet18': (3, 32, 32), 'resnet50': (3, 32, 32)}
+#: the models of Gluon's model zoo, trained on SyntheticShard (window runs only)
+ZOO = {'resnet18': 'resnet18_v1', 'resnet50': 'resnet50_v1'}
+#: --batch-size when not given: 8 for ResNet-50 (issue 37), else 128
+DEFAULT_BATCH = {'resnet50': 8}
 
 
 def build_model(model):
-    """The network of `model`: the example's ``build_net`` or ``resnet18_v1(classes=10)``."""
-    if model == 'resnet18':
-        return gluon.model_zoo.vision.resnet18_v1(classes=10)
+    """The network of `model`: the example's ``build_net`` or ``<ZOO[model]>(classes=10)``."""
+    if model in ZOO:
+        return getattr(gluon.model_zoo.vision, ZOO[model])(classes=10)
     return build_net(model)
 
 
@@ -120,9 +127,9 @@ class SyntheticShard:
     labels are noise (no accuracy to measure).
     """
 
-    def __init__(self, batch_size, rank, seed, num_batches=8):
+    def __init__(self, batch_size, rank, seed, num_batches=8, shape=(3, 32, 32)):
         rng = np.random.default_rng([seed, rank])
-        self._batches = [(rng.standard_normal((batch_size,) + INPUT_SHAPE['resnet18'],
+        self._batches = [(rng.standard_normal((batch_size,) + shape,
                                               dtype=np.float32),
                           rng.integers(0, 10, batch_size).astype(np.float32))
                          for _ in range(num_batches)]
@@ -153,12 +160,14 @@ def parse_args(argv=None):
                         help='with --global-model: sync_weights(aux_states=True), the workers\' '
                              'mean BatchNorm statistics')
     parser.add_argument('--model', choices=tuple(INPUT_SHAPE), default='mlp',
-                        help="resnet18: synthetic data, window runs only (default: %(default)s)")
+                        help="resnet18, resnet50: synthetic data, window runs only "
+                             "(default: %(default)s)")
     parser.add_argument('--optimizer', choices=('sgd', 'adam', 'lamb'), default='sgd')
     parser.add_argument('--freeze-second-moment', action='store_true',
                         help="delayed Adam only: 'frozenvarianceadam' with freeze_after "
                              '--warmup-steps')
-    parser.add_argument('--batch-size', type=int, default=128)
+    parser.add_argument('--batch-size', type=int,
+                        help='per worker (default: 8 for resnet50, else 128)')
     parser.add_argument('--lr', type=float, default=0.05)
     parser.add_argument('--momentum', type=float, default=0.9, help='sgd only')
     parser.add_argument('--wd', type=float, default=0.0)
@@ -182,9 +191,12 @@ def parse_args(argv=None):
     if args.freeze_second_moment and (args.mode != 'delayed' or args.optimizer != 'adam'):
         parser.error('--freeze-second-moment needs --mode delayed and --optimizer adam, got '
                      '--mode %s --optimizer %s' % (args.mode, args.optimizer))
-    if args.model == 'resnet18' and args.epochs is not None:
-        parser.error('--model resnet18 trains on synthetic data: no --epochs (accuracy) runs, '
-                     'got --epochs %d; drop --epochs for a window run' % args.epochs)
+    if args.model in ZOO and args.epochs is not None:
+        parser.error('--model %s trains on synthetic data: no --epochs (accuracy) runs, '
+                     'got --epochs %d; drop --epochs for a window run'
+                     % (args.model, args.epochs))
+    if args.batch_size is None:
+        args.batch_size = DEFAULT_BATCH.get(args.model, 128)
     return args
 
 
@@ -222,6 +234,14 @@ def pull_compression(text):
                      "(BLOCK a positive integer), got %r" % text)
 
 
+def codec_kernels():
+    """What ran this (delayed) worker's codecs: ``{'backend': 'compiled' or 'numpy',
+    'calls': {C function: calls}}`` (``kvstore_ext.codecs.kernels``; a stock worker has no
+    mxdelay to ask)."""
+    from kvstore_ext.codecs import kernels  # pylint: disable=import-outside-toplevel
+    return {'backend': kernels.backend(), 'calls': kernels.compiled_calls()}
+
+
 def evaluate(net, images, labels):
     """Accuracy of `net` on a whole split (as the example's ``evaluate``)."""
     correct = 0
@@ -233,7 +253,7 @@ def evaluate(net, images, labels):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.model != 'resnet18':
+    if args.model not in ZOO:
         train_images, train_labels = data.load_split('train', args.data_dir)
     opt = {'learning_rate': args.lr, 'wd': args.wd}
     if args.optimizer == 'sgd':
@@ -251,9 +271,10 @@ def main(argv=None):
     # After an inference forward of resnet18 (MKLDNN may then keep convolution weights in
     # its own layout) both methods failed at the first step: stock dist_sync's server
     # aborted ('init 4 first'), dist_delay's pull into the weights raised 'We can't generate
-    # TBlob for MKLDNN data'. resnet18 sizes its layers in training mode instead (its
-    # BatchNorm running statistics move once, towards zeros); the example's models as before.
-    with autograd.train_mode() if args.model == 'resnet18' else contextlib.nullcontext():
+    # TBlob for MKLDNN data'. The zoo's ResNets size their layers in training mode instead
+    # (their BatchNorm running statistics move once, towards zeros); the example's models as
+    # before.
+    with autograd.train_mode() if args.model in ZOO else contextlib.nullcontext():
         net(nd.zeros((1,) + INPUT_SHAPE[args.model]))
     net.hybridize()
     if args.mode == 'delayed':
@@ -271,8 +292,9 @@ def main(argv=None):
                                 compression_params=args.compression)
     params = list(net.collect_params().values())  # BatchNorm's running statistics included
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    if args.model == 'resnet18':
-        shard = SyntheticShard(args.batch_size, rank, args.seed)
+    if args.model in ZOO:
+        shard = SyntheticShard(args.batch_size, rank, args.seed,
+                               shape=INPUT_SHAPE[args.model])
     else:
         shard = data.WorkerShard(train_images, train_labels, args.batch_size, rank,
                                  num_workers, args.seed)
@@ -322,7 +344,8 @@ def main(argv=None):
               'batch_size': args.batch_size, 'steps': total - skip,
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
-              'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total}
+              'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total,
+              'codec_kernels': codec_kernels() if args.mode == 'delayed' else None}
     if snapshots:
         test_images, test_labels = data.load_split('test', args.data_dir)
         evaluated = time.time()

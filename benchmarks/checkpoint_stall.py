@@ -185,4 +185,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(harness.run_stoppable(main))

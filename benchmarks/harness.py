@@ -41,8 +41,8 @@ from provenance import code_version, machine, now, read_records
 __all__ = ['REPO', 'HERE', 'LAUNCHER', 'WORKER', 'NUM_WORKERS', 'BATCH', 'Method', 'METHODS',
            'TWO_BIT_THRESHOLD', 'methods', 'Network', 'NETWORKS', 'job_env', 'Job', 'stop',
            'run_worker', 'run_method', 'window', 'shaped_network', 'parser', 'names', 'ints',
-           'ordered', 'Interrupted', 'handle_signals', 'interruptible', 'command_line',
-           'start_meta', 'finish_meta', 'read_roles', 'stock_check', 'worker_env']
+           'ordered', 'Interrupted', 'handle_signals', 'interruptible', 'run_stoppable',
+           'command_line', 'start_meta', 'finish_meta', 'read_roles', 'stock_check', 'worker_env']
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -299,6 +299,18 @@ def interruptible(signums=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         _STOPPING.clear()
+
+
+def run_stoppable(main):
+    """``main()``'s exit status, a stop signal turned into :class:`Interrupted` meanwhile (its
+    ``with`` blocks delete the namespaces and stop the jobs): then 128 + the signal."""
+    with interruptible():
+        try:
+            return main()
+        except Interrupted as stop:
+            logging.getLogger('harness').error('stopped by %s; jobs and namespaces cleaned up',
+                                               stop)
+            return 128 + stop.signum
 
 
 # -- a run's record -------------------------------------------------------------------------

@@ -224,11 +224,8 @@ SIGNALLED_DRIVER = '''
 import sys
 sys.path.insert(0, sys.argv[1])
 import harness
-with harness.interruptible():
-    try:
-        harness.Job(sys.argv[3:], 600, num_workers=2).run(sys.argv[2])
-    except harness.Interrupted as stop:
-        sys.exit(128 + stop.signum)
+sys.exit(harness.run_stoppable(
+    lambda: harness.Job(sys.argv[3:], 600, num_workers=2).run(sys.argv[2])))
 '''
 
 
@@ -322,6 +319,37 @@ def test_worker_compression_options():
             bench_worker.parse_args(base + ['--pull-compression', bad])
     with pytest.raises(SystemExit):  # stock dist_sync has no compressed pulls
         bench_worker.parse_args(['--mode', 'sync', '--out', 'x', '--pull-compression', 'fp16'])
+
+
+def test_worker_zoo_models_their_batch_and_synthetic_data():
+    # resnet50: batch 8 unless given; the others 128; synthetic data only (no --epochs)
+    base = ['--mode', 'sync', '--out', 'x.json']
+    batch = {tuple(extra): bench_worker.parse_args(base + extra).batch_size for extra in (
+        [], ['--model', 'resnet18'], ['--model', 'resnet50'],
+        ['--model', 'resnet50', '--batch-size', '4'])}
+    assert batch == {(): 128, ('--model', 'resnet18'): 128, ('--model', 'resnet50'): 8,
+                     ('--model', 'resnet50', '--batch-size', '4'): 4}
+    with pytest.raises(SystemExit):
+        bench_worker.parse_args(base + ['--model', 'resnet50', '--epochs', '1'])
+    # the model zoo's resnet50_v1 with 10 classes: scaling.MODELS' 23.55M trained parameters
+    # (94.2 MB of float32) in 193 tensors, 299 with the BatchNorm statistics
+    net = bench_worker.build_model('resnet50')
+    net.initialize()
+    with bench_worker.autograd.train_mode():
+        net(bench_worker.nd.zeros((1,) + bench_worker.INPUT_SHAPE['resnet50']))
+    params = list(net.collect_params().values())
+    trained = [p for p in params if p.grad_req != 'null']
+    assert (sum(p.data().size for p in trained), len(trained), len(params)) == (
+        23547402, 193, 299)
+    assert scaling.MODELS['resnet50']['megabytes'] == round(23547402 * 4 / 1e6, 1)
+    # the same fixed batches for a seed and rank, others for another rank
+    first = bench_worker.SyntheticShard(8, 0, 1, num_batches=2)
+    again = list(bench_worker.SyntheticShard(8, 0, 1, num_batches=2).batches(5))
+    other = list(bench_worker.SyntheticShard(8, 1, 1, num_batches=2).batches(0))
+    assert len(first) == 2 and [x.shape for x, _ in first.batches(0)] == [(8, 3, 32, 32)] * 2
+    for (x, y), (x2, y2), (x3, _) in zip(first.batches(0), again, other):
+        assert (x == x2).all() and (y == y2).all() and not (x == x3).any()
+        assert set(y.tolist()) <= set(range(10))
 
 
 @pytest.mark.parametrize('script, required', [
@@ -621,8 +649,9 @@ def test_accuracy_cnn_stops_the_job_on_a_signal(tmp_path, launched, monkeypatch)
 
 def test_scaling_job(tmp_path, launched):
     args = scaling.parse_args(['--scratch', str(tmp_path)])
-    row = scaling.run_one(args, _Net(7), '/tmp/h', 'resnet18', 4, 2, 'k4-fp16', 1)
-    assert row['error'] == 'exit 1; see %s' % (tmp_path / 'resnet18-n4-s2-k4-fp16-r1' / 'log.txt')
+    row = scaling.run_one(args, _Net(7), '/tmp/h', ('resnet18', '1gbit', 4, 2), 'k4-fp16', 1)
+    folder = tmp_path / 'resnet18-1gbit-n4-s2-k4-fp16-r1'
+    assert row['error'] == 'exit 1; see %s' % (folder / 'log.txt')
     assert row['stock_check'] == '0 role records' and 'wall_s' in row
     argv, env = launched.only()
     assert argv == _launch(4, '-s', 2, '--timeout', 272, '--launcher', 'netns', '-H',
@@ -631,8 +660,18 @@ def test_scaling_job(tmp_path, launched):
                                              'fp16', '--model', 'resnet18', '--batch-size',
                                              '32', '--lr', '0.01', '--warmup-steps', '3',
                                              '--steps', '8', '--seed', '1'] + DATA + [
-        '--out', str(tmp_path / 'resnet18-n4-s2-k4-fp16-r1' / 'worker-{rank}.json')]
+        '--out', str(folder / 'worker-{rank}.json')]
     assert env == CLEAN
+    # ResNet-50 at 10 Gbit/s: its batch of 8, 20 timed steps (3 whole periods of 4 after the
+    # first and the switch: a steady rate), the timeout's bytes at its link's rate
+    row = scaling.run_one(args, _Net(3), '/tmp/h', ('resnet50', '10gbit', 2, 1), 'sync', 2)
+    assert (row['rate'], row['batch'], row['steps']) == ('10gbit', 8, 20)
+    argv, _ = launched.calls[-1]
+    assert argv[:argv.index('--') + 1] == _launch(2, '-s', 1, '--timeout', 256, '--launcher',
+                                                  'netns', '-H', '/tmp/h')
+    assert argv[argv.index('--model'):argv.index('--data-dir')] == [
+        '--model', 'resnet50', '--batch-size', '8', '--lr', '0.01', '--warmup-steps', '3',
+        '--steps', '20', '--seed', '1']
 
 
 def test_memory_and_roundtrip_jobs(tmp_path, launched):
