@@ -135,6 +135,9 @@ def parse_args(argv=None):
                         help='full, real: seeds (default: %(default)s)')
     parser.add_argument('--epochs', type=int, default=10,
                         help='full, real (default: %(default)s)')
+    parser.add_argument('--method-epochs', default='', metavar='METHOD=N[,METHOD=N]',
+                        help='full, real: these methods train N epochs instead of --epochs '
+                             '(e.g. sync=3,k4-ternary-pull-int8=5)')
     parser.add_argument('--networks', default=','.join(NETWORKS),
                         help='phases, real (default: %(default)s)')
     parser.add_argument('--rounds', type=int, default=3, help='phases (default: %(default)s)')
@@ -164,6 +167,10 @@ def parse_args(argv=None):
         for name, value in list(NETWORKS.items()):
             NETWORKS[name] = value[:2] + (warmup, steps) + value[4:]
     args.methods = [m for m in args.methods.split(',') if m]
+    try:
+        args.method_epochs = method_epochs(args.method_epochs)
+    except ValueError as err:
+        parser.error(str(err))
     args.seeds = [int(s) for s in args.seeds.split(',') if s]
     args.networks = [n for n in args.networks.split(',') if n]
     for name in args.methods:
@@ -172,7 +179,28 @@ def parse_args(argv=None):
     for name in args.networks:
         if name not in NETWORKS:
             parser.error('unknown network %s' % name)
+    for name in args.method_epochs:
+        if name not in args.methods:
+            parser.error('--method-epochs names %s, which --methods (%s) does not run; name '
+                         'a method of --methods' % (name, ','.join(args.methods)))
     return args
+
+
+def method_epochs(text):
+    """``--method-epochs``: ``{method: epochs}`` from ``'sync=3,k4=5'`` (``{}`` for ``''``)."""
+    epochs = {}
+    for item in (i for i in text.split(',') if i):
+        match = re.fullmatch(r'([\w-]+)=([1-9][0-9]*)', item)
+        if not match:
+            raise ValueError('--method-epochs: %r is not METHOD=N with N >= 1 (e.g. sync=3)'
+                             % item)
+        epochs[match.group(1)] = int(match.group(2))
+    return epochs
+
+
+def epochs_of(args, method):
+    """The epochs `method` trains: its ``--method-epochs`` entry, else ``--epochs``."""
+    return args.method_epochs.get(method, args.epochs)
 
 
 def known_method(name):
@@ -228,6 +256,7 @@ def _step_ends(results):
 def _meta(args, argv):
     return harness.start_meta(harness.command_line(COMMAND, argv), settings={
         'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
+        'method_epochs': args.method_epochs,
         'optimizer': args.optimizer,
         'networks': {n: NETWORKS[n] for n in args.networks}, 'rounds': args.rounds,
         'full_warmup': FULL_WARMUP, 'eval_every': eval_every(args.workers),
@@ -244,7 +273,7 @@ def train_run(args, part, method, seed, folder, timeout, hostfile=None, key=None
     each (from the first worker's first step to that step's end on the slower worker).
     """
     key = dict(key or {})
-    worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
+    worker_args = ['--epochs', str(epochs_of(args, method)), '--seed', str(seed),
                    '--warmup-steps', str(warmup_of(method)),
                    '--eval-every', str(eval_every(args.workers)),
                    '--data-dir', args.data_dir] + OPTIMIZERS[args.optimizer][1]
@@ -278,7 +307,8 @@ def part_full(args, meta):
         for method in harness.ordered(args.methods, index + 1):
             folder = os.path.join(args.scratch, 'full', '%s-s%d' % (method, seed))
             row, run_evals = train_run(args, 'full', method, seed, folder,
-                                       300 + args.epochs * steps_per_epoch(args.workers)
+                                       300 + epochs_of(args, method)
+                                       * steps_per_epoch(args.workers)
                                        * 0.5 * args.workers)
             runs.append(row)
             if row['exit'] != 0:
@@ -302,8 +332,9 @@ def part_real(args, meta):
                     folder = os.path.join(args.scratch, 'real',
                                           '%s-%s-s%d' % (net_name, method, seed))
                     row, run_evals = train_run(args, 'real', method, seed, folder,
-                                               300 + args.epochs * steps_per_epoch(
-                                                   args.workers) * bound, hostfile,
+                                               300 + epochs_of(args, method)
+                                               * steps_per_epoch(args.workers) * bound,
+                                               hostfile,
                                                {'network': net_name})
                     runs.append(row)
                     evals += run_evals
