@@ -45,7 +45,11 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
     real wall time to ``--real-target`` (default ``epoch1``: dist_sync's mean accuracy at the
     end of epoch 1 over the ``full`` seeds; ``epochN``, or an accuracy such as ``0.85``) on
     each network and method beside the time derived for the same seed, target and link from
-    ``full`` and ``phases``, and their ratio.
+    ``full`` and ``phases``, and their ratio. A folder of ``real`` runs alone (no
+    ``full-evals.csv``) is reported on them only (``benchmarks/tta_real.py``): there
+    ``epochN`` is stock ``dist_sync``'s accuracy at the end of epoch N of the real run on each
+    link; each run's real time to it, stock's time over each other method's, and
+    ``accuracy-time.png`` (test accuracy against real wall time, a panel per link).
 
 Derived time-to-accuracy: with 2 workers the trajectory does not depend on timing (exact
 rounds, a sum of two is commutative, seeded data order), so step n has the same weights on
@@ -84,6 +88,7 @@ import harness
 import provenance
 import netns
 import report as report_lib
+import tta_real
 
 _LOG = logging.getLogger('tta')
 COMMAND = 'python benchmarks/tta.py'   # what the results files record as the command's start
@@ -147,7 +152,8 @@ def parse_args(argv=None):
                                  '%s %d,%d' % (n, v[2], v[3]) for n, v in NETWORKS.items()))
     parser.add_argument('--real-target', default='epoch1', metavar='epochN|ACCURACY',
                         help="report: the real runs' target, dist_sync's mean accuracy at the "
-                             'end of epoch N of the full runs, or a test accuracy '
+                             'end of epoch N of the full runs (a folder of real runs alone: of '
+                             'its real runs on each link), or a test accuracy '
                              '(default: %(default)s)')
     parser.add_argument('--workers', type=int, default=harness.NUM_WORKERS,
                         help='full, phases, real: workers of every job (default: %(default)s)')
@@ -934,7 +940,15 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.scratch, exist_ok=True)
     if args.part == 'report':
-        build_report(args.out, args.real_target)
+        if (not os.path.exists(os.path.join(args.out, 'full-evals.csv'))
+                and os.path.exists(os.path.join(args.out, 'real-runs.csv'))):
+            for row in report_lib.read_csv(os.path.join(args.out, 'real-runs.csv')):
+                known_method(row['method'])
+            tta_real.build_report(args.out, args.real_target,
+                                  {name: method.label for name, method in METHODS.items()},
+                                  {name: value[0] for name, value in NETWORKS.items()})
+        else:
+            build_report(args.out, args.real_target)
         _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
         return 0
     if args.part in ('phases', 'real') and any(NETWORKS[n][1] for n in args.networks):
