@@ -112,6 +112,10 @@ def plot(path, evals, links, labels, networks):
     report_lib.save(fig, path, 110)
 
 
+def _minutes(seconds):
+    return '%.1f s (%.1f min)' % (seconds, seconds / 60)
+
+
 def _when(hit):
     return '%.1f s (step %d, epoch %.2f, %.4f)' % (
         hit['wall_s'], hit['step'], hit['epoch'], hit['test_acc'])
@@ -161,7 +165,15 @@ def _markdown(links, evals, rows, meta, labels, networks):
                 '%.2fx' % run['ratio'] if run.get('ratio') else '-',
                 '-' if run['cpu_other'] is None else '%.2f%s' % (run['cpu_other'], (
                     ' (noisy)' if run['cpu_other'] > report_lib.NOISE_CORES else ''))])
-    lines += ['## Time to the target', '']
+    lines += ['## Headline', '']
+    for link in links:
+        stock = {r['seed']: r for r in link['runs'] if r['method'] == STOCK}
+        for run in (r for r in link['runs'] if r.get('ratio')):
+            lines.append('- %s, seed %s, to %.4f: %s %s, %s %s: **%.2fx**.' % (
+                networks[link['network']], run['seed'], link['target'], labels[run['method']],
+                _minutes(run['hit']['wall_s']), labels[STOCK],
+                _minutes(stock[run['seed']]['hit']['wall_s']), run['ratio']))
+    lines += ['', '## Time to the target', '']
     lines += ['Targets: %s.' % '; '.join('%s: %s' % (networks[link['network']],
                                                       link['definition']) for link in links), '']
     lines += table('link | target | method | seed | real time to the target | stock / this '

@@ -576,6 +576,8 @@ def test_tta_real_report_times_to_target(tmp_path):
     text = (tmp_path / 'results.md').read_text()
     assert '| 100 Mbit/s links | 0.8500 | k=4 + ternary + pull int8 | 1 | 195.0 s (step 390, ' \
         'epoch 1.67, 0.8510) | 6.40x |' in text
+    assert '- 100 Mbit/s links, seed 1, to 0.8500: k=4 + ternary + pull int8 195.0 s (3.2 min), ' \
+        'dist_sync (stock) 1248.0 s (20.8 min): **6.40x**.' in text
     assert 'not reached (0.8490 at step 468, 46.8 s)' in text
     assert 'dist_sync (stock) on the links, at the same 9 steps: the same test accuracy' in text
     assert 'k=4 + ternary + pull int8 on the links, at the same 6 steps: test accuracies up ' \
