@@ -89,16 +89,20 @@ def plot(path, evals, links, labels, networks):
             points = sorted((e for e in evals if e['network'] == link['network']
                              and e['method'] == run['method'] and e['seed'] == run['seed']),
                             key=lambda e: e['step'])
-            color = '0.35' if run['method'] == STOCK else 'C%d' % (3 + index)
+            color = '0.35' if run['method'] == STOCK else 'C%d' % (2 + index)
             ax.plot([p['wall_s'] for p in points], [p['test_acc'] for p in points],
                     marker='o', ms=3, color=color,
                     label='%s, seed %s' % (labels[run['method']], run['seed']))
             if run['hit']:
                 ax.plot([run['hit']['wall_s']], [run['hit']['test_acc']], marker='o', ms=8,
                         mfc='none', color=color)
+                # stock's time below right of its point, the others' above left: apart
+                # when both reach the target at about the same time
+                stock = run['method'] == STOCK
                 ax.annotate('%.0f s' % run['hit']['wall_s'],
                             (run['hit']['wall_s'], run['hit']['test_acc']),
-                            textcoords='offset points', xytext=(4, -14), color=color)
+                            textcoords='offset points', xytext=(6, -14) if stock else (-6, 6),
+                            ha='left' if stock else 'right', color=color)
         ax.axhline(link['target'], color='k', ls='--', lw=0.8,
                    label='target %.4f' % link['target'])
         ratios = [r['ratio'] for r in link['runs'] if r.get('ratio')]
