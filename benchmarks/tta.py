@@ -15,9 +15,9 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
 (commit and dirty flag, command, machine, load before and after, date) into ``--out``:
 
 ``full``
-    Real training runs on loopback: ``--epochs`` (10) epochs, every method, every seed of
-    ``--seeds`` (1,2,3). The methods are interleaved (seed by seed, every other seed in the
-    reverse order). Worker 0 keeps its weights every third of an epoch (78 steps of 234 with
+    Real training runs on loopback: ``--epochs`` (10) epochs (``--method-epochs``: a
+    method's own), every method, every seed of ``--seeds`` (1,2,3). The methods are
+    interleaved (seed by seed, every other seed in the reverse order). Worker 0 keeps its weights every third of an epoch (78 steps of 234 with
     2 workers, 39 of 117 with 4) and at every epoch end, and evaluates them on the 10000
     test images after training: its own weights (in the delayed phase its last pull plus
     up to k local steps), or the global model for a method whose arguments include
