@@ -15,9 +15,9 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
 (commit and dirty flag, command, machine, load before and after, date) into ``--out``:
 
 ``full``
-    Real training runs on loopback: ``--epochs`` (10) epochs, every method, every seed of
-    ``--seeds`` (1,2,3). The methods are interleaved (seed by seed, every other seed in the
-    reverse order). Worker 0 keeps its weights every third of an epoch (78 steps of 234 with
+    Real training runs on loopback: ``--epochs`` (10) epochs (``--method-epochs``: a
+    method's own), every method, every seed of ``--seeds`` (1,2,3). The methods are
+    interleaved (seed by seed, every other seed in the reverse order). Worker 0 keeps its weights every third of an epoch (78 steps of 234 with
     2 workers, 39 of 117 with 4) and at every epoch end, and evaluates them on the 10000
     test images after training: its own weights (in the delayed phase its last pull plus
     up to k local steps), or the global model for a method whose arguments include
@@ -45,7 +45,11 @@ Parts (``--part``), each one invocation, each writing its results and a ``meta-<
     real wall time to ``--real-target`` (default ``epoch1``: dist_sync's mean accuracy at the
     end of epoch 1 over the ``full`` seeds; ``epochN``, or an accuracy such as ``0.85``) on
     each network and method beside the time derived for the same seed, target and link from
-    ``full`` and ``phases``, and their ratio.
+    ``full`` and ``phases``, and their ratio. A folder of ``real`` runs alone (no
+    ``full-evals.csv``) is reported on them only (``benchmarks/tta_real.py``): there
+    ``epochN`` is stock ``dist_sync``'s accuracy at the end of epoch N of the real run on each
+    link; each run's real time to it, stock's time over each other method's, and
+    ``accuracy-time.png`` (test accuracy against real wall time, a panel per link).
 
 Derived time-to-accuracy: with 2 workers the trajectory does not depend on timing (exact
 rounds, a sum of two is commutative, seeded data order), so step n has the same weights on
@@ -84,6 +88,7 @@ import harness
 import provenance
 import netns
 import report as report_lib
+import tta_real
 
 _LOG = logging.getLogger('tta')
 COMMAND = 'python benchmarks/tta.py'   # what the results files record as the command's start
@@ -135,6 +140,9 @@ def parse_args(argv=None):
                         help='full, real: seeds (default: %(default)s)')
     parser.add_argument('--epochs', type=int, default=10,
                         help='full, real (default: %(default)s)')
+    parser.add_argument('--method-epochs', default='', metavar='METHOD=N[,METHOD=N]',
+                        help='full, real: these methods train N epochs instead of --epochs '
+                             '(e.g. sync=3,k4-ternary-pull-int8=5)')
     parser.add_argument('--networks', default=','.join(NETWORKS),
                         help='phases, real (default: %(default)s)')
     parser.add_argument('--rounds', type=int, default=3, help='phases (default: %(default)s)')
@@ -144,7 +152,8 @@ def parse_args(argv=None):
                                  '%s %d,%d' % (n, v[2], v[3]) for n, v in NETWORKS.items()))
     parser.add_argument('--real-target', default='epoch1', metavar='epochN|ACCURACY',
                         help="report: the real runs' target, dist_sync's mean accuracy at the "
-                             'end of epoch N of the full runs, or a test accuracy '
+                             'end of epoch N of the full runs (a folder of real runs alone: of '
+                             'its real runs on each link), or a test accuracy '
                              '(default: %(default)s)')
     parser.add_argument('--workers', type=int, default=harness.NUM_WORKERS,
                         help='full, phases, real: workers of every job (default: %(default)s)')
@@ -164,6 +173,10 @@ def parse_args(argv=None):
         for name, value in list(NETWORKS.items()):
             NETWORKS[name] = value[:2] + (warmup, steps) + value[4:]
     args.methods = [m for m in args.methods.split(',') if m]
+    try:
+        args.method_epochs = method_epochs(args.method_epochs)
+    except ValueError as err:
+        parser.error(str(err))
     args.seeds = [int(s) for s in args.seeds.split(',') if s]
     args.networks = [n for n in args.networks.split(',') if n]
     for name in args.methods:
@@ -172,7 +185,28 @@ def parse_args(argv=None):
     for name in args.networks:
         if name not in NETWORKS:
             parser.error('unknown network %s' % name)
+    for name in args.method_epochs:
+        if name not in args.methods:
+            parser.error('--method-epochs names %s, which --methods (%s) does not run; name '
+                         'a method of --methods' % (name, ','.join(args.methods)))
     return args
+
+
+def method_epochs(text):
+    """``--method-epochs``: ``{method: epochs}`` from ``'sync=3,k4=5'`` (``{}`` for ``''``)."""
+    epochs = {}
+    for item in (i for i in text.split(',') if i):
+        match = re.fullmatch(r'([\w-]+)=([1-9][0-9]*)', item)
+        if not match:
+            raise ValueError('--method-epochs: %r is not METHOD=N with N >= 1 (e.g. sync=3)'
+                             % item)
+        epochs[match.group(1)] = int(match.group(2))
+    return epochs
+
+
+def epochs_of(args, method):
+    """The epochs `method` trains: its ``--method-epochs`` entry, else ``--epochs``."""
+    return args.method_epochs.get(method, args.epochs)
 
 
 def known_method(name):
@@ -228,6 +262,7 @@ def _step_ends(results):
 def _meta(args, argv):
     return harness.start_meta(harness.command_line(COMMAND, argv), settings={
         'methods': args.methods, 'seeds': args.seeds, 'epochs': args.epochs,
+        'method_epochs': args.method_epochs,
         'optimizer': args.optimizer,
         'networks': {n: NETWORKS[n] for n in args.networks}, 'rounds': args.rounds,
         'full_warmup': FULL_WARMUP, 'eval_every': eval_every(args.workers),
@@ -244,7 +279,7 @@ def train_run(args, part, method, seed, folder, timeout, hostfile=None, key=None
     each (from the first worker's first step to that step's end on the slower worker).
     """
     key = dict(key or {})
-    worker_args = ['--epochs', str(args.epochs), '--seed', str(seed),
+    worker_args = ['--epochs', str(epochs_of(args, method)), '--seed', str(seed),
                    '--warmup-steps', str(warmup_of(method)),
                    '--eval-every', str(eval_every(args.workers)),
                    '--data-dir', args.data_dir] + OPTIMIZERS[args.optimizer][1]
@@ -278,7 +313,8 @@ def part_full(args, meta):
         for method in harness.ordered(args.methods, index + 1):
             folder = os.path.join(args.scratch, 'full', '%s-s%d' % (method, seed))
             row, run_evals = train_run(args, 'full', method, seed, folder,
-                                       300 + args.epochs * steps_per_epoch(args.workers)
+                                       300 + epochs_of(args, method)
+                                       * steps_per_epoch(args.workers)
                                        * 0.5 * args.workers)
             runs.append(row)
             if row['exit'] != 0:
@@ -302,8 +338,9 @@ def part_real(args, meta):
                     folder = os.path.join(args.scratch, 'real',
                                           '%s-%s-s%d' % (net_name, method, seed))
                     row, run_evals = train_run(args, 'real', method, seed, folder,
-                                               300 + args.epochs * steps_per_epoch(
-                                                   args.workers) * bound, hostfile,
+                                               300 + epochs_of(args, method)
+                                               * steps_per_epoch(args.workers) * bound,
+                                               hostfile,
                                                {'network': net_name})
                     runs.append(row)
                     evals += run_evals
@@ -903,7 +940,15 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.scratch, exist_ok=True)
     if args.part == 'report':
-        build_report(args.out, args.real_target)
+        if (not os.path.exists(os.path.join(args.out, 'full-evals.csv'))
+                and os.path.exists(os.path.join(args.out, 'real-runs.csv'))):
+            for row in report_lib.read_csv(os.path.join(args.out, 'real-runs.csv')):
+                known_method(row['method'])
+            tta_real.build_report(args.out, args.real_target,
+                                  {name: method.label for name, method in METHODS.items()},
+                                  {name: value[0] for name, value in NETWORKS.items()})
+        else:
+            build_report(args.out, args.real_target)
         _LOG.info('wrote %s', os.path.join(args.out, 'results.md'))
         return 0
     if args.part in ('phases', 'real') and any(NETWORKS[n][1] for n in args.networks):

@@ -35,6 +35,7 @@ import results_page  # noqa: E402
 import report  # noqa: E402
 import scaling  # noqa: E402
 import tta  # noqa: E402
+import tta_real  # noqa: E402
 # pylint: enable=wrong-import-position
 
 LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
@@ -531,6 +532,90 @@ def test_tta_workers_and_servers_reach_every_job(tmp_path, launched, monkeypatch
     assert tta._job_shape({'full': {'settings': {}}}) == [2, 1]  # folders from before
     with pytest.raises(ValueError, match='ran different jobs'):
         tta._job_shape({'full': {'settings': settings}, 'phases': {'settings': {}}})
+
+
+def test_tta_method_epochs_reach_each_job(tmp_path, launched):
+    # --method-epochs: the named method trains its own epochs (and its timeout grows with
+    # them), the others --epochs; a bad entry or a method not run is refused by name.
+    assert tta.main(['--part', 'full', '--out', str(tmp_path / 'out'), '--scratch',
+                     str(tmp_path / 's'), '--seeds', '1', '--epochs', '5', '--methods',
+                     'sync,k4', '--method-epochs', 'sync=3']) == 1
+    (sync, sync_kw), (k4, k4_kw) = launched.calls
+    assert sync[sync.index('--epochs') + 1] == '3' and sync_kw['timeout'] == 1062  # 1002 + 60
+    assert k4[k4.index('--epochs') + 1] == '5' and k4_kw['timeout'] == 1530
+    assert report.read_json(str(tmp_path / 'out' / 'meta-full.json'))['settings'][
+        'method_epochs'] == {'sync': 3}
+    assert tta.method_epochs('sync=3,k4-ternary-pull-int8=5') == {
+        'sync': 3, 'k4-ternary-pull-int8': 5}
+    for bad in ('sync=0', 'sync', 'sync=x'):
+        with pytest.raises(ValueError, match="--method-epochs: '%s' is not METHOD=N" % bad):
+            tta.method_epochs(bad)
+    with pytest.raises(SystemExit):
+        tta.parse_args(['--part', 'full', '--methods', 'sync', '--method-epochs', 'k4=3'])
+
+
+def _headline_folder(folder):
+    """A folder of real runs alone: stock and k=4 on two links, 2 s and 0.5 s a step on
+    100 Mbit/s, 0.25 s and 0.1 s on 1 Gbit/s; k=4 never reaches the target on 1 Gbit/s."""
+    stock = [0.70, 0.75, 0.80, 0.81, 0.82, 0.83, 0.84, 0.86, 0.85]   # steps 78 .. 702
+    delayed = {'100mbit': [0.74, 0.79, 0.82, 0.84, 0.851, 0.86],      # steps 78 .. 468
+               '1gbit': [0.74, 0.79, 0.82, 0.84, 0.849, 0.849]}
+    evals, runs = [], []
+    for network, (stock_s, delayed_s) in (('100mbit', (2.0, 0.5)), ('1gbit', (0.25, 0.1))):
+        for method, accs, per_step in (('sync', stock, stock_s),
+                                       ('k4-ternary-pull-int8', delayed[network], delayed_s)):
+            runs.append(dict(network=network, method=method, seed=1, exit=0, load_before=1.0,
+                             load_after=2.0, stock_check='ok', steps=78 * len(accs),
+                             train_s=78 * len(accs) * per_step, first_step_s=0.5,
+                             cpu_other=0.1))
+            evals += [dict(network=network, method=method, seed=1, step=78 * i,
+                           epoch=round(78 * i / 234, 4), test_acc=acc, wall_s=78 * i * per_step,
+                           epoch_end=i % 3 == 0) for i, acc in enumerate(accs, 1)]
+    report.write_csv(str(folder / 'real-runs.csv'), runs)
+    report.write_csv(str(folder / 'real-evals.csv'), evals)
+    report.write_json(str(folder / 'meta-real.json'), dict(
+        command='python benchmarks/tta.py --part real', started='start', finished='end',
+        code_start={'commit': 'abcdef0123', 'dirty': False}, load_before=[1.0, 1.0, 1.0],
+        load_after=[2.0, 2.0, 2.0]))
+    return evals, runs
+
+
+def test_tta_real_report_times_to_target(tmp_path):
+    # A folder of real runs alone: the target is stock's accuracy at the end of epoch 3 of
+    # its run on each link (0.85 at step 702); stock reaches it first at step 624 (0.86),
+    # k=4 at step 390 on 100 Mbit/s (195 s: 6.40x), never on 1 Gbit/s.
+    evals, runs = _headline_folder(tmp_path)
+    assert tta.main(['--part', 'report', '--real-target', 'epoch3', '--out',
+                     str(tmp_path)]) == 0
+    links = report.read_json(str(tmp_path / 'headline.json'))
+    assert [(link['network'], link['target']) for link in links] == [
+        ('100mbit', 0.85), ('1gbit', 0.85)]
+    fast = {r['method']: r for r in links[0]['runs']}
+    assert (fast['sync']['hit']['step'], fast['sync']['hit']['wall_s']) == (624, 1248.0)
+    assert (fast['k4-ternary-pull-int8']['hit']['step'],
+            fast['k4-ternary-pull-int8']['hit']['wall_s']) == (390, 195.0)
+    assert fast['k4-ternary-pull-int8']['ratio'] == 1248.0 / 195.0
+    slow = {r['method']: r for r in links[1]['runs']}
+    assert slow['sync']['hit']['wall_s'] == 624 * 0.25
+    assert slow['k4-ternary-pull-int8']['hit'] is None
+    assert slow['k4-ternary-pull-int8']['ratio'] is None
+    with open(tmp_path / 'accuracy-time.png', 'rb') as png:
+        assert png.read(8) == b'\x89PNG\r\n\x1a\n'
+    text = (tmp_path / 'results.md').read_text()
+    assert '| 100 Mbit/s links | 0.8500 | k=4 + ternary + pull int8 | 1 | 195.0 s (step 390, ' \
+        'epoch 1.67, 0.8510) | 6.40x |' in text
+    assert '- 100 Mbit/s links, seed 1, to 0.8500: k=4 + ternary + pull int8 195.0 s (3.2 min), ' \
+        'dist_sync (stock) 1248.0 s (20.8 min): **6.40x**.' in text
+    assert 'not reached (0.8490 at step 468, 46.8 s)' in text
+    assert 'dist_sync (stock) on the links, at the same 9 steps: the same test accuracy' in text
+    assert 'k=4 + ternary + pull int8 on the links, at the same 6 steps: test accuracies up ' \
+        'to 0.0110 apart' in text  # 0.86 against 0.849 at step 468
+    # a target given as an accuracy; an epoch the stock runs lack is refused by name
+    assert tta_real.link_target(evals, '1gbit', ('accuracy', 0.8)) == (
+        0.8, 'test accuracy 0.8 (--real-target)')
+    with pytest.raises(ValueError, match='epoch4: the real runs have no sync evaluation at '
+                                         'the end of epoch 4 on 100mbit; give an epoch'):
+        tta_real.time_to_target(evals, runs, ('epoch', 4))
     with pytest.raises(SystemExit):
         tta.parse_args(['--part', 'full', '--workers', '0'])
 

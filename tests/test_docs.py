@@ -190,7 +190,7 @@ def results_links(unit, page):
     for _, target in _LINK.findall(unit):
         path = os.path.normpath(os.path.join(here, target.split('#')[0]))
         if path.startswith(os.path.join(REPO, 'docs', 'benchmarks') + os.sep) and \
-                os.path.isfile(path):
+                os.path.isfile(path) and not path.endswith('.png'):  # a picture holds no text
             paths.append(path)
     return paths
 
