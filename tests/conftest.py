@@ -41,6 +41,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist's workers must collect the same ids: an id made from an object's repr
+    # ('<... object at 0x...>') differs from process to process and stops the whole suite.
+    unstable = [item.nodeid for item in items if ' at 0x' in item.nodeid]
+    if unstable:
+        raise pytest.UsageError('test ids that differ between processes (give parametrize '
+                                'ids=...): %s' % ', '.join(unstable))
     # 'big' tests are left out unless the -m expression names them (-m jobs alone does not).
     if 'big' in (config.getoption('markexpr') or ''):
         return

@@ -116,7 +116,8 @@ def test_float16_pushes_are_numpy_casts_where_the_gradient_lies(factor, where):
                                  else grad.astype(np.float16)).astype(F32))
 
 
-@pytest.mark.parametrize('codec', [pulls.Int8Pull(64), pulls.Float16Pull()], ids=str)
+@pytest.mark.parametrize('codec', [pulls.Int8Pull(64), pulls.Float16Pull()],
+                         ids=lambda codec: type(codec).__name__)
 def test_a_servers_pulled_round_is_encode_and_an_addition(codec):
     n = 3001
     rng = np.random.default_rng(7)
