@@ -191,7 +191,8 @@ def test_a_version1_server_file_loads_with_trusted(tmp_path, monkeypatch):
     path = str(tmp_path / 'old.server0')
     legacy_file(path, files.SERVER, {
         'server': 0, 'num_workers': 1,
-        'chunks': source._chunks.saved(source._rounds.chunk_state),  # pylint: disable=W0212
+        'chunks': {c: source._chunks.saved(c, source._rounds.chunk_state(c))  # pylint: disable=W0212
+                   for c in source._chunks.ids()},  # pylint: disable=W0212
         'updater': source.updater.get_states(dump_optimizer=True)})
     server = registered_server()
     install(server, mx.optimizer.create('sgd', learning_rate=0.5, momentum=0.9))

@@ -134,7 +134,7 @@ class ChunkRegistry(object):
 
     def is_counter(self, chunk):
         """Whether `chunk` is the finish counter's."""
-        return self._chunks[chunk]['param_index'] == commands.FINISH_KEY
+        return self.key(chunk) == commands.FINISH_KEY
 
     def is_aux(self, chunk):
         """Whether `chunk` is one of this server's aux chunks (docs/design.md §2.13)."""
@@ -149,13 +149,14 @@ class ChunkRegistry(object):
         keys, docs/design.md §2.11): the finish counter's and aux chunks (§2.13)."""
         return self.is_counter(chunk) or self.is_aux(chunk)
 
-    def info(self, chunk):
-        """This server's `chunk`'s registration (:data:`INFO_FIELDS`), a copy."""
-        return dict(self._chunks[chunk])
+    def key(self, chunk):
+        """The kvstore key (the worker's parameter index) that `chunk` is part of."""
+        return self._chunks[chunk]['param_index']
 
-    def saved(self, chunk_state):
-        """What a checkpoint keeps: chunk id -> info and ``chunk_state(chunk)``."""
-        return {c: dict(info, **chunk_state(c)) for c, info in self._chunks.items()}
+    def saved(self, chunk, state):
+        """What a checkpoint keeps of `chunk`: its info and its `state` (the round keeper's
+        ``chunk_state``)."""
+        return dict(self._chunks[chunk], **state)
 
     def check_saved(self, path, saved_chunks):
         """Refuse a checkpoint `path` whose chunks (``saved``'s dict) differ from these."""

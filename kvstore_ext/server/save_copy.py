@@ -24,7 +24,6 @@ import copy
 
 import mxnet as mx
 
-from kvstore_ext.protocol import commands
 from kvstore_ext.protocol.commands import field
 
 __all__ = ['SaveCopy', 'save_rounds']
@@ -50,8 +49,8 @@ def save_rounds(body, chunks, rounds):
     finish = field(body, 'finish_rounds', int, minimum=0, optional=True, default=0)
     targets = {}
     for chunk in chunks.ids():
-        key = chunks.info(chunk)['param_index']
-        target = finish if key == commands.FINISH_KEY else by_key.get(str(key))
+        key = chunks.key(chunk)
+        target = finish if chunks.is_counter(chunk) else by_key.get(str(key))
         if target is None:
             raise ValueError('save: the rounds name no round for key %r (chunk %d)'
                              % (key, chunk))
@@ -114,7 +113,7 @@ class SaveCopy(object):
             self._finish_if_done()
 
     def _copy(self, chunk):
-        self._copied[chunk] = dict(self._chunks.info(chunk), **self._rounds.chunk_state(chunk))
+        self._copied[chunk] = self._chunks.saved(chunk, self._rounds.chunk_state(chunk))
         updater = self._updater
         if updater is None:
             return
