@@ -46,7 +46,7 @@ import time
 from kvstore_ext import env
 from kvstore_ext.checkpoint import background, files
 from kvstore_ext.checks import check_int, check_path
-from . import checkpoint_dir
+from . import checkpoint_dir, worker_state
 
 __all__ = ['create', 'AutoSave', 'NoAutoSave']
 
@@ -331,11 +331,7 @@ class AutoSave:
             for other in range(1, num_workers):
                 parts['worker%d' % other] = background.wait(files.worker_file(fname, other),
                                                             save_id, PART_TIMEOUT)
-            # The index of DelayedTrainer.save_states (mxdelay.worker_state.write).
-            files.write_json(fname, files.TRAINER_INDEX, {
-                'num_workers': num_workers, 'schedule': schedule,
-                'kvstore': os.path.basename(files.kvstore_file(fname)),
-                'save_id': save_id, 'parts': parts})
+            worker_state.write_index(fname, num_workers, schedule, save_id, parts)
             _LOG.info('DelayedTrainer: checkpoint of step %d written (%s)', schedule['step'],
                       fname)
             checkpoint_dir.prune(self.directory, self.keep, schedule['step'])

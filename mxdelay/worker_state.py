@@ -22,7 +22,7 @@ from kvstore_ext.optim.optimizers import describe_optimizer, type_difference
 
 from .loss_scaling import _STATE as _SCALER_FIELDS
 
-__all__ = ['save', 'load', 'collect', 'write', 'read', 'restore_arrays']
+__all__ = ['save', 'load', 'collect', 'write', 'write_index', 'read', 'restore_arrays']
 
 
 def save(fname, kv, parts, schedule, optimizer, base_lr, states, amp):
@@ -125,10 +125,17 @@ def write(fname, kv, parts, body, schedule):
         digests = {'worker%d' % rank: files.file_sha256(files.worker_file(fname, rank))
                    for rank in range(kv.num_workers)}
         digests['kvstore'] = kvstore_digest
-        files.write_json(fname, files.TRAINER_INDEX, {
-            'num_workers': kv.num_workers, 'schedule': schedule.state_dict(),
-            'kvstore': os.path.basename(files.kvstore_file(fname)),
-            'save_id': save_id, 'parts': digests})
+        write_index(fname, kv.num_workers, schedule.state_dict(), save_id, digests)
+
+
+def write_index(fname, num_workers, schedule, save_id, parts):
+    """Write the index `fname` (worker 0, last: it makes the checkpoint complete) naming the
+    schedule's `schedule` state, the save id and each part's sha256 (`parts`: ``workerN`` and
+    ``kvstore`` -> digest), which :func:`read` checks. Return its sha256."""
+    return files.write_json(fname, files.TRAINER_INDEX, {
+        'num_workers': num_workers, 'schedule': schedule,
+        'kvstore': os.path.basename(files.kvstore_file(fname)),
+        'save_id': save_id, 'parts': parts})
 
 
 def read(fname, kv, parts, schedule, params, optimizer, amp, trusted=False):
