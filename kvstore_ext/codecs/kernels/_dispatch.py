@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from kvstore_ext import env
+from kvstore_ext.codecs import quantize
 
 __all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'library', 'backend', 'require_compiled', 'cores',
            'compiled_calls', 'address', 'flat', 'in_place', 'check_codec', 'check_block',
@@ -19,10 +20,11 @@ __all__ = ['LEVELS', 'MAX_BLOCK', 'MODES', 'library', 'backend', 'require_compil
 _LOG = logging.getLogger('kvstore_ext.codecs.kernels')
 F32 = np.float32
 
-#: h of each push codec -> (its name, D: digits per packed word); as kvstore_ext.codecs.quantize.
-LEVELS = {127: ('int8', 4), 7: ('int4', 8), 1: ('ternary', 20)}
-#: The largest block size (kvstore_ext.codecs.quantize.MAX_BLOCK).
-MAX_BLOCK = 2 ** 20
+#: h of each push codec -> (its name, D: digits per packed word), from
+#: :mod:`kvstore_ext.codecs.quantize`, which defines the format.
+LEVELS = {h: (name, quantize.digits_per_word(h)) for name, h in quantize.LEVELS.items()}
+#: The largest block size.
+MAX_BLOCK = quantize.MAX_BLOCK
 #: The values of MXDELAY_CODEC_KERNELS.
 MODES = env.CHOICES['MXDELAY_CODEC_KERNELS']
 #: Fewest elements a thread gets: on 2 cores, below about 2**20 elements a call a second
@@ -135,9 +137,10 @@ def check_block(block):
 
 
 def payload_size(n, h, block):
-    """Float32 elements of a push payload of `n` values (kvstore_ext.codecs.quantize.payload_size)."""
-    digits = check_codec(h, block)[1]
-    return -(-n // block) + -(-n // digits)
+    """Float32 elements of a push payload of `n` values (kvstore_ext.codecs.quantize.payload_size,
+    after the checks of `h` and `block`)."""
+    check_codec(h, block)
+    return quantize.payload_size(n, h, block)
 
 
 def check_threads(threads):

@@ -7,6 +7,8 @@ for the pull codecs, MXNet's cast for float16.
 """
 import numpy as np
 
+from kvstore_ext.codecs import pull_payloads, quantize
+
 __all__ = ['encode', 'decode', 'decode_sum', 'encode_with_feedback', 'int8_pull_encode',
            'int8_pull_broadcast', 'int8_pull_decode_add', 'fp16_pull_encode',
            'fp16_pull_broadcast', 'fp16_pull_decode_add', 'to_float16', 'to_float32']
@@ -14,29 +16,19 @@ __all__ = ['encode', 'decode', 'decode_sum', 'encode_with_feedback', 'int8_pull_
 F32 = np.float32
 
 
-def _quantize():
-    from .. import quantize   # pylint: disable=import-outside-toplevel
-    return quantize
-
-
-def _pull_payloads():
-    from .. import pull_payloads   # pylint: disable=import-outside-toplevel
-    return pull_payloads
-
-
 def encode(p, h, block):
-    return _quantize().encode(p, h, block)
+    return quantize.encode(p, h, block)
 
 
 def decode(payload, h, block, n):
-    return _quantize().decode(payload, h, block, n)
+    return quantize.decode(payload, h, block, n)
 
 
 def decode_sum(rows, order, h, block, n):
     # kvstore_ext.server.appliers.DecodeRows.decode: rank order, float32 additions left to right.
     total = None
     for index in order:
-        values = _quantize().decode(rows[index], h, block, n)
+        values = quantize.decode(rows[index], h, block, n)
         total = values if total is None else total + values
     return total
 
@@ -48,7 +40,7 @@ def encode_with_feedback(grad, residual, h, block, ranges, out):
     sent = np.empty_like(p) if out is None else out
     payloads = []
     for start, stop in ranges:
-        payload, values = _quantize().encode(p[start:stop], h, block)
+        payload, values = quantize.encode(p[start:stop], h, block)
         payloads.append(payload)
         sent[start:stop] = values
     np.subtract(p, sent, out=residual)
@@ -56,7 +48,7 @@ def encode_with_feedback(grad, residual, h, block, ranges, out):
 
 
 def int8_pull_encode(d, block):
-    return _pull_payloads().int8_encode(d, block)
+    return pull_payloads.int8_encode(d, block)
 
 
 def int8_pull_broadcast(weight, model, block):
@@ -69,8 +61,8 @@ def int8_pull_broadcast(weight, model, block):
 def int8_pull_decode_add(payload, model, n, block):
     # Int8Pull.decode's NDArray operations in numpy: uint8 to float32 (exact), - 128, times
     # the block's scale, added to the model.
-    blocks = max(1, -(-n // block))
-    start = 4 * (1 + blocks)
+    blocks = pull_payloads.int8_blocks(n, block)
+    start = 4 * (1 + blocks)   # bytes: the header, then the scales
     levels = payload.view(np.uint8)[start:start + blocks * block].astype(F32)
     levels -= F32(128)
     dec = (levels.reshape(blocks, block) * payload[1:1 + blocks].reshape(blocks, 1))
@@ -78,7 +70,7 @@ def int8_pull_decode_add(payload, model, n, block):
 
 
 def fp16_pull_encode(d):
-    return _pull_payloads().fp16_encode(d)
+    return pull_payloads.fp16_encode(d)
 
 
 def fp16_pull_broadcast(weight, model):

@@ -9,6 +9,7 @@ element, then the codec's bytes).
 """
 import numpy as np
 
+from kvstore_ext.codecs.pull_payloads import fp16_size, int8_blocks, int8_size
 from . import _reference
 from ._dispatch import F32, address, check_block, flat, in_place, library, ranges, run
 
@@ -22,8 +23,7 @@ _LINE = 32
 
 def int8_pull_size(n, block):
     """Float32 elements of an int8 pull payload of `n` values (``Int8Pull.payload_size``)."""
-    blocks = max(1, -(-n // check_block(block)))
-    return 1 + blocks + -(-blocks * block // 4)
+    return int8_size(n, check_block(block))
 
 
 def _buffer(payload, size):
@@ -39,7 +39,7 @@ def _buffer(payload, size):
 def _int8_encode(weight, model, out, block, threads, payload=None):
     # d = weight - model (model None: d = weight); model := model + dec, or out = dec.
     n = weight.size
-    blocks = max(1, -(-n // block))
+    blocks = int8_blocks(n, block)
     payload = _buffer(payload, int8_pull_size(n, block))
     base = address(payload)
     run(library().mxd_i8pull_encode,
@@ -89,7 +89,7 @@ def int8_pull_decode_add(payload, model, n, block, threads=1):
     if library() is None:
         _reference.int8_pull_decode_add(payload, model, n, block)
         return
-    blocks = max(1, -(-n // block))
+    blocks = int8_blocks(n, block)
     base = address(payload)
     run(library().mxd_i8pull_decode_add,
         [(base + 4, base + 4 * (1 + blocks), address(model), block, lo, hi)
@@ -106,7 +106,7 @@ def _payload(payload, size, name, n):
 
 def fp16_pull_size(n):
     """Float32 elements of an fp16 pull payload of `n` values (``Float16Pull.payload_size``)."""
-    return 1 + (n + 1) // 2
+    return fp16_size(n)
 
 
 def _fp16_encode(weight, model, out, threads, payload=None):
