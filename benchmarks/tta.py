@@ -454,9 +454,6 @@ def real_check(out, evals, accuracy, times, real_target):
     else:
         target, definition = value, 'test accuracy %g (--real-target)' % value
 
-    def first_hit(points):
-        return next((e for e in points if e['test_acc'] >= target), None)
-
     checks = []
     for run in real_runs:
         net_name, method, seed = run['network'], run['method'], run['seed']
@@ -464,9 +461,7 @@ def real_check(out, evals, accuracy, times, real_target):
                      cpu_other=run.get('cpu_other'), real_step=None, real_s=None,
                      full_step=None, derived_s=None, ratio=None, max_acc_diff=None, evals=[])
         checks.append(check)
-        points = sorted((e for e in real_evals if e['network'] == net_name
-                         and e['method'] == method and e['seed'] == seed),
-                        key=lambda e: e['step'])
+        points = tta_real.run_points(real_evals, net_name, run)
         full = {e['step']: e for e in evals if e['method'] == method and e['seed'] == seed}
         phase_times = times.get((net_name, method))
         for point in points:
@@ -480,8 +475,8 @@ def real_check(out, evals, accuracy, times, real_target):
         common = [e for e in check['evals'] if e['full_test_acc'] is not None]
         if common:
             check['max_acc_diff'] = max(abs(e['test_acc'] - e['full_test_acc']) for e in common)
-        hit = first_hit(points)
-        full_hit = first_hit(sorted(full.values(), key=lambda e: e['step']))
+        hit = tta_real.first_hit(points, target)
+        full_hit = tta_real.first_hit(full.values(), target)
         if hit:
             check.update(real_step=hit['step'], real_s=hit['wall_s'])
         if full_hit:

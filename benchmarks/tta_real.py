@@ -15,7 +15,7 @@ import statistics
 
 import report as report_lib
 
-__all__ = ['link_target', 'first_hit', 'time_to_target', 'build_report', 'plot']
+__all__ = ['link_target', 'first_hit', 'run_points', 'time_to_target', 'build_report', 'plot']
 
 STOCK = 'sync'   # the stock baseline's method name in tta.py's runs
 
@@ -46,7 +46,7 @@ def first_hit(points, target):
                default=None)
 
 
-def _points(evals, network, run):
+def run_points(evals, network, run):
     """The evaluations of `run` (its method and seed) on `network`, by step."""
     return sorted((e for e in evals if e['network'] == network and e['method'] == run['method']
                    and e['seed'] == run['seed']), key=lambda e: e['step'])
@@ -66,7 +66,7 @@ def time_to_target(evals, runs, real_target):
         target, definition = link_target(evals, network, real_target)
         checks = []
         for run in (r for r in runs if r['network'] == network):
-            points = _points(evals, network, run)
+            points = run_points(evals, network, run)
             hit = first_hit(points, target)
             checks.append(dict(method=run['method'], seed=run['seed'], exit=run['exit'],
                                cpu_other=run.get('cpu_other'), hit=hit,
@@ -90,7 +90,7 @@ def plot(path, evals, links, labels, networks):
     fig, axes = plt.subplots(1, len(links), figsize=(5.2 * len(links), 4.2), squeeze=False)
     for ax, link in zip(axes[0], links):
         for index, run in enumerate(link['runs']):
-            points = _points(evals, link['network'], run)
+            points = run_points(evals, link['network'], run)
             color = '0.35' if run['method'] == STOCK else 'C%d' % (2 + index)
             ax.plot([p['wall_s'] for p in points], [p['test_acc'] for p in points],
                     marker='o', ms=3, color=color,
