@@ -102,3 +102,65 @@ def test_rank1_value_does_not_leak_into_the_servers(monkeypatch):
     _, results = run_workers(2, work)
     for out in results:
         assert out.tobytes() == initial(0, 0).tobytes()
+
+
+def _nbytes(value):
+    if getattr(value, 'stype', 'default') == 'row_sparse':
+        return value.data.size * np.dtype(value.dtype).itemsize + 8 * value.indices.size
+    return value.size * np.dtype(value.dtype).itemsize
+
+
+@pytest.mark.parametrize('push,pull', CASES, ids=IDS)
+def test_the_first_steps_pull_keys_one_per_chunk_with_compressed_pulls(monkeypatch, push, pull):
+    # Issue 37: the pull keys of float16 and blockwise pushes are what the servers' inbound
+    # link carries most in the first step: each is initialised with a float32 copy of its
+    # chunk (rank 0, MXNet's init) and gets a round of zeros of that size from every worker.
+    # With compressed pulls the scheduled pulls read the model key and the pull keys serve
+    # only exact pulls: one per chunk (before: R per chunk, R copies of the model each way).
+    # Counted here at the native store's calls, with R = 3: every pull-key byte of the
+    # initialisation and the chunks' keys.
+    monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
+    monkeypatch.setenv('MXDELAY_SLACK', '2')
+    slots = 3
+
+    def work(rank, store):
+        store.delayed.settings.set_config(delay=2, warmup_steps=1)
+        if push is not None:
+            store.set_gradient_compression(push)
+        if pull is not None:
+            store.delayed.settings.set_pull_compression(pull)
+        native = store._session.native
+        sent = []   # (key, bytes) of every init (rank 0's: MXNet's init sends its alone) and push
+        for name in ('init', 'push'):
+            original = getattr(native, name)
+
+            def counting(keys, values, priority=0, original=original, name=name):
+                if name == 'push' or rank == 0:
+                    pairs = zip(keys, values) if isinstance(keys, (list, tuple)) \
+                        else [(keys, values)]
+                    sent.extend((k, _nbytes(v)) for k, v in pairs)
+                return original(keys, values) if name == 'init' else \
+                    original(keys, values, priority=priority)
+            setattr(native, name, counting)
+        for key in sorted(SHAPES):
+            value = nd.array(initial(rank, key))
+            store.broadcast(key, value, value)
+            value.wait_to_read()
+        chunks = [c for t in store._session.tensors.values() for c in t.chunks]
+        pull_keys = {k: c.stop - c.start for c in chunks for k in c.pull_keys
+                     if c.pull_keys is not c.keys}
+        return ([len(c.pull_keys) for c in chunks],
+                sum(size for k, size in sent if k in pull_keys), 4 * sum(pull_keys.values()))
+
+    _, results = run_workers(2, work)
+    elements = sum(int(np.prod(shape)) for shape in SHAPES.values())
+    has_pull_keys = push is not None and push['type'] in ('fp16', 'ternary')
+    per_chunk = (1 if pull is not None else slots) if has_pull_keys else slots
+    for rank, (counts, pull_key_bytes, one_copy) in enumerate(results):
+        assert counts == [per_chunk] * 4, (rank, counts)   # 3 chunks of key 0, 1 of key 1
+        if not has_pull_keys:
+            assert pull_key_bytes == one_copy == 0
+            continue
+        assert one_copy == 4 * elements * per_chunk
+        # rank 0: the init and its round of zeros; the other worker: its round of zeros
+        assert pull_key_bytes == one_copy * (2 if rank == 0 else 1), (rank, pull_key_bytes)

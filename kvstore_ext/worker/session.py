@@ -16,7 +16,7 @@ import logging
 from kvstore_ext import codecs, env
 from kvstore_ext.optim.optimizers import describe_optimizer, whole_tensor_name
 from kvstore_ext.protocol import commands
-from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.protocol.keys import KeyLayout, pull_keys_per_chunk
 from kvstore_ext.worker import sparse, wires
 from kvstore_ext.worker.arguments import as_lists
 from kvstore_ext.worker.aux_states import AuxKeys
@@ -101,12 +101,12 @@ class Session(object):
         codec = settings.codec
         schedule = settings.pull_schedule()
         layout = KeyLayout(self.num_servers, slots, settings.state_keys,
-                           pull_keys=slots if codec.pull_keys else 0,
+                           pull_keys=pull_keys_per_chunk(slots, codec.pull_keys, bool(schedule)),
                            model_keys=1 if schedule else 0)
         pull_codec = settings.pull_compression
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': slots,
-                 'state_keys': settings.state_keys, 'wire': settings.wire_dtype,
-                 'model_keys': layout.model_keys,
+                 'state_keys': settings.state_keys,
+                 'pull_keys': layout.pull_keys, 'model_keys': layout.model_keys,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': commands.PROTOCOL_VERSION,
                  # The optimizer's description too: workers that set different optimizers

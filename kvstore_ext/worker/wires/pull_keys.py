@@ -2,17 +2,18 @@
 (``Codec.wire`` ``'pull_keys'``: ``'fp16'``, docs/design.md §2.11).
 
 Every chunk keeps its R slot keys for the pushes, now keys of the wire dtype (float16), and
-gets R float32 *pull keys*: round t's ``W_{t+1}`` is written into pull key ``t mod R``
-(:class:`kvstore_ext.server.rounds.RoundKeeper`), and pulls read it. The native server hands
-its updater only the stored value of the key whose round completed, so each worker pushes one
-round of zeros into the pull keys at ``init``; the server keeps their stored arrays from that
-round on (:func:`push_handle_round`).
+gets P float32 *pull keys* (R, or 1 with compressed pulls,
+:func:`kvstore_ext.protocol.keys.pull_keys_per_chunk`): round t's ``W_{t+1}`` is written into
+pull key ``t mod P`` (:class:`kvstore_ext.server.rounds.RoundKeeper`), and pulls read it. The
+native server hands its updater only the stored value of the key whose round completed, so each
+worker pushes one round of zeros into the pull keys at ``init``; the server keeps their stored
+arrays from that round on (:func:`push_handle_round`).
 
-A slot's pulls land in a float32 receive buffer of its own (:class:`PullKeyBuffers`, the
-tensor's ``wire_state``), not in the send buffer, so MXNet's engine no longer orders a pull
-and the slot's pushes by itself: :class:`PullKeyWire` orders the pull of round t behind the
-pushes of round t and the earlier rounds, and the next push into a slot behind the slot's
-last pull.
+A pull key's pulls land in a float32 receive buffer of its own (:class:`PullKeyBuffers`,
+the tensor's ``wire_state``), not in the send buffer, so MXNet's engine no longer orders a
+pull and the pushes by itself: :class:`PullKeyWire` orders the pull of round t behind the
+pushes of round t and the earlier rounds, and the next push of a round that writes the same
+pull key (round t + P) behind that pull.
 """
 from mxnet import nd
 
@@ -23,15 +24,20 @@ __all__ = ['PullKeyWire', 'PullKeyBuffers', 'push_handle_round']
 
 
 class PullKeyBuffers(object):
-    """A tensor's R float32 receive buffers (on the CPU), which its pulls land in, their heads,
-    and the slots pulled since their last push."""
+    """A tensor's float32 receive buffers (on the CPU), one per pull key (P), which its pulls
+    land in, their heads, and the pull keys pulled since a push last waited for them."""
     __slots__ = ('buffers', 'heads', 'pulled')
 
-    def __init__(self, tensor, slots):
+    def __init__(self, tensor):
         size = tensor.chunks[-1].stop
-        self.buffers = [nd.zeros(size, dtype=tensor.dtype) for _ in range(slots)]
+        self.buffers = [nd.zeros(size, dtype=tensor.dtype)
+                        for _ in tensor.chunks[0].pull_keys]
         self.heads = [buf[0:1] for buf in self.buffers]
         self.pulled = set()
+
+    def index(self, rnd):
+        """The pull key (and receive buffer) of round `rnd`: ``rnd mod P``."""
+        return rnd % len(self.buffers)
 
 
 def push_handle_round(native, tensors):
@@ -43,9 +49,9 @@ def push_handle_round(native, tensors):
     keys, views = [], []
     for tensor in tensors:
         for chunk in tensor.chunks:
-            for slot, key in enumerate(chunk.pull_keys):
+            for index, key in enumerate(chunk.pull_keys):
                 keys.append(key)
-                views.append(tensor.wire_state.buffers[slot][chunk.start:chunk.stop])
+                views.append(tensor.wire_state.buffers[index][chunk.start:chunk.stop])
     if keys:
         native.push(keys, views)
         for tensor in tensors:
@@ -78,17 +84,19 @@ class PullKeyWire(DenseWire):
 
     def _receive_buffers(self, tensor):
         """`tensor`'s per-tensor state: its receive buffers."""
-        return PullKeyBuffers(tensor, self._slots)
+        return PullKeyBuffers(tensor)
 
     def _before_push(self, tensor, slot):
-        """Before the next push into `slot`: wait in MXNet's engine for the pull of the slot's
-        previous round to return (a one-element write on the send buffer that reads the
-        receive buffer). Otherwise the push could complete the next round, and the server
-        overwrite the pull key, before that pull was served."""
+        """Before the next push into `slot` (round t): wait in MXNet's engine for the last
+        pull of round t's pull key (``t mod P``; P divides R) to return (a one-element write
+        on the send buffer that reads the receive buffer). Otherwise the push could complete
+        round t, and the server overwrite the pull key, before that pull was served. With
+        one pull key (compressed pulls) every push after an exact pull waits for it."""
         state = tensor.wire_state
-        if slot in state.pulled:
-            ordering.follow(tensor.heads[slot], state.heads[slot])
-            state.pulled.discard(slot)
+        index = state.index(slot)
+        if index in state.pulled:
+            ordering.follow(tensor.heads[slot], state.heads[index])
+            state.pulled.discard(index)
 
     def _order_pull(self, tensor, last):
         """Before the pull of round `last`: wait in MXNet's engine for the push of round
@@ -102,5 +110,6 @@ class PullKeyWire(DenseWire):
         overwritten by the next copy and by the pull.
         """
         state = tensor.wire_state
-        self.order_after_pushes(tensor, last, [state.heads[last % self._slots]])
-        state.pulled.add(last % self._slots)
+        index = state.index(last)
+        self.order_after_pushes(tensor, last, [state.heads[index]])
+        state.pulled.add(index)

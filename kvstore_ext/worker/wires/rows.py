@@ -27,8 +27,8 @@ class RowBuffers(PullKeyBuffers):
     array that the empty pulls ordering a pull land in (``scratch``)."""
     __slots__ = ('scratch',)
 
-    def __init__(self, tensor, slots, shapes):
-        super(RowBuffers, self).__init__(tensor, slots)
+    def __init__(self, tensor, shapes):
+        super(RowBuffers, self).__init__(tensor)
         self.scratch = [nd.sparse.zeros('row_sparse', shape, dtype=np.float32)
                         for shape in shapes]
 
@@ -64,7 +64,7 @@ class RowWire(PullKeyWire):
         return (self._native.num_workers, self._codec.payload_size(chunk.stop - chunk.start))
 
     def _entries(self, tensor, value):
-        """Each chunk's R row_sparse slot keys (all N rows of zeros) and R float32 pull keys
+        """Each chunk's R row_sparse slot keys (all N rows of zeros) and P float32 pull keys
         (the chunk's initial value); the sizes registered are the chunks' values."""
         flat = value.reshape(-1)
         workers = self._native.num_workers
@@ -82,7 +82,7 @@ class RowWire(PullKeyWire):
         return keys, values, sizes
 
     def _receive_buffers(self, tensor):
-        return RowBuffers(tensor, self._slots, [self._shape(c) for c in tensor.chunks])
+        return RowBuffers(tensor, [self._shape(c) for c in tensor.chunks])
 
     @classmethod
     def finite_flag(cls, codec, flag):
