@@ -13,11 +13,16 @@ with and without compressed pulls), with chunks:
   tests/test_pull_compression.py's);
 - the native pulls issued: none on rank 0, one of each chunk on the other worker (before
   the fix: two of each chunk on every worker with compressed pulls, one without).
+
+Issue 37: with compressed pulls a chunk of float16 or blockwise pushes has one float32 pull
+key (R before): its bytes in the first step, counted at the native store, and the ordering
+that one pull key needs (every push after an exact pull waits for it).
 """
 import numpy as np
 import pytest
 
 import mxdelay  # noqa: F401  before mxnet
+import mxnet as mx
 from mxnet import nd
 
 from support.native_workers import run_workers
@@ -164,3 +169,47 @@ def test_the_first_steps_pull_keys_one_per_chunk_with_compressed_pulls(monkeypat
         assert one_copy == 4 * elements * per_chunk
         # rank 0: the init and its round of zeros; the other worker: its round of zeros
         assert pull_key_bytes == one_copy * (2 if rank == 0 else 1), (rank, pull_key_bytes)
+
+
+@pytest.mark.parametrize('push', [{'type': 'fp16'}, {'type': 'ternary'}], ids=['fp16', 'ternary'])
+def test_with_one_pull_key_every_push_after_an_exact_pull_waits_for_it(monkeypatch, push):
+    # One pull key holds W after every round, written in place: an exact pull of round t must
+    # be served before round t + 1 is applied, so the next push, whatever its slot, first
+    # waits in MXNet's engine for that pull (a write of its send buffer that reads the
+    # receive buffer), once; with R pull keys (no compressed pulls) only a push into the
+    # pulled round's slot does (design §2.11).
+    from kvstore_ext.worker.wires import pull_keys
+    monkeypatch.setenv('MXDELAY_SLACK', '2')
+    follows = []
+    real_follow = pull_keys.ordering.follow
+
+    def work(rank, store):
+        store.delayed.settings.set_config(delay=2, warmup_steps=1)
+        store.set_gradient_compression(push)
+        store.delayed.settings.set_pull_compression({'type': 'int8'})
+        store.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
+        store.init(0, nd.zeros(SHAPES[0]))
+        tensor = store._session.tensors[0]
+        state = tensor.wire_state
+        monkeypatch.setattr(pull_keys.ordering, 'follow',
+                            lambda target, source: follows.append((target, source))
+                            or real_follow(target, source))
+        grad, out = nd.ones(SHAPES[0]), nd.zeros(SHAPES[0])
+        waits = []
+        for rnd in range(4):
+            store.push(0, grad)
+            if rnd in (0, 1):
+                store.pull(0, out=out)   # exact, reads the one pull key
+            # (whether it read the one receive buffer, wrote this push's send buffer)
+            waits.append([(source.handle.value == state.heads[0].handle.value,
+                           target.handle.value == tensor.heads[rnd % 3].handle.value)
+                          for target, source in follows])
+            del follows[:]
+        return [len(tensor.chunks[0].pull_keys), len(state.buffers)], waits
+
+    _, results = run_workers(1, work)
+    counts, waits = results[0]
+    assert counts == [1, 1]
+    # The pushes of rounds 1 and 2 (slots 1 and 2) wait for the pulls of rounds 0 and 1;
+    # the push of round 3 pulled nothing before it.
+    assert waits == [[], [(True, True)], [(True, True)], []], waits
