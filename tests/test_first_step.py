@@ -42,16 +42,21 @@ def initial(rank, key):
     return rng.standard_normal(SHAPES[key]).astype(np.float32)
 
 
+def configure(store, push, pull):
+    """A bare store's settings: k = 2, one warm-up step, `push` and `pull` compression."""
+    store.delayed.settings.set_config(delay=2, warmup_steps=1)
+    if push is not None:
+        store.set_gradient_compression(push)
+    if pull is not None:
+        store.delayed.settings.set_pull_compression(pull)
+
+
 @pytest.mark.parametrize('push,pull', CASES, ids=IDS)
 def test_broadcast_gives_rank0s_value_rank0_pulls_nothing_others_once(monkeypatch, push, pull):
     monkeypatch.setenv('MXDELAY_CHUNK_SIZE', '50')
 
     def work(rank, store):
-        store.delayed.settings.set_config(delay=2, warmup_steps=1)
-        if push is not None:
-            store.set_gradient_compression(push)
-        if pull is not None:
-            store.delayed.settings.set_pull_compression(pull)
+        configure(store, push, pull)
         pulled = []
         native = store._session.native
         native_pull = native.pull
@@ -129,11 +134,7 @@ def test_the_first_steps_pull_keys_one_per_chunk_with_compressed_pulls(monkeypat
     slots = 3
 
     def work(rank, store):
-        store.delayed.settings.set_config(delay=2, warmup_steps=1)
-        if push is not None:
-            store.set_gradient_compression(push)
-        if pull is not None:
-            store.delayed.settings.set_pull_compression(pull)
+        configure(store, push, pull)
         native = store._session.native
         sent = []   # (key, bytes) of every init (rank 0's: MXNet's init sends its alone) and push
         for name in ('init', 'push'):
@@ -184,9 +185,7 @@ def test_with_one_pull_key_every_push_after_an_exact_pull_waits_for_it(monkeypat
     real_follow = pull_keys.ordering.follow
 
     def work(rank, store):
-        store.delayed.settings.set_config(delay=2, warmup_steps=1)
-        store.set_gradient_compression(push)
-        store.delayed.settings.set_pull_compression({'type': 'int8'})
+        configure(store, push, {'type': 'int8'})
         store.set_optimizer(mx.optimizer.SGD(learning_rate=0.5))
         store.init(0, nd.zeros(SHAPES[0]))
         tensor = store._session.tensors[0]
