@@ -47,6 +47,8 @@ import os
 import sys
 import time
 
+__all__ = ['main', 'role', 'summary', 'markdown']
+
 BATCH = 128
 METHODS = ('stock', 'k4', 'fp16-int8', 'ternary-int8')
 NETWORKS = {'netns': None, '100mbit': '100mbit', 'loopback': False}
