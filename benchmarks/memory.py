@@ -8,11 +8,13 @@ Runs ``benchmarks/memory_worker.py`` with 2 workers and 2 servers on loopback, l
 While a job runs, this driver reads ``/proc/<pid>/status`` of every process of the job
 (every descendant of the launcher, labelled by its ``DMLC_ROLE`` and ``MXDELAY_RANK``) every
 0.2 s: ``VmHWM`` (peak resident memory) and ``VmRSS``. *Steady* is ``VmRSS`` at the first
-sample after every worker has finished its steps and its queued work (it then holds still
-for 3 s before exiting); *peak* is the last ``VmHWM`` seen of the process.
+sample after every worker has finished its steps and its queued work and given its heap's
+free memory back (``malloc_trim(0)``; the servers do not), then holds still for 3 s before
+exiting; *peak* is the last ``VmHWM`` seen of the process.
 
 Jobs: for each model of ``--models`` (``mlp``: 1,863,690 float32 parameters, ``mid``:
-25,165,824, ``big``: 100,663,296), ``dist_sync`` and ``dist_delay`` at each k of ``--ks``
+33,554,432, ``big``: 100,663,296; the tensors of the last two, 64 MiB each, are above glibc's
+largest mmap threshold, so that temporaries freed leave the RSS), ``dist_sync`` and ``dist_delay`` at each k of ``--ks``
 (slack k, R = k + 1 slots) with each configuration of ``--configs`` (``plain``: float32
 pushes and pulls; ``fp16``: float16 pushes; ``ternary-int8``: ternary pushes and int8
 pulls), one job at a time; with ``--code NAME=PATH,...`` each ``dist_delay`` job once per
@@ -65,7 +67,7 @@ import report
 HERE, REPO = harness.HERE, harness.REPO
 
 NUM_WORKERS, NUM_SERVERS = 2, 2
-PARAMETERS = {'mlp': 1863690, 'mid': 6 * 2048 * 2048, 'big': 6 * 4096 * 4096}
+PARAMETERS = {'mlp': 1863690, 'mid': 2 * 4096 * 4096, 'big': 6 * 4096 * 4096}
 CONFIGS = ('plain', 'fp16', 'ternary-int8')
 MIB = 1 << 20
 MARGIN = 2 << 30
@@ -267,7 +269,8 @@ def write_markdown(meta, runs, rows, fits, path):
         '2 workers + 2 servers on loopback, one job at a time; SGD momentum 0.9; rule '
         '`mirror`; float32. Steady: VmRSS once every worker finished its steps and queued work '
         '(warm-up of %d steps, the switch and two whole periods, so every slot buffer was '
-        'used); peak: VmHWM. Formula: the model\'s arrays only (docs/design.md §2.3, §3.5), no '
+        'used) and gave its heap\'s free memory back (glibc\'s `malloc_trim(0)`; not the '
+        'servers); peak: VmHWM. Formula: the model\'s arrays only (docs/design.md §2.3, §3.5), no '
         'process overhead. Stock baseline verified in every process of every dist_sync job '
         '(no mxdelay import): **%s**.' % (WARMUP, 'yes' if meta['stock_ok'] else 'NO'), '']
     if codes:

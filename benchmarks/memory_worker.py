@@ -11,13 +11,15 @@ Usage (under a launcher): ``python memory_worker.py MODE K MODEL STEPS OUT_FOLDE
   ``fp16`` (``compression_params={'type': 'fp16'}``) or ``ternary-int8``
   (``compression_params={'type': 'ternary'}``, ``pull_compression={'type': 'int8'}``).
 - MODEL ``mlp``: the Fashion-MNIST MLP of ``examples/train_fashion_mnist.py`` (784-1024-1024-10,
-  1,863,690 parameters); ``mid``: 6 Dense layers of 2048 x 2048 (25,165,824 parameters);
+  1,863,690 parameters); ``mid``: 2 Dense layers of 4096 x 4096 (33,554,432 parameters);
   ``big``: 6 Dense layers of 4096 x 4096 (100,663,296 parameters).
   Data is synthetic (a pure function of rank and step); the optimizer is SGD with momentum
   0.9 for both modes.
 
 Each worker runs STEPS steps (with MODE ``delay`` the first ``WARMUP`` are the synchronous
-warm-up), waits for all its work (``nd.waitall``), writes ``steady-<rank>.json`` (its
+warm-up), waits for all its work (``nd.waitall``), gives the heap's free memory back to the
+system (glibc's ``malloc_trim(0)``: freed arrays below the mmap threshold would otherwise
+stay in the RSS, so that it counts the arrays the worker holds), writes ``steady-<rank>.json`` (its
 parameter count) into OUT_FOLDER and then sleeps ``HOLD`` seconds, so that the driver reads
 every process's memory in that steady state, before the job ends.
 """
@@ -42,6 +44,8 @@ provenance.record(OUT, MODE, stock=MODE != 'delay')
 if MODE == 'delay':
     import mxdelay  # noqa: F401,E402  before mxnet: the servers become mxdelay's
 
+import ctypes  # noqa: E402
+import ctypes.util  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
@@ -52,7 +56,8 @@ from mxnet import autograd, gluon, nd  # noqa: E402
 WARMUP = 3
 HOLD = 3.0
 BATCH = {'mlp': 64, 'mid': 8, 'big': 8}
-IN_UNITS = {'mlp': 784, 'mid': 2048, 'big': 4096}
+IN_UNITS = {'mlp': 784, 'mid': 4096, 'big': 4096}
+LAYERS = {'mid': 2, 'big': 6}
 #: CONFIG -> DelayedTrainer's compression arguments
 CONFIGS = {'plain': {},
            'fp16': {'compression_params': {'type': 'fp16'}},
@@ -68,7 +73,7 @@ def build(model):
                 gluon.nn.Dense(10, in_units=1024))
     else:
         units = IN_UNITS[model]
-        for _ in range(6):
+        for _ in range(LAYERS[model]):
             net.add(gluon.nn.Dense(units, activation='tanh', in_units=units, use_bias=False))
     net.initialize(mx.init.Xavier())
     return net
@@ -97,6 +102,7 @@ def main():
         trainer.step(BATCH[MODEL])
         loss.mean().asscalar()
     nd.waitall()
+    ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6').malloc_trim(0)
     count = sum(int(np.prod(p.shape)) for p in params.values())
     with open(os.path.join(OUT, 'steady-%d.json' % rank), 'w', encoding='utf-8') as dst:
         json.dump({'rank': rank, 'parameters': count, 'time': time.time()}, dst)
