@@ -23,12 +23,12 @@ __all__ = ['RowWire', 'RowBuffers']
 
 
 class RowBuffers(PullKeyBuffers):
-    """A tensor's receive buffers (:class:`PullKeyBuffers`) and, per chunk, the row_sparse
+    """A tensor's receive buffer (:class:`PullKeyBuffers`) and, per chunk, the row_sparse
     array that the empty pulls ordering a pull land in (``scratch``)."""
     __slots__ = ('scratch',)
 
-    def __init__(self, tensor, slots, shapes):
-        super(RowBuffers, self).__init__(tensor, slots)
+    def __init__(self, tensor, shapes):
+        super(RowBuffers, self).__init__(tensor)
         self.scratch = [nd.sparse.zeros('row_sparse', shape, dtype=np.float32)
                         for shape in shapes]
 
@@ -87,7 +87,7 @@ class RowWire(PullKeyWire):
         return keys, values, sizes
 
     def _receive_buffers(self, tensor):
-        return RowBuffers(tensor, self._slots, [self._shape(c) for c in tensor.chunks])
+        return RowBuffers(tensor, [self._shape(c) for c in tensor.chunks])
 
     @classmethod
     def finite_flag(cls, codec, flag):
