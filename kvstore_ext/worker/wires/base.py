@@ -252,7 +252,7 @@ class DenseWire(KeyKind):
         self._native.pull([c.pull_keys[slot] for c in tensor.chunks],
                           out=[list(views) for views in per_chunk], priority=priority)
         if last >= 0:
-            self._after_pull(tensor, slot)
+            self._after_pull(tensor, last)
         tensor.last_pulled = last
         if last < 0:
             # Before the first push the native store pulls into a buffer of its own, which no
@@ -293,8 +293,9 @@ class DenseWire(KeyKind):
         """Queue the pull of round `last` behind the completion of every earlier round."""
         raise NotImplementedError
 
-    def _after_pull(self, tensor, slot):
-        """The wire's engine ordering right after a pull of `slot` was queued: none here."""
+    def _after_pull(self, tensor, last):
+        """The wire's engine ordering right after the pull of round `last` was queued: none
+        here."""
 
     def order_after_pushes(self, tensor, last, targets):
         """Make the next write on each of `targets` (one-element arrays) wait until this

@@ -103,11 +103,12 @@ class PullKeyWire(DenseWire):
             ordering.follow(tensor.heads[slot], state.marks[index])
             state.pulled.discard(index)
 
-    def _after_pull(self, tensor, slot):
-        """Right after the pull of `slot`: its pull key's mark reads the receive buffer, so it
-        is written once that pull (and every earlier one) has returned, and not later pulls."""
+    def _after_pull(self, tensor, last):
+        """Right after the pull of round `last`: its pull key's mark reads the receive buffer,
+        so it is written once that pull (and every earlier one) has returned, and not later
+        pulls."""
         state = tensor.wire_state
-        ordering.follow(state.marks[state.index(slot)], state.head)
+        ordering.follow(state.marks[state.index(last)], state.head)
 
     def _received_in(self, tensor, slot):
         return tensor.wire_state.buffer
