@@ -14,8 +14,8 @@ exiting; *peak* is the last ``VmHWM`` seen of the process.
 
 Jobs: for each model of ``--models`` (``mlp``: 1,863,690 float32 parameters, ``mid``:
 33,554,432, ``big``: 100,663,296; the tensors of the last two, 64 MiB each, are above glibc's
-largest mmap threshold, so that temporaries freed leave the RSS), ``dist_sync`` and ``dist_delay`` at each k of ``--ks``
-(slack k, R = k + 1 slots) with each configuration of ``--configs`` (``plain``: float32
+largest mmap threshold, so that temporaries freed leave the RSS), ``dist_sync`` and
+``dist_delay`` at each k of ``--ks`` (slack k, R = k + 1 slots) with each configuration of ``--configs`` (``plain``: float32
 pushes and pulls; ``fp16``: float16 pushes; ``ternary-int8``: ternary pushes and int8
 pulls), one job at a time; with ``--code NAME=PATH,...`` each ``dist_delay`` job once per
 snapshot of the code (``PYTHONPATH=PATH`` in its processes, e.g. a ``git worktree`` of
@@ -270,8 +270,8 @@ def write_markdown(meta, runs, rows, fits, path):
         '`mirror`; float32. Steady: VmRSS once every worker finished its steps and queued work '
         '(warm-up of %d steps, the switch and two whole periods, so every slot buffer was '
         'used) and gave its heap\'s free memory back (glibc\'s `malloc_trim(0)`; not the '
-        'servers); peak: VmHWM. Formula: the model\'s arrays only (docs/design.md §2.3, §3.5), no '
-        'process overhead. Stock baseline verified in every process of every dist_sync job '
+        'servers); peak: VmHWM. Formula: the model\'s arrays only (docs/design.md §2.3, '
+        '§3.5), no process overhead. Stock baseline verified in every process of every dist_sync job '
         '(no mxdelay import): **%s**.' % (WARMUP, 'yes' if meta['stock_ok'] else 'NO'), '']
     if codes:
         lines += ['Code of the dist_delay jobs (`PYTHONPATH`, one job after the other in this '
@@ -280,7 +280,8 @@ def write_markdown(meta, runs, rows, fits, path):
     lines += report.table(
         'model | store | k | config | code | process | steady MiB | peak MiB | '
         'formula MiB (floats/param)', [
-            [r['model'], r['store'], r['k'] or '-', r['config'], r['code'], r['process'],
+            [r['model'], r['store'], r['k'] or '-', r.get('config', '-'), r.get('code', '-'),
+             r['process'],
              '%.0f' % r['steady_mib'], '%.0f' % r['peak_mib'],
              _formula_cell(r['formula_mib'], r['formula_floats_per_param'])]
             for r in rows] + [[run_['model'], run_['store'], run_['k'] or '-',
@@ -296,7 +297,8 @@ def write_markdown(meta, runs, rows, fits, path):
                   'MXNet, thread pools).', '']
         lines += report.table(
             'store | k | config | code | role | measured floats per parameter | formula | '
-            'fixed MiB', [[f['store'], f['k'] or '-', f['config'], f['code'], f['role'],
+            'fixed MiB', [[f['store'], f['k'] or '-', f.get('config', '-'), f.get('code', '-'),
+                           f['role'],
                            '%.2f' % f['measured_floats_per_param'],
                            '-' if f['formula_floats_per_param'] is None
                            else '%.3g' % f['formula_floats_per_param'],

@@ -5,8 +5,8 @@ timeout each; the checkpoint of a real job after step 5, one part forged and the
 given its true sha256, as a forger would): a worker file without one parameter's weight (a
 model with one more parameter than saved: a KeyError before), with ``schedule`` None (a
 TypeError before), a directory in place of the worker file, a rule state (the mirror's
-momentum) of another shape, a float64 weight (no silent cast), a server file whose chunk weight has one element
-less than registered. Each makes ``load_states`` raise the same ValueError on every worker,
+momentum) of another shape, a float64 weight (no silent cast), a server file whose chunk
+weight has one element less than registered. Each makes ``load_states`` raise the same ValueError on every worker,
 naming the file and the field, with nothing changed: the job then trains from step 0 bit
 for bit as a job whose load found no file (no half-apply anywhere). And a server that refuses
 the apply after every check passed (worker 0 sends it another save id) makes every worker raise,
