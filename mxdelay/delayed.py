@@ -307,7 +307,9 @@ class DelayedUpdate(object):
             self.observer.pull_received(s.param.name, t, datas[0])  # into the weights
             self.observer.pull_applied(s.param.name, t, datas[0])
             if switch:
-                s.pre_weight = datas[0].copy()                    # pre_weight := W_{W+1}
+                s.started = True
+                if rule.needs_grad_sync:
+                    s.pre_weight = datas[0].copy()                # pre_weight := W_{W+1}
                 s.rule_state = rule.create_state_for(s.index, datas[0],
                                                      datas[0] - before[s.index])
                 arrays = rule.server_state(datas[0], s.rule_state, s.index)
@@ -336,9 +338,11 @@ class DelayedUpdate(object):
             if applies:
                 s.pulled.copyto(weight)                          # 1. w' := W_t
                 observer.pull_applied(param.name, t - 1, weight)
-            grad_sync = weight - s.pre_weight if rule.needs_grad_sync else None
-            if applies:
-                weight.copyto(s.pre_weight)                      # 3. pre_weight := w'
+            grad_sync = None
+            if rule.needs_grad_sync:                              # (else no pre_weight)
+                grad_sync = weight - s.pre_weight
+                if applies:
+                    weight.copyto(s.pre_weight)                  # 3. pre_weight := w'
             ctx = RuleContext(lr=lr * param.lr_mult, wd=optimizer.wd * param.wd_mult,
                               momentum=getattr(optimizer, 'momentum', 0.0) or 0.0,
                               clip_gradient=_clip_gradient(optimizer),
@@ -352,12 +356,23 @@ class DelayedUpdate(object):
             for other in datas[1:]:
                 weight.copyto(other)                             # device copies stay equal
             if issues:
-                if s.pulled is None:
-                    s.pulled = nd.zeros_like(weight)
-                self._scheduled_pull(s.index, out=s.pulled, priority=s.priority)
+                self._pull_period(s, weight)
                 observer.pull_received(param.name, t, s.pulled)
         if issues:
             self.amp.after_pulls(self._parts.rounds)
+
+    def _pull_period(self, s, weight):
+        """Issue the pull that ends a period; ``s.pulled`` is where it lands. A dense key's
+        pull lands in memory the store keeps anyway (x̂, or its receive buffer), held until
+        the next step applies it: no pull buffer (docs/design.md §2.3); other keys' in an
+        array of `s`'s own, made once like `weight`."""
+        held = self._parts.rounds.pull_held(s.index, priority=s.priority)
+        if held is not None:
+            s.pulled = held
+            return
+        if s.pulled is None:
+            s.pulled = nd.zeros_like(weight)
+        self._scheduled_pull(s.index, out=s.pulled, priority=s.priority)
 
     def _local_learning_rate(self, optimizer, update):
         """``local_lr`` scaled by the optimizer's schedule at num_update ``update + 1``
@@ -414,6 +429,9 @@ class DelayedUpdate(object):
             # (gluon.Trainer.load_states adopts the saved optimizer too).
             self._gluon.adopt_optimizer(state['optimizer'])
             self._base_lr = state.get('base_lr', self._base_lr)
+        if not self.rule.needs_grad_sync:
+            for s in self.states:
+                s.pre_weight = None   # a file of a rule that read grad_sync: not read here
         self.amp.load_state_dict(state.get('amp'))
         self.schedule.step = state['schedule']['step']
         if self.schedule.step > self.schedule.warmup_steps:
