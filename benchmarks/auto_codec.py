@@ -55,7 +55,7 @@ def worker():
 
 
 _RATE = re.compile(r'link (\S+) Gbit/s \((\w+)\)')
-_ROW = re.compile(r'auto codec: (\S+)\s+wire\s+(\S+) ms \+ \S+ x codec CPU\s+(\S+) ms =\s+(\S+) ms')
+_ROW = re.compile(r'auto codec: (\S+)\s+wire\s+(\S+) ms \+ (\S+) x codec CPU\s+(\S+) ms =\s+(\S+) ms')
 _CHOSE = re.compile(r'chose (\S+) .*to repeat it pass (.*)$')
 
 
@@ -72,7 +72,8 @@ def parse_log(text):
         if match.re is _RATE:
             found['probed_gbit'] = float(match.group(1))
         elif match.re is _ROW:
-            found['estimates'][match.group(1)] = [float(v) for v in match.group(2, 3, 4)]
+            found['estimates'][match.group(1)] = [float(v) for v in match.group(2, 4, 5)]
+            found['cpu_weight'] = float(match.group(3))
         else:
             found['chosen'], found['arguments'] = match.group(1), match.group(2)
     return found
@@ -124,16 +125,16 @@ def report(meta, runs):
                 meta['start'], meta['end'], ', '.join('%.2f' % v for v in meta['load_start']),
                 ', '.join('%.2f' % v for v in meta['load_end'])),
              '- Machine: %(cores)s cores (%(cpu)s), Python %(python)s; shared' % meta['machine'],
-             '- Each estimate: wire ms + 5 x codec CPU ms = step ms (docs/design.md §2.16); the '
-             'job logs: `log-<rate>-r<round>.txt`', '',
+             '- Each cell: wire ms + (%s x the kernels\' CPU ms) = estimated step ms (docs/design.md §2.16); '
+             'the job logs: `log-<rate>-r<round>.txt`' % runs[0].get('cpu_weight'), '',
              '| link (tbf) | round | TCP stream Gbit/s | probed Gbit/s | %s | chosen |'
              % ' | '.join(names), '|---|---:|---:|---:|%s---|' % ('---:|' * len(names))]
     for row in runs:
         cells = []
         for name in names:
             wire, cpu, total = row['estimates'].get(name, (None, None, None))
-            cells.append('-' if total is None else '%.1f + 5 x %.1f = **%.1f**'
-                         % (wire, cpu, total))
+            cells.append('-' if total is None else '%.1f + %.1f = **%.1f**'
+                         % (wire, row['cpu_weight'] * cpu, total))
         lines.append('| %s | %d | %.2f | %s | %s | %s |' % (
             row['rate'], row['round'], row['tcp_gbit'],
             '%.2f' % row['probed_gbit'] if 'probed_gbit' in row else 'exit %s' % row['exit'],

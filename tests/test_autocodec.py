@@ -31,7 +31,7 @@ from support.stores import offline_store
 
 MLP = [784 * 1024, 1024, 1024 * 1024, 1024, 1024 * 10, 10]
 #: The kernels' CPU seconds per step of the MLP, as measured on this machine (about).
-CPU = {'none': 0.0, 'fp16': 0.002, 'fp16+int8': 0.003, 'ternary+int8': 0.009}
+CPU = {'none': 0.0, 'fp16': 0.0013, 'fp16+int8': 0.0017, 'ternary+int8': 0.0045}
 ALL = tuple(c.name for c in autocodec.CANDIDATES)
 
 
@@ -62,7 +62,7 @@ def test_the_estimate_is_the_busiest_link_plus_weighted_cpu():
     assert cpu == 0 and total == wire
     assert wire == pytest.approx(2 * 4 * sum(MLP) * (1 + 1 / 4.0) / 1.25e8)
     wire, cpu, total = table(1e9)['ternary+int8']
-    assert total == pytest.approx(wire + autocodec.CPU_WEIGHT * 0.009)
+    assert total == pytest.approx(wire + autocodec.CPU_WEIGHT * 0.0045)
 
 
 @pytest.mark.parametrize('optimizer, never', [('adam', ('fp16+int8', 'ternary+int8')),
@@ -100,7 +100,7 @@ def test_the_probe_rate_is_the_slope(monkeypatch):
         return 0.005 + 8e-9 * nbytes + (1e-4 if len(sent) % 3 else 0.0)
     monkeypatch.setattr(autocodec, '_timed', timed)
     assert autocodec.probe_rate(sent.append, 2) == pytest.approx(2 / 8e-9)
-    assert sorted(set(sent)) == list(autocodec._PROBE_BYTES) and len(sent) == 12
+    assert sorted(set(sent)) == list(autocodec._PROBE_BYTES) and len(sent) == 6
     monkeypatch.setattr(autocodec, '_timed', lambda send, nbytes: 0.005)
     assert autocodec.probe_rate(sent.append, 1) == float('inf')   # too fast to see: none
 

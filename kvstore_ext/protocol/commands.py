@@ -146,15 +146,17 @@ def decode_command(text, key=None):
         raise ValueError('command %s has a malformed JSON body: %s' % (name, err)) from None
 
 
+_PROBE_HEAD = '%s%s ' % (COMMAND_PREFIX, Command.PROBE.value)
+
+
 def probe_text(nbytes):
     """The text of a PROBE command of `nbytes` bytes (NUL-free, as command id 0 needs)."""
-    head = '%s%s ' % (COMMAND_PREFIX, Command.PROBE.value)
-    return head + 'x' * max(nbytes - len(head), 0)
+    return _PROBE_HEAD + 'x' * max(nbytes - len(_PROBE_HEAD), 0)
 
 
 def is_probe(text):
     """Whether the command text `text` (bytes) is a PROBE: the servers answer it unread."""
-    return text.startswith(b'mxdelay:probe ')
+    return text.startswith(_PROBE_HEAD.encode('ascii'))
 
 
 def command_rank(text):
