@@ -11,8 +11,8 @@ the arguments, the servers' side of the hand-shake, and real jobs.
 - Jobs (2 workers, 1 server): 'auto' with the link pinned (MXDELAY_AUTO_CODEC_LINK) chooses
   ternary + int8 pulls at 100 Mbit/s with SGD, fp16 with Adam, and none at 1 Tbit/s, and
   trains bit for bit like the same job given the arguments it logged (and unlike one
-  without codecs); with the probe for real, the probe's rate and
-  the choice are logged.
+  without codecs); with the probe for real (2 servers), the probe's rate and the choice
+  are logged, and the workers end with the same global model.
 """
 import ast
 import json
@@ -181,12 +181,12 @@ def test_the_server_answers_a_probe_unread_before_anything_else():
 
 
 # -- real jobs ---------------------------------------------------------------------------------
-def run_auto_job(tmp_path, config, env=None):
+def run_auto_job(tmp_path, config, env=None, num_servers=1):
     out = tmp_path / 'out'
     out.mkdir(parents=True)
     from support.reference_jobs import SCRIPTS  # pylint: disable=import-outside-toplevel
     result = run_job([sys.executable, '%s/autocodec_job.py' % SCRIPTS, json.dumps(config),
-                      str(out)], num_workers=2, env=env, timeout=180)
+                      str(out)], num_workers=2, num_servers=num_servers, env=env, timeout=180)
     assert_ok(result)
     weights = {rank: dict(np.load(str(out / ('worker%d.npz' % rank)))) for rank in (0, 1)}
     lines = [line for rank in (0, 1) for line in worker_lines(result.stderr, rank)
@@ -228,7 +228,11 @@ def test_pinned_auto_trains_like_its_logged_arguments_bit_for_bit(tmp_path, bits
 
 @pytest.mark.jobs
 def test_probed_auto_logs_the_rate_and_the_choice(tmp_path):
-    _, lines = run_auto_job(tmp_path, {'compression': 'auto', 'optimizer': 'adam'})
+    # Two servers: each takes rank 0's layout and answers the probes.
+    weights, lines = run_auto_job(tmp_path, {'compression': 'auto', 'optimizer': 'adam'},
+                                  num_servers=2)
+    for key in weights[0]:    # after sync_weights, the servers' model on both workers
+        np.testing.assert_array_equal(weights[0][key], weights[1][key], err_msg=key)
     probed = [line for line in lines if '(probed)' in line]
     assert len(probed) == 1, lines
     rate = float(re.search(r'link (\S+) Gbit/s', probed[0]).group(1))
