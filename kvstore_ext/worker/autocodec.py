@@ -64,8 +64,8 @@ _OTHER = (('none', 'fp16'), _FP16_ROW + '; no accuracy row for this optimizer wi
 #: summary.md, MLP, 2 workers, 1 server, k=4) ternary + int8 pulls took 65 ms a step less
 #: than k=4 alone at 1gbit (136 against 201 ms: 256 samples at 1882 and 1272 samples/s)
 #: where they save 114 ms of wire (the server link's byte floor, 122 against 8 ms): 49 ms
-#: of cost, about 11x the 4-5 ms their kernels take for that model at their fastest
-#: (docs/benchmarks/auto-codec/results.md). At 10gbit the same comparison gives about 23x,
+#: of cost, about 10x the 4-7 ms their kernels take for that model at their fastest
+#: (docs/benchmarks/auto-codec/results.md). At 10gbit the same comparison gives about 20x,
 #: on a machine loaded twice as much.
 CPU_WEIGHT = 10.0
 #: A codec is chosen only when its estimated step is at most this share of no codec's: the
