@@ -78,6 +78,10 @@ VARIABLES = {
     'MXDELAY_TIMELINE': (None, 'Path prefix: every DelayedTrainer records MXDELAY_TIMELINE_STEPS steps, '
                                'from its second (the first sends the initial weights), with MXNet\'s profiler into PREFIX.rank<i>.json (i: the '
                                "trainer's rank); read them with python -m mxdelay.trace. Unset: off."),
+    'MXDELAY_AUTO_CODEC_LINK': (None, "Tests and benchmarks: a link rate in bit/s (e.g. 1e9) that "
+                                      "compression_params='auto' takes instead of probing the "
+                                      'link to the servers (rank 0 reads it; the codecs\' CPU is '
+                                      'still measured). Unset: probed.'),
     'MXDELAY_TIMELINE_STEPS': ('20', 'Steps that MXDELAY_TIMELINE records (an integer >= 1).'),
     'MXDELAY_LOG_EVERY': ('0', 'N: every DelayedTrainer logs (INFO) a line every N steps: '
                                'samples/s, the share of the time spent waiting for '
@@ -113,6 +117,7 @@ MINIMUMS = {
     'MXDELAY_LOCAL_SIZE': (1, 'the number of workers on this host; mxdelay-launch sets it'),
     'MXNET_KVSTORE_BIGARRAY_BOUND': (1, 'elements'),
     'MXDELAY_TIMELINE_STEPS': (1, 'steps to record'),
+    'MXDELAY_AUTO_CODEC_LINK': (1, 'bits per second of the link'),
     'MXDELAY_LOG_EVERY': (0, 'steps between two log lines; 0 is off'),
     'MXDELAY_CHECKPOINT_EVERY': (1, 'steps between two checkpoints'),
     'MXDELAY_KEEP_CHECKPOINTS': (1, 'checkpoints to keep'),

@@ -7,7 +7,7 @@ from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
 from kvstore_ext.typenames import STORE_TYPE
 from kvstore_ext.worker.dist_delay import DistDelay
 
-__all__ = ['check_kvstore', 'check_batch_size', 'refuse_compressed_sparse_grads',
+__all__ = ['check_kvstore', 'check_auto_codec', 'check_batch_size', 'refuse_compressed_sparse_grads',
            'refuse_compressed_pulls', 'parameter_names']
 
 
@@ -41,6 +41,29 @@ def check_kvstore(kvstore, update_on_kvstore):
         raise ValueError("update_on_kvstore=False cannot be used with kvstore='dist_delay': "
                          'the servers apply the optimizer once per round; leave it None')
     return dist_delay
+
+
+def check_auto_codec(compression_params, pull_compression):
+    """Whether the codecs are ``'auto'`` (docs/design.md §2.16): ``compression_params='auto'``
+    with `pull_compression` None or ``'auto'``.
+
+    Raises
+    ------
+    ValueError
+        For ``'auto'`` with a pull codec, or ``pull_compression='auto'`` without
+        ``compression_params='auto'``, naming both and the fix.
+    """
+    auto = isinstance(compression_params, str) and compression_params == 'auto'
+    pull_auto = isinstance(pull_compression, str) and pull_compression == 'auto'
+    if auto and not (pull_compression is None or pull_auto):
+        raise ValueError("compression_params='auto' chooses the pull codec too, but "
+                         'pull_compression=%r; pass pull_compression=None (or \'auto\'), or '
+                         'give both codecs yourself' % (pull_compression,))
+    if pull_auto and not auto:
+        raise ValueError("pull_compression='auto' is chosen together with the push codec, but "
+                         "compression_params=%r; pass compression_params='auto' too, or a "
+                         'pull codec such as {\'type\': \'int8\'}' % (compression_params,))
+    return auto
 
 
 def check_batch_size(batch_size):

@@ -22,6 +22,7 @@ import numpy as np
 from mxnet import autograd, nd
 
 from kvstore_ext.checkpoint.host_copies import HostCopies
+from kvstore_ext.worker import autocodec
 
 from . import steplog, traffic, worker_state
 from .loss_scaling import amp_policy
@@ -84,7 +85,7 @@ class DelayedUpdate(object):
     """
 
     def __init__(self, gluon, schedule, states, registration_order, rule, local_lr, slack,
-                 pull_codec):
+                 pull_codec, auto_codec=False):
         self.schedule, self.states, self.rule = schedule, states, rule
         self._named = {s.param.name: s for s in states}
         self.order = ForwardOrder(states, registration_order)
@@ -95,6 +96,7 @@ class DelayedUpdate(object):
         self._local_lr = local_lr
         self._base_lr = gluon.optimizer.learning_rate   # what local_lr is scaled against
         self._slack, self._pull_codec = slack, pull_codec
+        self._auto_codec = auto_codec   # compression_params='auto' (docs/design.md §2.16)
         self._kv = self._parts = None
         self._rule_gradient = self._scheduled_pull = self._exchange = None
         self._logged_phase = None
@@ -112,6 +114,20 @@ class DelayedUpdate(object):
                                            for s in self.states if s.trained}))
         settings.configure(slack=max(self._slack, settings.slack), state_keys=state_keys)
         # The kvstore adds its optimizer's description to the hand-shake.
+        if self._auto_codec:
+            # The hand-shake chooses the codecs; the data path follows at the first step.
+            settings.set_auto_codec(autocodec.Request(self._model_sizes, self.schedule.delay,
+                                                      self._codec_restriction))
+        else:
+            self._choose_data_path()
+        settings.set_config(delay=self.schedule.delay, warmup_steps=self.schedule.warmup_steps,
+                            local_rule=repr(self.rule), local_lr=self._local_lr,
+                            amp=self.amp.enabled)
+
+    def _choose_data_path(self):
+        """The callables of the data path, which depend on the codecs: at :meth:`connect`,
+        or with compression_params='auto' at the first step, once the hand-shake chose."""
+        settings, rounds, kv = self._parts.settings, self._parts.rounds, self._kv
         # The local rule's g: this worker's gradient, or with compression what it sent (so
         # that with one worker the local step is the servers' step, docs/design.md §1.4).
         self._rule_gradient = _own_gradient if settings.compression is None \
@@ -134,9 +150,21 @@ class DelayedUpdate(object):
         # while later tensors' pushes still arrive (docs/design.md §8); with compressed pulls
         # the push and the compressed pull of the same round (§2.12).
         self._exchange = self._push_and_pull_compressed if pull_codec else kv.pushpull
-        settings.set_config(delay=self.schedule.delay, warmup_steps=self.schedule.warmup_steps,
-                            local_rule=repr(self.rule), local_lr=self._local_lr,
-                            amp=self.amp.enabled)
+
+    def _model_sizes(self):
+        # compression_params='auto': the trained tensors' sizes, at the hand-shake (after
+        # the first forward has fixed deferred shapes).
+        return [s.param.list_data()[0].size for s in self.states if s.trained]
+
+    def _codec_restriction(self):
+        """Why compression_params='auto' may choose no codec, or None."""
+        if self.amp.enabled:
+            return 'AMP: the codecs need float32 gradients, compressed pulls refuse AMP'
+        if any(s.gradient.sparse for s in self.states):
+            return 'row_sparse gradients: the codecs push dense gradients only'
+        if any(np.dtype(s.param.dtype) != np.float32 for s in self.states if s.trained):
+            return 'a parameter is not float32: the codecs compress float32 only'
+        return None
 
     # -- the store ----------------------------------------------------------------------------
     @property
@@ -241,6 +269,8 @@ class DelayedUpdate(object):
 
     def _advance(self):
         """Push this worker's gradients as round t and make step t's update."""
+        if self._exchange is None:   # compression_params='auto': the hand-shake has chosen
+            self._choose_data_path()
         t = self.schedule.step
         self._log_phase(t)
         synchronous = self.schedule.is_synchronous(t)
@@ -307,7 +337,9 @@ class DelayedUpdate(object):
             self.observer.pull_received(s.param.name, t, datas[0])  # into the weights
             self.observer.pull_applied(s.param.name, t, datas[0])
             if switch:
-                s.pre_weight = datas[0].copy()                    # pre_weight := W_{W+1}
+                s.started = True
+                if rule.needs_grad_sync:
+                    s.pre_weight = datas[0].copy()                # pre_weight := W_{W+1}
                 s.rule_state = rule.create_state_for(s.index, datas[0],
                                                      datas[0] - before[s.index])
                 arrays = rule.server_state(datas[0], s.rule_state, s.index)
@@ -336,9 +368,11 @@ class DelayedUpdate(object):
             if applies:
                 s.pulled.copyto(weight)                          # 1. w' := W_t
                 observer.pull_applied(param.name, t - 1, weight)
-            grad_sync = weight - s.pre_weight if rule.needs_grad_sync else None
-            if applies:
-                weight.copyto(s.pre_weight)                      # 3. pre_weight := w'
+            grad_sync = None
+            if rule.needs_grad_sync:                              # (else no pre_weight)
+                grad_sync = weight - s.pre_weight
+                if applies:
+                    weight.copyto(s.pre_weight)                  # 3. pre_weight := w'
             ctx = RuleContext(lr=lr * param.lr_mult, wd=optimizer.wd * param.wd_mult,
                               momentum=getattr(optimizer, 'momentum', 0.0) or 0.0,
                               clip_gradient=_clip_gradient(optimizer),
@@ -352,12 +386,23 @@ class DelayedUpdate(object):
             for other in datas[1:]:
                 weight.copyto(other)                             # device copies stay equal
             if issues:
-                if s.pulled is None:
-                    s.pulled = nd.zeros_like(weight)
-                self._scheduled_pull(s.index, out=s.pulled, priority=s.priority)
+                self._pull_period(s, weight)
                 observer.pull_received(param.name, t, s.pulled)
         if issues:
             self.amp.after_pulls(self._parts.rounds)
+
+    def _pull_period(self, s, weight):
+        """Issue the pull that ends a period; ``s.pulled`` is where it lands. A dense key's
+        pull lands in memory the store keeps anyway (x̂, or its receive buffer), held until
+        the next step applies it: no pull buffer (docs/design.md §2.3); other keys' in an
+        array of `s`'s own, made once like `weight`."""
+        held = self._parts.rounds.pull_held(s.index, priority=s.priority)
+        if held is not None:
+            s.pulled = held
+            return
+        if s.pulled is None:
+            s.pulled = nd.zeros_like(weight)
+        self._scheduled_pull(s.index, out=s.pulled, priority=s.priority)
 
     def _local_learning_rate(self, optimizer, update):
         """``local_lr`` scaled by the optimizer's schedule at num_update ``update + 1``
@@ -414,6 +459,9 @@ class DelayedUpdate(object):
             # (gluon.Trainer.load_states adopts the saved optimizer too).
             self._gluon.adopt_optimizer(state['optimizer'])
             self._base_lr = state.get('base_lr', self._base_lr)
+        if not self.rule.needs_grad_sync:
+            for s in self.states:
+                s.pre_weight = None   # a file of a rule that read grad_sync: not read here
         self.amp.load_state_dict(state.get('amp'))
         self.schedule.step = state['schedule']['step']
         if self.schedule.step > self.schedule.warmup_steps:

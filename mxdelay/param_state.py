@@ -44,24 +44,30 @@ class ParamState(object):
     priority : int
         Push and pull priority: the parameter the forward reads first gets the highest
         (docs/design.md §8); 0 until the first step decides it.
+    started : bool
+        Whether the switch has given it a rule state (and a ``pre_weight``, if the rule
+        reads ``grad_sync``).
     pre_weight : NDArray or None
-        The weights of the last applied pull (set at the switch).
+        The weights of the last applied pull (set at the switch), kept only for a rule that
+        reads ``grad_sync`` (docs/design.md §2.3).
     rule_state : object
         The local rule's state (set at the switch; None before, or the rule's own None).
     pulled : NDArray or None
-        Target of the period's pull, applied at the next step.
+        Where the period's pull lands, applied at the next step: for a dense key memory the
+        store keeps anyway (``Rounds.pull_held``), else an array of its own.
     grad_sum : NDArray or None
         The gradient summed over the worker's devices (more than one device only).
     """
 
-    __slots__ = ('index', 'param', 'gradient', 'priority', 'pre_weight', 'rule_state',
-                 'pulled', 'grad_sum')
+    __slots__ = ('index', 'param', 'gradient', 'priority', 'started', 'pre_weight',
+                 'rule_state', 'pulled', 'grad_sum')
 
     def __init__(self, index, param, gradient):
         self.index = index
         self.param = param
         self.gradient = gradient
         self.priority = 0
+        self.started = False
         self.pre_weight = None
         self.rule_state = None
         self.pulled = None
@@ -77,11 +83,6 @@ class ParamState(object):
         """Whether the parameter is an aux state (``differentiable=False``: BatchNorm's
         running mean and variance), averaged by ``sync_weights(aux_states=True)``."""
         return is_aux(self.param)
-
-    @property
-    def started(self):
-        """Whether the switch gave it ``pre_weight`` and a rule state."""
-        return self.pre_weight is not None
 
     def weights(self):
         """The arrays that hold w': the parameter's data on every device."""

@@ -73,7 +73,13 @@ class DelayedTrainer(gluon.Trainer):
         only), or ``{'type': 'int8' | 'int4' | 'ternary', 'block_size': 256}`` (8, 4 or 1.6
         bits a value plus a float32 scale per block, with error feedback; float32 dense
         parameters, no AMP; docs/design.md §2.14). In the delayed phase the local rule steps with what the worker sent. Checked
-        at construction.
+        at construction. ``'auto'``: the first step chooses the push and the pull codec
+        (pull_compression must then be None or ``'auto'``) among none, ``'fp16'``,
+        ``'fp16'`` + int8 pulls and ``'ternary'`` + int8 pulls, as far as docs/tuning.md's
+        accuracy rows support them for the optimizer, from the link to the servers (probed)
+        and the codecs' CPU for this model, estimated per step; a codec only where it beats
+        none clearly. Worker 0 chooses for the job and logs, at INFO, its estimates and the
+        arguments that pin its choice (docs/design.md §2.16, docs/tuning.md).
     update_on_kvstore : bool or None, default None
         Must not be False with ``'dist_delay'``: the servers own the global update.
     delay : int, default 4
@@ -99,7 +105,8 @@ class DelayedTrainer(gluon.Trainer):
         every worker then holds the same pulled model, which lags ``W`` by what was not sent
         yet (it goes out with the next pull). ``sync_weights`` and checkpoints stay exact.
         With any compression_params (float16 pushes too); not with AMP or row_sparse
-        parameters (docs/design.md §2.12).
+        parameters (docs/design.md §2.12). ``'auto'`` (or None) with
+        ``compression_params='auto'``: chosen with it.
     checkpoint_dir, checkpoint_every, keep_checkpoints : str, int, int, optional
         Save checkpoints every N steps, resume from the newest (:mod:`mxdelay.autosave`).
 
@@ -137,6 +144,9 @@ class DelayedTrainer(gluon.Trainer):
                               '(slack >= delay=%d)' % delay)
             check_rounds('slack', slack)
         dist_delay = arguments.check_kvstore(kvstore, update_on_kvstore)
+        auto_codec = arguments.check_auto_codec(compression_params, pull_compression)
+        if auto_codec:   # the hand-shake chooses both (docs/design.md §2.16)
+            compression_params = pull_compression = None
         # Compression is validated here, at construction; once the store exists, its own
         # parsed codec (kvstore.delayed.settings.compression) is the one the trainer asks.
         compressed = codecs.parse(compression_params) if dist_delay else None
@@ -163,7 +173,7 @@ class DelayedTrainer(gluon.Trainer):
                     compressed.check_dtype('parameter %s' % s.param.name, s.param.dtype)
         # The delayed update: the mode of 'dist_delay', which owns its state from here on.
         self._delayed = DelayedUpdate(GluonState(self), schedule, states, registration_order, rule,
-                                      local_lr, slack, pull_codec)
+                                      local_lr, slack, pull_codec, auto_codec and dist_delay)
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)

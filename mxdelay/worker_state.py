@@ -94,7 +94,8 @@ def collect(kv, parts, schedule, optimizer, base_lr, states, amp, to_host=None):
         'rank': kv.rank,
         'schedule': schedule.state_dict(), 'rescale_grad': optimizer.rescale_grad,
         'weights': {s.index: to_host(s.weights()[0]) for s in states},
-        'pre_weight': {s.index: to_host(s.pre_weight) for s in states if s.started},
+        'pre_weight': {s.index: to_host(s.pre_weight) for s in states
+                       if s.pre_weight is not None},
         'pulled': {s.index: to_host(s.pulled) for s in states if s.pulled is not None},
         'rule_state': {s.index: _to_numpy(s.rule_state, to_host) for s in states
                        if s.started},
@@ -343,6 +344,7 @@ def restore_arrays(state, states, ctx):
         # Not Parameter.set_data: it resets the trainer's kvstore (impossible when dist).
         for data in s.weights():
             data[:] = state['weights'][s.index]
+        s.started = s.index in state['rule_state']   # saved for every started state
         s.pre_weight = _from_numpy(state['pre_weight'].get(s.index), ctx)
         s.pulled = _from_numpy(state['pulled'].get(s.index), ctx)
         s.rule_state = _from_numpy(state['rule_state'].get(s.index), ctx)

@@ -36,6 +36,8 @@ import report  # noqa: E402
 import scaling  # noqa: E402
 import tta  # noqa: E402
 import tta_real  # noqa: E402
+import tta_report  # noqa: E402
+import tta_setup  # noqa: E402
 # pylint: enable=wrong-import-position
 
 LAUNCHER = os.path.join(REPO, 'mxdelay', 'launcher.py')
@@ -528,10 +530,10 @@ def test_tta_workers_and_servers_reach_every_job(tmp_path, launched, monkeypatch
     assert phase[2:6] == ['-n', '4', '-s', '2'] and nodes == [7]
     settings = report.read_json(os.path.join(out, 'meta-full.json'))['settings']
     assert (settings['workers'], settings['servers'], settings['eval_every']) == (4, 2, 39)
-    assert tta._job_shape({'full': {'settings': settings}}) == [4, 2]
-    assert tta._job_shape({'full': {'settings': {}}}) == [2, 1]  # folders from before
+    assert tta_setup.job_shape({'full': {'settings': settings}}) == [4, 2]
+    assert tta_setup.job_shape({'full': {'settings': {}}}) == [2, 1]  # folders from before
     with pytest.raises(ValueError, match='ran different jobs'):
-        tta._job_shape({'full': {'settings': settings}, 'phases': {'settings': {}}})
+        tta_setup.job_shape({'full': {'settings': settings}, 'phases': {'settings': {}}})
 
 
 def test_tta_method_epochs_reach_each_job(tmp_path, launched):
@@ -884,7 +886,7 @@ def _tta_folder(out, real=True):
 def test_tta_report_of_real_runs(tmp_path):
     out = str(tmp_path / 'out')
     _tta_folder(out)
-    result = tta.build_report(out, real_target=('accuracy', 0.82))
+    result = tta_report.build_report(out, real_target=('accuracy', 0.82))
     real = result['real']
     assert (real['target'], real['target_definition']) == (0.82, 'test accuracy 0.82 '
                                                                   '(--real-target)')
@@ -911,7 +913,7 @@ def test_tta_report_of_real_runs(tmp_path):
     assert 'no: up to 0.0100 apart' in text and '### Real runs (shaped links)' in text
     # The default target, dist_sync's mean at the end of epoch 1 (0.83, 0.835): 0.8325 is
     # after the real runs' only epoch.
-    real = tta.build_report(out)['real']
+    real = tta_report.build_report(out)['real']
     assert real['target'] == pytest.approx(0.8325, abs=1e-12)
     assert real['target_definition'] == ("mean over seeds 1, 2 of dist_sync's test accuracy "
                                          'after epoch 1 (full runs)')
@@ -920,13 +922,13 @@ def test_tta_report_of_real_runs(tmp_path):
     with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
         assert 'not reached (0.8300 at step 234)' in src.read()
     with pytest.raises(ValueError, match='--real-target epoch6: the full runs'):
-        tta.build_report(out, real_target=('epoch', 6))
+        tta_report.build_report(out, real_target=('epoch', 6))
 
 
 def test_tta_report_without_real_runs_is_unchanged(tmp_path):
     out = str(tmp_path / 'out')
     _tta_folder(out, real=False)
-    result = tta.build_report(out)
+    result = tta_report.build_report(out)
     assert 'real' not in result and 'real' not in result['metas']
     with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
         text = src.read()
@@ -944,16 +946,25 @@ def test_tta_real_target_option():
             tta.real_target(bad)
 
 
-def test_tta_report_leaves_out_methods_of_fewer_seeds(tmp_path, monkeypatch):
+@pytest.fixture
+def tta_methods():
+    """tta's methods (one dict, shared by tta.py and its report), as they were after the test
+    (the report adds the methods a folder's runs name)."""
+    before = dict(tta_setup.METHODS)
+    yield tta_setup.METHODS
+    tta_setup.METHODS.clear()
+    tta_setup.METHODS.update(before)
+
+
+def test_tta_report_leaves_out_methods_of_fewer_seeds(tmp_path, tta_methods):
     # A method with full runs of seed 1 only (of seeds 1, 2) has no mean over the seeds: it is
     # named, and left out of the tables over seeds, instead of failing the report.
-    monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS))
     out = str(tmp_path / 'out')
     _tta_folder(out, real=False)
     evals = report.read_csv(os.path.join(out, 'full-evals.csv'))
     extra = [dict(e, method='k8') for e in evals if e['method'] == 'k4' and e['seed'] == 1]
     report.write_csv(os.path.join(out, 'full-evals.csv'), evals + extra)
-    result = tta.build_report(out)
+    result = tta_report.build_report(out)
     assert result['partial'] == {'k8': [1]}
     assert sorted(result['accuracy']) == ['k4', 'sync']
     with open(os.path.join(out, 'results.md'), encoding='utf-8') as src:
@@ -966,24 +977,24 @@ WARMUPS = ('k4-fp16-pull-int8', 'k4-fp16-pull-int8-w50', 'k8-fp16-pull-int8-w0',
            'k4-fp16-pull-int8-w100')
 
 
-def test_warmup_in_derived_time(monkeypatch):
-    monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS, **harness.methods(*WARMUPS)))
+def test_warmup_in_derived_time(tta_methods):
+    tta_methods.update(harness.methods(*WARMUPS))
     times = {'first_step_s': 10.0, 'sync_step_ms': 800.0, 'delayed_step_ms': 700.0}
     # step n: first step + (min(n, W + 1) - 1) synchronous steps + the rest delayed
-    assert tta.derived_time(1170, 'k4-fp16-pull-int8', times) == pytest.approx(
+    assert tta_report.derived_time(1170, 'k4-fp16-pull-int8', times) == pytest.approx(
         10 + 200 * 0.8 + 969 * 0.7)
-    assert tta.derived_time(1170, 'k4-fp16-pull-int8-w50', times) == pytest.approx(
+    assert tta_report.derived_time(1170, 'k4-fp16-pull-int8-w50', times) == pytest.approx(
         10 + 50 * 0.8 + 1119 * 0.7)
-    assert tta.derived_time(1170, 'k8-fp16-pull-int8-w0', times) == pytest.approx(
+    assert tta_report.derived_time(1170, 'k8-fp16-pull-int8-w0', times) == pytest.approx(
         10 + 1169 * 0.7)
-    assert tta.derived_time(30, 'k4-fp16-pull-int8-w100', times) == pytest.approx(10 + 29 * 0.8)
-    assert tta.derived_time(1170, 'sync', times) == pytest.approx(10 + 1169 * 0.8)
+    assert tta_report.derived_time(30, 'k4-fp16-pull-int8-w100', times) == pytest.approx(10 + 29 * 0.8)
+    assert tta_report.derived_time(1170, 'sync', times) == pytest.approx(10 + 1169 * 0.8)
 
 
-def test_report_takes_phases_of_the_same_job(tmp_path, monkeypatch):
+def test_report_takes_phases_of_the_same_job(tmp_path, tta_methods):
     # Accuracy runs of k=4 with W=200 and W=50, phase runs of W=200 only: W=50's derived time
     # uses W=200's step times, and the report says so.
-    monkeypatch.setattr(tta, 'METHODS', dict(tta.METHODS, **harness.methods(*WARMUPS)))
+    tta_methods.update(harness.methods(*WARMUPS))
     out = str(tmp_path)
     evals, runs, phases = [], [], []
     for method, accs in (('sync', (0.80, 0.90)), ('k4-fp16-pull-int8', (0.81, 0.89)),
@@ -1004,7 +1015,7 @@ def test_report_takes_phases_of_the_same_job(tmp_path, monkeypatch):
     report.write_csv(os.path.join(out, 'full-evals.csv'), evals)
     report.write_csv(os.path.join(out, 'full-runs.csv'), runs)
     report.write_csv(os.path.join(out, 'phases-runs.csv'), phases)
-    result = tta.build_report(out)
+    result = tta_report.build_report(out)
     assert result['target'] == pytest.approx(0.90)
     assert result['steps_to_target'] == {
         'sync': [dict(step=1170, epoch=5, test_acc=0.90)] * 2,

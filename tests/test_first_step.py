@@ -176,8 +176,8 @@ def test_the_first_steps_pull_keys_one_per_chunk_with_compressed_pulls(monkeypat
 def test_with_one_pull_key_every_push_after_an_exact_pull_waits_for_it(monkeypatch, push):
     # One pull key holds W after every round, written in place: an exact pull of round t must
     # be served before round t + 1 is applied, so the next push, whatever its slot, first
-    # waits in MXNet's engine for that pull (a write of its send buffer that reads the
-    # receive buffer), once; with R pull keys (no compressed pulls) only a push into the
+    # waits in MXNet's engine for that pull (a write of its send buffer that reads the pull
+    # key's mark, written right after the pull), once; with R pull keys (no compressed pulls) only a push into the
     # pulled round's slot does (design §2.11).
     from kvstore_ext.worker.wires import pull_keys
     monkeypatch.setenv('MXDELAY_SLACK', '2')
@@ -199,12 +199,14 @@ def test_with_one_pull_key_every_push_after_an_exact_pull_waits_for_it(monkeypat
             store.push(0, grad)
             if rnd in (0, 1):
                 store.pull(0, out=out)   # exact, reads the one pull key
-            # (whether it read the one receive buffer, wrote this push's send buffer)
-            waits.append([(source.handle.value == state.heads[0].handle.value,
+            # Of the writes on a send buffer (not the marks' own, after each pull): whether
+            # it read the one pull key's mark, whether it wrote this push's send buffer.
+            sends = {h.handle.value for h in tensor.heads}
+            waits.append([(source.handle.value == state.marks[0].handle.value,
                            target.handle.value == tensor.heads[rnd % 3].handle.value)
-                          for target, source in follows])
+                          for target, source in follows if target.handle.value in sends])
             del follows[:]
-        return [len(tensor.chunks[0].pull_keys), len(state.buffers)], waits
+        return [len(tensor.chunks[0].pull_keys), len(state.marks)], waits
 
     _, results = run_workers(1, work)
     counts, waits = results[0]

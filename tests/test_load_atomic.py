@@ -4,9 +4,9 @@ What is tested, in real jobs (2 workers, 1 server, tests/scripts/ckpt_kill_job.p
 timeout each; the checkpoint of a real job after step 5, one part forged and the indexes
 given its true sha256, as a forger would): a worker file without one parameter's weight (a
 model with one more parameter than saved: a KeyError before), with ``schedule`` None (a
-TypeError before), a directory in place of the worker file, a ``pre_weight`` of another
-shape, a float64 weight (no silent cast), a server file whose chunk weight has one element
-less than registered. Each makes ``load_states`` raise the same ValueError on every worker,
+TypeError before), a directory in place of the worker file, a rule state (the mirror's
+momentum) of another shape, a float64 weight (no silent cast), a server file whose chunk
+weight has one element less than registered. Each makes ``load_states`` raise the same ValueError on every worker,
 naming the file and the field, with nothing changed: the job then trains from step 0 bit
 for bit as a job whose load found no file (no half-apply anywhere). And a server that refuses
 the apply after every check passed (worker 0 sends it another save id) makes every worker raise,
@@ -74,9 +74,11 @@ def no_schedule(body):
     body['schedule'] = None
 
 
-def bad_pre_weight(body):
-    index = min(body['pre_weight'])
-    body['pre_weight'][index] = body['pre_weight'][index][:1]
+def bad_rule_state(body):
+    # (The mirror keeps no pre_weight: it does not read grad_sync, docs/design.md §2.3.)
+    assert body['pre_weight'] == {}
+    index = min(body['rule_state'])
+    body['rule_state'][index] = body['rule_state'][index][:1]
 
 
 def float64_weight(body):
@@ -94,7 +96,7 @@ CASES = {
     'missing_field': ('.worker1', files.WORKER, no_schedule,
                       r'\(TypeError: '),
     'directory': ('.worker1', None, None, r'cannot be read \(\[Errno 21\] Is a directory'),
-    'pre_weight_shape': ('.worker1', files.WORKER, bad_pre_weight, r'field pre_weight\['),
+    'rule_state_shape': ('.worker1', files.WORKER, bad_rule_state, r'field rule_state\['),
     'weight_dtype': ('.worker1', files.WORKER, float64_weight,
                      r'field weights\[0\]: parameter .* is float32 .*, saved float64'),
     'server_weight_size': ('.kvstore.server0', files.SERVER, short_server_weight,

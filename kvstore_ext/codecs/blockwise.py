@@ -122,17 +122,20 @@ class PayloadTensor(ResidualTensor):
             return
         self._residual_to_host()
         if factor is None:
-            # Straight from the gradient's memory, once the slot's ordering writes into `buf`
-            # (its last pull, §2.11) are done: no copy into `buf` first.
-            buf.wait_to_read()
+            # Straight from the gradient's memory into `buf`, once the slot's ordering writes
+            # into it (its last pull, §2.11) and the reads of the last values sent are done:
+            # no copy into `buf` first, and no array of c besides `buf` (§2.3).
+            out = host.view(buf, write=True)
             grad = host.view(source)      # waits for backward
         else:
             super(PayloadTensor, self).encode(source, buf, factor)   # g * factor, in MXNet
             grad = host.view(buf)         # waits for backward and the slot's last pull
+            out = None
         payloads, sent = kernels.encode_with_feedback(grad, self.residual, self._codec.levels,
-                                                      self._codec.block, self.ranges)
-        # An engine copy (no wait here for the buffer's readers); `sent` lives on in it.
-        nd.from_numpy(sent.reshape(buf.shape), zero_copy=True).copyto(buf)
+                                                      self._codec.block, self.ranges, out=out)
+        if out is None:
+            # An engine copy (no wait here for the buffer's readers); `sent` lives on in it.
+            nd.from_numpy(sent.reshape(buf.shape), zero_copy=True).copyto(buf)
         self.payloads = payloads
         self._factor = factor
 

@@ -140,20 +140,17 @@ class Int8Pull(PullCodec):
                                     threads=threads)
 
     def scratch(self, n):
-        blocks = self._blocks(n)
-        return (nd.zeros(blocks * self.block_size, dtype=F32),
-                nd.zeros(blocks * self.block_size, dtype=F32))
+        # One array: the levels, then (in place, the same float32 products) dec.
+        return nd.zeros(self._blocks(n) * self.block_size, dtype=F32)
 
     def decode(self, payload, alias, scratch, n):
-        levels, dec = scratch
         blocks, size = self._blocks(n), self.block_size
         start = 4 * (1 + blocks)
-        alias[start:start + blocks * size].copyto(levels)    # uint8 to float32: exact
-        nd._internal._minus_scalar(levels, scalar=128.0, out=levels)  # pylint: disable=protected-access
-        nd.broadcast_mul(levels.reshape((blocks, size)),
-                         payload[1:1 + blocks].reshape((blocks, 1)),
-                         out=dec.reshape((blocks, size)))
-        return dec[0:n]
+        alias[start:start + blocks * size].copyto(scratch)    # uint8 to float32: exact
+        nd._internal._minus_scalar(scratch, scalar=128.0, out=scratch)  # pylint: disable=protected-access
+        levels = scratch.reshape((blocks, size))
+        nd.broadcast_mul(levels, payload[1:1 + blocks].reshape((blocks, 1)), out=levels)
+        return scratch[0:n]
 
 
 def _parse_fp16(params, argument):

@@ -25,7 +25,8 @@ __all__ = ['AUX_SETTINGS', 'PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREF
            'MIN_REPLY_LEN', 'BYTES_PER_ENTRY', 'bigarray_bound', 'reply_len', 'reply_capacity',
            'encode_command', 'decode_command', 'UnauthenticatedCommand',
            'command_rank', 'encode_reply', 'decode_reply', 'SEQ_MODULUS', 'FINISH_KEY',
-           'encode_optimizer', 'decode_optimizer', 'field', 'check_rank', 'check_paths']
+           'encode_optimizer', 'decode_optimizer', 'field', 'check_rank', 'check_paths',
+           'probe_text', 'is_probe']
 
 #: Checked at the hand-shake. 2: state keys (the hello's state_keys); 3: 3 reply bytes an
 #: entry; 4: the finish counter's head has a third element, exchanged (whether the round
@@ -78,6 +79,9 @@ class Command(str, enum.Enum):
     STATS = 'stats'            # {rank}: reply with per-chunk rounds and pending counts
     VOTE = 'vote'              # {rank, ballot, error}: one worker's outcome of a collective step
     TALLY = 'tally'            # {rank, ballot}: reply with the ballot's errors by rank
+    PROBE = 'probe'            # any bytes, unread: the servers answer it at once, before the
+    #                            hand-shake too (no reply text, no authenticator: it does
+    #                            nothing); rank 0 times it for compression_params='auto'
     AUX = 'aux'                # {rank, chunks: {chunk_id: [float32 values]}}: this worker's
     #                            aux states for the aux chunks' next round, when pushes are
     #                            quantized ('2bit'; docs/design.md §2.13)
@@ -141,6 +145,19 @@ def decode_command(text, key=None):
         return command, json.loads(body)
     except json.JSONDecodeError as err:
         raise ValueError('command %s has a malformed JSON body: %s' % (name, err)) from None
+
+
+_PROBE_HEAD = '%s%s ' % (COMMAND_PREFIX, Command.PROBE.value)
+
+
+def probe_text(nbytes):
+    """The text of a PROBE command of `nbytes` bytes (NUL-free, as command id 0 needs)."""
+    return _PROBE_HEAD + 'x' * max(nbytes - len(_PROBE_HEAD), 0)
+
+
+def is_probe(text):
+    """Whether the command text `text` (bytes) is a PROBE: the servers answer it unread."""
+    return text.startswith(_PROBE_HEAD.encode('ascii'))
 
 
 def command_rank(text):

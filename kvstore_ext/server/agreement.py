@@ -45,8 +45,13 @@ def hello_refusal(hellos, num_workers, server_rank):
     if len(hellos) != num_workers or reference is None:
         return ('server %d heard hellos from workers %s, expected ranks 0..%d'
                 % (server_rank, sorted(hellos), num_workers - 1))
+    # compression_params='auto': rank 0 chose the codecs, the others take its choice.
+    chosen = ('compression', 'pull_compression') if reference['config'].get('auto_codec') \
+        else ()
     for rank, hello in sorted(hellos.items()):
         for name in sorted(set(reference['config']) | set(hello['config'])):
+            if name in chosen and hello['config'].get('auto_codec'):
+                continue
             mine, theirs = reference['config'].get(name), hello['config'].get(name)
             if name == 'optimizer':
                 differences = optimizer_differences(mine, theirs, PER_STEP_FIELDS)

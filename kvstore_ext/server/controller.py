@@ -99,6 +99,8 @@ class DelayServer(KVStoreServer):
     # -- controller ------------------------------------------------------------------------
     def _controller(self):
         def server_controller(cmd_id, cmd_body, _):
+            if cmd_id == 0 and commands.is_probe(cmd_body):
+                return   # answered unread, before the hand-shake too (docs/design.md §2.16)
             self._start()
             rank, seq = commands.command_rank(cmd_body)
             if rank is not None and not 0 <= rank < self._job.num_workers:

@@ -57,7 +57,10 @@ class Handshake(object):
             raise ValueError(self._version_refusal)
         rank = self._check(body)
         num_servers = env.get_int('DMLC_NUM_SERVER') or 1
-        if self.layout is None:
+        # compression_params='auto' (docs/design.md §2.16): rank 0 chose the codecs, which
+        # fix the layout; the others' hellos wait for its (every round of the job, the
+        # hand-shake's included, follows rank 0's hello: its init's barrier).
+        if self.layout is None and (rank == 0 or not body['config'].get('auto_codec')):
             slots = body['slots']
             # float16 or blockwise pushes: P pull keys per chunk, which hold W (R, or 1 with
             # compressed pulls, docs/design.md §2.11)
@@ -87,6 +90,7 @@ class Handshake(object):
         field(body, 'launcher_rank', str, optional=True)
         config = field(body, 'config', dict)
         field(config, 'optimizer', dict, optional=True)
+        field(config, 'auto_codec', bool, optional=True)
         return rank
 
     def reply(self):
@@ -113,8 +117,12 @@ class Handshake(object):
         if pull_setting is not None:
             self._rounds.models.set_codec(pulls.parse(pull_setting), PullSchedule(
                 config['delay'], config['warmup_steps']))
-        return True, {'server': job.server_rank, 'protocol': commands.PROTOCOL_VERSION,
-                      'num_workers': job.num_workers, 'rescale_grad': job.rescale_grad}
+        payload = {'server': job.server_rank, 'protocol': commands.PROTOCOL_VERSION,
+                   'num_workers': job.num_workers, 'rescale_grad': job.rescale_grad}
+        if config.get('auto_codec'):   # rank 0's choice, for the other workers
+            payload['codec'] = {'compression': config.get('compression'),
+                                'pull_compression': pull_setting}
+        return True, payload
 
     def status_round(self, stored):
         """The workers' round of the status key `stored` completed: it is this server's

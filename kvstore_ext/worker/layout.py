@@ -65,11 +65,13 @@ class Tensor(object):
         self.views = {}           # handle of a user array -> (array, its chunk views, flat)
         self.codec = self.kind = self.wire_state = self.pull_state = None
 
-    def make_buffers(self, slots, ctx, dtype=None):
-        """Make the `slots` send buffers on `ctx`, of `dtype` (None: the tensor's)."""
+    def make_buffers(self, slots, ctx, dtype=None, distinct=None):
+        """Make the `slots` send buffers on `ctx`, of `dtype` (None: the tensor's): `distinct`
+        arrays (None: one per slot), slot s using array ``s % distinct``."""
         size = self.chunks[-1].stop
-        self.buffers = [nd.zeros(size, ctx=ctx, dtype=dtype or self.dtype)
-                        for _ in range(slots)]
+        own = [nd.zeros(size, ctx=ctx, dtype=dtype or self.dtype)
+               for _ in range(distinct or slots)]
+        self.buffers = [own[s % len(own)] for s in range(slots)]
         self.chunk_views = [[buf[c.start:c.stop] for c in self.chunks] for buf in self.buffers]
         self.heads = [buf[0:1] for buf in self.buffers]
 

@@ -164,6 +164,21 @@ class Rounds(object):
             tensor = self._session.tensors[k]
             tensor.kind.pull_compressed(tensor, listed(o), priority)
 
+    def pull_held(self, key, priority=0):
+        """A pull at a round every worker pulls (compressed with ``pull_compression``, as
+        :meth:`pull_compressed`; else exact, as ``DistDelay.pull``) of `key` after this
+        worker's last pushed round t, into memory the store keeps anyway: the pulled model
+        x̂, or the buffer the native store receives the pull in (docs/design.md §2.3).
+
+        Returns an array of the key's shape that holds the weights once the pull has arrived
+        (read it through MXNet's engine, never write it), valid until the key's next pull or
+        its next push into the same slot (R rounds later); or None, having pulled nothing,
+        for a key whose data path keeps no such memory (row_sparse and aux keys): pull into
+        an array of your own then.
+        """
+        tensor = self._session.tensor(key)
+        return tensor.kind.pull_held(tensor, priority)
+
     def send_buffer(self, key):
         """The buffer that this worker's last push of `key` sends from (held by the push until
         its round is acknowledged; for :mod:`mxdelay.timeline`). For a row_sparse key: the

@@ -17,7 +17,7 @@ from kvstore_ext import codecs, env
 from kvstore_ext.optim.optimizers import describe_optimizer, whole_tensor_name
 from kvstore_ext.protocol import commands
 from kvstore_ext.protocol.keys import KeyLayout, pull_keys_per_chunk
-from kvstore_ext.worker import sparse, wires
+from kvstore_ext.worker import autocodec, sparse, wires
 from kvstore_ext.worker.arguments import as_lists
 from kvstore_ext.worker.aux_states import AuxKeys
 from kvstore_ext.worker.channel import ServerLink
@@ -94,15 +94,35 @@ class Session(object):
             if self.optimizer is not None:
                 self.link.send_optimizer(self.optimizer)
 
+    def _layout(self):
+        settings = self.settings
+        slots = settings.slack + 1
+        schedule = settings.pull_schedule()
+        return KeyLayout(self.num_servers, slots, settings.state_keys,
+                         pull_keys=pull_keys_per_chunk(slots, settings.codec.pull_keys,
+                                                       bool(schedule)),
+                         model_keys=1 if schedule else 0)
+
+    def _choose_codecs(self):
+        """compression_params='auto' on rank 0: measure, choose and take the codecs."""
+        described = describe_optimizer(self.optimizer)
+        chosen = autocodec.choose(
+            self.settings.auto_codec, described and described['type'].lower(),
+            self.num_workers, self.num_servers, self.settings.chunk_size,
+            lambda nbytes: self.native._send_command_to_servers(  # pylint: disable=W0212
+                0, commands.probe_text(nbytes)))
+        self.settings.resolve_auto(chosen.push, chosen.pull)
+
     def _handshake(self):
         """Prove the servers are mxdelay's and the workers agree; prepare the key placement."""
         settings = self.settings
+        auto = settings.auto_codec is not None
+        if auto and self.rank == 0:
+            self._choose_codecs()
         slots = settings.slack + 1
         codec = settings.codec
         schedule = settings.pull_schedule()
-        layout = KeyLayout(self.num_servers, slots, settings.state_keys,
-                           pull_keys=pull_keys_per_chunk(slots, codec.pull_keys, bool(schedule)),
-                           model_keys=1 if schedule else 0)
+        layout = self._layout()
         pull_codec = settings.pull_compression
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': slots,
                  'state_keys': settings.state_keys,
@@ -117,8 +137,22 @@ class Session(object):
                                 optimizer=describe_optimizer(self.optimizer),
                                 compression=codec.describe(),
                                 **({'pull_compression': pull_codec.describe()}
-                                   if schedule else {}))}
+                                   if schedule else {}),
+                                # 'auto': the servers take rank 0's layout and codecs, and
+                                # give them to the other workers in the reply.
+                                **({'auto_codec': True} if auto else {}))}
         replies = self.link.start(layout, hello, codec)
+        if settings.auto_codec is not None:   # not rank 0: its choice, from the reply
+            chosen = replies[0].get('codec')
+            if not isinstance(chosen, dict):
+                raise RuntimeError("compression_params='auto': mxdelay server 0 did not give "
+                                   "worker 0's choice of codecs in the hand-shake (an older "
+                                   'mxdelay server?); install the same mxdelay everywhere')
+            settings.resolve_auto(chosen.get('compression'), chosen.get('pull_compression'))
+            codec, pull_codec, schedule = (settings.codec, settings.pull_compression,
+                                           settings.pull_schedule())
+            codec.configure_native(self.native)
+            layout = self._layout()
         self.job_rescale_grad = replies[0].get('rescale_grad')  # the same on every server
         # LAMB, LARS, LBSGD read norms of whole tensors: each is kept in one chunk below
         # MXNet's bound, as dist_sync keeps it in one key (the servers refuse a split one).

@@ -45,6 +45,8 @@ class StoreSettings(object):
         self._codec = codecs.NONE
         # Compressed pulls (set_pull_compression, docs/design.md §2.12): the codec, or None.
         self._pull_codec = None
+        # compression_params='auto' (docs/design.md §2.16): its Request until the hand-shake.
+        self._auto = None
         self.configure(slack=env.get_int('MXDELAY_SLACK'),
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
 
@@ -178,6 +180,44 @@ class StoreSettings(object):
                              '(and before any command), on every worker alike: this store '
                              "has started; pass pull_compression to the trainer")
         self._pull_codec = codec
+
+    def set_auto_codec(self, request):
+        """Let the hand-shake choose the push and pull codecs (``compression_params='auto'``,
+        :mod:`kvstore_ext.worker.autocodec`): rank 0 measures and chooses, every worker uses
+        its choice. Every worker must set it, before the first ``init`` or command.
+
+        Parameters
+        ----------
+        request : kvstore_ext.worker.autocodec.Request
+
+        Raises
+        ------
+        ValueError
+            If the store has started, or a codec is set already.
+        """
+        if self._started() or self._placed():
+            raise ValueError("compression_params='auto' must be set before the first init() "
+                             '(and before any command), on every worker alike: this store '
+                             'has started')
+        if self.compression is not None or self._pull_codec is not None:
+            raise ValueError("compression_params='auto' chooses the codecs itself, but this "
+                             'store has compression_params=%r, pull_compression=%r; set '
+                             'either auto or the codecs'
+                             % (self._codec.describe(), self._pull_codec
+                                and self._pull_codec.describe()))
+        self._auto = request
+
+    @property
+    def auto_codec(self):
+        """The :class:`kvstore_ext.worker.autocodec.Request` of ``'auto'`` until the
+        hand-shake resolves it (:meth:`resolve_auto`), else None."""
+        return self._auto
+
+    def resolve_auto(self, compression_params, pull_compression):
+        """The hand-shake's choice for ``'auto'``: set both codecs (each a dict or None)."""
+        self._codec = codecs.parse(compression_params) or codecs.NONE
+        self._pull_codec = pulls.parse(pull_compression)
+        self._auto = None
 
     @property
     def codec(self):

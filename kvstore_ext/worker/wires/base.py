@@ -84,6 +84,13 @@ class KeyKind(object):
         exact :meth:`pull`, as without ``pull_compression``."""
         self.pull(tensor, outs, priority)
 
+    def pull_held(self, tensor, priority):  # pylint: disable=unused-argument
+        """A pull at a round every worker pulls into memory of the data path's own
+        (``Rounds.pull_held``): returns the array of `tensor`'s shape that holds the weights
+        once the pull has arrived, or None (here: this kind keeps no such memory; nothing
+        is pulled)."""
+        return None
+
 
 class DenseWire(KeyKind):
     """What every wire of dense keys does: place a key with its codec's per-tensor object,
@@ -105,6 +112,9 @@ class DenseWire(KeyKind):
 
     #: Whether the chunks get float32 pull keys, which pulls read (else the slot keys).
     pull_keys = False
+    #: Distinct send buffers of a tensor (None: one per slot, R; the native store holds a
+    #: pushed buffer until the slot's next push, docs/design.md §2.3).
+    send_buffers = None
 
     def __init__(self, native, slots, codec, pulls=EXACT):
         super(DenseWire, self).__init__(native, slots, codec)
@@ -206,7 +216,8 @@ class DenseWire(KeyKind):
         slot = rnd % self._slots
         if tensor.buffers is None:
             tensor.make_buffers(self._slots, mx.cpu() if grads[0].context.device_type == 'cpu'
-                                else mx.cpu_pinned(), self._codec.wire_dtype)
+                                else mx.cpu_pinned(), self._codec.wire_dtype,
+                                self.send_buffers)
         buf = tensor.buffers[slot]
         self._pulls.before_push(tensor, slot)
         self._before_push(tensor, slot)
@@ -240,6 +251,8 @@ class DenseWire(KeyKind):
         # The key that holds W_{last+1}: slot key last mod R, or pull key last mod P.
         self._native.pull([c.pull_keys[max(last, 0) % len(c.pull_keys)] for c in tensor.chunks],
                           out=[list(views) for views in per_chunk], priority=priority)
+        if last >= 0:
+            self._after_pull(tensor, last)
         tensor.last_pulled = last
         if last < 0:
             # Before the first push the native store pulls into a buffer of its own, which no
@@ -252,9 +265,37 @@ class DenseWire(KeyKind):
         """A pull at a round every worker pulls, as the pull strategy makes it."""
         self._pulls.pull_compressed(self, tensor, outs, priority)
 
+    def pull_held(self, tensor, priority):
+        """A pull at a round every worker pulls, as the pull strategy makes it, into memory
+        the wire keeps anyway (no pull buffer of the caller's, docs/design.md §2.3): the
+        pulled model ``x̂`` with compressed pulls, else :meth:`exact_pull_held`'s."""
+        return self._pulls.pull_held(self, tensor, priority)
+
+    def exact_pull_held(self, tensor, priority):
+        """The exact :meth:`pull` of `tensor` after this worker's last pushed round t into
+        the buffer the native store receives it in anyway (:meth:`_received_in`): MXNet's
+        worker pulls a key into the array its last push of the key was sent from and then
+        copies it into the outs, a copy it skips when an out is that array. Returns that
+        buffer, shaped as `tensor`: it holds ``W_{t+1}`` until the next write on it, which
+        MXNet's engine queues after every read issued before (the next push into the slot,
+        R rounds later, or the tensor's next pull)."""
+        held = self._received_in(tensor, max(tensor.next_round - 1, 0) % self._slots)
+        held = held.reshape(tensor.shape)
+        self.pull(tensor, [held], priority)
+        return held
+
+    def _received_in(self, tensor, slot):
+        """The flat buffer the native store receives the pulls of `slot` in: here the slot's
+        send buffer."""
+        return tensor.buffers[slot]
+
     def _order_pull(self, tensor, last):
         """Queue the pull of round `last` behind the completion of every earlier round."""
         raise NotImplementedError
+
+    def _after_pull(self, tensor, last):
+        """The wire's engine ordering right after the pull of round `last` was queued: none
+        here."""
 
     def order_after_pushes(self, tensor, last, targets):
         """Make the next write on each of `targets` (one-element arrays) wait until this

@@ -115,6 +115,11 @@ class ExactPulls(object):
         """A scheduled pull: `wire`'s exact pull."""
         wire.pull(tensor, outs, priority)
 
+    @staticmethod
+    def pull_held(wire, tensor, priority):
+        """A scheduled pull into memory `wire` keeps: its exact one, in its receive buffer."""
+        return wire.exact_pull_held(tensor, priority)
+
 
 #: Exact pulls (one object serves every wire: it keeps nothing).
 EXACT = ExactPulls()
@@ -225,3 +230,9 @@ class CompressedPulls(ExactPulls):
             state.model.copyto(tensor.views_of(out)[2])
         tensor.last_pulled = state.round = last
         state.pending = True
+
+    def pull_held(self, wire, tensor, priority):
+        """A scheduled pull (:meth:`pull_compressed`) without a copy: returns ``x̂``, shaped
+        as `tensor`, which holds the pulled weights until the next compressed pull."""
+        self.pull_compressed(wire, tensor, [], priority)
+        return tensor.pull_state.model.reshape(tensor.shape)

@@ -23,7 +23,7 @@ __all__ = ['RowWire', 'RowBuffers']
 
 
 class RowBuffers(PullKeyBuffers):
-    """A tensor's receive buffers (:class:`PullKeyBuffers`) and, per chunk, the row_sparse
+    """A tensor's receive buffer (:class:`PullKeyBuffers`) and, per chunk, the row_sparse
     array that the empty pulls ordering a pull land in (``scratch``)."""
     __slots__ = ('scratch',)
 
@@ -36,6 +36,11 @@ class RowBuffers(PullKeyBuffers):
 class RowWire(PullKeyWire):
     """Dense keys of a codec whose pushes travel as one row per worker: row_sparse (N, P)
     slot keys and float32 pull keys."""
+
+    #: One send buffer for every slot: the native store never holds it (each push sends a
+    #: row_sparse array of its own), it only keeps the values sent for the local rule,
+    #: which reads them in the push's step (docs/design.md §2.3).
+    send_buffers = 1
 
     def __init__(self, native, slots, codec, pulls=EXACT):
         super(RowWire, self).__init__(native, slots, codec, pulls)
@@ -99,7 +104,7 @@ class RowWire(PullKeyWire):
     def push(self, tensor, grads, priority, factor=None, finite=ALL_FINITE):
         """Push round ``tensor.next_round`` of `tensor`: the sum of `grads` times `factor`,
         encoded with the tensor's codec, each chunk's payload as row `rank` of its slot key;
-        the values sent stay in the slot's send buffer (``sent``). No all-finite flag
+        the values sent stay in the send buffer (``sent``) until the next push. No all-finite flag
         (:meth:`finite_flag`)."""
         self._fill(tensor, grads, factor, finite)
         # Row `rank` of an (N, P) array of zeros, made row_sparse by MXNet's engine (the

@@ -113,6 +113,16 @@ class ExchangeWire(SlotWire):
         tensor.next_round = rnd + 1
         tensor.last_pulled = rnd
 
+    def pull(self, tensor, outs, priority, ignore_sparse=True):
+        """:meth:`DenseWire.pull <kvstore_ext.worker.wires.base.DenseWire.pull>`, then, once
+        a pull is ordered behind the exchanged rounds (:meth:`_earlier_heads`), their
+        buffers of chunks 1.. go: every later pull is ordered behind this one, and the
+        native store lets go of each at its slot key's next push, R rounds on (the delayed
+        phase keeps no copy of them, docs/design.md §2.3). A later exchange makes new ones."""
+        super(ExchangeWire, self).pull(tensor, outs, priority, ignore_sparse)
+        if tensor.last_pulled >= 0:
+            tensor.wire_state = None
+
     def _earlier_heads(self, tensor, last):
         # Chunks 1.. of exchanged rounds travelled in buffers of their own; each holds its
         # last round. Ordered here, once that round is (nearly always) complete: a write
