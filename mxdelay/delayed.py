@@ -24,6 +24,7 @@ from mxnet import autograd, nd
 from kvstore_ext.checkpoint.host_copies import HostCopies
 
 from . import steplog, traffic, worker_state
+from .autodelay import AutoDelay
 from .loss_scaling import amp_policy
 from .observer import StepObserver
 from .priorities import ForwardOrder
@@ -98,6 +99,8 @@ class DelayedUpdate(object):
         self._kv = self._parts = None
         self._rule_gradient = self._scheduled_pull = self._exchange = None
         self._logged_phase = None
+        # delay='auto': the measurements and the job's decisions (mxdelay.autodelay).
+        self._auto = AutoDelay(self) if schedule.auto else None
 
     def connect(self, kv, parts):
         """Take the trainer's store `kv` (a ``DistDelay``, just created) and its parts
@@ -134,8 +137,9 @@ class DelayedUpdate(object):
         # while later tensors' pushes still arrive (docs/design.md §8); with compressed pulls
         # the push and the compressed pull of the same round (§2.12).
         self._exchange = self._push_and_pull_compressed if pull_codec else kv.pushpull
-        settings.set_config(delay=self.schedule.delay, warmup_steps=self.schedule.warmup_steps,
-                            local_rule=repr(self.rule), local_lr=self._local_lr,
+        # The schedule itself: delay='auto''s decisions reach the compressed pulls too.
+        settings.set_schedule(self.schedule)
+        settings.set_config(local_rule=repr(self.rule), local_lr=self._local_lr,
                             amp=self.amp.enabled)
 
     # -- the store ----------------------------------------------------------------------------
@@ -188,6 +192,8 @@ class DelayedUpdate(object):
         t = self.schedule.step
         self._advance()
         self.step_log.stepped(t, batch_size)
+        if self._auto is not None:
+            self._auto.stepped(t, batch_size)
 
     def awaited(self, t):
         """For the step log (:mod:`mxdelay.steplog`), once step `t` is issued: its gradients,
@@ -242,6 +248,8 @@ class DelayedUpdate(object):
     def _advance(self):
         """Push this worker's gradients as round t and make step t's update."""
         t = self.schedule.step
+        if self._auto is not None:
+            self._auto.before_step(t)   # collective: the decisions due before round t
         self._log_phase(t)
         synchronous = self.schedule.is_synchronous(t)
         before = self._weights_before_switch(t) if synchronous else None
@@ -416,6 +424,8 @@ class DelayedUpdate(object):
             self._base_lr = state.get('base_lr', self._base_lr)
         self.amp.load_state_dict(state.get('amp'))
         self.schedule.step = state['schedule']['step']
+        if self._auto is not None:
+            self._auto.restore(state['schedule']['amendments'])
         if self.schedule.step > self.schedule.warmup_steps:
             self.rule.start(self._gluon.optimizer)   # the switch's, with the loaded optimizer
         self._rescale(state['rescale_grad'])

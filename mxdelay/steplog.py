@@ -35,7 +35,7 @@ import time
 
 from kvstore_ext import env
 
-__all__ = ['OFF', 'StepLog', 'from_env']
+__all__ = ['OFF', 'StepLog', 'StepTimes', 'from_env']
 
 _LOG = logging.getLogger('mxdelay.trainer')
 
@@ -71,6 +71,46 @@ def _ready(arrays):
     return time.perf_counter()
 
 
+class StepTimes(object):
+    """Each step's issue time and, from two helper threads, when its gradients and the
+    communication its next computation needs were ready (see the module docstring); for
+    :class:`StepLog` and :mod:`mxdelay.autodelay`.
+
+    Parameters
+    ----------
+    update : mxdelay.delayed.DelayedUpdate
+        Its ``schedule`` and ``awaited(t)``.
+    """
+
+    def __init__(self, update):
+        self._update = update
+        # One thread per kind of wait, each in step order: the gradients of a later step
+        # can be ready before the pull of an earlier one has arrived.
+        self._gradients = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-g')
+        self.communication = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-c')
+
+    def record(self, t, batch_size):
+        """Step `t` of `batch_size` samples is issued: its record ``(t, batch_size, pulled,
+        wall time, g future, c future)``."""
+        now = time.perf_counter()
+        gradients, communication, pulled = self._update.awaited(t)
+        return (t, batch_size, pulled, now, self._gradients.submit(_ready, gradients),
+                self.communication.submit(_ready, communication))
+
+    def wall_and_wait(self, window):
+        """Seconds from `window`'s first record to its last, and the waits of its steps
+        after the first (which gives c(t - 1) to the second); blocks until they are known."""
+        schedule = self._update.schedule
+        wait = 0.0
+        for before, step in zip(window, window[1:]):
+            t, g = step[0], step[4].result()
+            if schedule.is_synchronous(t):
+                wait += max(0.0, step[5].result() - g)
+            elif schedule.applies_pull(t) and before[0] == t - 1:
+                wait += max(0.0, before[5].result() - g)
+        return window[-1][3] - window[0][3], wait
+
+
 class StepLog(object):
     """Logs every `every` steps of `update` (see the module docstring).
 
@@ -85,28 +125,21 @@ class StepLog(object):
 
     def __init__(self, update, every):
         self._update, self._every = update, every
-        # One thread per kind of wait, each in step order: the gradients of a later step
-        # can be ready before the pull of an earlier one has arrived.
-        self._gradients = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-g')
-        self._communication = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-c')
-        self._steps = []     # (t, batch_size, pulled, wall time, g future, c future)
+        self._times = StepTimes(update)
+        self._steps = []     # StepTimes.record's
         self._bytes = None
         _LOG.info('DelayedTrainer: logging every %d steps (MXDELAY_LOG_EVERY)', every)
 
     def stepped(self, t, batch_size):
         """Step `t` of `batch_size` samples is issued; the update tells which arrays its
         gradients and its awaited communication are (``awaited(t)``)."""
-        now = time.perf_counter()
-        gradients, communication, pulled = self._update.awaited(t)
-        self._steps.append((t, batch_size, pulled, now,
-                            self._gradients.submit(_ready, gradients),
-                            self._communication.submit(_ready, communication)))
+        self._steps.append(self._times.record(t, batch_size))
         if len(self._steps) == self._every + 1:
             # The last step opens the next window (and gives its first step c(t - 1)).
             window, self._steps = self._steps, self._steps[-1:]
             if self._bytes is None:
                 self._bytes = self._update.round_bytes()
-            self._communication.submit(self._report, window, self._update.rank)
+            self._times.communication.submit(self._report, window, self._update.rank)
 
     def _report(self, window, rank):
         """Log the steps of `window` after its first (which opens it)."""
@@ -124,15 +157,7 @@ class StepLog(object):
     def measure(self, window):
         """The line's numbers for `window`: its steps after the first (the first opens it and
         gives c(t - 1))."""
-        schedule = self._update.schedule
-        wall = window[-1][3] - window[0][3]
-        wait = 0.0
-        for before, step in zip(window, window[1:]):
-            t, g = step[0], step[4].result()
-            if schedule.is_synchronous(t):
-                wait += max(0.0, step[5].result() - g)
-            elif schedule.applies_pull(t) and before[0] == t - 1:
-                wait += max(0.0, before[5].result() - g)
+        wall, wait = self._times.wall_and_wait(window)
         steps = window[1:]
         pulls = sum(1 for step in steps if step[2])
         counted = self._bytes or {'push': 0, 'pull': 0}

@@ -59,6 +59,7 @@ BODIES = {
     Command.VOTE: {'rank': 1, 'ballot': 3, 'error': 'ckpt.worker1 is truncated'},
     Command.TALLY: {'rank': 0, 'ballot': 3},
     Command.AUX: {'rank': 1, 'chunks': {'0': [0.25, -1.5e-8], '3': [7.0]}},
+    Command.SCHEDULE: {'rank': 0, 'delay': 4, 'synchronous_from': None},
 }
 
 
