@@ -17,6 +17,11 @@ What is tested, and against what:
   pinned job's. Without compression, k=2 against ``delay=2, slack=4``.
 Tolerance: none (bit for bit; the choice: the hand-written estimate to 1e-12).
 """
+import json
+import os
+import re
+import sys
+
 import numpy as np
 import pytest
 
@@ -24,6 +29,7 @@ import mxdelay
 from mxnet import gluon
 
 from mxdelay.autodelay import CANDIDATES, MARGIN, SLACK, choose
+from support.jobs import SCRIPTS, assert_ok, run_job, worker_lines
 from support.model import MLP_NAMES
 from support.reference_jobs import MLP_BASE, run_mlp_job
 
@@ -114,8 +120,8 @@ TERNARY_INT8 = {'compression': {'type': 'ternary', 'block_size': 32},
 
 def run(tmp_path, name, config, force=None):
     env = {'MXDELAY_AUTO_DELAY_FORCE': force} if force else None
-    return run_mlp_job(tmp_path / name, 2, dict(MLP_BASE, steps=STEPS, **config), env=env,
-                       timeout=240)
+    return run_mlp_job(tmp_path / name, 2, dict(MLP_BASE, **dict(dict(steps=STEPS), **config)),
+                       env=env, timeout=240)
 
 
 def weights(histories, rank, t):
@@ -165,3 +171,42 @@ def test_auto_job_k2_without_compression_equals_delay_2(tmp_path):
     other = run(tmp_path, 'k4', dict(delay=4, warmup_steps=W, slack=4))
     assert any(not np.array_equal(a, b) for t in range(STEPS)
                for a, b in zip(weights(chosen, 0, t), weights(other, 0, t)))
+
+
+@pytest.mark.jobs
+def test_measured_choice_is_logged_and_its_pin_repeats_the_job(tmp_path):
+    # Measured on loopback (no forcing): whatever worker 0 decides, its log states the
+    # measurements, each candidate's estimate and the arguments that pin the choice, and the
+    # job run with those arguments computes the same weights, bit for bit (up to a fallback,
+    # which has no pinned form; from there the workers hold the same weights).
+    warmup, steps = 10, 30
+    config = dict(MLP_BASE, steps=steps, delay='auto', warmup_steps=warmup, log_info=True)
+    out = tmp_path / 'auto'
+    out.mkdir()
+    result = run_job([sys.executable, os.path.join(SCRIPTS, 'mlp_job.py'), json.dumps(config),
+                      str(out)], num_workers=2, timeout=240)
+    assert_ok(result)
+    auto = {rank: np.load(str(out / ('worker%d.npz' % rank))) for rank in (0, 1)}
+    log = '\n'.join(worker_lines(result.stderr, 0))
+    measured = re.search(r"delay='auto' measured 8 warm-up steps \(from step 3\): step S = "
+                         r'[\d.]+ ms, waiting for communication W = [\d.]+ ms, .*: '
+                         r'k=2 [\d.]+ ms \([\d.]+x\), k=4 [\d.]+ ms \([\d.]+x\)', log)
+    assert measured, log
+    chose = re.search(r"delay='auto' chose delay=(\d) from step 11 on \(pin it: "
+                      r'delay=(\d), slack=4\)', log)
+    stayed = "delay='auto' stays synchronous from step 11 on" in log
+    assert bool(chose) != stayed, log
+    for rank in (0, 1):   # every worker adopted the same decision
+        other = '\n'.join(worker_lines(result.stderr, rank))
+        assert (chose.group(0) if chose else "stays synchronous from step 11") in other
+    if stayed:
+        pin = dict(delay=4, warmup_steps=steps, slack=4)
+    else:
+        pin = dict(delay=int(chose.group(2)), warmup_steps=warmup, slack=4)
+    fell = re.search(r'fell back: the job runs synchronously from step (\d+) on', log)
+    end = int(fell.group(1)) if fell else steps
+    pinned = run(tmp_path, 'pinned', dict(pin, steps=steps))
+    assert_same_steps(auto, pinned, range(end))
+    for t in range(end, steps):
+        for mine, theirs in zip(weights(auto, 0, t), weights(auto, 1, t)):
+            np.testing.assert_array_equal(mine, theirs, err_msg='step %d' % t)
