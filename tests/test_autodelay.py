@@ -210,3 +210,21 @@ def test_measured_choice_is_logged_and_its_pin_repeats_the_job(tmp_path):
     for t in range(end, steps):
         for mine, theirs in zip(weights(auto, 0, t), weights(auto, 1, t)):
             np.testing.assert_array_equal(mine, theirs, err_msg='step %d' % t)
+
+
+@pytest.mark.jobs
+@pytest.mark.parametrize('save_at', [2, 10, 20])
+def test_a_resumed_auto_job_continues_exactly(tmp_path, save_at):
+    # Saved before the switch (the resumed job decides again: forced alike), after the
+    # decision k=4 (the resumed job keeps it and falls back at F), after the fallback (it
+    # stays synchronous; fresh servers learn both decisions from worker 0's load).
+    config = dict(TERNARY_INT8, delay='auto', warmup_steps=W)
+    full = run(tmp_path, 'full', config, '4-fallback')
+    run(tmp_path, 'first', dict(config, save_at=save_at, stop_after=save_at + 1), '4-fallback')
+    ckpt = str(tmp_path / 'first' / 'out' / 'ckpt')
+    resumed = run(tmp_path, 'resumed', dict(config, resume_from=ckpt), '4-fallback')
+    for rank in range(2):
+        assert int(resumed[rank]['first']) == save_at + 1
+        for name in MLP_NAMES:
+            np.testing.assert_array_equal(resumed[rank][name], full[rank][name][save_at + 1:],
+                                          err_msg='worker %d %s after resume' % (rank, name))
