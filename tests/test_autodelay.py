@@ -17,10 +17,13 @@ What is tested, and against what:
   pinned job's. Without compression, k=2 against ``delay=2, slack=4``.
 Tolerance: none (bit for bit; the choice: the hand-written estimate to 1e-12).
 """
+import concurrent.futures
 import json
+import logging
 import os
 import re
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -28,7 +31,9 @@ import pytest
 import mxdelay
 from mxnet import gluon
 
-from mxdelay.autodelay import CANDIDATES, MARGIN, SLACK, choose
+from mxdelay.autodelay import CANDIDATES, MARGIN, SLACK, AutoDelay, choose
+from mxdelay.schedule import DelaySchedule
+from mxdelay.steplog import StepTimes
 from support.jobs import SCRIPTS, assert_ok, run_job, worker_lines
 from support.model import MLP_NAMES
 from support.reference_jobs import MLP_BASE, run_mlp_job
@@ -108,6 +113,134 @@ def test_argument_checks(kwargs, match):
 def test_module_checks_auto_alike():
     with pytest.raises(ValueError, match=r"warmup_steps=2 with delay='auto'"):
         mxdelay.DelayedModule(None, delay='auto', warmup_steps=2)
+
+
+# -- the decisions on fabricated step records (mxdelay.autodelay.AutoDelay) ------------------
+class FakeJob(object):
+    def __init__(self):
+        self.sent = []
+
+    def decide(self, value):      # one worker: its own value comes back
+        return value
+
+    def amend_schedule(self, amendments):
+        self.sent.append(dict(amendments))
+
+
+class FakeUpdate(object):
+    """What AutoDelay asks of the trainer's DelayedUpdate: worker 0 of a one-worker job."""
+    rank = 0
+
+    def __init__(self, warmup):
+        self.schedule = DelaySchedule('auto', warmup)
+        self.states = [types.SimpleNamespace(pre_weight='w', rule_state='s')]
+        self.parts = types.SimpleNamespace(job=FakeJob(), settings=types.SimpleNamespace(slack=4))
+
+    def round_bytes(self):
+        return {'push': 1000, 'pull': 1000}
+
+    def awaited(self, t):
+        return [], [], True
+
+
+def done(value):
+    future = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def records(steps, span, wait):
+    """Step records as StepTimes.record makes them: step t issued at t * span seconds, its
+    gradients ready 1 ms later, its awaited communication `wait` seconds after that."""
+    return [(t, 6, True, t * span, done(t * span + 1e-3), done(t * span + 1e-3 + wait))
+            for t in steps]
+
+
+def auto_delay(monkeypatch, force='measure', warmup=10):
+    monkeypatch.setenv('MXDELAY_AUTO_DELAY_FORCE', force)
+    update = FakeUpdate(warmup)
+    auto = AutoDelay(update)
+    auto._times = StepTimes(update)
+    return auto, update
+
+
+def test_the_measured_warmup_decides_k_and_tells_the_servers(monkeypatch, caplog):
+    # S = 10 ms, W = 7 ms: k=2 max(3, 5.25), k=4 max(3, 4.375), more than 5% apart: k=4.
+    auto, update = auto_delay(monkeypatch)
+    auto._warmup = records(range(2, 11), 0.010, 0.007)
+    with caplog.at_level(logging.INFO, logger='mxdelay.trainer'):
+        auto.before_step(11)
+    assert update.schedule.amendments() == {'delay': 4, 'synchronous_from': None}
+    assert update.parts.job.sent == [{'delay': 4, 'synchronous_from': None}]
+    text = caplog.text
+    assert 'measured 8 warm-up steps (from step 3): step S = 10.0 ms, waiting for ' \
+           'communication W = 7.0 ms, compute C = S - W = 3.0 ms' in text
+    assert 'k=2 5.3 ms (1.90x), k=4 4.4 ms (2.29x)' in text
+    assert "chose delay=4 from step 11 on (pin it: delay=4, slack=4)" in text
+
+
+@pytest.mark.parametrize('span,fallen', [(0.0101, True), (0.0099, False)])
+def test_the_fallback_compares_the_delayed_steps_with_the_warmup(monkeypatch, caplog, span,
+                                                                 fallen):
+    auto, update = auto_delay(monkeypatch)
+    auto._warmup = records(range(2, 11), 0.010, 0.007)
+    auto.before_step(11)                                  # k = 4: the check before step 23
+    auto._delayed = records(range(14, 23), span, 0.0)     # t0 + k - 1 .. D - 1
+    with caplog.at_level(logging.INFO, logger='mxdelay.trainer'):
+        auto.before_step(23)
+    assert update.schedule.synchronous_from == (23 if fallen else None)
+    assert (update.states[0].pre_weight is None) == fallen
+    assert len(update.parts.job.sent) == 1 + fallen
+    assert ('measured delayed steps 15-22: %.1f ms a step against the warm-up\'s 10.0 ms'
+            % (1e3 * span)) in caplog.text
+    assert ('fell back: the job runs synchronously from step 23 on' in caplog.text) == fallen
+
+
+def test_no_wait_stays_synchronous_and_drops_the_rule_state(monkeypatch, caplog):
+    auto, update = auto_delay(monkeypatch)
+    auto._warmup = records(range(2, 11), 0.010, -0.001)   # communication before backward ends
+    with caplog.at_level(logging.INFO, logger='mxdelay.trainer'):
+        auto.before_step(11)
+    assert update.schedule.amendments() == {'delay': None, 'synchronous_from': 11}
+    assert update.states[0].pre_weight is None and update.states[0].rule_state is None
+    assert "stays synchronous from step 11 on" in caplog.text
+    auto.before_step(23)                                  # no check without a k
+    assert len(update.parts.job.sent) == 1
+
+
+def test_too_few_warmup_steps_stay_synchronous_with_a_warning(monkeypatch, caplog):
+    auto, update = auto_delay(monkeypatch)
+    auto._warmup = records([10], 0.010, 0.007)            # e.g. resumed at the switch
+    with caplog.at_level(logging.WARNING, logger='mxdelay.trainer'):
+        auto.before_step(11)
+    assert update.schedule.synchronous_from == 11
+    assert 'measured 0 warm-up steps, too few to estimate' in caplog.text
+
+
+def test_stepped_records_the_windows_of_worker_0_only(monkeypatch):
+    auto, update = auto_delay(monkeypatch, warmup=6)
+    for t in range(7):
+        auto.stepped(t, 6)
+    assert [r[0] for r in auto._warmup] == list(range(2, 7))   # SKIPPED - 1 .. W
+    update.schedule.amend(delay=2)
+    for t in range(7, 20):
+        auto.stepped(t, 6)
+    # t0 = 7, k = 2: the check before step 13; recorded 8 .. 12 (steps 9 to 12 measured).
+    assert [r[0] for r in auto._delayed] == list(range(8, 13))
+    other = FakeUpdate(6)
+    other.rank = 1
+    idle = AutoDelay(other)
+    idle.stepped(3, 6)
+    assert idle._warmup == [] and idle._times is None
+
+
+def test_the_forced_choice_overrides_the_measurements(monkeypatch):
+    auto, update = auto_delay(monkeypatch, force='2')
+    auto._warmup = records(range(2, 11), 0.010, 0.0)   # would stay synchronous
+    auto.before_step(11)
+    assert update.schedule.amendments() == {'delay': 2, 'synchronous_from': None}
+    with pytest.raises(ValueError, match='MXDELAY_AUTO_DELAY_FORCE'):
+        auto_delay(monkeypatch, force='8')
 
 
 # -- real jobs -------------------------------------------------------------------------------
