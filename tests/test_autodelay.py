@@ -68,9 +68,12 @@ def test_choice_examples():
     assert choose(100.0, 40.0, 1000, 1000)[0] == 2
     # k=2: max(48, 39) = 48 = k=4's: the smaller k again.
     assert choose(100.0, 52.0, 1000, 1000)[0] == 2
-    # Within 5%: k=2 max(10, 67.5) = 67.5, k=4 max(10, 56.25) = 56.25 (k=2 20% slower): 4;
-    # and 5% is the bound: 0.9 ms wait of 1 ms changes nothing.
+    # k=2 max(10, 67.5) = 67.5 is 20% slower than k=4's max(10, 56.25): 4.
     assert choose(100.0, 90.0, 1000, 1000)[0] == 4
+    # The margin: k=2 max(51, 52.5) is within 5% of k=4's 51 (53.55): the smaller k; with
+    # C = 49, k=2's 52.5 is above 1.05 x 49 = 51.45: k=4.
+    assert choose(121.0, 70.0, 1000, 1000)[0] == 2
+    assert choose(119.0, 70.0, 1000, 1000)[0] == 4
 
 
 @pytest.mark.parametrize('step,wait', [(100.0, 0.0), (0.0, 0.0)])
