@@ -90,13 +90,14 @@ class AutoDelay(object):
     ----------
     update : mxdelay.delayed.DelayedUpdate
         Its ``schedule`` (amended here), ``states``, ``rank``, ``round_bytes()``,
-        ``awaited(t)`` and ``parts`` (``job.decide``, ``settings``), and the command link.
+        ``awaited(t)`` and ``parts`` (``job.decide``, ``job.amend_schedule``,
+        ``settings.slack``).
     """
 
     def __init__(self, update):
         self._update = update
         self._force = env.get_choice('MXDELAY_AUTO_DELAY_FORCE')
-        self._times = None          # StepTimes, on worker 0 once connected
+        self._times = None          # StepTimes, on worker 0 from its first step
         self._warmup = []           # records of the warm-up steps measured
         self._delayed = []          # records of the delayed steps measured
         self._warmup_ms = None      # the warm-up's steady step
@@ -108,12 +109,12 @@ class AutoDelay(object):
             return
         if self._times is None:
             self._times = StepTimes(self._update)
-        if SKIPPED - 1 <= t <= schedule.warmup_steps and schedule.delay is None \
-                and schedule.synchronous_from is None:
-            self._warmup.append(self._times.record(t, batch_size))
-        elif schedule.delay is not None and schedule.synchronous_from is None:
-            first = self._check_step() - 2 * schedule.delay - 1
-            if first <= t < self._check_step():
+        if not schedule.decided:
+            if SKIPPED - 1 <= t <= schedule.warmup_steps:
+                self._warmup.append(self._times.record(t, batch_size))
+        elif self._check_step() is not None:
+            # One settling period left out, then two: records t0 + k - 1 .. D - 1.
+            if self._check_step() - 2 * schedule.delay - 1 <= t < self._check_step():
                 self._delayed.append(self._times.record(t, batch_size))
 
     def before_step(self, t):
@@ -121,12 +122,15 @@ class AutoDelay(object):
         schedule = self._update.schedule
         if t == schedule.first_delayed_step and not schedule.decided:
             self._decide(t)
-        elif schedule.delay is not None and schedule.synchronous_from is None \
-                and t == self._check_step():
+        elif t == self._check_step():
             self._check(t)
 
     def _check_step(self):
+        """D = t0 + 3k, the fallback check's step; None: no check due (no k decided, or
+        fallen back already)."""
         schedule = self._update.schedule
+        if schedule.delay is None or schedule.synchronous_from is not None:
+            return None
         return schedule.first_delayed_step + 3 * schedule.delay
 
     # -- the decision at the switch -----------------------------------------------------------
