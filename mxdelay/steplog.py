@@ -14,7 +14,9 @@ between the ``step`` calls that open and close the window (on the Python thread)
 the trainer's calls return before any communication is done (MXNet's engine runs it), so
 the log times it from two helper threads that wait (``wait_to_read``, which blocks only the
 helper) for each step's gradients, g(t), and for the communication the next computation
-needs, c(t): a synchronous step's pulled weights, a delayed step's pull. A synchronous
+needs, c(t): a synchronous step's pulled weights, a delayed step's pull; each waits for a
+one-value copy of each array issued with the step (MXNet's engine orders it after that
+step's writes and before the next step's, which rewrite the same arrays). A synchronous
 step waits ``max(0, c(t) - g(t))`` (from the end of backward to the weights' arrival: the
 next forward needs them); a delayed step that applies the pull of step t - 1 waits
 ``max(0, c(t - 1) - g(t))`` (the pull arrived after this step's backward); other delayed
@@ -71,6 +73,17 @@ def _ready(arrays):
     return time.perf_counter()
 
 
+def _marker(array):
+    """A one-value copy of `array`, issued now: readable once every write to `array` issued
+    before it is done, and never later. Waiting for `array` itself could also wait for
+    writes issued after it (the next step's backward rewrites the gradients, its pull the
+    weights) if the helper thread ran late, which it does under the GIL while the training
+    loop issues the next step."""
+    if array.stype != 'default':
+        return array.copy()
+    return array.reshape((-1,))[0:1].copy()
+
+
 class StepTimes(object):
     """Each step's issue time and, from two helper threads, when its gradients and the
     communication its next computation needs were ready (see the module docstring); for
@@ -94,6 +107,8 @@ class StepTimes(object):
         wall time, g future, c future)``."""
         now = time.perf_counter()
         gradients, communication, pulled = self._update.awaited(t)
+        gradients = [_marker(a) for a in gradients]
+        communication = [_marker(a) for a in communication]
         return (t, batch_size, pulled, now, self._gradients.submit(_ready, gradients),
                 self.communication.submit(_ready, communication))
 
