@@ -14,8 +14,9 @@ push of the round they change:
    overlap backward are not counted), so the estimate favours k >= 2 and the fallback
    below corrects it. It picks the smallest k whose estimate is within :data:`MARGIN` of
    the best one's, or stays synchronous when no k is estimated faster than S.
-2. **The fallback check, before step D = t0 + 3k.** Worker 0's delayed steps after one
-   settling period (t0 + k to D - 1: two periods) give their mean step; slower than the
+2. **The fallback check, before step D = t0 + k + m k.** Worker 0's delayed steps after one
+   settling period (t0 + k to D - 1: m periods, two and at least :data:`MEASURED_STEPS`
+   steps: k=2 four periods, k=4 two) give their mean step; slower than the
    warm-up's steady step, the job is synchronous from round F = D on (the end of a period,
    :meth:`PullSchedule.amend <kvstore_ext.protocol.schedule.PullSchedule.amend>`), for the
    rest of the job, and drops the local rule's state.
@@ -36,7 +37,7 @@ from . import estimate
 from .steplog import StepTimes
 
 __all__ = ['AutoDelay', 'choose', 'CANDIDATES', 'MARGIN', 'SKIPPED', 'SLACK',
-           'MIN_WARMUP_STEPS']
+           'MIN_WARMUP_STEPS', 'MEASURED_STEPS']
 
 _LOG = logging.getLogger('mxdelay.trainer')
 
@@ -51,6 +52,12 @@ MARGIN = 0.05
 SKIPPED = 3
 #: The warm-up measures at least 2 steps: steps SKIPPED .. W.
 MIN_WARMUP_STEPS = SKIPPED + 2
+#: The fallback check measures whole periods, at least two and at least this many steps.
+MEASURED_STEPS = 8
+
+
+def _measured_periods(k):
+    return max(2, -(-MEASURED_STEPS // k))
 
 
 def choose(step_ms, wait_ms, push_bytes, pull_bytes, candidates=CANDIDATES, margin=MARGIN):
@@ -114,7 +121,8 @@ class AutoDelay(object):
                 self._warmup.append(self._times.record(t, batch_size))
         elif self._check_step() is not None:
             # One settling period left out, then two: records t0 + k - 1 .. D - 1.
-            if self._check_step() - 2 * schedule.delay - 1 <= t < self._check_step():
+            if self._check_step() - _measured_periods(schedule.delay) * schedule.delay - 1 \
+                    <= t < self._check_step():
                 self._delayed.append(self._times.record(t, batch_size))
 
     def before_step(self, t):
@@ -126,12 +134,13 @@ class AutoDelay(object):
             self._check(t)
 
     def _check_step(self):
-        """D = t0 + 3k, the fallback check's step; None: no check due (no k decided, or
+        """D = t0 + k + m k, the fallback check's step; None: no check due (no k decided, or
         fallen back already)."""
         schedule = self._update.schedule
         if schedule.delay is None or schedule.synchronous_from is not None:
             return None
-        return schedule.first_delayed_step + 3 * schedule.delay
+        k = schedule.delay
+        return schedule.first_delayed_step + k + _measured_periods(k) * k
 
     # -- the decision at the switch -----------------------------------------------------------
     def _decide(self, t0):

@@ -78,11 +78,12 @@ class DelayedTrainer(gluon.Trainer):
         k: pull the global weights every k steps in the delayed phase. ``'auto'``: worker 0
         measures the warm-up's steady steps (from step 3) and, at the switch, the job takes
         the k of {2, 4} estimated fastest (the smallest within 5% of the best), or stays
-        synchronous when no k is estimated faster than the warm-up's step; two periods
-        after a settling one it compares the delayed steps with the warm-up's, and if they
-        are slower it runs synchronously for the rest of the job. Every choice is logged
-        (INFO) with the arguments that pin it (e.g. ``delay=4, slack=4``);
-        :mod:`mxdelay.autodelay` and docs/design.md §1.2. Needs ``warmup_steps >= 5``.
+        synchronous when no k is estimated faster than the warm-up's step; over two
+        periods (at least 8 steps) after a settling one it compares the delayed steps with
+        the warm-up's, and if they are slower it runs synchronously for the rest of the
+        job. Every choice is logged (INFO) with the arguments that pin it (e.g. ``delay=4,
+        slack=4``); :mod:`mxdelay.autodelay` and docs/design.md §1.2. Needs
+        ``warmup_steps >= 5``.
     warmup_steps : int, default 200
         W: synchronous steps before the switch.
     local_lr : float, optional

@@ -226,10 +226,11 @@ def test_stepped_records_the_windows_of_worker_0_only(monkeypatch):
         auto.stepped(t, 6)
     assert [r[0] for r in auto._warmup] == list(range(2, 7))   # SKIPPED - 1 .. W
     update.schedule.amend(delay=2)
-    for t in range(7, 20):
+    for t in range(7, 25):
         auto.stepped(t, 6)
-    # t0 = 7, k = 2: the check before step 13; recorded 8 .. 12 (steps 9 to 12 measured).
-    assert [r[0] for r in auto._delayed] == list(range(8, 13))
+    # t0 = 7, k = 2: four periods (8 steps) after the settling one: the check before step
+    # 17; recorded 8 .. 16 (steps 9 to 16 measured).
+    assert [r[0] for r in auto._delayed] == list(range(8, 17))
     other = FakeUpdate(6)
     other.rank = 1
     idle = AutoDelay(other)
@@ -247,7 +248,7 @@ def test_the_forced_choice_overrides_the_measurements(monkeypatch):
 
 
 # -- real jobs -------------------------------------------------------------------------------
-W = 5                      # warm-up; t0 = 6; the fallback check at t0 + 3*4 = 18
+W = 5                      # warm-up; t0 = 6; the fallback check at t0 + 4 + 2*4 = 18
 STEPS = 24
 F = W + 1 + 3 * 4
 TERNARY_INT8 = {'compression': {'type': 'ternary', 'block_size': 32},
