@@ -145,7 +145,7 @@ class SyntheticShard:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--mode', choices=('sync', 'delayed'), required=True)
-    parser.add_argument('--delay', type=int, default=4)
+    parser.add_argument('--delay', type=_delay, default=4, help="k, or 'auto' (default: 4)")
     parser.add_argument('--local-rule', default='mirror')
     parser.add_argument('--warmup-steps', type=int, default=200)
     parser.add_argument('--steps', type=int, default=300, help='timed steps (window runs)')
@@ -198,6 +198,23 @@ def parse_args(argv=None):
     if args.batch_size is None:
         args.batch_size = DEFAULT_BATCH.get(args.model, 128)
     return args
+
+
+def _delay(text):
+    """``delay`` of `text`: 'auto' or an integer."""
+    return text if text == 'auto' else int(text)
+
+
+def decided(trainer):
+    """What ``delay='auto'`` decided (``'k=4'``, ``'synchronous from 21'``, ``'k=4, synchronous
+    from 33'``), or None for a fixed delay."""
+    schedule = trainer.schedule
+    if not schedule.auto:
+        return None
+    parts = ['k=%d' % schedule.delay] if schedule.delay else []
+    if schedule.synchronous_from is not None:
+        parts.append('synchronous from %d' % schedule.synchronous_from)
+    return ', '.join(parts) or 'undecided'
 
 
 def compression_params(text):
@@ -345,7 +362,8 @@ def main(argv=None):
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
               'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total,
-              'codec_kernels': codec_kernels() if args.mode == 'delayed' else None}
+              'codec_kernels': codec_kernels() if args.mode == 'delayed' else None,
+              'decided': decided(trainer) if args.mode == 'delayed' else None}
     if snapshots:
         test_images, test_labels = data.load_split('test', args.data_dir)
         evaluated = time.time()
