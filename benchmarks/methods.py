@@ -103,6 +103,9 @@ METHODS = {
                                 extra=('--pull-compression', 'int8'), compression='int4'),
     'k4-ternary-pull-int8': Method('k=4 + ternary + pull int8', delay=4,
                                    extra=('--pull-compression', 'int8'), compression='ternary'),
+    # Both chosen by the job: the codecs at the hand-shake (compression_params='auto',
+    # docs/design.md §2.16), k at the switch (delay='auto', §1.2).
+    'auto-auto': Method("delay='auto' + compression 'auto'", delay='auto', compression='auto'),
     'auto-ternary-pull-int8': Method("delay='auto' + ternary + pull int8", delay='auto',
                                      extra=('--pull-compression', 'int8'),
                                      compression='ternary'),

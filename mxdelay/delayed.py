@@ -109,7 +109,7 @@ class DelayedUpdate(object):
         `parts` (``kv.delayed``), configure the store before its hand-shake (its first
         ``init``) and choose the data path's callables."""
         self._kv, self._parts = kv, parts
-        settings, rounds = parts.settings, parts.rounds
+        settings = parts.settings
         # amp: the servers skip rounds with a non-finite sum (docs/design.md §11).
         self.amp = amp_policy(self._gluon.loss_scaler)
         state_keys = self.rule.server_state_count(
@@ -186,6 +186,14 @@ class DelayedUpdate(object):
 
     def keys_per_step(self):
         return sum(self._parts.traffic.num_chunks(s.index) for s in self.states if s.trained)
+
+    def codecs(self):
+        settings = self._parts.settings
+        if settings.auto_codec is not None:
+            return None      # 'auto', before the hand-shake chose
+        pull = settings.pull_compression
+        return {'compression_params': settings.codec.describe(),
+                'pull_compression': pull.describe() if pull is not None else None}
 
     def round_bytes(self):
         return traffic.round_bytes(self._parts.traffic, self._parts.settings,

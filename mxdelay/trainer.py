@@ -391,6 +391,14 @@ class DelayedTrainer(gluon.Trainer):
         :func:`mxdelay.timeline.summarize`."""
         return self._kv_mode.keys_per_step()
 
+    @property
+    def codecs(self):
+        """The push and pull codecs this job runs, as the arguments that pin them:
+        ``{'compression_params': dict or None, 'pull_compression': dict or None}``; with
+        ``compression_params='auto'`` what the first step chose (None before it). None
+        without ``'dist_delay'``."""
+        return self._mode().codecs()
+
     def round_bytes(self):
         """Bytes a step's pushes and a pull carry (:func:`mxdelay.traffic.round_bytes`:
         as configured and with each compression); None without a distributed kvstore."""
