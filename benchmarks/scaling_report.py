@@ -18,7 +18,8 @@ __all__ = ['METHODS', 'DEFAULT_METHODS', 'PERIOD', 'MODELS', 'TARGETS', 'KEY', '
            'results_markdown', 'summary_markdown']
 
 METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16',
-                          'k4-ternary-pull-int8', 'auto', 'auto-ternary-pull-int8')
+                          'k4-ternary-pull-int8', 'auto', 'auto-ternary-pull-int8',
+                          'auto-auto')
 DEFAULT_METHODS = 'sync,k4,k4-fp16'   # the issue-13 grid's; ternary on request (issue 20)
 PERIOD = 4  # k of the delayed methods: the windows hold whole periods
 _fmt, _table = report.fmt, report.table
