@@ -145,7 +145,7 @@ class SyntheticShard:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--mode', choices=('sync', 'delayed'), required=True)
-    parser.add_argument('--delay', type=int, default=4)
+    parser.add_argument('--delay', type=_delay, default=4, help="k, or 'auto' (default: 4)")
     parser.add_argument('--local-rule', default='mirror')
     parser.add_argument('--warmup-steps', type=int, default=200)
     parser.add_argument('--steps', type=int, default=300, help='timed steps (window runs)')
@@ -173,8 +173,9 @@ def parse_args(argv=None):
     parser.add_argument('--wd', type=float, default=0.0)
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--compression', default='none',
-                        metavar='none|fp16|2bit:THRESHOLD|int8|int4|ternary[:BLOCK]',
-                        help='compression_params of the trainer (default: %(default)s)')
+                        metavar='none|auto|fp16|2bit:THRESHOLD|int8|int4|ternary[:BLOCK]',
+                        help="compression_params of the trainer ('auto': delayed only, it "
+                             'chooses the pull codec too; default: %(default)s)')
     parser.add_argument('--pull-compression', default='none', metavar='none|fp16|int8[:BLOCK]',
                         help='pull_compression of DelayedTrainer, delayed only '
                              '(default: %(default)s)')
@@ -188,6 +189,9 @@ def parse_args(argv=None):
         parser.error('--pull-compression %s needs --mode delayed (stock dist_sync has no '
                      'compressed pulls); drop it for --mode %s'
                      % (args.pull_compression['type'], args.mode))
+    if args.compression == 'auto' and (args.mode != 'delayed' or args.pull_compression):
+        parser.error("--compression auto needs --mode delayed and no --pull-compression (it "
+                     'chooses both codecs), got --mode %s' % args.mode)
     if args.freeze_second_moment and (args.mode != 'delayed' or args.optimizer != 'adam'):
         parser.error('--freeze-second-moment needs --mode delayed and --optimizer adam, got '
                      '--mode %s --optimizer %s' % (args.mode, args.optimizer))
@@ -200,12 +204,38 @@ def parse_args(argv=None):
     return args
 
 
+def _delay(text):
+    """``delay`` of `text`: 'auto' or an integer."""
+    return text if text == 'auto' else int(text)
+
+
+def decided(trainer, args):
+    """What ``delay='auto'`` decided (``'k=4'``, ``'synchronous from 21'``, ``'k=4, synchronous
+    from 33'``) and what ``compression_params='auto'`` chose (``'ternary+int8'``), or None
+    for fixed settings."""
+    schedule = trainer.schedule
+    parts = []
+    if schedule.auto:
+        parts += ['k=%d' % schedule.delay] if schedule.delay else []
+        if schedule.synchronous_from is not None:
+            parts.append('synchronous from %d' % schedule.synchronous_from)
+        parts = parts or ['undecided']
+    if args.compression == 'auto':
+        codecs = trainer.codecs
+        parts.append('undecided codecs' if codecs is None else '+'.join(
+            (c or {}).get('type', 'none') for c in (codecs['compression_params'],
+                                                      codecs['pull_compression'])))
+    return ', '.join(parts) or None
+
+
 def compression_params(text):
-    """``compression_params`` of `text`: 'none', 'fp16', '2bit:THRESHOLD', or 'int8', 'int4'
-    or 'ternary', each optionally ':BLOCK'."""
+    """``compression_params`` of `text`: 'none', 'auto', 'fp16', '2bit:THRESHOLD', or 'int8',
+    'int4' or 'ternary', each optionally ':BLOCK'."""
     kind, colon, value = text.partition(':')
     if kind == 'none' and not colon:
         return None
+    if kind == 'auto' and not colon:
+        return 'auto'    # DelayedTrainer chooses both codecs
     if kind == 'fp16' and not colon:
         return {'type': 'fp16'}
     if kind == '2bit' and value:
@@ -214,7 +244,7 @@ def compression_params(text):
         return {'type': kind}
     if kind in ('int8', 'int4', 'ternary') and value.isdigit():
         return {'type': kind, 'block_size': int(value)}
-    raise ValueError("--compression must be 'none', 'fp16', '2bit:THRESHOLD', or 'int8', "
+    raise ValueError("--compression must be 'none', 'auto', 'fp16', '2bit:THRESHOLD', or 'int8', "
                      "'int4' or 'ternary' with an optional ':BLOCK' (a positive integer), "
                      "got %r" % text)
 
@@ -345,7 +375,8 @@ def main(argv=None):
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
               'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total,
-              'codec_kernels': codec_kernels() if args.mode == 'delayed' else None}
+              'codec_kernels': codec_kernels() if args.mode == 'delayed' else None,
+              'decided': decided(trainer, args) if args.mode == 'delayed' else None}
     if snapshots:
         test_images, test_labels = data.load_split('test', args.data_dir)
         evaluated = time.time()

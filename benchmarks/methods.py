@@ -24,7 +24,7 @@ class Method:
     """
     label: str
     trainer: str = 'delayed'          # bench_worker's --mode: sync or delayed
-    delay: Optional[int] = None
+    delay: Optional[object] = None    # k, or 'auto'
     extra: Tuple[str, ...] = ()       # further worker arguments (e.g. the local rule)
     compression: Optional[str] = None
     env: Tuple[Tuple[str, str], ...] = ()   # variables added to the job's environment
@@ -69,6 +69,9 @@ METHODS = {
     'k4': Method('k=4', delay=4),
     'k8': Method('k=8', delay=8),
     'k16': Method('k=16', delay=16),
+    # delay='auto' (mxdelay.autodelay): k of {2, 4} or synchronous, chosen by worker 0's
+    # measurements of the warm-up, with a measured fallback (docs/design.md §1.2).
+    'auto': Method("delay='auto'", delay='auto'),
     'k4-fp16': Method('k=4 + fp16', delay=4, compression='fp16'),
     'k4-2bit': Method('k=4 + 2bit', delay=4, compression=_TWO_BIT),
     'mirror-k4': Method('k=4', delay=4, extra=_MIRROR),
@@ -100,6 +103,12 @@ METHODS = {
                                 extra=('--pull-compression', 'int8'), compression='int4'),
     'k4-ternary-pull-int8': Method('k=4 + ternary + pull int8', delay=4,
                                    extra=('--pull-compression', 'int8'), compression='ternary'),
+    # Both chosen by the job: the codecs at the hand-shake (compression_params='auto',
+    # docs/design.md §2.16), k at the switch (delay='auto', §1.2).
+    'auto-auto': Method("delay='auto' + compression 'auto'", delay='auto', compression='auto'),
+    'auto-ternary-pull-int8': Method("delay='auto' + ternary + pull int8", delay='auto',
+                                     extra=('--pull-compression', 'int8'),
+                                     compression='ternary'),
     'k8-ternary-pull-int8': Method('k=8 + ternary + pull int8', delay=8,
                                    extra=('--pull-compression', 'int8'), compression='ternary'),
     'k8-fp16-pull-int8': Method('k=8 + fp16 + pull int8', delay=8,

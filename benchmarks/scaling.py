@@ -259,6 +259,7 @@ def run_one(args, net, hostfile, config, method, round_index):
     row['codec_kernels'] = kernels and '%s, %d calls' % (kernels['backend'],
                                                          sum(kernels['calls'].values()))
     row['final_loss'] = results[0]['losses'][-1]
+    row['decided'] = results[0].get('decided')   # delay='auto''s decisions, else None
     return row
 
 

@@ -18,7 +18,8 @@ __all__ = ['METHODS', 'DEFAULT_METHODS', 'PERIOD', 'MODELS', 'TARGETS', 'KEY', '
            'results_markdown', 'summary_markdown']
 
 METHODS = harness.methods('sync', 'k4=mirror-k4', 'k4-fp16=mirror-k4-fp16',
-                          'k4-ternary-pull-int8')
+                          'k4-ternary-pull-int8', 'auto', 'auto-ternary-pull-int8',
+                          'auto-auto')
 DEFAULT_METHODS = 'sync,k4,k4-fp16'   # the issue-13 grid's; ternary on request (issue 20)
 PERIOD = 4  # k of the delayed methods: the windows hold whole periods
 _fmt, _table = report.fmt, report.table
@@ -203,6 +204,12 @@ def results_markdown(meta, rows, summary_link):
         '%s: %s' % env for env in envs) + '.']
     kernels = sorted({(r['method'], r['codec_kernels']) for r in rows
                       if r.get('codec_kernels')})
+    choices = [(r['model'], r['rate'], r['method'], r['round'], r['decided']) for r in rows
+               if r.get('decided')]
+    if choices:
+        lines += ['', "What `delay='auto'` decided (worker 0's schedule at the end; "
+                  'steps counted from 0): ' + '; '.join('%s %s %s r%d: %s' % item
+                                                         for item in choices) + '.']
     if kernels:
         lines += ['', 'The codec kernels of worker 0 (`kvstore_ext.codecs.kernels`: their '
                   'backend and the calls it made), per method and run: ' + '; '.join(

@@ -87,6 +87,12 @@ VARIABLES = {
                                'samples/s, the share of the time spent waiting for '
                                'communication, bytes sent and received per step '
                                '(mxdelay.steplog says how each is measured). 0: off.'),
+    'MXDELAY_AUTO_DELAY_FORCE': ('measure', "Tests only: what delay='auto' decides on worker 0, "
+                                            "whatever it measured: 'measure' (the default: "
+                                            "decide by the measurements), 'stay' (synchronous "
+                                            "from the switch on), '2' or '4' (that k, no "
+                                            "fallback), '4-fallback' (k=4, then synchronous "
+                                            'from the fallback check on). mxdelay.autodelay.'),
     'MXDELAY_SHUTDOWN_WAIT': ('30', 'Seconds mxdelay-launch lets the servers and the scheduler take to '
                                     'exit by themselves once every worker has exited 0, then it kills '
                                     'them: a finite number >= 0.'),
@@ -126,6 +132,7 @@ MINIMUMS = {
 
 #: name -> the values a variable may take (lower case; any case is accepted).
 CHOICES = {'MXDELAY_UPDATER_ERRORS': ('stop', 'log'),
+           'MXDELAY_AUTO_DELAY_FORCE': ('measure', 'stay', '2', '4', '4-fallback'),
            'MXDELAY_CODEC_KERNELS': ('auto', 'compiled', 'numpy')}
 
 #: MXNet's variables that mxdelay gives its own default (before MXNet is imported).

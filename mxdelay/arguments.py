@@ -3,12 +3,51 @@ compression refuses, and the order in which the user gave the parameters."""
 from mxnet import gluon
 from mxnet.kvstore import KVStoreBase
 
-from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
+from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_real, check_rounds
 from kvstore_ext.typenames import STORE_TYPE
 from kvstore_ext.worker.dist_delay import DistDelay
 
-__all__ = ['check_kvstore', 'check_auto_codec', 'check_batch_size', 'refuse_compressed_sparse_grads',
-           'refuse_compressed_pulls', 'parameter_names']
+__all__ = ['check_schedule', 'check_kvstore', 'check_auto_codec', 'check_batch_size',
+           'refuse_compressed_sparse_grads', 'refuse_compressed_pulls', 'parameter_names']
+
+
+def check_schedule(delay, warmup_steps, slack):
+    """Check `delay`, `warmup_steps` and `slack`; return the schedule and the slack.
+
+    With ``delay='auto'`` the slack is at least :data:`mxdelay.autodelay.SLACK` (4: room for
+    every candidate k) and the warm-up measures at least 2 steps.
+
+    Returns
+    -------
+    schedule : DelaySchedule
+    slack : int
+        `slack`, or its default: ``delay`` (``'auto'``: 4).
+
+    Raises
+    ------
+    TypeError
+        (:class:`mxdelay.ArgumentTypeError`) For an argument of the wrong type.
+    ValueError
+        For an argument out of range.
+    """
+    # pylint: disable=import-outside-toplevel
+    from .autodelay import MIN_WARMUP_STEPS, SLACK
+    from .schedule import DelaySchedule
+    schedule = DelaySchedule(delay, warmup_steps)  # checks both
+    least = schedule.delay
+    if schedule.auto:
+        least = SLACK
+        if schedule.warmup_steps < MIN_WARMUP_STEPS:
+            raise ValueError("warmup_steps=%d with delay='auto': the warm-up measures steps "
+                             '%d to warmup_steps to choose k; use warmup_steps >= %d (or a '
+                             'fixed delay)' % (schedule.warmup_steps, MIN_WARMUP_STEPS - 2,
+                                               MIN_WARMUP_STEPS))
+    if slack is None:
+        return schedule, least
+    fix = ("delay='auto' may choose k up to %d (slack >= %d)" % (least, least) if schedule.auto
+           else 'the slack must cover a whole period (slack >= delay=%d)' % least)
+    slack = check_int('slack', slack, least, fix)
+    return schedule, check_rounds('slack', slack)
 
 
 def check_kvstore(kvstore, update_on_kvstore):

@@ -25,6 +25,7 @@ from kvstore_ext.checkpoint.host_copies import HostCopies
 from kvstore_ext.worker import autocodec
 
 from . import steplog, traffic, worker_state
+from .autodelay import AutoDelay
 from .loss_scaling import amp_policy
 from .observer import StepObserver
 from .priorities import ForwardOrder
@@ -100,13 +101,15 @@ class DelayedUpdate(object):
         self._kv = self._parts = None
         self._rule_gradient = self._scheduled_pull = self._exchange = None
         self._logged_phase = None
+        # delay='auto': the measurements and the job's decisions (mxdelay.autodelay).
+        self._auto = AutoDelay(self) if schedule.auto else None
 
     def connect(self, kv, parts):
         """Take the trainer's store `kv` (a ``DistDelay``, just created) and its parts
         `parts` (``kv.delayed``), configure the store before its hand-shake (its first
         ``init``) and choose the data path's callables."""
         self._kv, self._parts = kv, parts
-        settings, rounds = parts.settings, parts.rounds
+        settings = parts.settings
         # amp: the servers skip rounds with a non-finite sum (docs/design.md §11).
         self.amp = amp_policy(self._gluon.loss_scaler)
         state_keys = self.rule.server_state_count(
@@ -120,8 +123,9 @@ class DelayedUpdate(object):
                                                       self._codec_restriction))
         else:
             self._choose_data_path()
-        settings.set_config(delay=self.schedule.delay, warmup_steps=self.schedule.warmup_steps,
-                            local_rule=repr(self.rule), local_lr=self._local_lr,
+        # The schedule itself: delay='auto''s decisions reach the compressed pulls too.
+        settings.set_schedule(self.schedule)
+        settings.set_config(local_rule=repr(self.rule), local_lr=self._local_lr,
                             amp=self.amp.enabled)
 
     def _choose_data_path(self):
@@ -183,6 +187,14 @@ class DelayedUpdate(object):
     def keys_per_step(self):
         return sum(self._parts.traffic.num_chunks(s.index) for s in self.states if s.trained)
 
+    def codecs(self):
+        settings = self._parts.settings
+        if settings.auto_codec is not None:
+            return None      # 'auto', before the hand-shake chose
+        pull = settings.pull_compression
+        return {'compression_params': settings.codec.describe(),
+                'pull_compression': pull.describe() if pull is not None else None}
+
     def round_bytes(self):
         return traffic.round_bytes(self._parts.traffic, self._parts.settings,
                                    [s.index for s in self.states if s.trained])
@@ -216,6 +228,8 @@ class DelayedUpdate(object):
         t = self.schedule.step
         self._advance()
         self.step_log.stepped(t, batch_size)
+        if self._auto is not None:
+            self._auto.stepped(t, batch_size)
 
     def awaited(self, t):
         """For the step log (:mod:`mxdelay.steplog`), once step `t` is issued: its gradients,
@@ -272,6 +286,8 @@ class DelayedUpdate(object):
         if self._exchange is None:   # compression_params='auto': the hand-shake has chosen
             self._choose_data_path()
         t = self.schedule.step
+        if self._auto is not None:
+            self._auto.before_step(t)   # collective: the decisions due before round t
         self._log_phase(t)
         synchronous = self.schedule.is_synchronous(t)
         before = self._weights_before_switch(t) if synchronous else None
@@ -464,6 +480,8 @@ class DelayedUpdate(object):
                 s.pre_weight = None   # a file of a rule that read grad_sync: not read here
         self.amp.load_state_dict(state.get('amp'))
         self.schedule.step = state['schedule']['step']
+        if self._auto is not None:
+            self._auto.restore(state['schedule']['amendments'])
         if self.schedule.step > self.schedule.warmup_steps:
             self.rule.start(self._gluon.optimizer)   # the switch's, with the loaded optimizer
         self._rescale(state['rescale_grad'])

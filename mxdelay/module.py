@@ -14,10 +14,10 @@ from mxnet import autograd, gluon
 from mxnet.kvstore import KVStoreBase
 from mxnet.model import load_checkpoint
 
-from kvstore_ext.checks import ArgumentTypeError, check_bool, check_int, check_real, check_rounds
+from kvstore_ext.checks import ArgumentTypeError, check_bool, check_real
 from kvstore_ext.typenames import STORE_TYPE
+from . import arguments
 from .rules import create_rule
-from .schedule import DelaySchedule
 from .gluon_state import init_store
 from .trainer import DelayedTrainer
 
@@ -80,15 +80,11 @@ state_names, group2ctxs
                  slack=None):
         # DelayedTrainer checks these again when init_optimizer creates it; here they fail
         # at construction, before any data is bound (docs/design.md §1.7).
-        DelaySchedule(delay, warmup_steps)
+        arguments.check_schedule(delay, warmup_steps, slack)
         create_rule(local_rule, dc_lambda)
         if local_lr is not None:
             check_real('local_lr', local_lr, minimum=0,
                        fix="or None for the optimizer's learning rate")
-        if slack is not None:
-            check_int('slack', slack, delay, 'the slack must cover a whole period '
-                      '(slack >= delay=%d)' % delay)
-            check_rounds('slack', slack)
         if compression_params:
             raise ValueError('compression_params=%r: DelayedModule does not compress gradients '
                              '(every gradient enters its round exactly); remove it'

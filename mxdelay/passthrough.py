@@ -58,6 +58,9 @@ class PassThrough(object):
     def keys_per_step(self):
         return 0
 
+    def codecs(self):
+        return None
+
     def round_bytes(self):
         return None
 

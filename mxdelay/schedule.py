@@ -5,9 +5,10 @@ the one statement that workers and servers share; this module adds the counter t
 trainer advances and checkpoints.
 """
 from kvstore_ext.checks import check_int
-from kvstore_ext.protocol.schedule import DELAYED, SWITCH, WARMUP, PullSchedule
+from kvstore_ext.protocol.schedule import (AUTO, DELAYED, SWITCH, SYNCHRONOUS, WARMUP,
+                                           PullSchedule)
 
-__all__ = ['DelaySchedule', 'WARMUP', 'SWITCH', 'DELAYED']
+__all__ = ['DelaySchedule', 'AUTO', 'WARMUP', 'SWITCH', 'DELAYED', 'SYNCHRONOUS']
 
 
 class DelaySchedule(PullSchedule):
@@ -16,9 +17,10 @@ class DelaySchedule(PullSchedule):
 
     Parameters
     ----------
-    delay : int
+    delay : int or 'auto'
         k: pull the global weights every k steps in the delayed phase
-        (1 <= k <= ``kvstore_ext.checks.MAX_ROUNDS``, 256).
+        (1 <= k <= ``kvstore_ext.checks.MAX_ROUNDS``, 256); ``'auto'``: the job decides it
+        at the switch (:mod:`mxdelay.autodelay`).
     warmup_steps : int
         W: synchronous steps before the switch (W >= 0).
     step : int, default 0
@@ -40,5 +42,10 @@ class DelaySchedule(PullSchedule):
         self.step = check_int('step', step, 0, 'steps are counted from 0')
 
     def state_dict(self):
-        """The counter and the configuration, for checkpoints."""
-        return {'step': self.step, 'delay': self.delay, 'warmup_steps': self.warmup_steps}
+        """The counter and the configuration, for checkpoints; with ``delay='auto'`` also
+        the job's decisions (``amendments``: a resume keeps them; before the switch there
+        are none, and the resumed job measures again)."""
+        if not self.auto:
+            return {'step': self.step, 'delay': self.delay, 'warmup_steps': self.warmup_steps}
+        return {'step': self.step, 'delay': AUTO, 'warmup_steps': self.warmup_steps,
+                'amendments': self.amendments()}

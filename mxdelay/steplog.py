@@ -14,7 +14,9 @@ between the ``step`` calls that open and close the window (on the Python thread)
 the trainer's calls return before any communication is done (MXNet's engine runs it), so
 the log times it from two helper threads that wait (``wait_to_read``, which blocks only the
 helper) for each step's gradients, g(t), and for the communication the next computation
-needs, c(t): a synchronous step's pulled weights, a delayed step's pull. A synchronous
+needs, c(t): a synchronous step's pulled weights, a delayed step's pull; each waits for a
+one-value copy of each array issued with the step (MXNet's engine orders it after that
+step's writes and before the next step's, which rewrite the same arrays). A synchronous
 step waits ``max(0, c(t) - g(t))`` (from the end of backward to the weights' arrival: the
 next forward needs them); a delayed step that applies the pull of step t - 1 waits
 ``max(0, c(t - 1) - g(t))`` (the pull arrived after this step's backward); other delayed
@@ -35,7 +37,7 @@ import time
 
 from kvstore_ext import env
 
-__all__ = ['OFF', 'StepLog', 'from_env']
+__all__ = ['OFF', 'StepLog', 'StepTimes', 'from_env']
 
 _LOG = logging.getLogger('mxdelay.trainer')
 
@@ -71,6 +73,59 @@ def _ready(arrays):
     return time.perf_counter()
 
 
+def _marker(array):
+    """A one-value copy of `array`, issued now: readable once every write to `array` issued
+    before it is done, and never later. Waiting for `array` itself could also wait for
+    writes issued after it (the next step's backward rewrites the gradients, its pull the
+    weights) if the helper thread ran late, which it does under the GIL while the training
+    loop issues the next step."""
+    if array.stype != 'default':
+        return array.copy()
+    return array.reshape((-1,))[0:1].copy()
+
+
+class StepTimes(object):
+    """Each step's issue time and, from two helper threads, when its gradients and the
+    communication its next computation needs were ready (see the module docstring); for
+    :class:`StepLog` and :mod:`mxdelay.autodelay`.
+
+    Parameters
+    ----------
+    update : mxdelay.delayed.DelayedUpdate
+        Its ``schedule`` and ``awaited(t)``.
+    """
+
+    def __init__(self, update):
+        self._update = update
+        # One thread per kind of wait, each in step order: the gradients of a later step
+        # can be ready before the pull of an earlier one has arrived.
+        self._gradients = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-g')
+        self.communication = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-c')
+
+    def record(self, t, batch_size):
+        """Step `t` of `batch_size` samples is issued: its record ``(t, batch_size, pulled,
+        wall time, g future, c future)``."""
+        now = time.perf_counter()
+        gradients, communication, pulled = self._update.awaited(t)
+        gradients = [_marker(a) for a in gradients]
+        communication = [_marker(a) for a in communication]
+        return (t, batch_size, pulled, now, self._gradients.submit(_ready, gradients),
+                self.communication.submit(_ready, communication))
+
+    def wall_and_wait(self, window):
+        """Seconds from `window`'s first record to its last, and the waits of its steps
+        after the first (which gives c(t - 1) to the second); blocks until they are known."""
+        schedule = self._update.schedule
+        wait = 0.0
+        for before, step in zip(window, window[1:]):
+            t, g = step[0], step[4].result()
+            if schedule.is_synchronous(t):
+                wait += max(0.0, step[5].result() - g)
+            elif schedule.applies_pull(t) and before[0] == t - 1:
+                wait += max(0.0, before[5].result() - g)
+        return window[-1][3] - window[0][3], wait
+
+
 class StepLog(object):
     """Logs every `every` steps of `update` (see the module docstring).
 
@@ -85,28 +140,21 @@ class StepLog(object):
 
     def __init__(self, update, every):
         self._update, self._every = update, every
-        # One thread per kind of wait, each in step order: the gradients of a later step
-        # can be ready before the pull of an earlier one has arrived.
-        self._gradients = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-g')
-        self._communication = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-c')
-        self._steps = []     # (t, batch_size, pulled, wall time, g future, c future)
+        self._times = StepTimes(update)
+        self._steps = []     # StepTimes.record's
         self._bytes = None
         _LOG.info('DelayedTrainer: logging every %d steps (MXDELAY_LOG_EVERY)', every)
 
     def stepped(self, t, batch_size):
         """Step `t` of `batch_size` samples is issued; the update tells which arrays its
         gradients and its awaited communication are (``awaited(t)``)."""
-        now = time.perf_counter()
-        gradients, communication, pulled = self._update.awaited(t)
-        self._steps.append((t, batch_size, pulled, now,
-                            self._gradients.submit(_ready, gradients),
-                            self._communication.submit(_ready, communication)))
+        self._steps.append(self._times.record(t, batch_size))
         if len(self._steps) == self._every + 1:
             # The last step opens the next window (and gives its first step c(t - 1)).
             window, self._steps = self._steps, self._steps[-1:]
             if self._bytes is None:
                 self._bytes = self._update.round_bytes()
-            self._communication.submit(self._report, window, self._update.rank)
+            self._times.communication.submit(self._report, window, self._update.rank)
 
     def _report(self, window, rank):
         """Log the steps of `window` after its first (which opens it)."""
@@ -124,15 +172,7 @@ class StepLog(object):
     def measure(self, window):
         """The line's numbers for `window`: its steps after the first (the first opens it and
         gives c(t - 1))."""
-        schedule = self._update.schedule
-        wall = window[-1][3] - window[0][3]
-        wait = 0.0
-        for before, step in zip(window, window[1:]):
-            t, g = step[0], step[4].result()
-            if schedule.is_synchronous(t):
-                wait += max(0.0, step[5].result() - g)
-            elif schedule.applies_pull(t) and before[0] == t - 1:
-                wait += max(0.0, before[5].result() - g)
+        wall, wait = self._times.wall_and_wait(window)
         steps = window[1:]
         pulls = sum(1 for step in steps if step[2])
         counted = self._bytes or {'push': 0, 'pull': 0}

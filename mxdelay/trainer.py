@@ -13,8 +13,7 @@ from mxnet import gluon
 from kvstore_ext import codecs
 from kvstore_ext.codecs import pulls
 from kvstore_ext.optim import frozen_variance  # noqa: F401  registers 'frozenvarianceadam' by name
-from kvstore_ext.checks import (ArgumentTypeError, check_bool, check_int, check_path,
-                                 check_real, check_rounds)
+from kvstore_ext.checks import ArgumentTypeError, check_bool, check_path, check_real
 from kvstore_ext.worker.dist_delay import DistDelay
 from . import arguments, autosave, param_state
 from .delayed import DelayedUpdate
@@ -22,7 +21,6 @@ from .gluon_state import GluonState
 from .observer import StepObserver
 from .passthrough import PassThrough
 from .rules import create_rule
-from .schedule import DelaySchedule
 
 __all__ = ['DelayedTrainer']
 
@@ -82,8 +80,16 @@ class DelayedTrainer(gluon.Trainer):
         arguments that pin its choice (docs/design.md §2.16, docs/tuning.md).
     update_on_kvstore : bool or None, default None
         Must not be False with ``'dist_delay'``: the servers own the global update.
-    delay : int, default 4
-        k: pull the global weights every k steps in the delayed phase.
+    delay : int or 'auto', default 4
+        k: pull the global weights every k steps in the delayed phase. ``'auto'``: worker 0
+        measures the warm-up's steady steps (from step 3) and, at the switch, the job takes
+        the k of {2, 4} estimated fastest (the smallest within 5% of the best), or stays
+        synchronous when no k is estimated faster than the warm-up's step; over two
+        periods (at least 8 steps) after a settling one it compares the delayed steps with
+        the warm-up's, and if they are slower it runs synchronously for the rest of the
+        job. Every choice is logged (INFO) with the arguments that pin it (e.g. ``delay=4,
+        slack=4``); :mod:`mxdelay.autodelay` and docs/design.md §1.2. Needs
+        ``warmup_steps >= 5``.
     warmup_steps : int, default 200
         W: synchronous steps before the switch.
     local_lr : float, optional
@@ -96,7 +102,8 @@ class DelayedTrainer(gluon.Trainer):
         Delay-compensation weight added to a built-in rule (default: the rule's own, 0 for
         ``'mirror'`` and ``'sgd'``, 0.04 for ``'dc'`` and ``'dc_adaptive'``).
     slack : int, optional
-        Rounds a worker may run ahead of the slowest worker (default and minimum: delay).
+        Rounds a worker may run ahead of the slowest worker (default and minimum: delay;
+        with ``delay='auto'``: 4).
     pull_compression : dict, optional
         Compress the pulls of the warm-up, the switch and every period's end:
         ``{'type': 'fp16'}`` (2 bytes a value) or ``{'type': 'int8', 'block_size': 256}``
@@ -134,15 +141,11 @@ class DelayedTrainer(gluon.Trainer):
                  local_lr=None, local_rule='mirror', dc_lambda=None, slack=None,
                  pull_compression=None, checkpoint_dir=None, checkpoint_every=None,
                  keep_checkpoints=None):
-        schedule = DelaySchedule(delay, warmup_steps)  # checks both
-        delay = schedule.delay
+        schedule, slack = arguments.check_schedule(delay, warmup_steps, slack)
+        delay = schedule.describe()['delay']
         if local_lr is not None:
             check_real('local_lr', local_lr, minimum=0,
                        fix="or None for the optimizer's learning rate")
-        if slack is not None:
-            slack = check_int('slack', slack, delay, 'the slack must cover a whole period '
-                              '(slack >= delay=%d)' % delay)
-            check_rounds('slack', slack)
         dist_delay = arguments.check_kvstore(kvstore, update_on_kvstore)
         auto_codec = arguments.check_auto_codec(compression_params, pull_compression)
         if auto_codec:   # the hand-shake chooses both (docs/design.md §2.16)
@@ -159,7 +162,6 @@ class DelayedTrainer(gluon.Trainer):
         registration_order = arguments.parameter_names(params)  # before Gluon sorts them
         rule = create_rule(local_rule, dc_lambda)
         local_lr = None if local_lr is None else float(local_lr)
-        slack = slack or delay
         super(DelayedTrainer, self).__init__(params, optimizer, optimizer_params, kvstore,
                                              compression_params, update_on_kvstore)
         if dist_delay:
@@ -179,7 +181,7 @@ class DelayedTrainer(gluon.Trainer):
         self._timeline = record_from_env(self)
         self._autosave = autosave.create(self, self._mode, self._params, dist_delay,
                                          checkpoint_dir, checkpoint_every, keep_checkpoints)
-        _LOG.info('DelayedTrainer: delay=%d warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
+        _LOG.info('DelayedTrainer: delay=%r warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, rule, 'optimizer lr' if local_lr is None else local_lr,
                   slack)
 
@@ -214,10 +216,10 @@ class DelayedTrainer(gluon.Trainer):
         kvstore = self._kvstore
         if not self._distributed:
             # A warning when the user asked for delayed updates they will not get.
-            delay = self._delayed.schedule.delay
-            _LOG.log(logging.WARNING if delay > 1 else logging.INFO,
+            delay = self._delayed.schedule.describe()['delay']
+            _LOG.log(logging.WARNING if delay != 1 else logging.INFO,
                      'DelayedTrainer: kvstore %r is not distributed: training exactly as '
-                     'gluon.Trainer; delay=%d has no effect',
+                     'gluon.Trainer; delay=%r has no effect',
                      getattr(kvstore, 'type', kvstore), delay)
             self._kv_mode = self._pass_through()
             return
@@ -388,6 +390,14 @@ class DelayedTrainer(gluon.Trainer):
         """Push operations a step issues (chunks of all trained parameters); for
         :func:`mxdelay.timeline.summarize`."""
         return self._kv_mode.keys_per_step()
+
+    @property
+    def codecs(self):
+        """The push and pull codecs this job runs, as the arguments that pin them:
+        ``{'compression_params': dict or None, 'pull_compression': dict or None}``; with
+        ``compression_params='auto'`` what the first step chose (None before it). None
+        without ``'dist_delay'``."""
+        return self._mode().codecs()
 
     def round_bytes(self):
         """Bytes a step's pushes and a pull carry (:func:`mxdelay.traffic.round_bytes`:

@@ -19,6 +19,7 @@ from mxnet import nd, optimizer as mx_optimizer
 from kvstore_ext.checkpoint import files
 from kvstore_ext.worker.store_checkpoint import failure_message, is_count
 from kvstore_ext.optim.optimizers import describe_optimizer, type_difference
+from kvstore_ext.protocol.schedule import AUTO, PullSchedule
 
 from .loss_scaling import _STATE as _SCALER_FIELDS
 
@@ -199,15 +200,23 @@ def _read(fname, kv, parts, schedule, params, optimizer, amp, trusted):
                              'are of different saves' % (path, state['schedule']['step'],
                                                          fname, index['schedule']['step']))
     saved = _field(path, state, 'schedule', dict)
-    for name in ('step', 'delay', 'warmup_steps'):
+    auto = saved.get('delay') == AUTO
+    for name in ('step', 'warmup_steps') + (() if auto else ('delay',)):
         if not is_count(saved.get(name)):
             raise ValueError('%s: field schedule.%s is %.60r, not an integer >= 0'
                              % (path, name, saved.get(name)))
-    if (saved['delay'], saved['warmup_steps']) != (schedule.delay, schedule.warmup_steps):
-        raise ValueError('%s was saved with delay=%d warmup_steps=%d; this trainer has '
-                         'delay=%d warmup_steps=%d' % (fname, saved['delay'],
+    mine = schedule.describe()
+    if (saved['delay'], saved['warmup_steps']) != (mine['delay'], mine['warmup_steps']):
+        raise ValueError('%s was saved with delay=%r warmup_steps=%d; this trainer has '
+                         'delay=%r warmup_steps=%d' % (fname, saved['delay'],
                                                        saved['warmup_steps'],
-                                                       schedule.delay, schedule.warmup_steps))
+                                                       mine['delay'], mine['warmup_steps']))
+    if auto:
+        try:   # delay='auto''s decisions, as the trainer will adopt them
+            PullSchedule(AUTO, saved['warmup_steps']).amend(**saved['amendments'])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError("%s: field schedule.amendments is %.80r, not delay='auto''s "
+                             'decisions: %s' % (path, saved.get('amendments'), err)) from None
     _check_arrays(path, state, params)
     settings, checkpoint = parts.settings, parts.checkpoint
     _check_setting(fname, state, 'compression', 'compression_params', settings.compression)

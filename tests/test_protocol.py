@@ -60,6 +60,7 @@ BODIES = {
     Command.TALLY: {'rank': 0, 'ballot': 3},
     Command.AUX: {'rank': 1, 'chunks': {'0': [0.25, -1.5e-8], '3': [7.0]}},
     Command.PROBE: {},   # what a server never decodes (commands.is_probe), as any command
+    Command.SCHEDULE: {'rank': 0, 'delay': 4, 'synchronous_from': None},
 }
 
 

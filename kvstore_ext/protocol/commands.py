@@ -85,6 +85,9 @@ class Command(str, enum.Enum):
     AUX = 'aux'                # {rank, chunks: {chunk_id: [float32 values]}}: this worker's
     #                            aux states for the aux chunks' next round, when pushes are
     #                            quantized ('2bit'; docs/design.md §2.13)
+    SCHEDULE = 'schedule'      # {rank, delay, synchronous_from}: delay='auto''s decisions
+    #                            (PullSchedule.amend), from worker 0 before its push of the
+    #                            first round they change (docs/design.md §1.2)
 
 
 class UnauthenticatedCommand(ValueError):

@@ -98,7 +98,8 @@ class Ballots(object):
         self._ballots = {}             # ballot -> {rank: error or None}
 
     def vote(self, body):
-        """Record one worker's outcome (``body``: rank, ballot, error or None)."""
+        """Record one worker's outcome (``body``: rank, ballot, error or None, and optionally
+        a ``value``: a small JSON value that the tally returns to every worker)."""
         field(body, 'ballot', int, minimum=1)
         field(body, 'error', str, optional=True)
         ballot, rank = body['ballot'], body['rank']   # the rank: checked by the server
@@ -107,13 +108,14 @@ class Ballots(object):
             # ps-lite does not say who sent a command: a second vote for one rank is
             # another process speaking for it, refused (the first vote stands).
             raise ValueError('worker rank %d has already voted on ballot %d' % (rank, ballot))
-        votes[rank] = body.get('error')
+        votes[rank] = (body.get('error'), body.get('value'))
         for old in [b for b in self._ballots if b < ballot - 1]:
             del self._ballots[old]   # every worker has tallied those
         return {'ballot': ballot}
 
     def tally(self, body, num_workers):
-        """Every failure of ballot ``body['ballot']`` by rank, once all `num_workers` voted."""
+        """Every failure of ballot ``body['ballot']`` by rank, and every value given
+        (``values``, by rank, if any), once all `num_workers` voted."""
         field(body, 'ballot', int, minimum=1)
         votes = self._ballots.get(body['ballot'], {})
         if len(votes) != num_workers:
@@ -122,11 +124,16 @@ class Ballots(object):
         # Every failure's message, as long as the reply has room (many workers failing alike
         # would not fit): the rest are counted. Every worker reads the same reply.
         room = commands.reply_capacity(commands.reply_len(num_workers)) // 2
-        errors, more = {}, 0
-        for rank, error in sorted(votes.items()):
+        errors, more, values = {}, 0, {}
+        for rank, (error, value) in sorted(votes.items()):
             if error and room > 0:
                 errors[str(rank)] = error[:_MAX_ERROR]
                 room -= len(errors[str(rank)].encode('utf-8')) + 32
             elif error:
                 more += 1
-        return {'errors': errors, 'more': more}
+            if value is not None:
+                values[str(rank)] = value
+        reply = {'errors': errors, 'more': more}
+        if values:
+            reply['values'] = values
+        return reply

@@ -94,6 +94,7 @@ class DelayServer(KVStoreServer):
             Command.TALLY: lambda body: ballots.tally(body, job.num_workers),
             Command.AUX: lambda body: self._rounds.aux.command(body, self._chunks,
                                                                job.num_workers),
+            Command.SCHEDULE: self._rounds.models.amend_schedule,
         }
 
     # -- controller ------------------------------------------------------------------------

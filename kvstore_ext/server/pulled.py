@@ -12,6 +12,7 @@ The stored arrays of both come from the workers' round of zeros at init.
 import numpy as np
 
 from kvstore_ext.codecs import host, kernels
+from kvstore_ext.protocol.commands import field
 
 __all__ = ['PullStores', 'PulledModels', 'ServerModel']
 
@@ -58,6 +59,18 @@ class PulledModels(object):
         """At every round `schedule` pulls, write `codec`'s payload into each chunk's model
         key (the hand-shake's ``pull_compression``)."""
         self._codec, self._schedule = codec, schedule
+
+    def amend_schedule(self, body):
+        """The SCHEDULE command: ``delay='auto'``'s decisions (``body``: ``delay``,
+        ``synchronous_from``, each an int or None) amend the pulled rounds
+        (:meth:`PullSchedule.amend <kvstore_ext.protocol.schedule.PullSchedule.amend>`);
+        without compressed pulls the servers need no schedule. Worker 0 sends it before its
+        push of the first round it changes: the round cannot be applied before."""
+        delay = field(body, 'delay', int, minimum=2, optional=True)
+        synchronous_from = field(body, 'synchronous_from', int, minimum=1, optional=True)
+        if self._schedule is not None:
+            self._schedule.amend(delay, synchronous_from)
+        return {}
 
     def set_store(self, chunk, stored):
         """`stored` is the stored array of `chunk`'s model key: the payloads go there."""

@@ -138,8 +138,17 @@ class CommandChannel(object):
         list of (int, str)
             ``(rank, message)`` of every worker that failed, the same on every worker.
         """
+        return self.vote(error, barrier)[0]
+
+    def vote(self, error, barrier, value=None):
+        """:meth:`agree`, whose ballot also carries this worker's `value` (None, or a small
+        JSON value: a decision); return the failures and ``{rank: value}`` of every worker
+        that gave one, the same on every worker."""
         self._ballot += 1
-        self.command(Command.VOTE, {'ballot': self._ballot, 'error': error})
+        body = {'ballot': self._ballot, 'error': error}
+        if value is not None:
+            body['value'] = value
+        self.command(Command.VOTE, body)
         barrier()
         tally = self.command(Command.TALLY, {'ballot': self._ballot})[0]
         failures = sorted((int(rank), message) for rank, message in tally['errors'].items())
@@ -147,7 +156,7 @@ class CommandChannel(object):
             rank, message = failures[-1]
             failures[-1] = (rank, '%s (and %d more workers failed; their messages do not fit '
                                   'the reply)' % (message, tally['more']))
-        return failures
+        return failures, {int(rank): v for rank, v in tally.get('values', {}).items()}
 
 
 class ServerLink(object):
@@ -212,6 +221,11 @@ class ServerLink(object):
         """:meth:`CommandChannel.agree` after this worker's issued work."""
         wait_for_issued_work()
         return self.channel.agree(error, barrier)
+
+    def vote(self, error, barrier, value=None):
+        """:meth:`CommandChannel.vote` after this worker's issued work."""
+        wait_for_issued_work()
+        return self.channel.vote(error, barrier, value)
 
     def close(self):
         """Drop the native store and the channel (the worker leaves the job)."""

@@ -33,6 +33,28 @@ class Job(object):
         self._session.ensure_started()
         return self._session.link.agree(error, self.barrier)
 
+    def decide(self, value=None):
+        """Collective: every worker gets worker 0's `value` (a small JSON value: a decision
+        only worker 0 takes; the other workers' `value` is ignored). A vote of
+        :meth:`agree` whose ballot carries the value (docs/design.md §4.4).
+
+        Raises
+        ------
+        RuntimeError
+            If a worker failed (none does here: the ballot carries no error).
+        """
+        self._session.ensure_started()
+        mine = value if self._session.rank == 0 else None
+        _, values = self._session.link.vote(None, self.barrier, mine)
+        return values.get(0)
+
+    def amend_schedule(self, amendments):
+        """Tell the servers ``delay='auto'``'s decisions (`amendments`: ``delay``,
+        ``synchronous_from``; :meth:`PullSchedule.amend
+        <kvstore_ext.protocol.schedule.PullSchedule.amend>`), after this worker's issued
+        work and so before its next push; one worker sends it (worker 0)."""
+        self._session.command(Command.SCHEDULE, dict(amendments))
+
     def server_stats(self):
         """Per-server, per-chunk count of applied rounds (and rounds held out of order)."""
         return self._session.command(Command.STATS, {})

@@ -47,6 +47,7 @@ class StoreSettings(object):
         self._pull_codec = None
         # compression_params='auto' (docs/design.md §2.16): its Request until the hand-shake.
         self._auto = None
+        self._schedule = None          # the trainer's PullSchedule (set_schedule)
         self.configure(slack=env.get_int('MXDELAY_SLACK'),
                        chunk_size=env.get_int('MXDELAY_CHUNK_SIZE'))
 
@@ -241,8 +242,16 @@ class StoreSettings(object):
         (each tensor's own)."""
         return self._codec.wire_dtype
 
+    def set_schedule(self, schedule):
+        """The trainer's :class:`~kvstore_ext.protocol.schedule.PullSchedule` (the same
+        object, so that ``delay='auto'``'s decisions reach the compressed pulls too); its
+        ``describe()`` becomes the shared ``delay`` and ``warmup_steps``."""
+        self.set_config(**schedule.describe())
+        self._schedule = schedule
+
     def pull_schedule(self):
-        """The pulled rounds of compressed pulls (None without), from the shared settings.
+        """The pulled rounds of compressed pulls (None without): :meth:`set_schedule`'s, or
+        one from the shared settings.
 
         Raises
         ------
@@ -259,4 +268,6 @@ class StoreSettings(object):
                 'it; a bare dist_delay store must call set_config(delay=k, warmup_steps=W) '
                 '(every round up to W is pulled, then every k-th) before its first init'
                 % (self._pull_codec.describe(), ' and '.join(missing)))
+        if self._schedule is not None:
+            return self._schedule
         return PullSchedule(self._shared['delay'], self._shared['warmup_steps'])

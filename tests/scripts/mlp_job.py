@@ -44,6 +44,7 @@ import mxdelay  # noqa: F401,E402  before mxnet: servers become mxdelay's
 
 import importlib
 import json
+import logging
 import os
 import sys
 import time
@@ -79,6 +80,8 @@ class PushThenStockTrainer(StockTrainer, PushThenPullTrainer):
 
 def main():
     config, out_dir = json.loads(sys.argv[1]), sys.argv[2]
+    if config.get('log_info'):   # the trainer's INFO lines on stderr (test_autodelay.py)
+        logging.basicConfig(level=logging.INFO)
     for module in config.get('codec_modules', ()):
         importlib.import_module(module)   # a test's codec registers itself (test_toy_codec.py)
     init_amp(config)   # before the model, as AMP requires

@@ -1,0 +1,235 @@
+"""``delay='auto'``: k chosen at the switch from the warm-up's measurements, and a measured
+fallback after it (docs/design.md §1.2).
+
+Worker 0 measures; every worker adopts its decisions at two collective points, before the
+push of the round they change:
+
+1. **The decision, before step t0 = W + 1.** Worker 0's steady warm-up steps (steps
+   :data:`SKIPPED` to W; the first ones initialise the keys and MXNet's engine) give the
+   step time S and the wait W for communication (:class:`mxdelay.steplog.StepTimes`), and
+   the trainer the bytes P pushed and Q pulled per round. :func:`choose` estimates each
+   candidate k of :data:`CANDIDATES` with :func:`mxdelay.estimate.estimate`'s model,
+   ``S'(k) = max(C, T (P + Q/k) / (P + Q))`` with C = S - W. T, the communication time, is
+   not measured without the profiler: the wait W stands for it, a lower bound (pushes that
+   overlap backward are not counted), so the estimate favours k >= 2 and the fallback
+   below corrects it. It picks the smallest k whose estimate is within :data:`MARGIN` of
+   the best one's, or stays synchronous when no k is estimated faster than S.
+2. **The fallback check, before step D = t0 + k + m k.** Worker 0's delayed steps after one
+   settling period (t0 + k to D - 1: m periods, two and at least :data:`MEASURED_STEPS`
+   steps: k=2 four periods, k=4 two) give their mean step; slower than the
+   warm-up's steady step, the job is synchronous from round F = D on (the end of a period,
+   :meth:`PullSchedule.amend <kvstore_ext.protocol.schedule.PullSchedule.amend>`), for the
+   rest of the job, and drops the local rule's state.
+
+Each decision travels in worker 0's ballot (``job.decide``: every worker gets the same
+value) and, from worker 0, in a SCHEDULE command to the servers, which need it for the
+rounds of compressed pulls; worker 0 sends it before its push of the round, which cannot be
+applied before. Everything measured, each estimate and the decision are logged (INFO),
+with the arguments that repeat it. ``MXDELAY_AUTO_DELAY_FORCE`` (tests only) forces the
+decisions. A checkpoint keeps the decisions (``DelaySchedule.state_dict``); a job resumed
+before the switch measures again from where it resumed.
+"""
+import logging
+
+from kvstore_ext import env
+
+from . import estimate
+from .steplog import StepTimes
+
+__all__ = ['AutoDelay', 'choose', 'CANDIDATES', 'MARGIN', 'SKIPPED', 'SLACK',
+           'MIN_WARMUP_STEPS', 'MEASURED_STEPS']
+
+_LOG = logging.getLogger('mxdelay.trainer')
+
+#: The k that ``delay='auto'`` chooses from (the accuracy tables support them).
+CANDIDATES = (2, 4)
+#: The slack of ``delay='auto'`` (R = 5 slot keys, as k = 4): the largest candidate.
+SLACK = max(CANDIDATES)
+#: The smallest k whose estimate is within this share of the best one's is chosen.
+MARGIN = 0.05
+#: The first warm-up steps, not measured: the first initialises the keys, the next ones
+#: warm MXNet's engine.
+SKIPPED = 3
+#: The warm-up measures at least 2 steps: steps SKIPPED .. W.
+MIN_WARMUP_STEPS = SKIPPED + 2
+#: The fallback check measures whole periods, at least two and at least this many steps.
+MEASURED_STEPS = 8
+
+
+def _measured_periods(k):
+    return max(2, -(-MEASURED_STEPS // k))
+
+
+def choose(step_ms, wait_ms, push_bytes, pull_bytes, candidates=CANDIDATES, margin=MARGIN):
+    """The k to use, from a synchronous step's measurements (see the module docstring).
+
+    Parameters
+    ----------
+    step_ms, wait_ms : float
+        The measured synchronous step S and its wait W for communication (0 <= W <= S).
+    push_bytes, pull_bytes : int
+        P and Q: bytes of one round's pushes and of one pull.
+    candidates : tuple of int
+    margin : float
+
+    Returns
+    -------
+    k : int or None
+        The chosen k; None: stay synchronous (no candidate is estimated faster than S).
+    rows : list of dict
+        Per candidate: ``delay`` and its estimated ``step_ms`` and ``speedup``.
+    """
+    budget = {'step_ms': step_ms, 'wait_ms': wait_ms, 'compute_ms': step_ms - wait_ms,
+              'comm_ms': wait_ms}
+    rows = estimate.estimate(budget, {'push': push_bytes, 'pull': pull_bytes,
+                                      'settings': {'this job': [push_bytes, pull_bytes]}},
+                             candidates)
+    best = min(row['step_ms'] for row in rows)
+    if not best < step_ms:
+        return None, rows
+    return min(row['delay'] for row in rows if row['step_ms'] <= best * (1 + margin)), rows
+
+
+class AutoDelay(object):
+    """The measurements and the decisions of one trainer's ``delay='auto'``.
+
+    Parameters
+    ----------
+    update : mxdelay.delayed.DelayedUpdate
+        Its ``schedule`` (amended here), ``states``, ``rank``, ``round_bytes()``,
+        ``awaited(t)`` and ``parts`` (``job.decide``, ``job.amend_schedule``,
+        ``settings.slack``).
+    """
+
+    def __init__(self, update):
+        self._update = update
+        self._force = env.get_choice('MXDELAY_AUTO_DELAY_FORCE')
+        self._times = None          # StepTimes, on worker 0 from its first step
+        self._warmup = []           # records of the warm-up steps measured
+        self._delayed = []          # records of the delayed steps measured
+        self._warmup_ms = None      # the warm-up's steady step
+
+    def stepped(self, t, batch_size):
+        """Step `t` is issued: worker 0 records it if a decision will need it."""
+        schedule = self._update.schedule
+        if self._update.rank != 0:
+            return
+        if self._times is None:
+            self._times = StepTimes(self._update)
+        if not schedule.decided:
+            if SKIPPED - 1 <= t <= schedule.warmup_steps:
+                self._warmup.append(self._times.record(t, batch_size))
+        elif self._check_step() is not None:
+            # One settling period left out, then two: records t0 + k - 1 .. D - 1.
+            if self._check_step() - _measured_periods(schedule.delay) * schedule.delay - 1 \
+                    <= t < self._check_step():
+                self._delayed.append(self._times.record(t, batch_size))
+
+    def before_step(self, t):
+        """Before step `t`'s pushes, on every worker: the collective decisions due there."""
+        schedule = self._update.schedule
+        if t == schedule.first_delayed_step and not schedule.decided:
+            self._decide(t)
+        elif t == self._check_step():
+            self._check(t)
+
+    def _check_step(self):
+        """D = t0 + k + m k, the fallback check's step; None: no check due (no k decided, or
+        fallen back already)."""
+        schedule = self._update.schedule
+        if schedule.delay is None or schedule.synchronous_from is not None:
+            return None
+        k = schedule.delay
+        return schedule.first_delayed_step + k + _measured_periods(k) * k
+
+    # -- the decision at the switch -----------------------------------------------------------
+    def _decide(self, t0):
+        mine = self._choice() if self._update.rank == 0 else None
+        decided = self._update.parts.job.decide(mine)
+        self._amend(decided)
+        if decided['delay'] is None:
+            self._drop_rule_state()
+            _LOG.info("DelayedTrainer: delay='auto' stays synchronous from step %d on (pin it: "
+                      "warmup_steps at least the job's steps, or kvstore='dist_sync')", t0)
+        else:
+            _LOG.info("DelayedTrainer: delay='auto' chose delay=%d from step %d on (pin it: "
+                      'delay=%d, slack=%d)', decided['delay'], t0, decided['delay'],
+                      self._update.parts.settings.slack)
+
+    def _choice(self):
+        """Worker 0's decision at the switch: ``{'delay': k or None, 'synchronous_from':
+        None or t0}``."""
+        t0 = self._update.schedule.first_delayed_step
+        stay = {'delay': None, 'synchronous_from': t0}
+        if self._force != 'measure':
+            _LOG.info("DelayedTrainer: delay='auto' forced by MXDELAY_AUTO_DELAY_FORCE=%s",
+                      self._force)
+            return stay if self._force == 'stay' else {'delay': int(self._force[0]),
+                                                       'synchronous_from': None}
+        if len(self._warmup) < 2:
+            _LOG.warning("DelayedTrainer: delay='auto' measured %d warm-up steps, too few to "
+                         'estimate (a job resumed close to the switch?): it stays synchronous',
+                         max(0, len(self._warmup) - 1))
+            return stay
+        wall, wait = self._times.wall_and_wait(self._warmup)
+        steps = len(self._warmup) - 1
+        step_ms, wait_ms = 1e3 * wall / steps, 1e3 * wait / steps
+        self._warmup_ms = step_ms
+        sizes = self._update.round_bytes()
+        k, rows = choose(step_ms, wait_ms, sizes['push'], sizes['pull'])
+        _LOG.info("DelayedTrainer: delay='auto' measured %d warm-up steps (from step %d): step "
+                  'S = %.1f ms, waiting for communication W = %.1f ms, compute C = S - W = '
+                  '%.1f ms; %s bytes pushed and %s pulled per round; estimated step '
+                  'max(C, W (P + Q/k)/(P + Q)): %s', steps, self._warmup[1][0], step_ms,
+                  wait_ms, step_ms - wait_ms, '{:,}'.format(sizes['push']),
+                  '{:,}'.format(sizes['pull']),
+                  ', '.join('k=%d %.1f ms (%.2fx)' % (row['delay'], row['step_ms'],
+                                                      row['speedup']) for row in rows))
+        return stay if k is None else {'delay': k, 'synchronous_from': None}
+
+    # -- the fallback -------------------------------------------------------------------------
+    def _check(self, d):
+        mine = self._fallback(d) if self._update.rank == 0 else None
+        decided = self._update.parts.job.decide(mine)
+        if decided['synchronous_from'] is None:
+            return
+        self._amend(decided)
+        self._drop_rule_state()
+        _LOG.info("DelayedTrainer: delay='auto' fell back: the job runs synchronously from "
+                  'step %d on (delay=%d before it)', d, decided['delay'])
+
+    def _fallback(self, d):
+        """Worker 0's decision at the fallback check before step `d`."""
+        k = self._update.schedule.delay
+        keep, back = {'delay': k, 'synchronous_from': None}, {'delay': k, 'synchronous_from': d}
+        if self._force != 'measure':
+            return back if self._force == '4-fallback' else keep
+        if self._warmup_ms is None or len(self._delayed) < 2:
+            _LOG.info("DelayedTrainer: delay='auto' keeps delay=%d: no measurement to compare "
+                      '(a resumed job)', k)
+            return keep
+        wall, _ = self._times.wall_and_wait(self._delayed)
+        step_ms = 1e3 * wall / (len(self._delayed) - 1)
+        slower = step_ms > self._warmup_ms
+        _LOG.info("DelayedTrainer: delay='auto' measured delayed steps %d-%d: %.1f ms a step "
+                  'against the warm-up\'s %.1f ms: %s', self._delayed[1][0], self._delayed[-1][0],
+                  step_ms, self._warmup_ms, 'falling back to synchronous steps' if slower
+                  else 'keeping delay=%d' % k)
+        return back if slower else keep
+
+    def restore(self, amendments):
+        """A checkpoint's decisions (``DelaySchedule.state_dict``), on every worker: adopted
+        here and on the servers; what was measured before is dropped (a resume before the
+        switch measures again)."""
+        self._warmup, self._delayed, self._warmup_ms = [], [], None
+        self._amend(amendments)
+
+    def _drop_rule_state(self):
+        for s in self._update.states:
+            s.pre_weight = s.rule_state = None   # the local rule is done for this job
+
+    def _amend(self, decided):
+        """Adopt `decided` here and, from worker 0, on the servers (before its next push)."""
+        self._update.schedule.amend(**decided)
+        if self._update.rank == 0:
+            self._update.parts.job.amend_schedule(decided)
