@@ -133,14 +133,14 @@ def test_auto_is_accepted_with_pull_compression_none_or_auto():
                                compression_params='auto', pull_compression=pull)
 
 
-def _hello(rank, auto=True, compression=None, pull=None, wire=None, model_keys=0):
+def _hello(rank, auto=True, compression=None, pull=None, pull_keys=0, model_keys=0):
     config = {'slack': 2, 'chunk_size': 100, 'compression': compression, 'delay': 2,
               'warmup_steps': 3}
     if pull is not None:
         config['pull_compression'] = pull
     if auto:
         config['auto_codec'] = True
-    return {'rank': rank, 'num_workers': 2, 'slots': 3, 'state_keys': 0, 'wire': wire,
+    return {'rank': rank, 'num_workers': 2, 'slots': 3, 'state_keys': 0, 'pull_keys': pull_keys,
             'model_keys': model_keys, 'protocol': mxdelay_protocol(), 'config': config}
 
 
@@ -153,10 +153,10 @@ def test_servers_take_rank_0s_choice_and_give_it_to_the_others():
     ternary, int8 = {'type': 'ternary', 'block_size': 256}, {'type': 'int8', 'block_size': 256}
     server.command('hello', _hello(1))       # first, but it cannot fix the layout
     assert server._handshake.layout is None  # pylint: disable=protected-access
-    server.command('hello', _hello(0, compression=ternary, pull=int8, wire='float32',
+    server.command('hello', _hello(0, compression=ternary, pull=int8, pull_keys=1,
                                    model_keys=1))
     layout = server._handshake.layout        # pylint: disable=protected-access
-    assert layout.model_keys == 1 and layout.pull_keys == 3
+    assert layout.model_keys == 1 and layout.pull_keys == 1   # one with compressed pulls
     ok, payload = server.handshake_reply()
     assert ok, payload
     assert payload['codec'] == {'compression': ternary, 'pull_compression': int8}
@@ -164,7 +164,7 @@ def test_servers_take_rank_0s_choice_and_give_it_to_the_others():
 
 def test_servers_refuse_auto_beside_a_worker_without_it():
     server = DelayServer.offline(num_workers=2)
-    server.command('hello', _hello(0, compression={'type': 'fp16'}, wire='float16'))
+    server.command('hello', _hello(0, compression={'type': 'fp16'}, pull_keys=3))
     server.command('hello', _hello(1, auto=False))
     ok, payload = server.handshake_reply()
     assert not ok and 'auto_codec' in payload

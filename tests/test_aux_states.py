@@ -56,10 +56,10 @@ FROZEN = 'frozen_weight'
 
 
 # -- the servers ------------------------------------------------------------------------------
-def _server(wire=None):
+def _server(pull_keys=0):
     server = DelayServer.offline(rank=0, num_workers=2)
     hello = {'rank': 0, 'protocol': commands.PROTOCOL_VERSION, 'slots': 2, 'config': {}}
-    server.command(Command.HELLO, dict(hello, wire=wire) if wire else hello)
+    server.command(Command.HELLO, dict(hello, pull_keys=pull_keys) if pull_keys else hello)
     return server
 
 
@@ -120,7 +120,7 @@ def test_workers_that_register_a_chunk_aux_and_not_aux_are_refused():
 
 
 def test_an_aux_chunk_has_no_pull_keys_with_float16_pushes():
-    server = _server(wire='float16')
+    server = _server(pull_keys=2)
     server.command(Command.REGISTER, {'rank': 0, 'chunks': [_entry(AUX), _entry(chunk=1)]})
     layout = KeyLayout(1, 2, pull_keys=2)
     server.complete_round(layout.slot_key(0, 0, 0), nd.array([1.0, 2.0, 3.0]), nd.zeros(3))

@@ -206,7 +206,8 @@ def test_a_rank_that_votes_twice_is_refused(served):
     ({'num_workers': 3}, "'num_workers' is 3, this job has 2 workers"),
     ({'config': []}, "'config' must be a JSON object"),
     ({'config': {'optimizer': 'sgd'}}, "'optimizer' must be a JSON object"),
-    ({'wire': 5}, "'wire' must be a string"),
+    ({'pull_keys': '2'}, "'pull_keys' must be an integer"),
+    ({'pull_keys': -1}, "'pull_keys' must be >= 0"),
 ])
 def test_a_bad_hello_is_refused_before_it_changes_anything(fields, pattern):
     server = DelayServer.offline(rank=0, num_workers=2)
@@ -218,13 +219,13 @@ def test_a_bad_hello_is_refused_before_it_changes_anything(fields, pattern):
         server.command(Command.HELLO, hello(0))
 
 
-@pytest.mark.parametrize('version', [3, 5, None, '4'])
+@pytest.mark.parametrize('version', [4, 6, None, '5'])
 def test_a_hello_of_another_protocol_version_is_refused(version):
-    # 3 is the version before the finish counter's third head element (exchanged) and aux
-    # chunks: such a worker and this server would silently disagree on the counter.
-    assert commands.PROTOCOL_VERSION == 4
+    # 4 is the version before the hello's pull_keys: such a worker and this server would
+    # silently disagree on the keys of compressed pulls.
+    assert commands.PROTOCOL_VERSION == 5
     server = DelayServer.offline(rank=0, num_workers=2)
-    message = ('worker 1 speaks protocol %r, server 0 speaks 4: install the same mxdelay '
+    message = ('worker 1 speaks protocol %r, server 0 speaks 5: install the same mxdelay '
                'version everywhere' % version)
     with pytest.raises(ValueError) as refused:
         server.command(Command.HELLO, hello(1, protocol=version))
@@ -370,10 +371,10 @@ def test_workers_of_another_protocol_version_are_refused_in_a_real_job(tmp_path)
     # launcher's fail-fast stopped it first when the other worker's error ended the job (a
     # race: the job ends at the first failing worker).
     for rank in range(2):
-        assert ('server 0: command failed: worker %d speaks protocol 3, server 0 speaks 4: '
+        assert ('server 0: command failed: worker %d speaks protocol 3, server 0 speaks 5: '
                 'install the same mxdelay version everywhere' % rank) in result.stderr, result
     refusal = re.compile(r"^ValueError: mxdelay server 0 refused the hand-shake: worker [01] "
-                         r"speaks protocol 3, server 0 speaks 4: install the same mxdelay "
+                         r"speaks protocol 3, server 0 speaks 5: install the same mxdelay "
                          r"version everywhere$")
     raised = []
     for rank in range(2):

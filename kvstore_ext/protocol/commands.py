@@ -32,8 +32,9 @@ __all__ = ['AUX_SETTINGS', 'PROTOCOL_VERSION', 'MAGIC', 'Command', 'COMMAND_PREF
 #: entry; 4: the finish counter's head has a third element, exchanged (whether the round
 #: goes as pushpulls: a server of 3 would keep a stale sum there, one of 4 overwrites a
 #: worker of 3's first overflow mark), synchronous rounds go as pushpulls, and REGISTER's
-#: {'aux': True} and the AUX command exist.
-PROTOCOL_VERSION = 4
+#: {'aux': True} and the AUX command exist; 5: the hello says the pull keys per chunk
+#: (pull_keys, one with compressed pulls) instead of the push's dtype (wire, which meant R).
+PROTOCOL_VERSION = 5
 #: The registration of an aux chunk (docs/design.md §2.13): the workers push aux states
 #: (BatchNorm's running mean and variance), which no optimizer may touch.
 AUX_SETTINGS = {'aux': True}

@@ -8,9 +8,9 @@ lands every key on the server it wants (:class:`KeyLayout`):
   answers the hand-shake and the commands (:mod:`kvstore_ext.protocol.commands`);
 - ``R`` *slot* keys per tensor chunk (``slot_key(local, slot, server)``), all on the
   chunk's server; round t of a chunk goes to slot ``t mod R`` (docs/design.md §2);
-- with float16 or blockwise pushes, ``R`` float32 *pull* keys per chunk (``pull_key(local,
-  slot, server)``): the servers write round t's weights into pull key ``t mod R``, which
-  pulls read (docs/design.md §2.11);
+- with float16 or blockwise pushes, ``P`` float32 *pull* keys per chunk (``pull_key(local,
+  p, server)``; P = R, or 1 with compressed pulls, :func:`pull_keys_per_chunk`): the servers
+  write round t's weights into pull key ``t mod P``, which pulls read (docs/design.md §2.11);
 - ``J`` *state* keys per chunk (``state_key(local, j, server)``; J = 0 unless a trainer's
   local rule fetches the servers' optimizer state, docs/design.md §2.9): a round of state
   key j carries the j-th array of the chunk's optimizer state back to the workers;
@@ -23,7 +23,7 @@ whole key range below :data:`MAX_KEY` instead of each server's keys using 1/S of
 (docs/design.md §2.6). The worker places chunks (:mod:`kvstore_ext.worker.layout`); the
 server decodes the keys it receives with the same layout.
 """
-__all__ = ['KeyLayout', 'MAX_KEY', 'FEWER_KEYS']
+__all__ = ['KeyLayout', 'MAX_KEY', 'FEWER_KEYS', 'pull_keys_per_chunk']
 
 
 _MXNET_KEY_MULTIPLIER = 9973  # src/kvstore/kvstore_dist.h, EncodeDefaultKey
@@ -35,6 +35,17 @@ MAX_KEY = (2 ** 31 - 1) // _MXNET_KEY_MULTIPLIER
 
 FEWER_KEYS = ('use larger chunks (MXDELAY_CHUNK_SIZE, below MXNET_KVSTORE_BIGARRAY_BOUND), '
                'fewer tensors or a smaller slack')
+
+
+def pull_keys_per_chunk(slots, pull_keys, compressed_pulls):
+    """P, the float32 pull keys of a chunk (docs/design.md §2.11): none unless the codec's
+    pulls read `pull_keys` of their own; one with `compressed_pulls` (the scheduled pulls read
+    the model key, so the pull keys serve only exact pulls, each of which the next push waits
+    for); else `slots` (R), so that an exact pull of round t is not overwritten by the rounds
+    a worker pushes before it returns."""
+    if not pull_keys:
+        return 0
+    return 1 if compressed_pulls else slots
 
 
 class KeyLayout(object):
@@ -49,8 +60,8 @@ class KeyLayout(object):
     state_keys : int, default 0
         State keys per chunk (J). With J = 0 every key is what it was without state keys.
     pull_keys : int, default 0
-        Pull keys per chunk (P): R with float16 pushes, else 0 (then every key is what it
-        was without them).
+        Pull keys per chunk (P, :func:`pull_keys_per_chunk`): R or 1 with float16 or
+        blockwise pushes, else 0 (then every key is what it was without them).
     model_keys : int, default 0
         Model keys per chunk (M): 1 with compressed pulls, else 0 (then every key is what
         it was without them). They follow the state keys.
@@ -94,8 +105,8 @@ class KeyLayout(object):
         return self._key(1 + local * self._stride + slot, server)
 
     def pull_key(self, local, slot, server):
-        """Key of pull key `slot` (float16 pushes) of the chunk with local index `local` on
-        server `server`."""
+        """Key of pull key `slot` (0 .. P-1; float16 or blockwise pushes) of the chunk with
+        local index `local` on server `server`."""
         if not 0 <= slot < self.pull_keys:
             raise ValueError('pull key %d of chunk %d: this layout has %d pull keys per chunk'
                              % (slot, local, self.pull_keys))

@@ -62,11 +62,13 @@ class Handshake(object):
         # hand-shake's included, follows rank 0's hello: its init's barrier).
         if self.layout is None and (rank == 0 or not body['config'].get('auto_codec')):
             slots = body['slots']
-            # float16 pushes: R pull keys per chunk, which hold W (docs/design.md §2.11)
+            # float16 or blockwise pushes: P pull keys per chunk, which hold W (R, or 1 with
+            # compressed pulls, docs/design.md §2.11)
             self.layout = KeyLayout(num_servers, slots, body.get('state_keys', 0),
-                                    pull_keys=slots if body.get('wire') else 0,
+                                    pull_keys=body.get('pull_keys', 0),
                                     model_keys=body.get('model_keys', 0))
             self._rounds.set_slots(self.layout.slots)
+            self._rounds.pulls.set_count(self.layout.pull_keys)
             self._on_layout(self.layout)
         self._hellos[rank] = body
 
@@ -83,8 +85,8 @@ class Handshake(object):
                              % (body['num_workers'], num_workers))
         field(body, 'slots', int, minimum=1, maximum=_MAX_KEYS_PER_CHUNK)
         field(body, 'state_keys', int, minimum=0, maximum=_MAX_KEYS_PER_CHUNK, optional=True)
+        field(body, 'pull_keys', int, minimum=0, maximum=_MAX_KEYS_PER_CHUNK, optional=True)
         field(body, 'model_keys', int, minimum=0, maximum=1, optional=True)
-        field(body, 'wire', str, optional=True)
         field(body, 'launcher_rank', str, optional=True)
         config = field(body, 'config', dict)
         field(config, 'optimizer', dict, optional=True)

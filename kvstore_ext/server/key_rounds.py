@@ -70,10 +70,10 @@ class KeyRounds(object):
                                'was set up' % (chunk, slot))
         self._rounds.on_round(chunk, slot, merged, stored)
 
-    def _pull(self, key, local, slot, merged, stored):
+    def _pull(self, key, local, index, merged, stored):
         # The workers' round of zeros at init (worker/wires/pull_keys.py, push_handle_round):
         # keep the stored array, leave its value (W_0), write W into it from now on.
-        self._rounds.pulls.set_store(self._chunk(key, local), slot, stored)
+        self._rounds.pulls.set_store(self._chunk(key, local), index, stored)
 
     def _model(self, key, local, index, merged, stored):
         # The workers' round of zeros at init (worker/wires/pulls.py, CompressedPulls):

@@ -18,24 +18,33 @@ __all__ = ['PullStores', 'PulledModels', 'ServerModel']
 
 
 class PullStores(object):
-    """The stored arrays of the chunks' pull keys, by (chunk, slot)."""
+    """The stored arrays of the chunks' pull keys, by (chunk, pull key). A chunk has P pull
+    keys (the hand-shake's, :meth:`set_count`): slot s's rounds write pull key ``s mod P``."""
 
     def __init__(self):
         self._stores = {}
+        self._count = None   # P; None: one pull key per slot
 
-    def set_store(self, chunk, slot, stored):
-        """`stored` is the stored array of `chunk`'s pull key `slot`: W is written there
+    def set_count(self, count):
+        """P, the pull keys per chunk (R, or 1 with compressed pulls; 0: none)."""
+        self._count = count or None
+
+    def _index(self, slot):
+        return slot if self._count is None else slot % self._count
+
+    def set_store(self, chunk, index, stored):
+        """`stored` is the stored array of `chunk`'s pull key `index`: W is written there
         from now on (its value, W_0, is kept)."""
-        self._stores[(chunk, slot)] = stored
+        self._stores[(chunk, index)] = stored
 
     def has_store(self, chunk, slot):
-        """Whether :meth:`set_store` was called for `chunk`'s `slot`."""
-        return (chunk, slot) in self._stores
+        """Whether :meth:`set_store` was called for the pull key of `chunk`'s `slot`."""
+        return (chunk, self._index(slot)) in self._stores
 
     def target(self, chunk, slot, stored):
         """Where the W of `chunk`'s round in `slot` goes: its pull key's stored array, else
-        `stored` (the slot's own)."""
-        return self._stores.get((chunk, slot), stored)
+        `stored` (the slot's own). With one pull key every round writes it, in place."""
+        return self._stores.get((chunk, self._index(slot)), stored)
 
 
 class PulledModels(object):

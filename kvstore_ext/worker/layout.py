@@ -174,7 +174,7 @@ class Placement(object):
         local = self.server_chunks[server]
         layout = self.layout
         keys = [layout.slot_key(local, s, server) for s in range(layout.slots)]
-        pull = [layout.pull_key(local, s, server) for s in range(layout.slots)] \
+        pull = [layout.pull_key(local, p, server) for p in range(layout.pull_keys)] \
             if pull_keys else None
         model_key = layout.model_key(local, server) if layout.model_keys else None
         chunk = Chunk(self.next_chunk_id, start, stop, server, local, keys, pull, model_key)

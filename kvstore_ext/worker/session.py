@@ -16,7 +16,7 @@ import logging
 from kvstore_ext import codecs, env
 from kvstore_ext.optim.optimizers import describe_optimizer, whole_tensor_name
 from kvstore_ext.protocol import commands
-from kvstore_ext.protocol.keys import KeyLayout
+from kvstore_ext.protocol.keys import KeyLayout, pull_keys_per_chunk
 from kvstore_ext.worker import autocodec, sparse, wires
 from kvstore_ext.worker.arguments import as_lists
 from kvstore_ext.worker.aux_states import AuxKeys
@@ -97,9 +97,11 @@ class Session(object):
     def _layout(self):
         settings = self.settings
         slots = settings.slack + 1
+        schedule = settings.pull_schedule()
         return KeyLayout(self.num_servers, slots, settings.state_keys,
-                         pull_keys=slots if settings.codec.pull_keys else 0,
-                         model_keys=1 if settings.pull_schedule() else 0)
+                         pull_keys=pull_keys_per_chunk(slots, settings.codec.pull_keys,
+                                                       bool(schedule)),
+                         model_keys=1 if schedule else 0)
 
     def _choose_codecs(self):
         """compression_params='auto' on rank 0: measure, choose and take the codecs."""
@@ -123,8 +125,8 @@ class Session(object):
         layout = self._layout()
         pull_codec = settings.pull_compression
         hello = {'rank': self.rank, 'num_workers': self.num_workers, 'slots': slots,
-                 'state_keys': settings.state_keys, 'wire': settings.wire_dtype,
-                 'model_keys': layout.model_keys,
+                 'state_keys': settings.state_keys,
+                 'pull_keys': layout.pull_keys, 'model_keys': layout.model_keys,
                  'launcher_rank': env.get('MXDELAY_RANK'),
                  'protocol': commands.PROTOCOL_VERSION,
                  # The optimizer's description too: workers that set different optimizers

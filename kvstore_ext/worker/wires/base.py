@@ -245,11 +245,11 @@ class DenseWire(KeyKind):
     def pull(self, tensor, outs, priority, ignore_sparse=True):  # pylint: disable=unused-argument
         """Pull into `outs` the weights of `tensor` after this worker's last pushed round."""
         last = tensor.next_round - 1
-        slot = max(last, 0) % self._slots
         if last >= 0:
             self._order_pull(tensor, last)
         per_chunk = list(zip(*[tensor.views_of(o)[1] for o in outs]))
-        self._native.pull([c.pull_keys[slot] for c in tensor.chunks],
+        # The key that holds W_{last+1}: slot key last mod R, or pull key last mod P.
+        self._native.pull([c.pull_keys[max(last, 0) % len(c.pull_keys)] for c in tensor.chunks],
                           out=[list(views) for views in per_chunk], priority=priority)
         if last >= 0:
             self._after_pull(tensor, last)

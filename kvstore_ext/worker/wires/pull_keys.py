@@ -2,11 +2,12 @@
 (``Codec.wire`` ``'pull_keys'``: ``'fp16'``, docs/design.md §2.11).
 
 Every chunk keeps its R slot keys for the pushes, now keys of the wire dtype (float16), and
-gets R float32 *pull keys*: round t's ``W_{t+1}`` is written into pull key ``t mod R``
-(:class:`kvstore_ext.server.rounds.RoundKeeper`), and pulls read it. The native server hands
-its updater only the stored value of the key whose round completed, so each worker pushes one
-round of zeros into the pull keys at ``init``; the server keeps their stored arrays from that
-round on (:func:`push_handle_round`).
+gets P float32 *pull keys* (R, or 1 with compressed pulls,
+:func:`kvstore_ext.protocol.keys.pull_keys_per_chunk`): round t's ``W_{t+1}`` is written into
+pull key ``t mod P`` (:class:`kvstore_ext.server.rounds.RoundKeeper`), and pulls read it. The
+native server hands its updater only the stored value of the key whose round completed, so each
+worker pushes one round of zeros into the pull keys at ``init``; the server keeps their stored
+arrays from that round on (:func:`push_handle_round`).
 
 Pulls land in a float32 receive buffer (:class:`PullKeyBuffers`, the tensor's
 ``wire_state``: one for all its pull keys, which pulls write one after the other in MXNet's
@@ -96,7 +97,8 @@ class PullKeyWire(DenseWire):
         """Before the next push into `slot`: wait in MXNet's engine for the last pull of its
         pull key to return (a one-element write on the send buffer that reads the key's
         mark). Otherwise the push could complete the next round, and the server overwrite the
-        pull key, before that pull was served."""
+        pull key, before that pull was served. With one pull key (compressed pulls) every push
+        after an exact pull waits for it."""
         state = tensor.wire_state
         index = state.index(slot)
         if index in state.pulled:

@@ -69,7 +69,7 @@ class RowWire(PullKeyWire):
         return (self._native.num_workers, self._codec.payload_size(chunk.stop - chunk.start))
 
     def _entries(self, tensor, value):
-        """Each chunk's R row_sparse slot keys (all N rows of zeros) and R float32 pull keys
+        """Each chunk's R row_sparse slot keys (all N rows of zeros) and P float32 pull keys
         (the chunk's initial value); the sizes registered are the chunks' values."""
         flat = value.reshape(-1)
         workers = self._native.num_workers
