@@ -14,8 +14,16 @@ What is tested, and against what:
   staying synchronous equals the job pinned all warm-up (``warmup_steps`` >= its steps)
   bit for bit; a job that falls back at F equals the pinned k=4 job before F bit for bit,
   and from F on its workers hold the same weights (synchronous steps) and differ from the
-  pinned job's. Without compression, k=2 against ``delay=2, slack=4``.
-Tolerance: none (bit for bit; the choice: the hand-written estimate to 1e-12).
+  pinned job's. Without compression, k=2 against ``delay=2, slack=4``;
+- the fallback against the numpy reference (``reference.simulate(synchronous_from=F)``,
+  itself checked against the delayed reference before F and the all-warm-up one for
+  F = t0): real 2-worker jobs falling back at F, or staying synchronous (F = t0, against
+  the reference with W at least the job's steps), plain (the reference's own gradients, at
+  reference_jobs.RTOL/ATOL) and with ternary + int8 pulls (the job's recorded gradients
+  replayed, bit for bit); and the same reference with F a period earlier or later, or no
+  fallback, is refused by each comparison (the test sees F).
+Tolerance: none (bit for bit; the choice: the hand-written estimate to 1e-12), except the
+plain reference comparisons (rtol 1e-5, atol 1e-6: Gluon's backward against numpy's).
 """
 import concurrent.futures
 import json
