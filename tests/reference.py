@@ -42,20 +42,17 @@ AMP (docs/design.md §11), with ``overflow`` the set of (rank, step) whose gradi
 finite: a round in which any worker overflowed is skipped by the server (weights, state and
 update count unchanged); a worker skips its own local step (4.) only when its own gradient
 overflowed; the loss scale (:class:`LossScale`, Gluon's rule) advances with the global flag
-of round t at step t in the synchronous steps, and with the flags of a period's rounds at
-the step that applies its pull (from a fallback round F on, at step t again). The update count u of a round (the lr schedule's argument
-and Adam's bias correction) counts applied rounds; a worker's local steps use t less the
-skipped rounds its loss scale has seen. Loss scales are powers of two, so the scaled
-gradient times its ``rescale_grad`` is the unscaled one bit for bit: the reference works
-with unscaled gradients.
+of round t at step t in the synchronous steps (a fallback's too), and with the flags of a
+period's rounds at the step that applies its pull. The update count u of a round (the lr
+schedule's argument and Adam's bias correction) counts applied rounds; a worker's local
+steps use t less the skipped rounds its loss scale has seen. Loss scales are powers of two,
+so the scaled gradient times its ``rescale_grad`` is the unscaled one bit for bit: the
+reference works with unscaled gradients.
 
-A ``delay='auto'`` fallback (docs/design.md §1.2), ``synchronous_from=F`` (``F = t0 + j k``,
-or t0: no delayed step): every step t >= F is synchronous as in the warm-up, ``w' :=
-W_{t+1}`` (x̂ after round t with compressed pulls, which pull every round from F on). The
-pull issued at F - 1 is never applied (its round is still pulled: x̂ advances at F - 1 as
-without the fallback); ``pre_weight`` and the rule's state are dropped, never read again;
-the pushes' error-feedback residuals and x̂ carry on; the loss scale sees every round up to
-t at step t.
+``delay='auto'``'s fallback (docs/design.md §1.2), ``synchronous_from=F`` (t0 + j k, or t0):
+steps t >= F are synchronous as the warm-up's, ``w' := W_{t+1}`` (x̂ of round t: compressed
+pulls pull every round from F on). The pull issued at F - 1 is never applied (x̂ still
+advances at F - 1); the rule's state is dropped; the residuals and x̂ carry on.
 """
 import collections
 import math

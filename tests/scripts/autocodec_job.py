@@ -5,7 +5,8 @@ final weights.
 
 Usage: autocodec_job.py CONFIG_JSON OUT_DIR, CONFIG with ``compression`` and
 ``pull_compression`` (the trainer's arguments, e.g. "auto"), ``optimizer`` ('sgd'),
-``steps`` (8), ``delay`` (2), ``warmup_steps`` (3), ``slack`` (None). Writes OUT_DIR/worker<rank>.npz.
+``steps`` (8), ``delay`` (2), ``warmup_steps`` (3), ``slack`` (None). Writes
+OUT_DIR/worker<rank>.npz.
 """
 import json
 import logging
