@@ -42,12 +42,17 @@ AMP (docs/design.md §11), with ``overflow`` the set of (rank, step) whose gradi
 finite: a round in which any worker overflowed is skipped by the server (weights, state and
 update count unchanged); a worker skips its own local step (4.) only when its own gradient
 overflowed; the loss scale (:class:`LossScale`, Gluon's rule) advances with the global flag
-of round t at step t in the synchronous steps, and with the flags of a period's rounds at
-the step that applies its pull. The update count u of a round (the lr schedule's argument
-and Adam's bias correction) counts applied rounds; a worker's local steps use t less the
-skipped rounds its loss scale has seen. Loss scales are powers of two, so the scaled
-gradient times its ``rescale_grad`` is the unscaled one bit for bit: the reference works
-with unscaled gradients.
+of round t at step t in the synchronous steps (a fallback's too), and with the flags of a
+period's rounds at the step that applies its pull. The update count u of a round (the lr
+schedule's argument and Adam's bias correction) counts applied rounds; a worker's local
+steps use t less the skipped rounds its loss scale has seen. Loss scales are powers of two,
+so the scaled gradient times its ``rescale_grad`` is the unscaled one bit for bit: the
+reference works with unscaled gradients.
+
+``delay='auto'``'s fallback (docs/design.md §1.2), ``synchronous_from=F`` (t0 + j k, or t0):
+steps t >= F are synchronous as the warm-up's, ``w' := W_{t+1}`` (x̂ of round t: compressed
+pulls pull every round from F on). The pull issued at F - 1 is never applied (x̂ still
+advances at F - 1); the rule's state is dropped; the residuals and x̂ carry on.
 """
 import collections
 import math
@@ -196,9 +201,12 @@ def aux_mean(values):
     return total / F32(len(values))
 
 
-def pulled_round(t, delay, warmup_steps):
-    """Whether every worker pulls round `t`: ``t <= W``, or the last round of a period."""
+def pulled_round(t, delay, warmup_steps, synchronous_from=None):
+    """Whether every worker pulls round `t`: ``t <= W``, the last round of a period, or
+    ``t >= synchronous_from`` (a ``delay='auto'`` fallback)."""
     t0 = warmup_steps + 1
+    if synchronous_from is not None and t >= synchronous_from:
+        return True
     return t < t0 or (t - t0) % delay == delay - 1
 
 
@@ -261,7 +269,7 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
              rescale_grad=1.0, local_lr=None, rule='mirror', dc_lambda=None, ms_momentum=0.95,
              lr_fn=None, lr_mult=None, wd_mult=None, optimizer='sgd', beta1=0.9, beta2=0.999,
              epsilon=1e-8, freeze_after=None, fp16=False, compression_threshold=None, overflow=(),
-             scale_window=2000, pull_compression=None, blockwise=None):
+             scale_window=2000, pull_compression=None, blockwise=None, synchronous_from=None):
     """Simulate docs/design.md §1 for ``steps`` steps; returns a :class:`Trajectory`.
 
     ``grad_fn(weights, rank, step)`` returns worker ``rank``'s raw gradients (dict) at
@@ -305,6 +313,9 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     compressed pulls (see the module's docstring); ``xhat`` then holds the pulled model
     after every round. int8 blocks run over the flattened tensor, within chunks of
     `chunk_size` elements (the store's, docs/design.md §2.5) if given.
+
+    `synchronous_from` F: ``delay='auto'``'s fallback, synchronous steps from round F on
+    (see the module's docstring); None: no fallback. F is t0 = W + 1 or ``t0 + j k``.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError('optimizer must be one of %s, got %r' % (OPTIMIZERS, optimizer))
@@ -316,6 +327,10 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
         raise ValueError('need delay >= 1, warmup_steps >= 0, num_workers >= 1')
     N, k, warm = num_workers, delay, warmup_steps
     t0 = warm + 1                                  # first step of the delayed phase
+    if synchronous_from is not None and (synchronous_from < t0 or (synchronous_from - t0) % k):
+        raise ValueError('synchronous_from must be t0 = %d or t0 + j*delay (delay %d), got %r'
+                         % (t0, k, synchronous_from))
+    fallback = math.inf if synchronous_from is None else synchronous_from
     lam = F32(DEFAULT_LAMBDA[rule] if dc_lambda is None else dc_lambda)
     mu, rg, m = F32(momentum), F32(rescale_grad), F32(ms_momentum)
     local_lr = lr if local_lr is None else local_lr
@@ -369,7 +384,8 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
     for t in range(steps):
         lr_t = lr if lr_fn is None else lr_fn(u)
         lr_s = {n: F32(lr_t * lr_mult[n]) for n in names}  # server lr, round t
-        if t > warm and (t - t0) % k == 0 and t > t0:      # this step applies a pull
+        synchronous = t <= warm or t >= fallback           # warm-up, switch, fallback
+        if not synchronous and (t - t0) % k == 0 and t > t0:   # this step applies a pull
             see(t - 1)
         known = t - seen_skipped                           # a worker's update number - 1
         lr_k = lr if lr_fn is None else lr_fn(known)
@@ -429,13 +445,15 @@ def simulate(init, grad_fn, num_workers, steps, delay, warmup_steps, lr, momentu
             mom[n], var[n] = _lazy(rows, mom[n], kept[0]), _lazy(rows, var[n], kept[1])
 
         xhat_t = xhat                                      # x̂ as pulled up to round t-1
-        if compress is not None and pulled_round(t, k, warm):
+        if compress is not None and pulled_round(t, k, warm, synchronous_from):
             xhat = {n: xhat[n] + compress(W[n] - xhat[n]) for n in names}
-        if t <= warm:
+        if synchronous:
             see(t)                                         # synchronous: round t at once
         for i, wk in enumerate(workers):
-            if t <= warm:
-                # S1 (t < W) and the first switch iteration (t == W): pull W_{t+1}.
+            if synchronous:
+                # S1 (t < W), the first switch iteration (t == W) and from the fallback
+                # round F on: pull W_{t+1}. At F the pull issued at F - 1 ('pending') is
+                # dropped, and so is the rule's state: the local rule never runs again.
                 w_before = wk['w']
                 wk['w'] = _copy(W if compress is None else xhat)
                 if t == warm:                              # S2: back up the pulled weights

@@ -12,7 +12,10 @@ the arguments, the servers' side of the hand-shake, and real jobs.
   ternary + int8 pulls at 100 Mbit/s with SGD, fp16 with Adam, and none at 1 Tbit/s, and
   trains bit for bit like the same job given the arguments it logged (and unlike one
   without codecs); with the probe for real (2 servers), the probe's rate and the choice
-  are logged, and the workers end with the same global model.
+  are logged, and the workers end with the same global model. With ``delay='auto'`` too
+  (forced to k=4, MXDELAY_AUTO_DELAY_FORCE): the log states both choices and their pinning
+  arguments, and the job given them (ternary + int8 pulls, delay=4, slack=4) trains bit for
+  bit alike (and unlike delay=2).
 """
 import ast
 import json
@@ -190,7 +193,7 @@ def run_auto_job(tmp_path, config, env=None, num_servers=1):
     assert_ok(result)
     weights = {rank: dict(np.load(str(out / ('worker%d.npz' % rank)))) for rank in (0, 1)}
     lines = [line for rank in (0, 1) for line in worker_lines(result.stderr, rank)
-             if 'auto codec' in line]
+             if 'auto codec' in line or "delay='auto'" in line]
     return weights, lines
 
 
@@ -240,3 +243,28 @@ def test_probed_auto_logs_the_rate_and_the_choice(tmp_path):
     assert "optimizer adam: candidates none, fp16 " in probed[0]
     name, _, _ = logged_choice(lines)
     assert name in ('none', 'fp16')
+
+
+@pytest.mark.jobs
+def test_both_autos_train_like_the_arguments_they_logged_bit_for_bit(tmp_path):
+    # compression_params='auto' (pinned to ternary + int8 pulls) with delay='auto' (forced
+    # to k=4): the log states both choices and their pinning arguments, and the job given
+    # those arguments computes the same weights, bit for bit; the k matters to the bits.
+    steps = dict(steps=14, warmup_steps=5)     # t0 = 6: two periods of k = 4 and more
+    auto, lines = run_auto_job(tmp_path / 'auto', dict(steps, compression='auto', delay='auto'),
+                               env={'MXDELAY_AUTO_CODEC_LINK': '1e8',
+                                    'MXDELAY_AUTO_DELAY_FORCE': '4'})
+    name, compression, pull = logged_choice(lines)
+    assert (name, compression, pull) == ('ternary+int8', {'type': 'ternary', 'block_size': 256},
+                                         {'type': 'int8', 'block_size': 256}), lines
+    chose = [line for line in lines if "delay='auto' chose" in line]
+    assert len(chose) == 2, lines       # every worker adopts rank 0's decision and logs it
+    assert all("chose delay=4 from step 6 on (pin it: delay=4, slack=4)" in line
+               for line in chose), chose
+    pinned_args = dict(steps, compression=compression, pull_compression=pull, delay=4, slack=4)
+    pinned, _ = run_auto_job(tmp_path / 'pinned', pinned_args)
+    for rank in (0, 1):
+        for key in auto[rank]:
+            np.testing.assert_array_equal(auto[rank][key], pinned[rank][key], err_msg=key)
+    other, _ = run_auto_job(tmp_path / 'k2', dict(pinned_args, delay=2))
+    assert any(not np.array_equal(auto[0][k], other[0][k]) for k in auto[0])

@@ -14,8 +14,16 @@ What is tested, and against what:
   staying synchronous equals the job pinned all warm-up (``warmup_steps`` >= its steps)
   bit for bit; a job that falls back at F equals the pinned k=4 job before F bit for bit,
   and from F on its workers hold the same weights (synchronous steps) and differ from the
-  pinned job's. Without compression, k=2 against ``delay=2, slack=4``.
-Tolerance: none (bit for bit; the choice: the hand-written estimate to 1e-12).
+  pinned job's. Without compression, k=2 against ``delay=2, slack=4``;
+- the fallback against the numpy reference (``reference.simulate(synchronous_from=F)``,
+  itself checked against the delayed reference before F and the all-warm-up one for
+  F = t0): real 2-worker jobs falling back at F, or staying synchronous (F = t0, against
+  the reference with W at least the job's steps), plain (the reference's own gradients, at
+  reference_jobs.RTOL/ATOL) and with ternary + int8 pulls (the job's recorded gradients
+  replayed, bit for bit); and the same reference with F a period earlier or later, or no
+  fallback, is refused by each comparison (the test sees F).
+Tolerance: none (bit for bit; the choice: the hand-written estimate to 1e-12), except the
+plain reference comparisons (rtol 1e-5, atol 1e-6: Gluon's backward against numpy's).
 """
 import concurrent.futures
 import json
@@ -34,9 +42,13 @@ from mxnet import gluon
 from mxdelay.autodelay import CANDIDATES, MARGIN, SLACK, AutoDelay, choose
 from mxdelay.schedule import DelaySchedule
 from mxdelay.steplog import StepTimes
+import reference
+from scripts import mlp_model
 from support.jobs import SCRIPTS, assert_ok, run_job, worker_lines
 from support.model import MLP_NAMES
-from support.reference_jobs import MLP_BASE, run_mlp_job
+from support.reference_jobs import (MLP_BASE, assert_matches_reference,
+                                    assert_rounds_equal_reference, rounds_differ_from_reference,
+                                    run_mlp_job, simulate_mlp_job)
 
 
 def by_hand(step, wait, push, pull, k):
@@ -366,3 +378,87 @@ def test_a_resumed_auto_job_continues_exactly(tmp_path, save_at):
         for name in MLP_NAMES:
             np.testing.assert_array_equal(resumed[rank][name], full[rank][name][save_at + 1:],
                                           err_msg='worker %d %s after resume' % (rank, name))
+
+
+# -- the fallback against the numpy reference (reference.simulate(synchronous_from=F)) ------
+#: The reference's arguments of TERNARY_INT8 (ternary: h = 1; one chunk a tensor).
+TERNARY_INT8_REFERENCE = dict(blockwise=(1, 32, None), pull_compression=('int8', 32))
+PLAIN = dict(MLP_BASE, steps=STEPS, delay=4, warmup_steps=W)
+
+
+@pytest.mark.parametrize('compressed', [False, True], ids=['plain', 'ternary-int8'])
+def test_the_reference_fallback_is_synchronous_from_f(compressed):
+    # The reference alone: equal to the delayed reference before F, to the all-warm-up one
+    # with F = t0; from F on both workers hold W_{t+1} (x̂ with compressed pulls).
+    kw = TERNARY_INT8_REFERENCE if compressed else {}
+    delayed = simulate_mlp_job(PLAIN, 2, **kw)
+    fallen = simulate_mlp_job(PLAIN, 2, synchronous_from=F, **kw)
+    stayed = simulate_mlp_job(PLAIN, 2, synchronous_from=W + 1, **kw)
+    warm = simulate_mlp_job(dict(PLAIN, warmup_steps=STEPS), 2, **kw)
+    for t in range(STEPS):
+        for rank in (0, 1):
+            for name in MLP_NAMES:
+                if t < F:
+                    np.testing.assert_array_equal(fallen.local[t][rank][name],
+                                                  delayed.local[t][rank][name])
+                else:
+                    pulled = (fallen.xhat if compressed else fallen.glob)[t][name]
+                    np.testing.assert_array_equal(fallen.local[t][rank][name], pulled)
+                np.testing.assert_array_equal(stayed.local[t][rank][name],
+                                              warm.local[t][rank][name])
+    assert fallen.pulls == delayed.pulls[:delayed.pulls.index(F)]
+    assert stayed.pulls == []
+
+
+@pytest.mark.parametrize('bad', [W, F + 1, F - 2])
+def test_the_reference_fallback_round_is_checked(bad):
+    with pytest.raises(ValueError, match=r'synchronous_from must be t0 = 6 or t0 \+ j\*delay'):
+        simulate_mlp_job(PLAIN, 2, synchronous_from=bad)
+
+
+def replay(histories, config, **kw):
+    """The reference on the job's recorded raw gradients (every worker has data every step):
+    each worker's pushes quantized with its own residual, as the job's."""
+    def grad_fn(weights, rank, t):  # pylint: disable=unused-argument
+        return {name: histories[rank]['grad_' + name][t] for name in MLP_NAMES}
+    return reference.simulate(
+        mlp_model.init_params(), grad_fn, 2, config['steps'], config['delay'],
+        config['warmup_steps'], config['lr'], momentum=config['momentum'], wd=config['wd'],
+        rescale_grad=1.0 / config['batch'], **dict(TERNARY_INT8_REFERENCE, **kw))
+
+
+@pytest.mark.jobs
+def test_a_fallback_job_is_the_reference_synchronous_from_f(tmp_path):
+    # Plain: the reference's own gradients, at the reference tolerance. With F a period
+    # earlier or later, or no fallback, the reference differs beyond it: the test sees F.
+    job = run(tmp_path, 'plain', dict(delay='auto', warmup_steps=W), '4-fallback')
+    assert_matches_reference(job, simulate_mlp_job(PLAIN, 2, synchronous_from=F))
+    for other in (None, F - 4, F + 4):
+        with pytest.raises(AssertionError):
+            assert_matches_reference(job, simulate_mlp_job(PLAIN, 2, synchronous_from=other))
+
+
+@pytest.mark.jobs
+def test_a_compressed_fallback_job_is_the_reference_bit_for_bit(tmp_path):
+    # Ternary pushes and int8 pulls: the reference replays the job's raw gradients through
+    # the quantizers (residuals and x̂ across F); bit for bit, and not with another F.
+    job = run(tmp_path, 'compressed', dict(TERNARY_INT8, delay='auto', warmup_steps=W,
+                                           record_grads=True), '4-fallback')
+    assert_rounds_equal_reference(job, replay(job, PLAIN, synchronous_from=F))
+    for other in (None, F - 4, F + 4):
+        assert rounds_differ_from_reference(job, replay(job, PLAIN, synchronous_from=other))
+
+
+@pytest.mark.jobs
+def test_a_job_staying_synchronous_is_the_all_warmup_reference(tmp_path):
+    # F = t0: the reference with W at least the job's steps (plain, at the tolerance; with
+    # ternary + int8, replayed bit for bit); the delayed reference is not it.
+    plain = run(tmp_path, 'plain', dict(delay='auto', warmup_steps=W), 'stay')
+    assert_matches_reference(plain, simulate_mlp_job(dict(PLAIN, warmup_steps=STEPS), 2))
+    with pytest.raises(AssertionError):
+        assert_matches_reference(plain, simulate_mlp_job(PLAIN, 2))
+    compressed = run(tmp_path, 'compressed', dict(TERNARY_INT8, delay='auto', warmup_steps=W,
+                                                  record_grads=True), 'stay')
+    assert_rounds_equal_reference(compressed, replay(compressed,
+                                                     dict(PLAIN, warmup_steps=STEPS)))
+    assert rounds_differ_from_reference(compressed, replay(compressed, PLAIN))

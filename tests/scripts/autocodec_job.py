@@ -5,7 +5,8 @@ final weights.
 
 Usage: autocodec_job.py CONFIG_JSON OUT_DIR, CONFIG with ``compression`` and
 ``pull_compression`` (the trainer's arguments, e.g. "auto"), ``optimizer`` ('sgd'),
-``steps`` (8). Writes OUT_DIR/worker<rank>.npz.
+``steps`` (8), ``delay`` (2), ``warmup_steps`` (3), ``slack`` (None). Writes
+OUT_DIR/worker<rank>.npz.
 """
 import json
 import logging
@@ -35,7 +36,8 @@ def main():
     trainer = mxdelay.DelayedTrainer(
         net.collect_params(), config.get('optimizer', 'sgd'), optimizer_params,
         compression_params=config.get('compression'),
-        pull_compression=config.get('pull_compression'), delay=2, warmup_steps=3)
+        pull_compression=config.get('pull_compression'), delay=config.get('delay', 2),
+        warmup_steps=config.get('warmup_steps', 3), slack=config.get('slack'))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rank = None
     for step in range(config.get('steps', 8)):

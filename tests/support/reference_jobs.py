@@ -39,8 +39,9 @@ def run_mlp_job(tmp_path, num_workers, config, num_servers=1, timeout=120, env=N
     return {rank: np.load(str(out / ('worker%d.npz' % rank))) for rank in range(num_workers)}
 
 
-def simulate_mlp_job(config, num_workers):
-    """The numpy reference's trajectory of an mlp_job `config` with `num_workers` workers."""
+def simulate_mlp_job(config, num_workers, **kw):
+    """The numpy reference's trajectory of an mlp_job `config` with `num_workers` workers;
+    `kw` goes to ``reference.simulate`` (e.g. ``synchronous_from``)."""
     def grad_fn(weights, rank, step):
         x, y = mlp_model.batch(rank, step, config['batch'])
         return mlp_model.numpy_grad(weights, x, y)
@@ -52,7 +53,8 @@ def simulate_mlp_job(config, num_workers):
         dc_lambda=config.get('dc_lambda'), optimizer=config.get('optimizer', 'sgd'),
         fp16=config.get('compression') == {'type': 'fp16'},
         overflow={tuple(pair) for pair in config.get('overflow', [])},
-        scale_window=config.get('scale_window', 2000), **config.get('optimizer_params', {}))
+        scale_window=config.get('scale_window', 2000), **dict(config.get('optimizer_params', {}),
+                                                              **kw))
 
 
 def assert_matches_reference(histories, trajectory, first=0):
