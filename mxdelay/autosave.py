@@ -116,6 +116,11 @@ class NoAutoSave:
     def before_round(self):
         """Save if a save is due at a counter where ``join`` votes (never here)."""
 
+    @staticmethod
+    def resumed_codecs():
+        """The codecs a resume will keep (never here: None)."""
+        return None
+
 
 class AutoSave:
     """Periodic checkpoints of `trainer` in `directory` every `every` steps, the newest
@@ -131,6 +136,14 @@ class AutoSave:
         self._busy = False     # resuming or saving: a join inside must not save
         self._writer = None    # the thread writing the last save's files
         self._left = None      # the step at which the script ended without join (_leaving)
+
+    def resumed_codecs(self):
+        """The codecs of the newest complete checkpoint (``worker_state.codecs_of``), which
+        ``compression_params='auto'`` keeps so that its resume finds the state of the codecs
+        it saved (a new choice would make every checkpoint's load refuse it); None: no
+        checkpoint, or one from before its index named them (measure and choose)."""
+        newest = checkpoint_dir.newest_complete(self.directory)
+        return worker_state.index_codecs(newest[1]) if newest else None
 
     @property
     def resumed_step(self):
@@ -272,7 +285,7 @@ class AutoSave:
         schedule = trainer.schedule.state_dict()
         self._writer = background.start_writer(
             self._write, 'mxdelay-autosave', fname, mode.rank, mode.num_workers, body, save_id,
-            write_kvstore, schedule)
+            write_kvstore, schedule, mode.codecs())
 
     def _wait_for_previous(self, step):
         """Wait until the previous save's thread is done (saves never overlap: one copy of
@@ -314,7 +327,7 @@ class AutoSave:
         body, copies = self._mode().snapshot()
         return files.encode(body, arrays), arrays, copies
 
-    def _write(self, fname, rank, num_workers, body, save_id, write_kvstore, schedule):
+    def _write(self, fname, rank, num_workers, body, save_id, write_kvstore, schedule, codecs):
         """The thread: this worker's file; on worker 0 then the kvstore index, once the
         servers' files are written, and the index, once every worker's is, and the pruning."""
         path = files.worker_file(fname, rank)
@@ -331,7 +344,7 @@ class AutoSave:
             for other in range(1, num_workers):
                 parts['worker%d' % other] = background.wait(files.worker_file(fname, other),
                                                             save_id, PART_TIMEOUT)
-            worker_state.write_index(fname, num_workers, schedule, save_id, parts)
+            worker_state.write_index(fname, num_workers, schedule, save_id, parts, codecs)
             _LOG.info('DelayedTrainer: checkpoint of step %d written (%s)', schedule['step'],
                       fname)
             checkpoint_dir.prune(self.directory, self.keep, schedule['step'])

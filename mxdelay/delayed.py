@@ -70,6 +70,10 @@ class DelayedUpdate(object):
     slack : int
     pull_codec : codec or None
         ``pull_compression``, parsed.
+    auto_codec : callable or None
+        ``compression_params='auto'`` (docs/design.md §2.16): ``auto_codec()`` returns the
+        codecs of the checkpoint the job will resume from (kept), or None (rank 0
+        measures and chooses); None: the codecs are the trainer's arguments.
 
     Attributes
     ----------
@@ -86,7 +90,7 @@ class DelayedUpdate(object):
     """
 
     def __init__(self, gluon, schedule, states, registration_order, rule, local_lr, slack,
-                 pull_codec, auto_codec=False):
+                 pull_codec, auto_codec=None):
         self.schedule, self.states, self.rule = schedule, states, rule
         self._named = {s.param.name: s for s in states}
         self.order = ForwardOrder(states, registration_order)
@@ -120,7 +124,8 @@ class DelayedUpdate(object):
         if self._auto_codec:
             # The hand-shake chooses the codecs; the data path follows at the first step.
             settings.set_auto_codec(autocodec.Request(self._model_sizes, self.schedule.delay,
-                                                      self._codec_restriction))
+                                                      self._codec_restriction,
+                                                      self._auto_codec))
         else:
             self._choose_data_path()
         # The schedule itself: delay='auto''s decisions reach the compressed pulls too.
@@ -191,9 +196,7 @@ class DelayedUpdate(object):
         settings = self._parts.settings
         if settings.auto_codec is not None:
             return None      # 'auto', before the hand-shake chose
-        pull = settings.pull_compression
-        return {'compression_params': settings.codec.describe(),
-                'pull_compression': pull.describe() if pull is not None else None}
+        return worker_state.codecs_of(settings)
 
     def round_bytes(self):
         return traffic.round_bytes(self._parts.traffic, self._parts.settings,

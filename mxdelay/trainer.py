@@ -173,14 +173,17 @@ class DelayedTrainer(gluon.Trainer):
             for s in states:
                 if s.trained:
                     compressed.check_dtype('parameter %s' % s.param.name, s.param.dtype)
+        self._autosave = autosave.create(self, self._mode, self._params, dist_delay,
+                                         checkpoint_dir, checkpoint_every, keep_checkpoints)
         # The delayed update: the mode of 'dist_delay', which owns its state from here on.
+        # compression_params='auto' keeps the codecs of the checkpoint it will resume from.
         self._delayed = DelayedUpdate(GluonState(self), schedule, states, registration_order, rule,
-                                      local_lr, slack, pull_codec, auto_codec and dist_delay)
+                                      local_lr, slack, pull_codec,
+                                      self._autosave.resumed_codecs
+                                      if auto_codec and dist_delay else None)
         # MXDELAY_TIMELINE: record the first steps without code changes (it sets the observer).
         from .timeline import record_from_env  # pylint: disable=import-outside-toplevel
         self._timeline = record_from_env(self)
-        self._autosave = autosave.create(self, self._mode, self._params, dist_delay,
-                                         checkpoint_dir, checkpoint_every, keep_checkpoints)
         _LOG.info('DelayedTrainer: delay=%r warmup_steps=%d local_rule=%r local_lr=%s slack=%d',
                   delay, warmup_steps, rule, 'optimizer lr' if local_lr is None else local_lr,
                   slack)

@@ -127,17 +127,38 @@ def write(fname, kv, parts, body, schedule):
         digests = {'worker%d' % rank: files.file_sha256(files.worker_file(fname, rank))
                    for rank in range(kv.num_workers)}
         digests['kvstore'] = kvstore_digest
-        write_index(fname, kv.num_workers, schedule.state_dict(), save_id, digests)
+        write_index(fname, kv.num_workers, schedule.state_dict(), save_id, digests,
+                    codecs_of(parts.settings))
 
 
-def write_index(fname, num_workers, schedule, save_id, parts):
+def write_index(fname, num_workers, schedule, save_id, parts, codecs):
     """Write the index `fname` (worker 0, last: it makes the checkpoint complete) naming the
-    schedule's `schedule` state, the save id and each part's sha256 (`parts`: ``workerN`` and
-    ``kvstore`` -> digest), which :func:`read` checks. Return its sha256."""
+    schedule's `schedule` state, the save id, each part's sha256 (`parts`: ``workerN`` and
+    ``kvstore`` -> digest), which :func:`read` checks, and the job's `codecs`
+    (:func:`codecs_of`: what a resumed ``compression_params='auto'`` job keeps). Return its
+    sha256."""
     return files.write_json(fname, files.TRAINER_INDEX, {
         'num_workers': num_workers, 'schedule': schedule,
         'kvstore': os.path.basename(files.kvstore_file(fname)),
-        'save_id': save_id, 'parts': parts})
+        'save_id': save_id, 'parts': parts, 'codecs': codecs})
+
+
+def codecs_of(settings):
+    """The store's codecs as the trainer's arguments that pin them: ``{'compression_params':
+    dict or None, 'pull_compression': dict or None}`` (`settings`: ``kv.delayed.settings``)."""
+    pull = settings.pull_compression
+    return {'compression_params': settings.codec.describe(),
+            'pull_compression': pull.describe() if pull is not None else None}
+
+
+def index_codecs(fname):
+    """The codecs the index `fname` names (:func:`write_index`), or None: an index from
+    before they were written, or one that cannot be read (its resume will say why)."""
+    try:
+        codecs = files.read_json(fname, files.TRAINER_INDEX).get('codecs')
+    except ValueError:
+        return None
+    return codecs if isinstance(codecs, dict) else None
 
 
 def read(fname, kv, parts, schedule, params, optimizer, amp, trusted=False):

@@ -198,10 +198,12 @@ def run_auto_job(tmp_path, config, env=None, num_servers=1):
 
 
 def logged_choice(lines):
-    """The (compression_params, pull_compression) the job logged that it chose."""
+    """The (name, compression_params, pull_compression) the job logged that it chose (or
+    kept from its checkpoint)."""
     chosen = [line for line in lines if 'to repeat it pass' in line]
     assert len(chosen) == 1, lines      # rank 0 alone chooses
-    match = re.search(r'chose (\S+) .* compression_params=(.*), pull_compression=(.*)$',
+    match = re.search(r'(?:chose|keeps) ([^\s,]+),? .* compression_params=(.*), '
+                      r'pull_compression=(.*)$',
                       chosen[0])
     return match.group(1), ast.literal_eval(match.group(2)), ast.literal_eval(match.group(3))
 
@@ -268,3 +270,28 @@ def test_both_autos_train_like_the_arguments_they_logged_bit_for_bit(tmp_path):
             np.testing.assert_array_equal(auto[rank][key], pinned[rank][key], err_msg=key)
     other, _ = run_auto_job(tmp_path / 'k2', dict(pinned_args, delay=2))
     assert any(not np.array_equal(auto[0][k], other[0][k]) for k in auto[0])
+
+
+@pytest.mark.jobs
+def test_a_resumed_auto_job_keeps_the_codecs_of_its_checkpoint(tmp_path):
+    # The first run chooses ternary + int8 pulls (link pinned at 100 Mbit/s) and saves at
+    # steps 4 and 8; the second, on a link where it would choose no codec, resumes from step
+    # 8 with the codecs of that checkpoint, and ends where a run given those codecs ends.
+    # Choosing again would have the load refuse every checkpoint: the job would start over.
+    folder = str(tmp_path / 'checkpoints')
+    config = {'compression': 'auto', 'checkpoint_dir': folder, 'checkpoint_every': 4}
+    _, first = run_auto_job(tmp_path / 'first', dict(config, steps=10),
+                            env={'MXDELAY_AUTO_CODEC_LINK': '1e8'})
+    assert logged_choice(first)[0] == 'ternary+int8'
+    resumed, lines = run_auto_job(tmp_path / 'resumed', dict(config, steps=12),
+                                  env={'MXDELAY_AUTO_CODEC_LINK': '1e12'})
+    kept = [line for line in lines if 'keeps ternary+int8, the codecs of the checkpoint' in line]
+    assert len(kept) == 1, lines
+    name, compression, pull = logged_choice(lines)
+    assert name == 'ternary+int8'
+    pinned, _ = run_auto_job(tmp_path / 'pinned', {
+        'compression': compression, 'pull_compression': pull, 'steps': 12,
+        'checkpoint_dir': str(tmp_path / 'fresh'), 'checkpoint_every': 4})
+    for rank in (0, 1):
+        for key in pinned[rank]:
+            np.testing.assert_array_equal(resumed[rank][key], pinned[rank][key], err_msg=key)

@@ -98,11 +98,15 @@ class Request(object):
         k; None: :data:`DEFAULT_DELAY`.
     restriction : callable
         ``restriction()``: None, or why only 'none' may be chosen (e.g. AMP).
+    resumed : callable, optional
+        ``resumed()``: the codecs of the checkpoint the job will resume from
+        (``{'compression_params': ..., 'pull_compression': ...}``), which are kept, or None.
     """
 
-    def __init__(self, sizes, delay, restriction):
+    def __init__(self, sizes, delay, restriction, resumed=None):
         self.sizes, self.restriction = sizes, restriction
         self.delay = delay if isinstance(delay, int) else DEFAULT_DELAY
+        self.resumed = resumed or (lambda: None)
 
 
 def supported(optimizer_type):
@@ -248,6 +252,16 @@ def choose(request, optimizer_type, num_workers, num_servers, chunk_size, send_p
     send_probe : callable
         ``send_probe(nbytes)``: one PROBE of `nbytes` to every server (:func:`probe_rate`).
     """
+    kept = request.resumed()
+    if kept is not None:
+        # The checkpoint holds the state of these codecs (residuals, pulled models): another
+        # choice would make its load refuse it, and the job would start over.
+        chosen = next((c for c in CANDIDATES if (c.push, c.pull) == (
+            kept['compression_params'], kept['pull_compression'])),
+            Candidate('checkpoint', kept['compression_params'], kept['pull_compression']))
+        _LOG.info('auto codec: keeps %s, the codecs of the checkpoint the job resumes from; '
+                  'to repeat it pass %s', chosen.name, pinned_arguments(chosen))
+        return chosen
     names, rows = supported(optimizer_type)
     restriction = request.restriction()
     if restriction:

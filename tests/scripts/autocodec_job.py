@@ -5,8 +5,9 @@ final weights.
 
 Usage: autocodec_job.py CONFIG_JSON OUT_DIR, CONFIG with ``compression`` and
 ``pull_compression`` (the trainer's arguments, e.g. "auto"), ``optimizer`` ('sgd'),
-``steps`` (8), ``delay`` (2), ``warmup_steps`` (3), ``slack`` (None). Writes
-OUT_DIR/worker<rank>.npz.
+``steps`` (8), ``delay`` (2), ``warmup_steps`` (3), ``slack`` (None), and
+``checkpoint_dir`` with ``checkpoint_every`` (the job then resumes from the newest checkpoint
+there and skips the steps it holds). Writes OUT_DIR/worker<rank>.npz.
 """
 import json
 import logging
@@ -37,10 +38,14 @@ def main():
         net.collect_params(), config.get('optimizer', 'sgd'), optimizer_params,
         compression_params=config.get('compression'),
         pull_compression=config.get('pull_compression'), delay=config.get('delay', 2),
-        warmup_steps=config.get('warmup_steps', 3), slack=config.get('slack'))
+        warmup_steps=config.get('warmup_steps', 3), slack=config.get('slack'),
+        checkpoint_dir=config.get('checkpoint_dir'),
+        checkpoint_every=config.get('checkpoint_every'))
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rank = None
-    for step in range(config.get('steps', 8)):
+    rank, first = None, 0
+    if config.get('checkpoint_dir'):
+        first, rank = trainer.resumed_step, trainer.rank   # resumes: skip what it had done
+    for step in range(first, config.get('steps', 8)):
         rs = np.random.RandomState(1000 * step + (rank or 0) + 1)
         x = nd.array(rs.randn(16, 784).astype(np.float32))
         y = nd.array(rs.randint(0, 10, 16).astype(np.float32))
