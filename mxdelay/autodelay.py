@@ -12,8 +12,9 @@ push of the round they change:
    ``S'(k) = max(C, T (P + Q/k) / (P + Q))`` with C = S - W. T, the communication time, is
    not measured without the profiler: the wait W stands for it, a lower bound (pushes that
    overlap backward are not counted), so the estimate favours k >= 2 and the fallback
-   below corrects it. It picks the smallest k whose estimate is within :data:`MARGIN` of
-   the best one's, or stays synchronous when no k is estimated faster than S.
+   below corrects it. It picks the smallest k of :data:`CANDIDATES` whose estimate is
+   within :data:`MARGIN` of the best one's, or stays synchronous when no k is estimated
+   faster than S.
 2. **The fallback check, before step D = t0 + k + m k.** Worker 0's delayed steps after one
    settling period (t0 + k to D - 1: m periods, two and at least :data:`MEASURED_STEPS`
    steps: k=2 four periods, k=4 two) give their mean step; slower than the
@@ -41,8 +42,13 @@ __all__ = ['AutoDelay', 'choose', 'CANDIDATES', 'MARGIN', 'SKIPPED', 'SLACK',
 
 _LOG = logging.getLogger('mxdelay.trainer')
 
-#: The k that ``delay='auto'`` chooses from (the accuracy tables support them).
-CANDIDATES = (2, 4)
+#: The k that ``delay='auto'`` chooses from: k=4, the accuracy tables' best time to accuracy
+#: for SGD-momentum on both shaped links (1.41x and 1.40x stock against k=2's 1.27x, k=8's
+#: 1.31x and 1.33x: docs/tuning.md, the ``delay`` row). k=2 is not a candidate: this
+#: estimate never finds it faster than k=4 (it counts no per-pull cost), and where the two
+#: tie, taking it pulled twice as often and cost 22% of the samples/s (MLP, 1 Gbit/s, ternary
+#: + int8 pulls: docs/benchmarks/scaling/auto/n2s1).
+CANDIDATES = (4,)
 #: The slack of ``delay='auto'`` (R = 5 slot keys, as k = 4): the largest candidate.
 SLACK = max(CANDIDATES)
 #: The smallest k whose estimate is within this share of the best one's is chosen.

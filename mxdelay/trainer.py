@@ -83,8 +83,7 @@ class DelayedTrainer(gluon.Trainer):
     delay : int or 'auto', default 4
         k: pull the global weights every k steps in the delayed phase. ``'auto'``: worker 0
         measures the warm-up's steady steps (from step 3) and, at the switch, the job takes
-        the k of {2, 4} estimated fastest (the smallest within 5% of the best), or stays
-        synchronous when no k is estimated faster than the warm-up's step; over two
+        k=4 if it is estimated faster than the warm-up's step, or stays synchronous; over two
         periods (at least 8 steps) after a settling one it compares the delayed steps with
         the warm-up's, and if they are slower it runs synchronously for the rest of the
         job. Every choice is logged (INFO) with the arguments that pin it (e.g. ``delay=4,

@@ -63,29 +63,40 @@ def by_hand(step, wait, push, pull, k):
     (50.0, 30.0, 1000, 250),
 ])
 def test_choice_is_the_smallest_k_within_the_margin(step, wait, push, pull):
-    k, rows = choose(step, wait, push, pull)
-    estimates = {c: by_hand(step, wait, push, pull, c) for c in CANDIDATES}
-    assert [row['delay'] for row in rows] == list(CANDIDATES)
+    k, rows = choose(step, wait, push, pull, candidates=TWO)
+    estimates = {c: by_hand(step, wait, push, pull, c) for c in TWO}
+    assert [row['delay'] for row in rows] == list(TWO)
     for row in rows:
         assert abs(row['step_ms'] - estimates[row['delay']]) < 1e-12
         assert abs(row['speedup'] - step / estimates[row['delay']]) < 1e-12
     best = min(estimates.values())
-    assert k == min(c for c in CANDIDATES if estimates[c] <= best * (1 + MARGIN))
+    assert k == min(c for c in TWO if estimates[c] <= best * (1 + MARGIN))
+
+
+def test_the_candidates_are_k4():
+    # k=2 tied k=4 wherever the step is compute-bound and then pulled twice as often.
+    assert CANDIDATES == (4,)
+    assert choose(100.0, 40.0, 1000, 1000)[0] == 4
+    assert choose(100.0, 0.0, 1000, 1000)[0] is None
+
+
+#: Two candidates, for the rule's margin.
+TWO = (2, 4)
 
 
 def test_choice_examples():
     # Communication-bound: k=2 gives max(20, 60) = 60, k=4 max(20, 50) = 50: k=4.
-    assert choose(100.0, 80.0, 1000, 1000)[0] == 4
+    assert choose(100.0, 80.0, 1000, 1000, candidates=TWO)[0] == 4
     # Compute-bound: both give C = 60: the smaller k.
-    assert choose(100.0, 40.0, 1000, 1000)[0] == 2
+    assert choose(100.0, 40.0, 1000, 1000, candidates=TWO)[0] == 2
     # k=2: max(48, 39) = 48 = k=4's: the smaller k again.
-    assert choose(100.0, 52.0, 1000, 1000)[0] == 2
+    assert choose(100.0, 52.0, 1000, 1000, candidates=TWO)[0] == 2
     # k=2 max(10, 67.5) = 67.5 is 20% slower than k=4's max(10, 56.25): 4.
-    assert choose(100.0, 90.0, 1000, 1000)[0] == 4
+    assert choose(100.0, 90.0, 1000, 1000, candidates=TWO)[0] == 4
     # The margin: k=2 max(51, 52.5) is within 5% of k=4's 51 (53.55): the smaller k; with
     # C = 49, k=2's 52.5 is above 1.05 x 49 = 51.45: k=4.
-    assert choose(121.0, 70.0, 1000, 1000)[0] == 2
-    assert choose(119.0, 70.0, 1000, 1000)[0] == 4
+    assert choose(121.0, 70.0, 1000, 1000, candidates=TWO)[0] == 2
+    assert choose(119.0, 70.0, 1000, 1000, candidates=TWO)[0] == 4
 
 
 @pytest.mark.parametrize('step,wait', [(100.0, 0.0), (0.0, 0.0)])
@@ -180,7 +191,7 @@ def auto_delay(monkeypatch, force='measure', warmup=10):
 
 
 def test_the_measured_warmup_decides_k_and_tells_the_servers(monkeypatch, caplog):
-    # S = 10 ms, W = 7 ms: k=2 max(3, 5.25), k=4 max(3, 4.375), more than 5% apart: k=4.
+    # S = 10 ms, W = 7 ms: k=4 max(3, 4.375), faster than S: k=4.
     auto, update = auto_delay(monkeypatch)
     auto._warmup = records(range(2, 11), 0.010, 0.007)
     with caplog.at_level(logging.INFO, logger='mxdelay.trainer'):
@@ -190,7 +201,7 @@ def test_the_measured_warmup_decides_k_and_tells_the_servers(monkeypatch, caplog
     text = caplog.text
     assert 'measured 8 warm-up steps (from step 3): step S = 10.0 ms, waiting for ' \
            'communication W = 7.0 ms, compute C = S - W = 3.0 ms' in text
-    assert 'k=2 5.3 ms (1.90x), k=4 4.4 ms (2.29x)' in text
+    assert 'estimated step max(C, W (P + Q/k)/(P + Q)): k=4 4.4 ms (2.29x)' in text
     assert "chose delay=4 from step 11 on (pin it: delay=4, slack=4)" in text
 
 
