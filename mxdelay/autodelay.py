@@ -47,7 +47,7 @@ _LOG = logging.getLogger('mxdelay.trainer')
 #: 1.31x and 1.33x: docs/tuning.md, the ``delay`` row). k=2 is not a candidate: this
 #: estimate never finds it faster than k=4 (it counts no per-pull cost), and where the two
 #: tie, taking it pulled twice as often and cost 22% of the samples/s (MLP, 1 Gbit/s, ternary
-#: + int8 pulls: docs/benchmarks/scaling/auto/n2s1).
+#: + int8 pulls: docs/benchmarks/scaling/auto/k2-rule).
 CANDIDATES = (4,)
 #: The slack of ``delay='auto'`` (R = 5 slot keys, as k = 4): the largest candidate.
 SLACK = max(CANDIDATES)
