@@ -158,6 +158,26 @@ def _throughput_rows(tta, methods, label, link, what, notes=None):
     return rows
 
 
+def worker_copies_row():
+    """The worker's floats per parameter at k=4 per configuration, before and after the
+    arrays the delayed phase no longer keeps (memory/k4, issue 37 item 4)."""
+    folder = os.path.join(MEMORY, 'k4')
+    memory = _load(folder, 'memory.json')
+    fits = {(f['config'], f['code']): f['measured_floats_per_param']
+            for f in memory['per_parameter'] if f['role'] == 'worker' and f['k'] == 4}
+    stock = next(f['measured_floats_per_param'] for f in memory['per_parameter']
+                 if f['role'] == 'worker' and f['store'] == 'dist_sync')
+    cells = ['%s %.2f (before %.2f)' % (label, fits[(config, 'after')], fits[(config, 'before')])
+             for config, label in (('plain', 'k=4'), ('fp16', 'k=4 + fp16'),
+                                   ('ternary-int8', 'k=4 + ternary + int8 pulls'))]
+    return ('| worker memory at k=4 (float32 entries per parameter of the model), %d workers + '
+            '%d servers | %s; `dist_sync` %.2f | steady RSS, the 1.9M- and 33.6M-parameter '
+            'models\' slope, before and after in one run (%s) | [memory.md](%s/memory.md) |'
+            % (memory['meta']['workers'], memory['meta']['servers'], '; '.join(cells), stock,
+               ', '.join('%s: commit %s' % (name, code['commit'][:7])
+                         for name, code in sorted(memory['meta']['codes'].items())), folder))
+
+
 def compression_rows():
     """Rows of the compression results (fp16 and 2bit; sparse bytes)."""
     rows = []
@@ -332,6 +352,7 @@ def full_table():
                 'library of commit %s | [memory.md](%s/memory.md) |'
                 % (memory['meta']['workers'], servers, '; '.join(cells), servers, servers,
                    memory['meta']['code']['commit'][:7], MEMORY))
+    rows.append(worker_copies_row())
     rows += compression_rows()
     rows += scaling_rows()
     # The CNN accuracy rows are made by benchmarks/accuracy_cnn.py from its results files

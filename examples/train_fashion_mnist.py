@@ -106,7 +106,7 @@ _LOG = logging.getLogger('train_fashion_mnist')
 LAUNCH = 'mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py'
 #: --optimizer -> default learning rate (the benchmarks' settings, docs/benchmarks).
 LEARNING_RATES = {'sgd': 0.05, 'adam': 0.001, 'frozenvarianceadam': 0.001, 'lamb': 0.005}
-PUSH_CODECS = ('none', 'fp16', 'int8', 'int4', 'ternary')
+PUSH_CODECS = ('none', 'auto', 'fp16', 'int8', 'int4', 'ternary')
 PULL_CODECS = ('none', 'fp16', 'int8')
 LATEST = 'latest.json'
 
@@ -148,14 +148,15 @@ def parse_args(argv=None):
                             '%s %g' % item for item in LEARNING_RATES.items()))
     parser.add_argument('--momentum', type=float, default=0.9,
                         help="momentum of SGD (default: %(default)s)")
-    parser.add_argument('--delay', type=int, default=4,
-                        help='delayed: pull the global weights every DELAY steps '
-                             '(default: %(default)s)')
+    parser.add_argument('--delay', type=_delay, default=4,
+                        help="delayed: pull the global weights every DELAY steps, or 'auto' "
+                             '(the job measures its warm-up and chooses; default: %(default)s)')
     parser.add_argument('--warmup-steps', type=int, default=200,
                         help='delayed: synchronous steps before the delayed phase '
                              '(default: %(default)s)')
     parser.add_argument('--compression', choices=PUSH_CODECS, default='none',
-                        help="delayed: compression_params={'type': ...} of the pushes "
+                        help="delayed: compression_params={'type': ...} of the pushes; "
+                             "'auto': the job chooses the push and pull codecs "
                              '(default: %(default)s)')
     parser.add_argument('--pull-compression', choices=PULL_CODECS, default='none',
                         help="delayed: pull_compression={'type': ...} of the pulls "
@@ -420,7 +421,7 @@ def main(argv=None):
     _LOG.info('%s, %s trainer, %d worker(s) x %d steps/epoch x batch %d, %s lr %g%s%s',
               args.model, args.trainer, num_workers, len(shard), args.batch_size, args.optimizer,
               args.lr, ', momentum %g' % args.momentum if args.optimizer == 'sgd' else '',
-              ', delay %d, warm-up %d steps, local rule %s, push %s, pull %s' % (
+              ', delay %s, warm-up %d steps, local rule %s, push %s, pull %s' % (
                   args.delay, args.warmup_steps, args.local_rule, args.compression,
                   args.pull_compression) if args.trainer == 'delayed' else '')
 
@@ -556,7 +557,20 @@ def main(argv=None):
 
 def _codec(name):
     """``compression_params``/``pull_compression`` of a --compression choice."""
-    return None if name == 'none' else {'type': name}
+    if name in ('none', 'auto'):
+        return None if name == 'none' else name
+    return {'type': name}
+
+
+def _delay(text):
+    """--delay: 'auto' or a whole number."""
+    if text == 'auto':
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("--delay must be a whole number or 'auto', got %r"
+                                         % text) from None
 
 
 if __name__ == '__main__':

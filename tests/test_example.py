@@ -134,6 +134,26 @@ def test_eval_every_records_accuracy_against_training_time(tmp_path):
     assert all(r['test_acc'] > ACCURACY_BOUND for r in evals[1:]), evals
 
 
+@pytest.mark.jobs
+def test_auto_chooses_and_logs_what_it_chose(tmp_path):
+    # --delay auto --compression auto: the first step probes the link and chooses the codecs
+    # (loopback: no codec), the switch measures the warm-up and chooses k=4 or synchronous
+    # steps; both are logged with the arguments that pin them, and the model learns.
+    command = [sys.executable, EXAMPLE, '--data-dir', DATA_DIR, '--epochs', '1',
+               '--max-steps-per-epoch', '40', '--warmup-steps', '10', '--delay', 'auto',
+               '--compression', 'auto', '--no-progress',
+               '--metrics-file', str(tmp_path / 'metrics.jsonl')]
+    result = run_job(command, num_workers=2, timeout=TIMEOUT, cwd=str(tmp_path))
+    assert_ok(result)
+    assert 'delay auto, warm-up 10 steps, local rule mirror, push auto' in result.stderr
+    assert 'auto codec: chose ' in result.stderr and 'to repeat it pass compression_params=' \
+        in result.stderr
+    assert ("delay='auto' chose delay=4 from step 11 on" in result.stderr
+            or "delay='auto' stays synchronous from step 11 on" in result.stderr)
+    [epoch] = [r for r in _metrics(tmp_path) if r['kind'] == 'epoch']
+    assert epoch['test_acc'] > ACCURACY_BOUND, epoch
+
+
 @pytest.fixture(scope='module')
 def example():
     sys.path.insert(0, os.path.dirname(EXAMPLE))
@@ -159,7 +179,9 @@ def test_stock_baseline_is_read_before_argparse(example, argv, stock):
     (['--trainer', 'sync', '--pull-compression', 'int8'], '--pull-compression int8 needs'),
     (['--trainer', 'sync', '--optimizer', 'frozenvarianceadam'],
      '--optimizer frozenvarianceadam needs --trainer delayed'),
-    (['--eval-every', '0'], '--eval-every must be at least 1, got 0')])
+    (['--eval-every', '0'], '--eval-every must be at least 1, got 0'),
+    (['--trainer', 'sync', '--compression', 'auto'], '--compression auto needs --trainer'),
+    (['--delay', 'four'], "--delay must be a whole number or 'auto', got 'four'")])
 def test_bad_flags_are_refused(example, capsys, argv, message):
     with pytest.raises(SystemExit):
         example.parse_args(argv)
@@ -173,3 +195,6 @@ def test_learning_rate_defaults_per_optimizer(example):
     assert example.parse_args(['--optimizer', 'adam', '--lr', '0.01']).lr == 0.01
     assert example._codec('none') is None   # pylint: disable=protected-access
     assert example._codec('int8') == {'type': 'int8'}   # pylint: disable=protected-access
+    assert example._codec('auto') == 'auto'   # pylint: disable=protected-access
+    args = example.parse_args(['--delay', 'auto', '--compression', 'auto'])
+    assert (args.delay, args.compression) == ('auto', 'auto')
