@@ -2,8 +2,9 @@
 
 ``./dev demo --link 100mbit`` (or ``1gbit``) runs this: one job of stock MXNet
 (``train_fashion_mnist.py --trainer sync``: no process of it imports mxdelay, and it runs with
-MXNet's default environment), then one of mxdelay (k=4, ternary pushes, int8 pulls, the
-README's configuration), both training the Fashion-MNIST MLP with 2 workers and 1 server on
+MXNet's default environment), then one of mxdelay (``delay='auto'``,
+``compression_params='auto'``, the README's settings: on these links they choose k=4,
+ternary pushes and int8 pulls; its log says so), both training the Fashion-MNIST MLP with 2 workers and 1 server on
 the same network: four network namespaces (scheduler, server, two workers) behind a bridge,
 each with its own full-duplex link shaped by ``tc tbf`` to the rate (``benchmarks/netns.py``).
 
@@ -37,8 +38,8 @@ EPOCH_STEPS = 234
 #: Evaluations of each job (of copies of worker 0's weights, after training: 1-2 s each).
 LABELS = {'100mbit': '100 Mbit/s', '1gbit': '1 Gbit/s'}
 POINTS = {'stock': 4, 'mxdelay': 6}
-DELAYED = ['--trainer', 'delayed', '--delay', '4', '--compression', 'ternary',
-           '--pull-compression', 'int8']
+#: mxdelay's settings: chosen by the job (on these links: k=4, ternary pushes, int8 pulls).
+DELAYED = ['--trainer', 'delayed', '--delay', 'auto', '--compression', 'auto']
 STOCK = ['--trainer', 'sync']
 NODES = 4   # scheduler, server, 2 workers: each on its own link
 

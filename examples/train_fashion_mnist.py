@@ -4,10 +4,12 @@ Run 1 scheduler, 1 server and 2 workers on this machine (about 25 s on 2 idle CP
 
     mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py --epochs 2
 
-the README's configuration (ternary pushes, int8 pulls)::
+with the README's settings, ``delay='auto'`` and ``compression_params='auto'`` (the job measures
+its link at the first step and its steps at the switch, and logs what it chose), or settings
+of your own, e.g. the headline's (k=4, ternary pushes, int8 pulls)::
 
     mxdelay-launch -n 2 -s 1 python examples/train_fashion_mnist.py --epochs 2 \
-        --compression ternary --pull-compression int8
+        --delay 4 --compression ternary --pull-compression int8
 
 and the same job with stock MXNet (``gluon.Trainer`` on ``'dist_sync'``), for comparison::
 
@@ -148,16 +150,16 @@ def parse_args(argv=None):
                             '%s %g' % item for item in LEARNING_RATES.items()))
     parser.add_argument('--momentum', type=float, default=0.9,
                         help="momentum of SGD (default: %(default)s)")
-    parser.add_argument('--delay', type=_delay, default=4,
+    parser.add_argument('--delay', type=_delay, default='auto',
                         help="delayed: pull the global weights every DELAY steps, or 'auto' "
                              '(the job measures its warm-up and chooses; default: %(default)s)')
     parser.add_argument('--warmup-steps', type=int, default=200,
                         help='delayed: synchronous steps before the delayed phase '
                              '(default: %(default)s)')
-    parser.add_argument('--compression', choices=PUSH_CODECS, default='none',
+    parser.add_argument('--compression', choices=PUSH_CODECS, default=None,
                         help="delayed: compression_params={'type': ...} of the pushes; "
-                             "'auto': the job chooses the push and pull codecs "
-                             '(default: %(default)s)')
+                             "'auto' (the default with --trainer delayed): the job chooses "
+                             'the push and pull codecs')
     parser.add_argument('--pull-compression', choices=PULL_CODECS, default='none',
                         help="delayed: pull_compression={'type': ...} of the pulls "
                              '(default: %(default)s)')
@@ -196,6 +198,12 @@ def parse_args(argv=None):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error('--%s must be at least 1, got %d' % (name.replace('_', '-'), value))
+    if args.compression is None:     # the default: the job chooses; stock cannot compress
+        args.compression = 'none' if args.trainer == 'sync' else 'auto'
+    if args.compression == 'auto' and args.pull_compression != 'none':
+        parser.error("--pull-compression %s needs --compression set to a codec ('auto', the "
+                     'default, chooses the pull codec too): e.g. --compression ternary '
+                     '--pull-compression %s' % (args.pull_compression, args.pull_compression))
     if args.trainer == 'sync':
         # Stock MXNet 1.9.1: gluon.Trainer's pushpull refuses compression on 'dist_sync',
         # and FrozenVarianceAdam is mxdelay's.

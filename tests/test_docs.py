@@ -278,13 +278,19 @@ def test_readme_diff_defines_every_name():
 
 def test_readme_diff_has_the_headline_settings():
     # The first screen's figures are k=4 + ternary pushes + int8 pulls, warm-up 200
-    # (docs/benchmarks/tta-payload/combined-2777c42/results.md).
+    # (docs/benchmarks/tta-payload/combined-2777c42/results.md); the diff's 'auto' settings
+    # (the default warm-up, 200) chose exactly those in the real runs of tta/auto.
     script = readme_diff_script()
-    for setting in ('delay=4', 'warmup_steps=200', "compression_params={'type': 'ternary'}",
-                    "pull_compression={'type': 'int8'}", "'dist_delay'"):
+    for setting in ("delay='auto'", "compression_params='auto'", "'dist_delay'"):
         assert setting in script, setting
+    assert 'warmup_steps' not in script and 'pull_compression' not in script
     assert 'Delayed methods: rule `mirror`, warm-up 200 steps' in _read(
         'docs', 'benchmarks', 'tta-payload', 'combined-2777c42', 'results.md')
+    for link in ('1gbit', '100mbit'):
+        notes = _read('docs', 'benchmarks', 'tta', 'auto', link, 'notes.md')
+        assert 'ternary pushes + int8 pulls at the hand-shake (probed' in notes, link
+        assert 'k=4 at the switch, no' in notes, link
+        assert 'warm-up 200' in notes, link
 
 
 def test_ci_runs_the_readmes_test_command():

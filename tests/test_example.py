@@ -181,6 +181,7 @@ def test_stock_baseline_is_read_before_argparse(example, argv, stock):
      '--optimizer frozenvarianceadam needs --trainer delayed'),
     (['--eval-every', '0'], '--eval-every must be at least 1, got 0'),
     (['--trainer', 'sync', '--compression', 'auto'], '--compression auto needs --trainer'),
+    (['--pull-compression', 'int8'], '--pull-compression int8 needs --compression set'),
     (['--delay', 'four'], "--delay must be a whole number or 'auto', got 'four'")])
 def test_bad_flags_are_refused(example, capsys, argv, message):
     with pytest.raises(SystemExit):
@@ -196,5 +197,7 @@ def test_learning_rate_defaults_per_optimizer(example):
     assert example._codec('none') is None   # pylint: disable=protected-access
     assert example._codec('int8') == {'type': 'int8'}   # pylint: disable=protected-access
     assert example._codec('auto') == 'auto'   # pylint: disable=protected-access
-    args = example.parse_args(['--delay', 'auto', '--compression', 'auto'])
-    assert (args.delay, args.compression) == ('auto', 'auto')
+    args = example.parse_args([])     # the defaults: the job chooses
+    assert (args.delay, args.compression, args.pull_compression) == ('auto', 'auto', 'none')
+    args = example.parse_args(['--trainer', 'sync'])
+    assert args.compression == 'none'
