@@ -22,9 +22,8 @@ import numpy as np
 from mxnet import autograd, nd
 
 from kvstore_ext.checkpoint.host_copies import HostCopies
-from kvstore_ext.worker import autocodec
 
-from . import steplog, traffic, worker_state
+from . import codec_choice, steplog, traffic, worker_state
 from .autodelay import AutoDelay
 from .loss_scaling import amp_policy
 from .observer import StepObserver
@@ -123,9 +122,8 @@ class DelayedUpdate(object):
         # The kvstore adds its optimizer's description to the hand-shake.
         if self._auto_codec:
             # The hand-shake chooses the codecs; the data path follows at the first step.
-            settings.set_auto_codec(autocodec.Request(self._model_sizes, self.schedule.delay,
-                                                      self._codec_restriction,
-                                                      self._auto_codec))
+            settings.set_auto_codec(codec_choice.request(self.states, self.amp,
+                                                         self.schedule.delay, self._auto_codec))
         else:
             self._choose_data_path()
         # The schedule itself: delay='auto''s decisions reach the compressed pulls too.
@@ -159,21 +157,6 @@ class DelayedUpdate(object):
         # while later tensors' pushes still arrive (docs/design.md §8); with compressed pulls
         # the push and the compressed pull of the same round (§2.12).
         self._exchange = self._push_and_pull_compressed if pull_codec else kv.pushpull
-
-    def _model_sizes(self):
-        # compression_params='auto': the trained tensors' sizes, at the hand-shake (after
-        # the first forward has fixed deferred shapes).
-        return [s.param.list_data()[0].size for s in self.states if s.trained]
-
-    def _codec_restriction(self):
-        """Why compression_params='auto' may choose no codec, or None."""
-        if self.amp.enabled:
-            return 'AMP: the codecs need float32 gradients, compressed pulls refuse AMP'
-        if any(s.gradient.sparse for s in self.states):
-            return 'row_sparse gradients: the codecs push dense gradients only'
-        if any(np.dtype(s.param.dtype) != np.float32 for s in self.states if s.trained):
-            return 'a parameter is not float32: the codecs compress float32 only'
-        return None
 
     # -- the store ----------------------------------------------------------------------------
     @property
