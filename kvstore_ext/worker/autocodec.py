@@ -25,6 +25,8 @@ import numpy as np
 
 from kvstore_ext import codecs, env
 from kvstore_ext.codecs import kernels, pulls
+from kvstore_ext.worker.bytecount import chunk_bytes
+from kvstore_ext.worker.layout import split
 
 __all__ = ['Candidate', 'CANDIDATES', 'SUPPORT', 'CPU_WEIGHT', 'MARGIN', 'DEFAULT_DELAY',
            'Request', 'supported', 'wire_bytes', 'codec_seconds', 'probe_rate', 'estimate',
@@ -114,17 +116,12 @@ def supported(optimizer_type):
     return SUPPORT.get(str(optimizer_type).lower(), _OTHER)
 
 
-def _chunks(sizes, limit):
-    return [min(limit, size - start) for size in sizes for start in range(0, size, limit)]
-
-
 def wire_bytes(candidate, sizes, chunk_size, num_workers):
     """``(push, pull)``: bytes one worker's push and one pull of the whole model carry."""
     codec = codecs.parse(candidate.push) or codecs.NONE
     limit = min(chunk_size, codec.chunk_limit(num_workers) or chunk_size)
-    chunks = _chunks(sizes, limit)
-    return (sum(codec.push_bytes(n, np.float32) for n in chunks),
-            pulls.bytes_per_pull(pulls.parse(candidate.pull), chunks))
+    chunks = [stop - start for size in sizes for start, stop in split(size, limit)]
+    return chunk_bytes(codec, pulls.parse(candidate.pull), chunks, np.float32)
 
 
 def _timed(function, *args, **kwargs):
@@ -196,8 +193,7 @@ def probe_rate(send, num_servers, sizes=_PROBE_BYTES, repeats=_PROBE_REPEATS):
 
     Not larger probes: ps-lite carries a command's body in its message meta, whose copies
     of a body of several MiB took longer than the wire in a trial on shaped links. A token
-    bucket
-    that holds more than the larger probe (a 10gbit tbf link here, 2.5 MB) lets both pass
+    bucket that holds more than the larger probe (a 10gbit tbf link here, 2.5 MB) lets both pass
     at once: the rate then reads high, which only keeps no codec."""
     small, big = sizes
     best = {}

@@ -8,7 +8,7 @@ import numpy as np
 
 from kvstore_ext.codecs import pulls
 
-__all__ = ['ByteCount']
+__all__ = ['ByteCount', 'chunk_bytes']
 
 
 class ByteCount(object):
@@ -55,6 +55,12 @@ class ByteCount(object):
         else:   # the chunks `codec` would have: a blockwise codec's may be smaller
             sizes = [stop - start for start, stop in session.placement.spans(
                 tensor.size, codec.chunk_limit(session.num_workers))]
-        return (sum(codec.push_bytes(n, tensor.dtype) for n in sizes),
-                np.dtype(tensor.dtype).itemsize * tensor.size if pull_codec is None
-                else pulls.bytes_per_pull(pull_codec, sizes))
+        return chunk_bytes(codec, pull_codec, sizes, tensor.dtype)
+
+
+def chunk_bytes(codec, pull_codec, sizes, dtype):
+    """``(push, pull)``: bytes of one push with `codec` and one pull with `pull_codec` (None:
+    exact, `dtype`) of chunks of `sizes` elements."""
+    return (sum(codec.push_bytes(n, dtype) for n in sizes),
+            np.dtype(dtype).itemsize * sum(sizes) if pull_codec is None
+            else pulls.bytes_per_pull(pull_codec, sizes))

@@ -16,12 +16,18 @@ from mxnet import nd
 from kvstore_ext.protocol.keys import FEWER_KEYS, MAX_KEY
 from kvstore_ext.worker.store_errors import StoreTypeError, StoreValueError
 
-__all__ = ['Chunk', 'Tensor', 'Placement', 'num_elements']
+__all__ = ['Chunk', 'Tensor', 'Placement', 'num_elements', 'split']
 
 
 def num_elements(shape):
     """Number of elements of an array of `shape` (1 for a scalar's ``()``)."""
     return int(np.prod(shape)) if shape else 1
+
+
+def split(size, step):
+    """``[(start, stop)]``: `size` elements in ranges of `step` (the last may be shorter; one
+    empty range for size 0)."""
+    return [(start, min(start + step, size)) for start in range(0, max(size, 1), step)]
 
 
 class Chunk(object):
@@ -159,7 +165,7 @@ class Placement(object):
         step = min(self.chunk_size, chunk_size or self.chunk_size)
         if chunk_size is None and self.whole_below and size < self.whole_below:
             step = max(size, 1)
-        return [(start, min(start + step, size)) for start in range(0, max(size, 1), step)]
+        return split(size, step)
 
     def add_chunk(self, start, stop, load, pull_keys=False):
         """Place the next chunk, ``[start, stop)`` of its tensor, holding `load` elements;
