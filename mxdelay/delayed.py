@@ -101,6 +101,7 @@ class DelayedUpdate(object):
         self._base_lr = gluon.optimizer.learning_rate   # what local_lr is scaled against
         self._slack, self._pull_codec = slack, pull_codec
         self._auto_codec = auto_codec   # compression_params='auto' (docs/design.md §2.16)
+        self._loading = None            # the file load_states reads before the hand-shake
         self._kv = self._parts = None
         self._rule_gradient = self._scheduled_pull = self._exchange = None
         self._logged_phase = None
@@ -123,13 +124,22 @@ class DelayedUpdate(object):
         if self._auto_codec:
             # The hand-shake chooses the codecs; the data path follows at the first step.
             settings.set_auto_codec(codec_choice.request(self.states, self.amp,
-                                                         self.schedule.delay, self._auto_codec))
+                                                         self.schedule.delay, self._kept_codecs))
         else:
             self._choose_data_path()
         # The schedule itself: delay='auto''s decisions reach the compressed pulls too.
         settings.set_schedule(self.schedule)
         settings.set_config(local_rule=repr(self.rule), local_lr=self._local_lr,
                             amp=self.amp.enabled)
+
+    def _kept_codecs(self):
+        """The codecs compression_params='auto' keeps rather than choosing: those of the
+        checkpoint that load_states reads before the hand-shake, else of the newest periodic
+        checkpoint (None: choose). Its resume finds the state of those codecs; another choice
+        would make the load refuse the checkpoint."""
+        if self._loading is not None:
+            return worker_state.index_codecs(self._loading)
+        return self._auto_codec()
 
     def _choose_data_path(self):
         """The callables of the data path, which depend on the codecs: at :meth:`connect`,
@@ -452,7 +462,11 @@ class DelayedUpdate(object):
 
     def load_states(self, fname, trusted=False):
         self.amp.check_unchanged()
-        self._prepare(priorities=False)
+        self._loading = fname   # read by the hand-shake, if this is before it (_kept_codecs)
+        try:
+            self._prepare(priorities=False)
+        finally:
+            self._loading = None
         self.join()
         state = worker_state.load(fname, self._kv, self._parts, self.schedule, self.states,
                                   self._gluon.optimizer, self.amp, self._gluon.context, trusted)

@@ -287,7 +287,9 @@ def _check_setting(fname, state, name, argument, codec):
     current = codec and codec.describe()
     if state.get(name) != current:
         raise ValueError('%s was saved with %s %r, this trainer has %r: resume with the same '
-                         '%s' % (fname, argument, state.get(name), current, argument))
+                         '%s (compression_params=\'auto\' keeps the checkpoint\'s codecs when '
+                         'load_states comes before the first step)'
+                         % (fname, argument, state.get(name), current, argument))
 
 
 def _describe(value):

@@ -295,3 +295,27 @@ def test_a_resumed_auto_job_keeps_the_codecs_of_its_checkpoint(tmp_path):
     for rank in (0, 1):
         for key in pinned[rank]:
             np.testing.assert_array_equal(resumed[rank][key], pinned[rank][key], err_msg=key)
+
+
+@pytest.mark.jobs
+def test_auto_keeps_the_codecs_of_the_checkpoint_load_states_reads(tmp_path):
+    # A script's own resume: trainer.load_states before the first step. The first run chooses
+    # ternary + int8 pulls (link pinned at 100 Mbit/s) and saves before step 6; the second, on
+    # a link where it would choose no codec, loads that file, keeps its codecs and trains like
+    # a run given them. Choosing again made the load refuse the file (the example's resume).
+    states = str(tmp_path / 'saved.states')
+    _, first = run_auto_job(tmp_path / 'first', {'compression': 'auto', 'steps': 8,
+                                                 'save_states': [states, 6]},
+                            env={'MXDELAY_AUTO_CODEC_LINK': '1e8'})
+    assert logged_choice(first)[0] == 'ternary+int8'
+    resumed, lines = run_auto_job(tmp_path / 'resumed', {
+        'compression': 'auto', 'steps': 10, 'load_states': [states, 6]},
+        env={'MXDELAY_AUTO_CODEC_LINK': '1e12'})
+    name, compression, pull = logged_choice(lines)
+    assert name == 'ternary+int8' and any('keeps ternary+int8' in line for line in lines), lines
+    pinned, _ = run_auto_job(tmp_path / 'pinned', {
+        'compression': compression, 'pull_compression': pull, 'steps': 10,
+        'load_states': [states, 6]})
+    for rank in (0, 1):
+        for key in pinned[rank]:
+            np.testing.assert_array_equal(resumed[rank][key], pinned[rank][key], err_msg=key)

@@ -7,7 +7,9 @@ Usage: autocodec_job.py CONFIG_JSON OUT_DIR, CONFIG with ``compression`` and
 ``pull_compression`` (the trainer's arguments, e.g. "auto"), ``optimizer`` ('sgd'),
 ``steps`` (8), ``delay`` (2), ``warmup_steps`` (3), ``slack`` (None), and
 ``checkpoint_dir`` with ``checkpoint_every`` (the job then resumes from the newest checkpoint
-there and skips the steps it holds). Writes OUT_DIR/worker<rank>.npz.
+there and skips the steps it holds), ``save_states`` ([path, step]: ``trainer.save_states``
+before that step) and ``load_states`` ([path, step]: ``trainer.load_states`` before the first
+step, which is then that step). Writes OUT_DIR/worker<rank>.npz.
 """
 import json
 import logging
@@ -45,7 +47,14 @@ def main():
     rank, first = None, 0
     if config.get('checkpoint_dir'):
         first, rank = trainer.resumed_step, trainer.rank   # resumes: skip what it had done
+    if config.get('load_states'):
+        path, first = config['load_states']
+        trainer.load_states(path)
+        rank = trainer.rank
+    save_path, save_step = config.get('save_states') or (None, None)
     for step in range(first, config.get('steps', 8)):
+        if step == save_step:
+            trainer.save_states(save_path)
         rs = np.random.RandomState(1000 * step + (rank or 0) + 1)
         x = nd.array(rs.randn(16, 784).astype(np.float32))
         y = nd.array(rs.randint(0, 10, 16).astype(np.float32))
