@@ -3,7 +3,8 @@ the arguments, the servers' side of the hand-shake, and real jobs.
 
 - The decision: the MLP of the envelope (1.86M parameters, 2 workers, 1 server, k=4) with
   the kernels' CPU fixed, at each link range its choice; an optimizer's unsupported
-  candidates are never chosen, however cheap; a tie or a near-tie keeps no codec.
+  candidates are never chosen, however cheap; a tie or a near-tie keeps no codec; with AMP,
+  a row_sparse gradient or a parameter other than float32 only no codec is left.
 - The arguments: 'auto' with a pull codec, or pull_compression='auto' alone, are refused
   naming both; 'auto' on a store that has a codec is refused.
 - The servers: workers other than rank 0 agree with its choice and get it in the reply;
@@ -22,6 +23,7 @@ import json
 import re
 import sys
 
+import mxnet as mx
 import numpy as np
 import pytest
 
@@ -113,6 +115,37 @@ def test_codec_cpu_is_measured_and_none_costs_nothing():
     assert autocodec.codec_seconds(autocodec.CANDIDATES[0], MLP, 2, 1, 4) == 0.0
     seconds = autocodec.codec_seconds(autocodec.CANDIDATES[3], [1 << 16], 2, 1, 4)
     assert 0 < seconds < 1
+
+
+def _auto_trainer(block, amp=False):
+    """A DelayedTrainer with compression_params='auto' of `block`'s parameters (on a local
+    store: its states and AMP policy exist from construction) and the codecs' Request of
+    them."""
+    from mxdelay import codec_choice  # pylint: disable=import-outside-toplevel
+    block.initialize()
+    trainer = mxdelay.DelayedTrainer(block.collect_params(), 'sgd', {'learning_rate': 0.1},
+                                     compression_params='auto')
+    policy = type('Amp', (), {'enabled': amp})()
+    return codec_choice.request(trainer._delayed.states, policy, 4,  # pylint: disable=W0212
+                                lambda: None)
+
+
+@pytest.mark.parametrize('make, amp, reason', [
+    (lambda: mx.gluon.nn.Dense(4, in_units=3), False, None),
+    (lambda: mx.gluon.nn.Dense(4, in_units=3), True, 'AMP'),
+    (lambda: mx.gluon.nn.Embedding(10, 4, sparse_grad=True), False, 'row_sparse gradients'),
+    (lambda: mx.gluon.nn.Dense(4, in_units=3, dtype='float16'), False, 'not float32')])
+def test_amp_sparse_gradients_or_other_dtypes_leave_only_no_codec(make, amp, reason,
+                                                                  monkeypatch):
+    # What the trainer tells the hand-shake rules codecs out, and the choice follows: on a
+    # 100 Mbit/s link where SGD's choice is ternary + int8 pulls, only 'none' is left.
+    request = _auto_trainer(make(), amp)
+    assert (request.restriction() is None) if reason is None \
+        else reason in request.restriction()
+    monkeypatch.setenv('MXDELAY_AUTO_CODEC_LINK', '1e8')
+    request.sizes = lambda: MLP      # the envelope's MLP, so that a codec would pay
+    chosen = autocodec.choose(request, 'sgd', 2, 1, 524288, None)
+    assert chosen.name == ('ternary+int8' if reason is None else 'none')
 
 
 def test_auto_with_a_pull_codec_is_refused_naming_both():
