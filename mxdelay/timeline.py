@@ -138,7 +138,8 @@ def record_from_env(trainer):
     ``MXDELAY_TIMELINE_STEPS`` more steps have queued their pushes; then the recording
     waits for the queued work, stops and writes ``PREFIX.rank<i>.json`` (i =
     ``trainer.rank``), adding ``otherData.mxdelay`` (``keys_per_step``, ``warmup_steps``,
-    ``delay``, ``first_step``, ``rank``, and ``bytes``: :meth:`DelayedTrainer.round_bytes`)
+    ``delay``, with ``delay='auto'`` its ``amendments`` (the decided k and fallback round),
+    ``first_step``, ``rank``, and ``bytes``: :meth:`DelayedTrainer.round_bytes`)
     for ``python -m mxdelay.trace``. A process that exits
     before then writes what it recorded at exit. MXNet's profiler writes one trace per
     process: do not also use :func:`recording` in such a process.
@@ -232,11 +233,13 @@ class _EnvRecording(_ParameterWatcher):
         mx.profiler.dump()
         with open(self._path, encoding='utf-8') as file:
             trace = json.load(file)
-        schedule = self._trainer.schedule
-        trace.setdefault('otherData', {})['mxdelay'] = {
-            'keys_per_step': self._trainer.keys_per_step, 'warmup_steps': schedule.warmup_steps,
-            'delay': schedule.delay, 'first_step': self._first,
-            'rank': self._trainer.rank, 'bytes': self._trainer.round_bytes()}
+        # The schedule as a checkpoint states it: with delay='auto' 'auto' and the job's
+        # decisions (k and the fallback round), so that the summary places every phase.
+        schedule = {name: value for name, value in self._trainer.schedule.state_dict().items()
+                    if name != 'step'}
+        trace.setdefault('otherData', {})['mxdelay'] = dict(
+            schedule, keys_per_step=self._trainer.keys_per_step, first_step=self._first,
+            rank=self._trainer.rank, bytes=self._trainer.round_bytes())
         with open(self._path, 'w', encoding='utf-8') as file:
             json.dump(trace, file)
         _LOG.info('timeline: trace written to %s; summarize it with python -m mxdelay.trace %s',

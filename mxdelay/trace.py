@@ -444,6 +444,8 @@ def main(argv=None):
             from .schedule import DelaySchedule  # pylint: disable=import-outside-toplevel
             try:
                 schedule = DelaySchedule(delay, warmup)
+                if args.delay is None and meta.get('amendments'):
+                    schedule.amend(**meta['amendments'])   # delay='auto''s decisions
             except (TypeError, ValueError) as err:
                 parser.error(str(err))
         first = args.first_step if args.first_step is not None else meta.get('first_step', 0)

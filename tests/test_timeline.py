@@ -274,6 +274,21 @@ def test_command_line_prints_bytes_and_the_estimate(tmp_path):
     assert '| fp16 pushes | 500 | 1,000 | 31.0 (1.13x) | 19.0 (1.84x) |' in out, out
 
 
+def test_command_line_places_the_phases_of_an_auto_schedule(tmp_path):
+    # A MXDELAY_TIMELINE trace of delay='auto' carries the job's decisions: here k=2 from
+    # t0 = 1 and a fallback from round 3, so step 2 is delayed and step 3 synchronous.
+    path = _trace(tmp_path, False)
+    content = json.load(open(path))
+    content['otherData'] = {'mxdelay': {
+        'keys_per_step': 2, 'warmup_steps': 0, 'delay': 'auto', 'first_step': 2,
+        'amendments': {'delay': 2, 'synchronous_from': 3}}}
+    json.dump(content, open(path, 'w'))
+    result = run_cli([path])
+    assert result.returncode == 0, result.stderr
+    assert '| 2 delayed |' in result.stdout and '| 3 synchronous |' in result.stdout, \
+        result.stdout
+
+
 @pytest.mark.parametrize('args, message', [
     (['--keys-per-step', '0', '{path}'], '--keys-per-step must be a positive integer'),
     (['--keys-per-step', '2', '--delay', '2', '{path}'],
