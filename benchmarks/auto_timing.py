@@ -1,0 +1,112 @@
+"""What ``delay='auto'``'s measurements cost: worker 0's mean step with ``delay='auto'``
+against ``delay=4`` (the same job with auto's choice fixed), for one or more versions of
+the code, side by side in one invocation.
+
+Procedure: ``benchmarks/bench_worker.py`` as ``benchmarks/scaling.py`` runs it (the model of
+``--model``, scaling_report's arguments, seed 1, ``OMP_NUM_THREADS=1``), 2 workers and 1
+server on loopback (no shaping: the measurement's cost is CPU), ``--warmup`` warm-up steps
+and ``--steps`` timed ones. Each ``--code NAME=PATH`` is a snapshot of the repository put
+first on the jobs' ``PYTHONPATH`` (e.g. ``git worktree add --detach /tmp/pin-x COMMIT``).
+Per round, every (code, method) runs once, in the order of the ``--code`` options (k=4
+first), reversed every other round (``harness.ordered``), so that drifts of the shared machine hit all alike. Worker 0's step t
+takes from the end of step t - 1 to the end of step t (bench_worker's ``all_step_ends``);
+the table gives its mean over the warm-up's steady steps (3 to W), over the first two
+delayed periods after the switch (W + 1 to W + 12) and over the rest, per run and as the
+median over the rounds, with each (code) auto's ratio to its k=4.
+
+Writes ``--out``/runs.jsonl (one line a run: every step's ms) and ``--out``/table.md.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+import harness
+from methods import METHODS
+from scaling_report import MODELS
+
+__all__ = ['main']
+
+_METHODS = ('k4', 'auto')
+
+
+def _code(text):
+    name, _, path = text.partition('=')
+    if not name or not os.path.isdir(os.path.join(path, 'mxdelay')):
+        raise ValueError('--code %r: give NAME=PATH with PATH a snapshot of the repository '
+                         '(a folder holding mxdelay/)' % text)
+    return name, os.path.abspath(path)
+
+
+def _windows(step_ms, warmup):
+    """Mean ms of steps 3..W, W+1..W+12 and W+13..end."""
+    spans = ((3, warmup + 1), (warmup + 1, warmup + 13), (warmup + 13, len(step_ms)))
+    return [statistics.mean(step_ms[a:b]) if step_ms[a:b] else float('nan') for a, b in spans]
+
+
+def run(args, code, path, method, round_index):
+    folder = os.path.join(args.out, 'runs', '%s-%s-r%d' % (code, method, round_index))
+    worker_args = MODELS[args.model]['args'] + [
+        '--warmup-steps', str(args.warmup), '--steps', str(args.steps), '--seed', '1']
+    base = METHODS[method]
+    chosen = type(base)(base.label, delay=base.delay, env=(('PYTHONPATH', path),))
+    try:
+        exit_code, results, _, info = harness.run_method(folder, chosen, worker_args, 600)
+    except subprocess.TimeoutExpired:
+        return dict(code=code, method=method, round=round_index, error='timeout: ' + folder)
+    row = dict(code=code, method=method, round=round_index, load_before=info['load_before'])
+    if exit_code != 0:
+        return dict(row, error='exit %s: %s' % (exit_code, folder))
+    ends = results[0]['all_step_ends']
+    row['step_ms'] = [None] + [round(1e3 * (b - a), 1) for a, b in zip(ends, ends[1:])]
+    row['warmup_ms'], row['delayed_ms'], row['rest_ms'] = _windows(row['step_ms'], args.warmup)
+    return row
+
+
+def table(rows, codes, warmup):
+    lines = ['| code | method | round | steps 3-%d | %d-%d | %d-end |'
+             % (warmup, warmup + 1, warmup + 12, warmup + 13), '|---|---|---:|---:|---:|---:|']
+    for row in rows:
+        lines.append('| %s | %s | %d | %s |' % (
+            row['code'], row['method'], row['round'], row.get('error') or ' | '.join(
+                '%.1f' % row[key] for key in ('warmup_ms', 'delayed_ms', 'rest_ms'))))
+    lines += ['', '| code | k=4 warm-up (median) | auto warm-up (median) | auto / k=4 |',
+              '|---|---:|---:|---:|']
+    for code in codes:
+        med = {m: statistics.median(r['warmup_ms'] for r in rows if r['code'] == code
+                                    and r['method'] == m and 'error' not in r) for m in _METHODS}
+        lines.append('| %s | %.1f | %.1f | %.3f |' % (code, med['k4'], med['auto'],
+                                                      med['auto'] / med['k4']))
+    return '\n'.join(lines) + '\n'
+
+
+def main(argv=None):
+    parser = harness.parser(__doc__)
+    parser.add_argument('--code', type=_code, action='append', required=True,
+                        metavar='NAME=PATH')
+    parser.add_argument('--model', default='resnet50', choices=tuple(MODELS))
+    parser.add_argument('--warmup', type=int, default=20)
+    parser.add_argument('--steps', type=int, default=20)
+    parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument('--out', required=True)
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    jobs = [(code, path, method) for code, path in args.code for method in _METHODS]
+    rows = []
+    with open(os.path.join(args.out, 'runs.jsonl'), 'w', encoding='utf-8') as out:
+        out.write(json.dumps(harness.start_meta(harness.command_line(
+            'python benchmarks/auto_timing.py', argv))) + '\n')
+        for r in range(1, args.rounds + 1):
+            for code, path, method in harness.ordered(jobs, r):
+                row = run(args, code, path, method, r)
+                print(json.dumps({k: v for k, v in row.items() if k != 'step_ms'}), flush=True)
+                out.write(json.dumps(row) + '\n')
+                out.flush()
+                rows.append(row)
+    with open(os.path.join(args.out, 'table.md'), 'w', encoding='utf-8') as out:
+        out.write(table(rows, [code for code, _ in args.code], args.warmup))
+
+
+if __name__ == '__main__':
+    sys.exit(main())
