@@ -12,9 +12,14 @@ first), reversed every other round (``harness.ordered``), so that drifts of the 
 takes from the end of step t - 1 to the end of step t (bench_worker's ``all_step_ends``);
 the table gives its mean over the warm-up's steady steps (3 to W), over the first two
 delayed periods after the switch (W + 1 to W + 12) and over the rest, per run and as the
-median over the rounds, with each (code) auto's ratio to its k=4.
+median over the rounds, with each (code) auto's ratio to its k=4. The noise of an 8-step
+mean (what the fallback check compares): in each k=4 run, the relative difference between
+the means of two consecutive 8-step windows of the same phase (warm-up steps 5-12 and
+13-20 for W = 20; delayed steps W + 5 .. W + 12 and W + 13 .. W + 20, whole periods after
+the settling one), and its largest value over the runs.
 
-Writes ``--out``/runs.jsonl (one line a run: every step's ms) and ``--out``/table.md.
+Writes ``--out``/runs.jsonl (one line a run: every step's ms) and ``--out``/table.md;
+``--report-only`` writes the table again from runs.jsonl.
 """
 import json
 import os
@@ -64,6 +69,18 @@ def run(args, code, path, method, round_index):
     return row
 
 
+def noise(step_ms, warmup):
+    """Relative differences of consecutive 8-step means: warm-up, then delayed."""
+    out = []
+    for a in (warmup - 15, warmup + 5):
+        if a < 3 or len(step_ms) < a + 16:
+            out.append(float('nan'))
+            continue
+        first, second = statistics.mean(step_ms[a:a + 8]), statistics.mean(step_ms[a + 8:a + 16])
+        out.append(abs(second - first) / first)
+    return out
+
+
 def table(rows, codes, warmup):
     lines = ['| code | method | round | steps 3-%d | %d-%d | %d-end |'
              % (warmup, warmup + 1, warmup + 12, warmup + 13), '|---|---|---:|---:|---:|---:|']
@@ -71,13 +88,28 @@ def table(rows, codes, warmup):
         lines.append('| %s | %s | %d | %s |' % (
             row['code'], row['method'], row['round'], row.get('error') or ' | '.join(
                 '%.1f' % row[key] for key in ('warmup_ms', 'delayed_ms', 'rest_ms'))))
-    lines += ['', '| code | k=4 warm-up (median) | auto warm-up (median) | auto / k=4 |',
-              '|---|---:|---:|---:|']
+    lines += ['', '| code | rounds | k=4 warm-up (median) | auto warm-up (median) | auto / k=4 '
+              '| median of the rounds\' auto / k=4 |', '|---|---:|---:|---:|---:|---:|']
     for code in codes:
-        med = {m: statistics.median(r['warmup_ms'] for r in rows if r['code'] == code
-                                    and r['method'] == m and 'error' not in r) for m in _METHODS}
-        lines.append('| %s | %.1f | %.1f | %.3f |' % (code, med['k4'], med['auto'],
-                                                      med['auto'] / med['k4']))
+        runs = {(r['method'], r['round']): r['warmup_ms'] for r in rows
+                if r['code'] == code and 'error' not in r}
+        paired = [runs[('auto', n)] / runs[('k4', n)] for m, n in runs
+                  if m == 'k4' and ('auto', n) in runs]
+        med = {m: statistics.median(v for (mm, _), v in runs.items() if mm == m)
+               for m in _METHODS}
+        lines.append('| %s | %d | %.1f | %.1f | %.3f | %.3f |' % (
+            code, len(paired), med['k4'], med['auto'], med['auto'] / med['k4'],
+            statistics.median(paired)))
+    lines += ['', '| k=4 run | warm-up: two 8-step means differ by | delayed: by |',
+              '|---|---:|---:|']
+    worst = [0.0, 0.0]
+    for row in rows:
+        if row['method'] == 'k4' and 'error' not in row:
+            diffs = noise(row['step_ms'], warmup)
+            worst = [max(w, d) for w, d in zip(worst, diffs)]
+            lines.append('| %s r%d | %.1f%% | %.1f%% |' % (row['code'], row['round'],
+                                                         100 * diffs[0], 100 * diffs[1]))
+    lines.append('| largest | %.1f%% | %.1f%% |' % (100 * worst[0], 100 * worst[1]))
     return '\n'.join(lines) + '\n'
 
 
@@ -90,7 +122,12 @@ def main(argv=None):
     parser.add_argument('--steps', type=int, default=20)
     parser.add_argument('--rounds', type=int, default=3)
     parser.add_argument('--out', required=True)
+    parser.add_argument('--report-only', action='store_true')
     args = parser.parse_args(argv)
+    if args.report_only:
+        with open(os.path.join(args.out, 'runs.jsonl'), encoding='utf-8') as src:
+            rows = [json.loads(line) for line in src][1:]
+        return write_table(args, rows)
     os.makedirs(args.out, exist_ok=True)
     jobs = [(code, path, method) for code, path in args.code for method in _METHODS]
     rows = []
@@ -104,8 +141,13 @@ def main(argv=None):
                 out.write(json.dumps(row) + '\n')
                 out.flush()
                 rows.append(row)
+    return write_table(args, rows)
+
+
+def write_table(args, rows):
     with open(os.path.join(args.out, 'table.md'), 'w', encoding='utf-8') as out:
         out.write(table(rows, [code for code, _ in args.code], args.warmup))
+    return 0
 
 
 if __name__ == '__main__':

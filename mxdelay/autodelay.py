@@ -71,7 +71,7 @@ WAIT_STEPS = 3
 #: The fallback check falls back only if the delayed steps' mean is above (1 + this) S:
 #: the noise of comparing a mean of 8 steps with the warm-up's on a busy 2-core machine
 #: (docs/benchmarks/scaling/auto/timing/notes.md).
-FALLBACK_MARGIN = 0.10
+FALLBACK_MARGIN = 0.15
 
 
 def _measured_periods(k):

@@ -222,14 +222,16 @@ def test_the_measured_warmup_decides_k_and_tells_the_servers(monkeypatch, caplog
     assert "chose delay=4 from step 11 on (pin it: delay=4, slack=4)" in text
 
 
-@pytest.mark.parametrize('span,fallen', [
-    (0.01101, True),      # just above (1 + FALLBACK_MARGIN) S = 11 ms: falls back
-    (0.01099, False),     # just below: keeps k
-    (0.0105, False),      # slower than S, within the margin
-    (0.0099, False)])
-def test_the_fallback_compares_the_delayed_steps_with_the_warmup(monkeypatch, caplog, span,
+@pytest.mark.parametrize('share,fallen', [
+    (1.001, True),        # just above (1 + FALLBACK_MARGIN) S: falls back
+    (0.999, False),       # just below: keeps k
+    (0.5, False),         # slower than S, within the margin
+    (-0.1, False)])       # faster than S
+def test_the_fallback_compares_the_delayed_steps_with_the_warmup(monkeypatch, caplog, share,
                                                                  fallen):
-    assert FALLBACK_MARGIN == 0.10
+    assert 0.05 <= FALLBACK_MARGIN <= 0.5
+    bound = 10.0 * (1 + FALLBACK_MARGIN)                  # ms
+    span = 1e-3 * (10.0 * (1 + share * FALLBACK_MARGIN) if share < 1 else bound * share)
     auto, update = auto_delay(monkeypatch)
     measured(auto, 0.010, 0.007)                          # S = 10 ms
     auto.before_step(11)                                  # k = 4: the check before step 23
@@ -240,8 +242,8 @@ def test_the_fallback_compares_the_delayed_steps_with_the_warmup(monkeypatch, ca
     assert (update.states[0].pre_weight is None) == fallen
     assert len(update.parts.job.sent) == 1 + fallen
     assert ('measured delayed steps 15-22: %.1f ms a step against the warm-up\'s 10.0 ms '
-            '(both by wall clock; falling back above 11.0 ms, the margin 10%%)'
-            % (1e3 * span)) in caplog.text
+            '(both by wall clock; falling back above %.1f ms, the margin %d%%)'
+            % (1e3 * span, bound, round(100 * FALLBACK_MARGIN))) in caplog.text
     assert ('fell back: the job runs synchronously from step 23 on' in caplog.text) == fallen
 
 
