@@ -8,15 +8,16 @@ server on loopback (no shaping: the measurement's cost is CPU), ``--warmup`` war
 and ``--steps`` timed ones. Each ``--code NAME=PATH`` is a snapshot of the repository put
 first on the jobs' ``PYTHONPATH`` (e.g. ``git worktree add --detach /tmp/pin-x COMMIT``).
 Per round, every (code, method) runs once, in the order of the ``--code`` options (k=4
-first), reversed every other round (``harness.ordered``), so that drifts of the shared machine hit all alike. Worker 0's step t
-takes from the end of step t - 1 to the end of step t (bench_worker's ``all_step_ends``);
-the table gives its mean over the warm-up's steady steps (3 to W), over the first two
-delayed periods after the switch (W + 1 to W + 12) and over the rest, per run and as the
-median over the rounds, with each (code) auto's ratio to its k=4. The noise of an 8-step
-mean (what the fallback check compares): in each k=4 run, the relative difference between
-the means of two consecutive 8-step windows of the same phase (warm-up steps 5-12 and
-13-20 for W = 20; delayed steps W + 5 .. W + 12 and W + 13 .. W + 20, whole periods after
-the settling one), and its largest value over the runs.
+first), reversed every other round (``harness.ordered``), so that drifts of the shared
+machine hit all alike. Worker 0's step t takes from the end of step t - 1 to the end of step
+t (bench_worker's ``all_step_ends``); the table gives its mean over the warm-up's steady
+steps (3 to W), over the first two delayed periods after the switch (W + 1 to W + 12) and
+over the rest, per run and as the median over the rounds, with each (code) auto's ratio to
+its k=4 (of the medians, and the median of each round's ratio). The noise of an 8-step mean
+(what the fallback check compares): in each k=4 run, the relative difference between the
+means of two consecutive 8-step windows of the same phase (warm-up steps 5-12 and 13-20 for
+W = 20; delayed steps W + 5 .. W + 12 and W + 13 .. W + 20, whole periods after the settling
+one), and its largest value over the runs.
 
 Writes ``--out``/runs.jsonl (one line a run: every step's ms) and ``--out``/table.md;
 ``--report-only`` writes the table again from runs.jsonl.

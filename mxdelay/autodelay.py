@@ -22,7 +22,8 @@ push of the round they change:
 2. **The fallback check, before step D = t0 + k + m k.** Worker 0's delayed steps after one
    settling period (t0 + k to D - 1: m periods, two and at least :data:`MEASURED_STEPS`
    steps: k=2 four periods, k=4 two) give their mean step, by wall clock as S; slower
-   than S by more than :data:`FALLBACK_MARGIN`, the job is synchronous from round F = D on (the end of a period,
+   than S by more than :data:`FALLBACK_MARGIN`, the job is synchronous from round F = D
+   on (the end of a period,
    :meth:`PullSchedule.amend <kvstore_ext.protocol.schedule.PullSchedule.amend>`), for the
    rest of the job, and drops the local rule's state.
 
@@ -203,12 +204,11 @@ class AutoDelay(object):
         sizes = self._update.round_bytes()
         k, rows = choose(step_ms, wait_ms, sizes['push'], sizes['pull'])
         _LOG.info("DelayedTrainer: delay='auto' measured %d warm-up steps (from step %d): step "
-                  'S = %.1f ms, waiting for communication W = %.1f ms, measured on steps %d-%d, '
-                  'compute C = S - W = %.1f ms; %s bytes pushed and %s pulled per round; estimated step '
-                  'max(C, W (P + Q/k)/(P + Q)): %s', steps, steady[1][0], step_ms,
-                  wait_ms, self._sampled[0][0], self._sampled[-1][0], step_ms - wait_ms,
-                  '{:,}'.format(sizes['push']),
-                  '{:,}'.format(sizes['pull']),
+                  'S = %.1f ms, waiting for communication W = %.1f ms, measured on steps '
+                  '%d-%d, compute C = S - W = %.1f ms; %s bytes pushed and %s pulled per round; '
+                  'estimated step max(C, W (P + Q/k)/(P + Q)): %s', steps, steady[1][0],
+                  step_ms, wait_ms, self._sampled[0][0], self._sampled[-1][0],
+                  step_ms - wait_ms, '{:,}'.format(sizes['push']), '{:,}'.format(sizes['pull']),
                   ', '.join('k=%d %.1f ms (%.2fx)' % (row['delay'], row['step_ms'],
                                                       row['speedup']) for row in rows))
         return stay if k is None else {'delay': k, 'synchronous_from': None}
