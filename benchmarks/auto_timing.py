@@ -64,9 +64,12 @@ def run(args, code, path, method, round_index):
     row = dict(code=code, method=method, round=round_index, load_before=info['load_before'])
     if exit_code != 0:
         return dict(row, error='exit %s: %s' % (exit_code, folder))
-    ends = results[0]['all_step_ends']
+    ends, cpus = results[0]['all_step_ends'], results[0]['all_step_cpu']
     row['step_ms'] = [None] + [round(1e3 * (b - a), 1) for a, b in zip(ends, ends[1:])]
+    row['cpu_ms'] = [None] + [round(1e3 * (b - a), 1) for a, b in zip(cpus, cpus[1:])]
     row['warmup_ms'], row['delayed_ms'], row['rest_ms'] = _windows(row['step_ms'], args.warmup)
+    row['warmup_cpu_ms'] = _windows(row['cpu_ms'], args.warmup)[0]
+    row['decided'] = results[0]['decided']
     return row
 
 
@@ -82,25 +85,38 @@ def noise(step_ms, warmup):
     return out
 
 
+def _ratios(rows, code, key):
+    """(rounds, median k=4, median auto, their ratio, median of each round's auto / k=4) of
+    `key` for `code`; None without a pair."""
+    runs = {(r['method'], r['round']): r[key] for r in rows
+            if r['code'] == code and 'error' not in r and r.get(key) is not None}
+    paired = [runs[('auto', n)] / runs[('k4', n)] for m, n in runs
+              if m == 'k4' and ('auto', n) in runs]
+    if not paired:
+        return None
+    med = {m: statistics.median(v for (mm, _), v in runs.items() if mm == m) for m in _METHODS}
+    return len(paired), med['k4'], med['auto'], med['auto'] / med['k4'], statistics.median(paired)
+
+
 def table(rows, codes, warmup):
-    lines = ['| code | method | round | steps 3-%d | %d-%d | %d-end |'
-             % (warmup, warmup + 1, warmup + 12, warmup + 13), '|---|---|---:|---:|---:|---:|']
+    lines = ['| code | method | round | steps 3-%d | %d-%d | %d-end | CPU, steps 3-%d | decided |'
+             % (warmup, warmup + 1, warmup + 12, warmup + 13, warmup),
+             '|---|---|---:|---:|---:|---:|---:|---|']
     for row in rows:
         lines.append('| %s | %s | %d | %s |' % (
             row['code'], row['method'], row['round'], row.get('error') or ' | '.join(
-                '%.1f' % row[key] for key in ('warmup_ms', 'delayed_ms', 'rest_ms'))))
-    lines += ['', '| code | rounds | k=4 warm-up (median) | auto warm-up (median) | auto / k=4 '
-              '| median of the rounds\' auto / k=4 |', '|---|---:|---:|---:|---:|---:|']
+                ['%.1f' % row[key] for key in ('warmup_ms', 'delayed_ms', 'rest_ms')]
+                + ['%.1f' % row['warmup_cpu_ms'] if 'warmup_cpu_ms' in row else '-',
+                   row.get('decided') or '-'])))
+    lines += ['', 'Worker 0\'s warm-up step (steps 3-%d), ms:' % warmup, '',
+              '| code | measure | rounds | k=4 (median) | auto (median) | auto / k=4 '
+              '| median of the rounds\' auto / k=4 |', '|---|---|---:|---:|---:|---:|---:|']
     for code in codes:
-        runs = {(r['method'], r['round']): r['warmup_ms'] for r in rows
-                if r['code'] == code and 'error' not in r}
-        paired = [runs[('auto', n)] / runs[('k4', n)] for m, n in runs
-                  if m == 'k4' and ('auto', n) in runs]
-        med = {m: statistics.median(v for (mm, _), v in runs.items() if mm == m)
-               for m in _METHODS}
-        lines.append('| %s | %d | %.1f | %.1f | %.3f | %.3f |' % (
-            code, len(paired), med['k4'], med['auto'], med['auto'] / med['k4'],
-            statistics.median(paired)))
+        for key, name in (('warmup_ms', 'wall clock'), ('warmup_cpu_ms', 'CPU')):
+            found = _ratios(rows, code, key)
+            if found:
+                lines.append('| %s | %s | %d | %.1f | %.1f | %.3f | %.3f |'
+                             % ((code, name) + found))
     lines += ['', '| k=4 run | warm-up: two 8-step means differ by | delayed: by |',
               '|---|---:|---:|']
     worst = [0.0, 0.0]
@@ -138,7 +154,8 @@ def main(argv=None):
         for r in range(1, args.rounds + 1):
             for code, path, method in harness.ordered(jobs, r):
                 row = run(args, code, path, method, r)
-                print(json.dumps({k: v for k, v in row.items() if k != 'step_ms'}), flush=True)
+                print(json.dumps({k: v for k, v in row.items() if not k.endswith('_ms')
+                                  or not isinstance(v, list)}), flush=True)
                 out.write(json.dumps(row) + '\n')
                 out.flush()
                 rows.append(row)
