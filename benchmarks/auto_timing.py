@@ -22,6 +22,7 @@ one), and its largest value over the runs.
 Writes ``--out``/runs.jsonl (one line a run: every step's ms) and ``--out``/table.md;
 ``--report-only`` writes the table again from runs.jsonl.
 """
+import argparse
 import json
 import os
 import statistics
@@ -38,10 +39,11 @@ _METHODS = ('k4', 'auto')
 
 
 def _code(text):
+    """``--code NAME=PATH`` as (name, absolute path)."""
     name, _, path = text.partition('=')
     if not name or not os.path.isdir(os.path.join(path, 'mxdelay')):
-        raise ValueError('--code %r: give NAME=PATH with PATH a snapshot of the repository '
-                         '(a folder holding mxdelay/)' % text)
+        raise argparse.ArgumentTypeError('--code %r: give NAME=PATH with PATH a snapshot of '
+                                         'the repository (a folder holding mxdelay/)' % text)
     return name, os.path.abspath(path)
 
 
@@ -52,6 +54,7 @@ def _windows(step_ms, warmup):
 
 
 def run(args, code, path, method, round_index):
+    """One job of `method` ('k4' or 'auto') with the code at `path`; its row for runs.jsonl."""
     folder = os.path.join(args.out, 'runs', '%s-%s-r%d' % (code, method, round_index))
     worker_args = MODELS[args.model]['args'] + [
         '--warmup-steps', str(args.warmup), '--steps', str(args.steps), '--seed', '1']
@@ -99,6 +102,7 @@ def _ratios(rows, code, key):
 
 
 def table(rows, codes, warmup):
+    """table.md's text: every run, the medians and ratios, the noise of 8-step means."""
     lines = ['| code | method | round | steps 3-%d | %d-%d | %d-end | CPU, steps 3-%d | decided |'
              % (warmup, warmup + 1, warmup + 12, warmup + 13, warmup),
              '|---|---|---:|---:|---:|---:|---:|---|']
@@ -163,6 +167,7 @@ def main(argv=None):
 
 
 def write_table(args, rows):
+    """Write --out/table.md from `rows`; the exit code (0)."""
     with open(os.path.join(args.out, 'table.md'), 'w', encoding='utf-8') as out:
         out.write(table(rows, [code for code, _ in args.code], args.warmup))
     return 0
