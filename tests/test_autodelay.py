@@ -205,7 +205,7 @@ def auto_delay(monkeypatch, force='measure', warmup=10):
 
 def test_the_measured_warmup_decides_k_and_tells_the_servers(monkeypatch, caplog):
     # S = 10 ms, W = 7 ms: k=4 max(3, 4.375), faster than S: k=4.
-    # The sampled steps 8-10 slow steps 9 and 10 (issued 200 and 300 ms late): S is steps
+    # The sampled steps 8-10 slow steps 9 and 10 (issued 200 and 490 ms late): S is steps
     # 3-8's 10 ms a step all the same.
     auto, update = auto_delay(monkeypatch)
     measured(auto, 0.010, 0.007)
