@@ -4,10 +4,14 @@ fallback after it (docs/design.md §1.2).
 Worker 0 measures; every worker adopts its decisions at two collective points, before the
 push of the round they change:
 
-1. **The decision, before step t0 = W + 1.** Worker 0's steady warm-up steps (steps
-   :data:`SKIPPED` to W; the first ones initialise the keys and MXNet's engine) give the
-   step time S and the wait W for communication (:class:`mxdelay.steplog.StepTimes`), and
-   the trainer the bytes P pushed and Q pulled per round. :func:`choose` estimates each
+1. **The decision, before step t0 = W + 1.** Worker 0's steady warm-up steps (from step
+   :data:`SKIPPED`; the first ones initialise the keys and MXNet's engine) give the step
+   time S, by wall clock alone (a ``perf_counter`` as each step is issued, nothing on
+   MXNet's engine), and its last :data:`WAIT_STEPS` steps the wait W for communication
+   (:class:`mxdelay.steplog.StepTimes`: one-value copies of every gradient and weight,
+   waited for by helper threads; on ResNet-50's 299 tensors this costs about a tenth of a
+   step, so S leaves out the steps it slows); the trainer gives the bytes P pushed and Q
+   pulled per round. :func:`choose` estimates each
    candidate k of :data:`CANDIDATES` with :func:`mxdelay.estimate.estimate`'s model,
    ``S'(k) = max(C, T (P + Q/k) / (P + Q))`` with C = S - W. T, the communication time, is
    not measured without the profiler: the wait W stands for it, a lower bound (pushes that
@@ -17,8 +21,9 @@ push of the round they change:
    faster than S.
 2. **The fallback check, before step D = t0 + k + m k.** Worker 0's delayed steps after one
    settling period (t0 + k to D - 1: m periods, two and at least :data:`MEASURED_STEPS`
-   steps: k=2 four periods, k=4 two) give their mean step; slower than the
-   warm-up's steady step, the job is synchronous from round F = D on (the end of a period,
+   steps: k=2 four periods, k=4 two) give their mean step, by wall clock as S; slower
+   than S by more than :data:`FALLBACK_MARGIN`, the job is synchronous from round F = D
+   on (the end of a period,
    :meth:`PullSchedule.amend <kvstore_ext.protocol.schedule.PullSchedule.amend>`), for the
    rest of the job, and drops the local rule's state.
 
@@ -31,6 +36,7 @@ decisions. A checkpoint keeps the decisions (``DelaySchedule.state_dict``); a jo
 before the switch measures again from where it resumed.
 """
 import logging
+import time
 
 from kvstore_ext import env
 
@@ -38,7 +44,7 @@ from . import estimate
 from .steplog import StepTimes
 
 __all__ = ['AutoDelay', 'choose', 'CANDIDATES', 'MARGIN', 'SKIPPED', 'SLACK',
-           'MIN_WARMUP_STEPS', 'MEASURED_STEPS']
+           'MIN_WARMUP_STEPS', 'MEASURED_STEPS', 'WAIT_STEPS', 'FALLBACK_MARGIN']
 
 _LOG = logging.getLogger('mxdelay.trainer')
 
@@ -60,6 +66,13 @@ SKIPPED = 3
 MIN_WARMUP_STEPS = SKIPPED + 2
 #: The fallback check measures whole periods, at least two and at least this many steps.
 MEASURED_STEPS = 8
+#: The warm-up's last steps whose wait for communication is measured (the mean of their
+#: waits is W); S leaves out the steps this measurement slows (each one's next).
+WAIT_STEPS = 3
+#: The fallback check falls back only if the delayed steps' mean is above (1 + this) S:
+#: the noise of comparing a mean of 8 steps with the warm-up's on a busy 2-core machine
+#: (docs/benchmarks/scaling/auto/timing/notes.md).
+FALLBACK_MARGIN = 0.15
 
 
 def _measured_periods(k):
@@ -110,26 +123,30 @@ class AutoDelay(object):
     def __init__(self, update):
         self._update = update
         self._force = env.get_choice('MXDELAY_AUTO_DELAY_FORCE')
-        self._times = None          # StepTimes, on worker 0 from its first step
-        self._warmup = []           # records of the warm-up steps measured
-        self._delayed = []          # records of the delayed steps measured
-        self._warmup_ms = None      # the warm-up's steady step
+        self._times = None          # StepTimes, on worker 0 from its first sampled step
+        self._warmup = []           # (t, perf_counter) of the warm-up steps issued
+        self._sampled = []          # StepTimes records of the warm-up steps whose wait counts
+        self._delayed = []          # (t, perf_counter) of the delayed steps measured
+        self._warmup_ms = None      # the warm-up's steady step S
 
     def stepped(self, t, batch_size):
         """Step `t` is issued: worker 0 records it if a decision will need it."""
         schedule = self._update.schedule
         if self._update.rank != 0:
             return
-        if self._times is None:
-            self._times = StepTimes(self._update)
         if not schedule.decided:
             if SKIPPED - 1 <= t <= schedule.warmup_steps:
-                self._warmup.append(self._times.record(t, batch_size))
+                self._warmup.append((t, time.perf_counter()))
+            if max(SKIPPED, schedule.warmup_steps - WAIT_STEPS + 1) <= t \
+                    <= schedule.warmup_steps:
+                if self._times is None:
+                    self._times = StepTimes(self._update)
+                self._sampled.append(self._times.record(t, batch_size))
         elif self._check_step() is not None:
             # One settling period left out, then two: records t0 + k - 1 .. D - 1.
             if self._check_step() - _measured_periods(schedule.delay) * schedule.delay - 1 \
                     <= t < self._check_step():
-                self._delayed.append(self._times.record(t, batch_size))
+                self._delayed.append((t, time.perf_counter()))
 
     def before_step(self, t):
         """Before step `t`'s pushes, on every worker: the collective decisions due there."""
@@ -172,23 +189,26 @@ class AutoDelay(object):
                       self._force)
             return stay if self._force == 'stay' else {'delay': int(self._force[0]),
                                                        'synchronous_from': None}
-        if len(self._warmup) < 2:
+        # A sampled step's copies and helper threads slow the step after it: S ends before.
+        first = self._sampled[0][0] if self._sampled else None
+        steady = [(t, at) for t, at in self._warmup if first is None or t <= first]
+        if len(steady) < 2 or not self._sampled:
             _LOG.warning("DelayedTrainer: delay='auto' measured %d warm-up steps, too few to "
                          'estimate (a job resumed close to the switch?): it stays synchronous',
-                         max(0, len(self._warmup) - 1))
+                         max(0, len(steady) - 1))
             return stay
-        wall, wait = self._times.wall_and_wait(self._warmup)
-        steps = len(self._warmup) - 1
-        step_ms, wait_ms = 1e3 * wall / steps, 1e3 * wait / steps
+        steps = len(steady) - 1
+        step_ms = 1e3 * (steady[-1][1] - steady[0][1]) / steps
+        wait_ms = 1e3 * sum(self._times.wait(r) for r in self._sampled) / len(self._sampled)
         self._warmup_ms = step_ms
         sizes = self._update.round_bytes()
         k, rows = choose(step_ms, wait_ms, sizes['push'], sizes['pull'])
         _LOG.info("DelayedTrainer: delay='auto' measured %d warm-up steps (from step %d): step "
-                  'S = %.1f ms, waiting for communication W = %.1f ms, compute C = S - W = '
-                  '%.1f ms; %s bytes pushed and %s pulled per round; estimated step '
-                  'max(C, W (P + Q/k)/(P + Q)): %s', steps, self._warmup[1][0], step_ms,
-                  wait_ms, step_ms - wait_ms, '{:,}'.format(sizes['push']),
-                  '{:,}'.format(sizes['pull']),
+                  'S = %.1f ms, waiting for communication W = %.1f ms, measured on steps '
+                  '%d-%d, compute C = S - W = %.1f ms; %s bytes pushed and %s pulled per round; '
+                  'estimated step max(C, W (P + Q/k)/(P + Q)): %s', steps, steady[1][0],
+                  step_ms, wait_ms, self._sampled[0][0], self._sampled[-1][0],
+                  step_ms - wait_ms, '{:,}'.format(sizes['push']), '{:,}'.format(sizes['pull']),
                   ', '.join('k=%d %.1f ms (%.2fx)' % (row['delay'], row['step_ms'],
                                                       row['speedup']) for row in rows))
         return stay if k is None else {'delay': k, 'synchronous_from': None}
@@ -214,20 +234,21 @@ class AutoDelay(object):
             _LOG.info("DelayedTrainer: delay='auto' keeps delay=%d: no measurement to compare "
                       '(a resumed job)', k)
             return keep
-        wall, _ = self._times.wall_and_wait(self._delayed)
-        step_ms = 1e3 * wall / (len(self._delayed) - 1)
-        slower = step_ms > self._warmup_ms
+        step_ms = 1e3 * (self._delayed[-1][1] - self._delayed[0][1]) / (len(self._delayed) - 1)
+        bound = self._warmup_ms * (1 + FALLBACK_MARGIN)
+        slower = step_ms > bound
         _LOG.info("DelayedTrainer: delay='auto' measured delayed steps %d-%d: %.1f ms a step "
-                  'against the warm-up\'s %.1f ms: %s', self._delayed[1][0], self._delayed[-1][0],
-                  step_ms, self._warmup_ms, 'falling back to synchronous steps' if slower
-                  else 'keeping delay=%d' % k)
+                  'against the warm-up\'s %.1f ms (both by wall clock; falling back above %.1f '
+                  'ms, the margin %.0f%%): %s', self._delayed[1][0], self._delayed[-1][0],
+                  step_ms, self._warmup_ms, bound, 100 * FALLBACK_MARGIN,
+                  'falling back to synchronous steps' if slower else 'keeping delay=%d' % k)
         return back if slower else keep
 
     def restore(self, amendments):
         """A checkpoint's decisions (``DelaySchedule.state_dict``), on every worker: adopted
         here and on the servers; what was measured before is dropped (a resume before the
         switch measures again)."""
-        self._warmup, self._delayed, self._warmup_ms = [], [], None
+        self._warmup, self._sampled, self._delayed, self._warmup_ms = [], [], [], None
         self._amend(amendments)
 
     def _drop_rule_state(self):

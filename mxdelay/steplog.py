@@ -115,15 +115,20 @@ class StepTimes(object):
     def wall_and_wait(self, window):
         """Seconds from `window`'s first record to its last, and the waits of its steps
         after the first (which gives c(t - 1) to the second); blocks until they are known."""
-        schedule = self._update.schedule
-        wait = 0.0
-        for before, step in zip(window, window[1:]):
-            t, g = step[0], step[4].result()
-            if schedule.is_synchronous(t):
-                wait += max(0.0, step[5].result() - g)
-            elif schedule.applies_pull(t) and before[0] == t - 1:
-                wait += max(0.0, before[5].result() - g)
+        wait = sum(self.wait(step, before) for before, step in zip(window, window[1:]))
         return window[-1][3] - window[0][3], wait
+
+    def wait(self, step, before=None):
+        """Seconds the step of record `step` waited for communication; `before`: the record
+        of the step before it, which a delayed step that applies a pull needs (without it
+        that step counts no wait). Blocks until they are known."""
+        schedule = self._update.schedule
+        t, g = step[0], step[4].result()
+        if schedule.is_synchronous(t):
+            return max(0.0, step[5].result() - g)
+        if schedule.applies_pull(t) and before is not None and before[0] == t - 1:
+            return max(0.0, before[5].result() - g)
+        return 0.0
 
 
 class StepLog(object):

@@ -6,6 +6,10 @@ What is tested, and against what:
 - :func:`mxdelay.autodelay.choose` on fabricated measurements, against the estimate written
   out by hand (``max(C, W (P + Q/k)/(P + Q))``): the smallest k within 5% of the best, and
   staying synchronous when no k is estimated faster than the measured step;
+- :class:`mxdelay.autodelay.AutoDelay`'s decisions on fabricated measurements: S from the
+  warm-up's wall clock up to the first step whose wait is measured (the steps that
+  measurement slows left out), W from the sampled steps' waits; the fallback only above
+  (1 + FALLBACK_MARGIN) S (just inside: keeps k; just outside: falls back);
 - the arguments: ``delay='auto'`` needs ``warmup_steps >= 5`` and ``slack >= 4``, takes
   slack 4 by default, and names the argument, the value and the fix otherwise;
 - real 2-worker jobs (marked ``jobs``; ``MXDELAY_AUTO_DELAY_FORCE`` forces the decisions):
@@ -39,7 +43,8 @@ import pytest
 import mxdelay
 from mxnet import gluon
 
-from mxdelay.autodelay import CANDIDATES, MARGIN, SLACK, AutoDelay, choose
+from mxdelay.autodelay import (CANDIDATES, FALLBACK_MARGIN, MARGIN, SLACK, WAIT_STEPS,
+                               AutoDelay, choose)
 from mxdelay.schedule import DelaySchedule
 from mxdelay.steplog import StepTimes
 import reference
@@ -182,6 +187,14 @@ def records(steps, span, wait):
             for t in steps]
 
 
+def measured(auto, span, wait, warmup=10):
+    """Worker 0's warm-up as AutoDelay.stepped records it: steps 2 .. `warmup` issued every
+    `span` seconds by wall clock, the last WAIT_STEPS of them also sampled (StepTimes
+    records) with waits of `wait` seconds."""
+    auto._warmup = [(t, t * span) for t in range(2, warmup + 1)]
+    auto._sampled = records(range(warmup - WAIT_STEPS + 1, warmup + 1), span, wait)
+
+
 def auto_delay(monkeypatch, force='measure', warmup=10):
     monkeypatch.setenv('MXDELAY_AUTO_DELAY_FORCE', force)
     update = FakeUpdate(warmup)
@@ -192,39 +205,51 @@ def auto_delay(monkeypatch, force='measure', warmup=10):
 
 def test_the_measured_warmup_decides_k_and_tells_the_servers(monkeypatch, caplog):
     # S = 10 ms, W = 7 ms: k=4 max(3, 4.375), faster than S: k=4.
+    # The sampled steps 8-10 slow steps 9 and 10 (issued 200 and 490 ms late): S is steps
+    # 3-8's 10 ms a step all the same.
     auto, update = auto_delay(monkeypatch)
-    auto._warmup = records(range(2, 11), 0.010, 0.007)
+    measured(auto, 0.010, 0.007)
+    auto._warmup[-2:] = [(9, 0.290), (10, 0.590)]
     with caplog.at_level(logging.INFO, logger='mxdelay.trainer'):
         auto.before_step(11)
     assert update.schedule.amendments() == {'delay': 4, 'synchronous_from': None}
     assert update.parts.job.sent == [{'delay': 4, 'synchronous_from': None}]
     text = caplog.text
-    assert 'measured 8 warm-up steps (from step 3): step S = 10.0 ms, waiting for ' \
-           'communication W = 7.0 ms, compute C = S - W = 3.0 ms' in text
+    assert 'measured 6 warm-up steps (from step 3): step S = 10.0 ms, waiting for ' \
+           'communication W = 7.0 ms, measured on steps 8-10, compute C = S - W = 3.0 ms' \
+           in text
     assert 'estimated step max(C, W (P + Q/k)/(P + Q)): k=4 4.4 ms (2.29x)' in text
     assert "chose delay=4 from step 11 on (pin it: delay=4, slack=4)" in text
 
 
-@pytest.mark.parametrize('span,fallen', [(0.0101, True), (0.0099, False)])
-def test_the_fallback_compares_the_delayed_steps_with_the_warmup(monkeypatch, caplog, span,
+@pytest.mark.parametrize('share,fallen', [
+    (1.001, True),        # just above (1 + FALLBACK_MARGIN) S: falls back
+    (0.999, False),       # just below: keeps k
+    (0.5, False),         # slower than S, within the margin
+    (-0.1, False)])       # faster than S
+def test_the_fallback_compares_the_delayed_steps_with_the_warmup(monkeypatch, caplog, share,
                                                                  fallen):
+    assert 0.05 <= FALLBACK_MARGIN <= 0.5
+    bound = 10.0 * (1 + FALLBACK_MARGIN)                  # ms
+    span = 1e-3 * (10.0 * (1 + share * FALLBACK_MARGIN) if share < 1 else bound * share)
     auto, update = auto_delay(monkeypatch)
-    auto._warmup = records(range(2, 11), 0.010, 0.007)
+    measured(auto, 0.010, 0.007)                          # S = 10 ms
     auto.before_step(11)                                  # k = 4: the check before step 23
-    auto._delayed = records(range(14, 23), span, 0.0)     # t0 + k - 1 .. D - 1
+    auto._delayed = [(t, t * span) for t in range(14, 23)]   # t0 + k - 1 .. D - 1
     with caplog.at_level(logging.INFO, logger='mxdelay.trainer'):
         auto.before_step(23)
     assert update.schedule.synchronous_from == (23 if fallen else None)
     assert (update.states[0].pre_weight is None) == fallen
     assert len(update.parts.job.sent) == 1 + fallen
-    assert ('measured delayed steps 15-22: %.1f ms a step against the warm-up\'s 10.0 ms'
-            % (1e3 * span)) in caplog.text
+    assert ('measured delayed steps 15-22: %.1f ms a step against the warm-up\'s 10.0 ms '
+            '(both by wall clock; falling back above %.1f ms, the margin %d%%)'
+            % (1e3 * span, bound, round(100 * FALLBACK_MARGIN))) in caplog.text
     assert ('fell back: the job runs synchronously from step 23 on' in caplog.text) == fallen
 
 
 def test_no_wait_stays_synchronous_and_drops_the_rule_state(monkeypatch, caplog):
     auto, update = auto_delay(monkeypatch)
-    auto._warmup = records(range(2, 11), 0.010, -0.001)   # communication before backward ends
+    measured(auto, 0.010, -0.001)                         # communication before backward ends
     with caplog.at_level(logging.INFO, logger='mxdelay.trainer'):
         auto.before_step(11)
     assert update.schedule.amendments() == {'delay': None, 'synchronous_from': 11}
@@ -236,7 +261,8 @@ def test_no_wait_stays_synchronous_and_drops_the_rule_state(monkeypatch, caplog)
 
 def test_too_few_warmup_steps_stay_synchronous_with_a_warning(monkeypatch, caplog):
     auto, update = auto_delay(monkeypatch)
-    auto._warmup = records([10], 0.010, 0.007)            # e.g. resumed at the switch
+    auto._warmup = [(10, 0.1)]                            # e.g. resumed at the switch
+    auto._sampled = records([10], 0.010, 0.007)
     with caplog.at_level(logging.WARNING, logger='mxdelay.trainer'):
         auto.before_step(11)
     assert update.schedule.synchronous_from == 11
@@ -248,6 +274,7 @@ def test_stepped_records_the_windows_of_worker_0_only(monkeypatch):
     for t in range(7):
         auto.stepped(t, 6)
     assert [r[0] for r in auto._warmup] == list(range(2, 7))   # SKIPPED - 1 .. W
+    assert [r[0] for r in auto._sampled] == [4, 5, 6]          # the last WAIT_STEPS
     update.schedule.amend(delay=2)
     for t in range(7, 25):
         auto.stepped(t, 6)
@@ -263,7 +290,7 @@ def test_stepped_records_the_windows_of_worker_0_only(monkeypatch):
 
 def test_the_forced_choice_overrides_the_measurements(monkeypatch):
     auto, update = auto_delay(monkeypatch, force='2')
-    auto._warmup = records(range(2, 11), 0.010, 0.0)   # would stay synchronous
+    measured(auto, 0.010, 0.0)                           # would stay synchronous
     auto.before_step(11)
     assert update.schedule.amendments() == {'delay': 2, 'synchronous_from': None}
     with pytest.raises(ValueError, match='MXDELAY_AUTO_DELAY_FORCE'):
@@ -350,8 +377,9 @@ def test_measured_choice_is_logged_and_its_pin_repeats_the_job(tmp_path):
     # ps-lite's rank 0 decides: either of the launcher's workers.
     logs = ['\n'.join(worker_lines(result.stderr, rank)) for rank in (0, 1)]
     log = next(text for text in logs if "delay='auto' measured" in text)
-    measured = re.search(r"delay='auto' measured 8 warm-up steps \(from step 3\): step S = "
-                         r'[\d.]+ ms, waiting for communication W = [\d.]+ ms, .*: '
+    measured = re.search(r"delay='auto' measured 6 warm-up steps \(from step 3\): step S = "
+                         r'[\d.]+ ms, waiting for communication W = [\d.]+ ms, measured on '
+                         r'steps 8-10, .*: '
                          r'k=4 [\d.]+ ms \([\d.]+x\)', log)
     assert measured, log
     chose = re.search(r"delay='auto' chose delay=(\d) from step 11 on \(pin it: "
