@@ -14,7 +14,8 @@ Adam only) makes it ``mxdelay.FrozenVarianceAdam`` frozen at the switch
 (``freeze_after=--warmup-steps``, docs/design.md §1.4). The loop is a stock Gluon loop:
 forward, backward, ``trainer.step``, read the loss (as a loop that logs its loss does; this
 is where a worker waits for what the step left pending). Every step's end
-(``time.time()``, comparable across the processes of one machine) and loss are recorded.
+(``time.time()``, comparable across the processes of one machine), the process's CPU
+seconds by then (every thread: ``time.process_time()``) and loss are recorded.
 
 Two kinds of run:
 
@@ -332,7 +333,7 @@ def main(argv=None):
     full = args.epochs is not None
     skip = 0 if full else args.warmup_steps + 1  # window runs: warm-up and switch not timed
     total = args.epochs * len(shard) if full else skip + args.steps
-    step, ends, losses, start, cpu_start = 0, [], [], None, None
+    step, ends, cpu_ends, losses, start, cpu_start = 0, [], [], [], None, None
     snapshots = []  # (step, epoch, [numpy weights]) of worker 0, evaluated after training
     epoch = 0
     first = time.time()
@@ -348,6 +349,7 @@ def main(argv=None):
             losses.append(float(loss.mean().asscalar()))
             step += 1
             ends.append(time.time())
+            cpu_ends.append(time.process_time())   # every thread of the process
             at_eval = full and (step % args.eval_every == 0 or step % len(shard) == 0)
             if at_eval and args.global_model and args.mode == 'delayed':
                 # collective: every worker, at the same steps
@@ -374,7 +376,7 @@ def main(argv=None):
               'batch_size': args.batch_size, 'steps': total - skip,
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
-              'all_step_ends': ends, 'losses': losses, 'mean_loss': sum(losses) / total,
+              'all_step_ends': ends, 'all_step_cpu': cpu_ends, 'losses': losses, 'mean_loss': sum(losses) / total,
               'codec_kernels': codec_kernels() if args.mode == 'delayed' else None,
               'decided': decided(trainer, args) if args.mode == 'delayed' else None}
     if snapshots:

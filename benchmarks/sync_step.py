@@ -17,8 +17,10 @@ Methods, per round in this order:
 
 Snapshots (``--snapshots NAME=DIR,...``): each delayed job runs with ``PYTHONPATH=DIR`` (a
 pinned worktree; ``stock`` runs this checkout's ``bench_worker.py``, no mxdelay imported).
-A method's figure is worker 0's mean step (ms) in each round; the table gives the rounds'
-median and its ratio to stock's.
+A method's figures are worker 0's mean step (ms) in each round and its process's CPU per
+step (ms, every thread: Python, MXNet's engine and ps-lite; less sensitive to the other
+processes of a busy machine than the step's time); the table gives the rounds' medians and
+their ratios to stock's.
 
 Usage (writes ``OUT/results.json``, ``OUT/table.md`` and each job's files under
 ``OUT/raw/``)::
@@ -56,7 +58,8 @@ def _methods(snapshots, delayed, env):
 
 
 def mean_step_ms(ends, first, last):
-    """Mean of steps `first` .. `last` (1-based) from `ends`, the steps' end times."""
+    """Mean of steps `first` .. `last` (1-based) from `ends`, the steps' end times (or the
+    CPU seconds at their ends)."""
     return 1000.0 * (ends[last - 1] - ends[first - 2]) / (last - first + 1)
 
 
@@ -96,15 +99,22 @@ def main(argv=None):
             if code != 0:
                 sys.exit('%s failed (exit code %d): %s/log.txt' % (name, code, folder))
             ms = mean_step_ms(results[0]['all_step_ends'], first, last)
-            rows[name].append(dict(ms=ms, first=first, last=last,
+            cpu_ms = mean_step_ms(results[0]['all_step_cpu'], first, last)
+            rows[name].append(dict(ms=ms, cpu_ms=cpu_ms, first=first, last=last,
                                    load=os.getloadavg()[0]))
-            print('round %d %-12s %.1f ms' % (round_index, name, ms), flush=True)
-    stock = statistics.median(r['ms'] for r in rows['stock'])
-    lines = ['| method | rounds (ms) | median (ms) | / stock |', '|---|---|---:|---:|']
+            print('round %d %-12s %.1f ms, CPU %.1f ms' % (round_index, name, ms, cpu_ms),
+                  flush=True)
+    lines = ['| method | step, rounds (ms) | step, median (ms) | / stock | CPU, rounds (ms) '
+             '| CPU, median (ms) | / stock |', '|---|---|---:|---:|---|---:|---:|']
+    stock = {field: statistics.median(r[field] for r in rows['stock'])
+             for field in ('ms', 'cpu_ms')}
     for name, runs in rows.items():
-        median = statistics.median(r['ms'] for r in runs)
-        lines.append('| %s | %s | %.1f | %.3f |' % (
-            name, ' '.join('%.1f' % r['ms'] for r in runs), median, median / stock))
+        cells = []
+        for field in ('ms', 'cpu_ms'):
+            median = statistics.median(r[field] for r in runs)
+            cells.append('%s | %.1f | %.3f' % (' '.join('%.1f' % r[field] for r in runs),
+                                               median, median / stock[field]))
+        lines.append('| %s | %s |' % (name, ' | '.join(cells)))
     with open(os.path.join(args.out, 'results.json'), 'w', encoding='utf-8') as out:
         json.dump(dict(harness.finish_meta(meta), rows=rows), out, indent=1)
     with open(os.path.join(args.out, 'table.md'), 'w', encoding='utf-8') as out:
