@@ -9,8 +9,8 @@ Methods, per round in this order:
 - ``stock``: ``gluon.Trainer`` on ``'dist_sync'``, stock MXNet in every process;
 - ``sync-NAME``: ``DelayedTrainer`` (k=4) of snapshot NAME, whose first W steps are its
   synchronous warm-up: steps ``SKIP+1 .. W`` are timed;
-- ``sync-NAME+VAR=VALUE`` (``--env VAR=VALUE``): ``sync-NAME`` with that variable set in
-  every process (e.g. ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=15``, stock's bulk size,
+- ``sync-NAME+VAR=VALUE`` (``--env VAR=VALUE``, the last snapshot only): ``sync-NAME``
+  with that variable set in every process (e.g. ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=15``, stock's bulk size,
   which ``import mxdelay`` sets to 4 when unset);
 - ``k4-NAME`` (``--delayed``): the same with 8 warm-up steps, the switch at step 9 and
   delayed steps: steps ``14 .. W+1`` (whole periods after the first) are timed.
@@ -47,7 +47,7 @@ def _methods(snapshots, delayed, env):
     sync = ['--mode', 'delayed', '--delay', '4']
     for name, path in snapshots:
         methods.append(('sync-' + name, {'PYTHONPATH': path}, sync))
-        if env:
+        if env and path == snapshots[-1][1]:
             variable, value = env.split('=', 1)
             methods.append(('sync-%s+%s' % (name, env),
                             {'PYTHONPATH': path, variable: value}, sync))
