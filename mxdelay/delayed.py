@@ -324,9 +324,9 @@ class DelayedUpdate(object):
             self.observer.push_acknowledged(s.param.name, t, rounds.send_buffer(s.index))
 
     def _pushpull(self, key, grad, out, priority):
-        # DistDelay.pushpull without its argument checks, which every tensor of every step
-        # would repeat (measured, docs/design.md §8): the trainer's keys and arrays are right
-        # by construction, and the store checks each array's size once, at its first use.
+        # DistDelay.pushpull without its argument checks, which ran twice per tensor and step
+        # (docs/design.md §8): the trainer's keys and arrays are right by construction, and
+        # the store checks each array's size once, at its first use.
         self._parts.rounds.send_next(key, [grad], out, priority, exchange=True)
 
     def _push_and_pull_compressed(self, key, grad, out, priority):

@@ -74,6 +74,8 @@ class ExchangeWire(SlotWire):
         if exchanged:
             self.exchange(tensor, grads, outs, priority, factor, finite)
         else:
+            if tensor.wire_state is not None:
+                tensor.wire_state.round = None   # a push reads its slot buffer: touch again
             super(ExchangeWire, self).send(tensor, grads, outs, priority, factor, finite)
 
     def exchange(self, tensor, grads, outs, priority, factor=None, finite=ALL_FINITE):
