@@ -376,7 +376,8 @@ def main(argv=None):
               'batch_size': args.batch_size, 'steps': total - skip,
               'steps_per_epoch': len(shard), 'first': first, 'start': start, 'end': end,
               'cpu_s': time.process_time() - cpu_start, 'step_ends': ends[skip:],
-              'all_step_ends': ends, 'all_step_cpu': cpu_ends, 'losses': losses, 'mean_loss': sum(losses) / total,
+              'all_step_ends': ends, 'all_step_cpu': cpu_ends, 'losses': losses,
+              'mean_loss': sum(losses) / total,
               'codec_kernels': codec_kernels() if args.mode == 'delayed' else None,
               'decided': decided(trainer, args) if args.mode == 'delayed' else None}
     if snapshots:

@@ -3,15 +3,16 @@ synchronous steps and delayed steps, snapshots side by side.
 
 Each job is ``bench_worker.py --model resnet50`` (the model zoo's ``resnet50_v1(classes=10)``,
 193 trained tensors of 299, batch 8 of synthetic 32x32 images), 2 workers and 1 server on
-loopback, ``--steps 1`` after ``--warmup-steps W``; its workers record every step's end.
+loopback; its workers record every step's end and their CPU seconds by then.
 Methods, per round in this order:
 
 - ``stock``: ``gluon.Trainer`` on ``'dist_sync'``, stock MXNet in every process;
 - ``sync-NAME``: ``DelayedTrainer`` (k=4) of snapshot NAME, whose first W steps are its
   synchronous warm-up: steps ``SKIP+1 .. W`` are timed;
 - ``sync-NAME+VAR=VALUE`` (``--env VAR=VALUE``, the last snapshot only): ``sync-NAME``
-  with that variable set in every process (e.g. ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=15``, stock's bulk size,
-  which ``import mxdelay`` sets to 4 when unset);
+  with that variable set in every process (e.g.
+  ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD=15``, stock's bulk size, which ``import
+  mxdelay`` sets to 4 when unset);
 - ``k4-NAME`` (``--delayed``): the same with 8 warm-up steps, the switch at step 9 and
   delayed steps: steps ``14 .. W+1`` (whole periods after the first) are timed.
 
