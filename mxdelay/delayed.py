@@ -166,7 +166,7 @@ class DelayedUpdate(object):
         # A synchronous step's exchange: one pushpull per tensor, whose weights come back
         # while later tensors' pushes still arrive (docs/design.md §8); with compressed pulls
         # the push and the compressed pull of the same round (§2.12).
-        self._exchange = self._push_and_pull_compressed if pull_codec else kv.pushpull
+        self._exchange = self._push_and_pull_compressed if pull_codec else self._pushpull
 
     # -- the store ----------------------------------------------------------------------------
     @property
@@ -318,10 +318,16 @@ class DelayedUpdate(object):
             if synchronous:
                 self._exchange(s.index, grad, out=s.weights(), priority=s.priority)
             else:
-                self._kv.push(s.index, grad, priority=s.priority)
+                rounds.send_next(s.index, [grad], None, s.priority, exchange=False)
             # Read at each event: an observer may replace itself (the timeline's, when done).
             self.observer.gradient_written(s.param.name, t, grad)
             self.observer.push_acknowledged(s.param.name, t, rounds.send_buffer(s.index))
+
+    def _pushpull(self, key, grad, out, priority):
+        # DistDelay.pushpull without its argument checks, which ran twice per tensor and step
+        # (docs/design.md §8): the trainer's keys and arrays are right by construction, and
+        # the store checks each array's size once, at its first use.
+        self._parts.rounds.send_next(key, [grad], out, priority, exchange=True)
 
     def _push_and_pull_compressed(self, key, grad, out, priority):
         self._kv.push(key, grad, priority=priority)

@@ -12,6 +12,7 @@ a pull with a codec (docs/design.md §8), in one process with mxdelay's real ser
   of a round goes as the round is flagged on the finish counter, whatever the call, and a
   worker that votes fills the round as the workers with data send it (docs/design.md §5).
 """
+import json
 import types
 
 import numpy as np
@@ -21,7 +22,9 @@ from mxnet import nd
 
 from kvstore_ext.protocol.counter import counter_size
 from kvstore_ext.worker.finish import FinishCounter
+from kvstore_ext.worker import ordering
 from kvstore_ext.worker.wires.slots import ExchangeBuffers
+from support.jobs import assert_ok, python_command, run_job, stock_env, worker_lines
 from support.native import delay_store, events, server_weights
 
 SHAPE = (7, 6)        # 42 elements: 3 chunks of at most 16, over two servers
@@ -167,3 +170,65 @@ def test_a_vote_fills_the_round_as_the_workers_with_data_send_it(exchanged, expe
         return
     assert counter.vote(leaving=True) is False
     assert counter.exchanged is expected
+
+
+def test_a_round_after_an_exchanged_round_orders_by_reading_without_touching(monkeypatch):
+    # docs/design.md §8: the pushpulls of an exchanged round write their send buffers until
+    # their answers arrive, so the next round orders behind them by reading them (one engine
+    # operation less per chunk); after plain pushes, which only read, the buffers are touched.
+    store = _store()
+    store.init(0, nd.zeros(SHAPE))
+    touched = []
+    real_touch = ordering.touch
+    monkeypatch.setattr(ordering, 'touch', lambda head: (touched.append(1), real_touch(head)))
+    out = nd.zeros(SHAPE)
+    counts = []
+    for exchanged in [True, True, True, False, True, True]:
+        del touched[:]
+        if exchanged:
+            store.pushpull(0, nd.ones(SHAPE), out=out)
+        else:
+            store.push(0, nd.ones(SHAPE))
+        counts.append(len(touched))
+    # Round 4 orders behind the pushed round 3 (its chunk 0's slot buffer) and the exchanged
+    # round 2's own buffers of chunks 1 and 2: touched. Rounds 1, 2 and 5 follow an exchange.
+    assert counts == [0, 0, 0, 0, 3, 0]
+    np.testing.assert_array_equal(out.asnumpy(), server_weights(store, 0))
+
+
+_PUSHPULL_WAIT = '''
+import json, sys, time
+import mxnet as mx
+from mxnet import nd
+kv = mx.kv.create('dist_sync')
+kv.init(3, nd.zeros(10))
+sent, out, target = nd.ones(10), nd.zeros(10), nd.zeros(1)
+kv._barrier()
+if kv.rank == 1:
+    time.sleep(2.0)              # worker 0's round completes only then
+start = time.time()
+if sys.argv[1] == 'pushpull':
+    kv.pushpull(3, sent, out=out)
+else:
+    kv.push(3, sent)
+nd.elemwise_add(target, sent[0:1], out=target)   # reads the sent array's first element
+target.wait_to_read()
+print(json.dumps({'rank': kv.rank, 'read_s': time.time() - start}))
+kv._barrier()
+'''
+
+
+@pytest.mark.jobs
+@pytest.mark.parametrize('call', ['pushpull', 'push'])
+def test_mxnet_pushpull_writes_the_sent_array_until_its_answer_arrives(call):
+    # The MXNet fact the ordering above rests on (stock MXNet 1.9.1, no mxdelay in the job):
+    # a read of the array a pushpull sent waits for the answer (the pushpull writes it), a
+    # read of an array a plain push sent does not (the push only reads it).
+    result = run_job(python_command(_PUSHPULL_WAIT, call), num_workers=2, env=stock_env())
+    assert_ok(result)
+    lines = [json.loads(worker_lines(result.stdout, index)[-1]) for index in (0, 1)]
+    read_s, = [line['read_s'] for line in lines if line['rank'] == 0]   # ps-lite's rank
+    if call == 'pushpull':
+        assert read_s > 1.5, read_s
+    else:
+        assert read_s < 1.0, read_s

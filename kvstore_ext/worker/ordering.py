@@ -11,8 +11,8 @@ overwritten right after (by the pull they order, or the next copy into the buffe
 """
 from mxnet import nd
 
-__all__ = ['touch', 'wait_for_pushes', 'add_after_pushes', 'copy_after_pushes', 'follow',
-           'empty_row_pull']
+__all__ = ['touch', 'wait_for_pushes', 'add_after_pushes', 'add_after_writes',
+           'copy_after_pushes', 'follow', 'empty_row_pull']
 
 
 def touch(head):
@@ -34,6 +34,14 @@ def add_after_pushes(target, heads):
     `heads`: each head is touched, then added into `target`."""
     for head in heads:
         touch(head)
+    add_after_writes(target, heads)
+
+
+def add_after_writes(target, heads):
+    """Make the next write on `target`'s array wait for the writes queued on the arrays of
+    `heads` (a pushpull writes its send buffer until its answer arrives, a pull its receive
+    buffer): each head is added into `target`, a read, which waits for writes only."""
+    for head in heads:
         nd.elemwise_add(target, head, out=target)
 
 
