@@ -1,11 +1,44 @@
 """What ``compression_params='auto'`` needs from the trainer (docs/design.md §2.16): the trained
-tensors' sizes and what rules codecs out, as the store's
+tensors' sizes, what rules codecs out and the codecs a resume keeps, as the store's
 :class:`kvstore_ext.worker.autocodec.Request`, which rank 0's hand-shake reads."""
+import contextlib
+
 import numpy as np
 
 from kvstore_ext.worker import autocodec
 
-__all__ = ['request']
+from . import worker_state
+
+__all__ = ['request', 'KeptCodecs', 'loading']
+
+
+class KeptCodecs(object):
+    """``kept()``: the codecs 'auto' keeps rather than choosing, or None (choose): those of
+    the checkpoint that ``load_states`` reads (:func:`loading`), else ``newest()``'s (the
+    newest periodic checkpoint's). The resume finds the state of those codecs (residuals,
+    pulled models); another choice would make its load refuse the checkpoint."""
+
+    def __init__(self, newest):
+        self.newest = newest
+        self.fname = None
+
+    def __call__(self):
+        if self.fname is not None:
+            return worker_state.index_codecs(self.fname)
+        return self.newest()
+
+
+@contextlib.contextmanager
+def loading(kept, fname):
+    """Within it, `kept` (a :class:`KeptCodecs`, or None: no 'auto') keeps the codecs of the
+    checkpoint `fname`: a hand-shake inside a ``load_states`` before the first step."""
+    if kept is not None:
+        kept.fname = fname
+    try:
+        yield
+    finally:
+        if kept is not None:
+            kept.fname = None
 
 
 def request(states, amp, delay, resumed):

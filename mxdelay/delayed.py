@@ -100,8 +100,8 @@ class DelayedUpdate(object):
         self._local_lr = local_lr
         self._base_lr = gluon.optimizer.learning_rate   # what local_lr is scaled against
         self._slack, self._pull_codec = slack, pull_codec
-        self._auto_codec = auto_codec   # compression_params='auto' (docs/design.md §2.16)
-        self._loading = None            # the file load_states reads before the hand-shake
+        # compression_params='auto' (docs/design.md §2.16): the codecs a resume keeps.
+        self._kept_codecs = codec_choice.KeptCodecs(auto_codec) if auto_codec else None
         self._kv = self._parts = None
         self._rule_gradient = self._scheduled_pull = self._exchange = None
         self._logged_phase = None
@@ -121,7 +121,7 @@ class DelayedUpdate(object):
                                            for s in self.states if s.trained}))
         settings.configure(slack=max(self._slack, settings.slack), state_keys=state_keys)
         # The kvstore adds its optimizer's description to the hand-shake.
-        if self._auto_codec:
+        if self._kept_codecs is not None:
             # The hand-shake chooses the codecs; the data path follows at the first step.
             settings.set_auto_codec(codec_choice.request(self.states, self.amp,
                                                          self.schedule.delay, self._kept_codecs))
@@ -131,15 +131,6 @@ class DelayedUpdate(object):
         settings.set_schedule(self.schedule)
         settings.set_config(local_rule=repr(self.rule), local_lr=self._local_lr,
                             amp=self.amp.enabled)
-
-    def _kept_codecs(self):
-        """The codecs compression_params='auto' keeps rather than choosing: those of the
-        checkpoint that load_states reads before the hand-shake, else of the newest periodic
-        checkpoint (None: choose). Its resume finds the state of those codecs; another choice
-        would make the load refuse the checkpoint."""
-        if self._loading is not None:
-            return worker_state.index_codecs(self._loading)
-        return self._auto_codec()
 
     def _choose_data_path(self):
         """The callables of the data path, which depend on the codecs: at :meth:`connect`,
@@ -468,11 +459,8 @@ class DelayedUpdate(object):
 
     def load_states(self, fname, trusted=False):
         self.amp.check_unchanged()
-        self._loading = fname   # read by the hand-shake, if this is before it (_kept_codecs)
-        try:
-            self._prepare(priorities=False)
-        finally:
-            self._loading = None
+        with codec_choice.loading(self._kept_codecs, fname):
+            self._prepare(priorities=False)   # the hand-shake, if it is still to come
         self.join()
         state = worker_state.load(fname, self._kv, self._parts, self.schedule, self.states,
                                   self._gluon.optimizer, self.amp, self._gluon.context, trusted)
