@@ -9,6 +9,8 @@ worker, mxdelay's real server in process):
   step: Adam bit for bit (its mirror is the servers' arithmetic), SGD with momentum and wd up
   to float32 rounding (``atol=1e-6``, largest measured 1.8e-7: the plain-SGD rule's momentum
   starts at ``W_{W+1} - W_W``, docs/design.md §1.4); ``'local'`` itself is bit for bit;
+- ``delay='auto'`` with its decision forced (``MXDELAY_AUTO_DELAY_FORCE``): k=4 bit for bit
+  like ``delay=4, slack=4``, staying synchronous like a warm-up over every step;
 - the optimizer it gives the servers (stand-in store of N workers): Module's ``rescale_grad``
   for ``'dist_sync'``, ``1.0/(batch*N)``, or the explicit value unchanged, and Module's
   per-name multipliers on the Parameters;
@@ -125,6 +127,27 @@ def test_one_worker_equals_module_on_local(optimizer, params, atol, delay):
     for want, got in zip(plain, local):
         for name in SHORT:
             np.testing.assert_array_equal(got[name], want[name])
+
+
+@pytest.mark.parametrize('force, pinned', [('4', {'delay': 4, 'slack': 4, 'warmup_steps': 5}),
+                                           ('stay', {'delay': 4, 'warmup_steps': 20})])
+def test_auto_delay_trains_like_the_arguments_it_decided(monkeypatch, force, pinned):
+    # delay='auto' through the Module API, its decision forced (MXDELAY_AUTO_DELAY_FORCE): k=4
+    # trains bit for bit like delay=4 with auto's slack, and staying synchronous like a job
+    # whose warm-up covers every step; and unlike each other.
+    monkeypatch.setenv('MXDELAY_AUTO_DELAY_FORCE', force)
+    auto = train(bound(mxdelay.DelayedModule, delay='auto', warmup_steps=5), delay_store(),
+                 'sgd', SGD, steps=16)
+    monkeypatch.delenv('MXDELAY_AUTO_DELAY_FORCE')
+    fixed = train(bound(mxdelay.DelayedModule, **pinned), delay_store(), 'sgd', SGD, steps=16)
+    for t, (want, got) in enumerate(zip(fixed, auto)):
+        for name in SHORT:
+            np.testing.assert_array_equal(got[name], want[name], err_msg='step %d, %s' % (t, name))
+    other = train(bound(mxdelay.DelayedModule, **({'delay': 4, 'warmup_steps': 20}
+                                                   if force == '4' else
+                                                   {'delay': 4, 'slack': 4, 'warmup_steps': 5})),
+                  delay_store(), 'sgd', SGD, steps=16)
+    assert any(not np.array_equal(other[-1][n], auto[-1][n]) for n in SHORT)
 
 
 @pytest.mark.parametrize('batch, num_workers, params, expected', [
