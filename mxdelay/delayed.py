@@ -157,7 +157,7 @@ class DelayedUpdate(object):
         # A synchronous step's exchange: one pushpull per tensor, whose weights come back
         # while later tensors' pushes still arrive (docs/design.md §8); with compressed pulls
         # the push and the compressed pull of the same round (§2.12).
-        self._exchange = self._push_and_pull_compressed if pull_codec else self._pushpull
+        self._exchange = rounds.push_then_pull_compressed if pull_codec else rounds.exchange
 
     # -- the store ----------------------------------------------------------------------------
     @property
@@ -297,7 +297,7 @@ class DelayedUpdate(object):
         # gradient is written (backward runs in segments of a few operators, see env.py),
         # and the priority lets the layers the next forward needs first overtake. A
         # synchronous step pulls W_{t+1} into the weights with the same request
-        # (DistDelay.pushpull): each chunk's weights come back once its round is applied,
+        # (Rounds.exchange, a pushpull): each chunk's weights come back once its round is applied,
         # while later chunks' pushes still arrive (docs/design.md §8).
         order = [self.states[i] for i in self.order.push_order]
         grads = [s.reduced_grad() for s in order]
@@ -313,16 +313,6 @@ class DelayedUpdate(object):
             # Read at each event: an observer may replace itself (the timeline's, when done).
             self.observer.gradient_written(s.param.name, t, grad)
             self.observer.push_acknowledged(s.param.name, t, rounds.send_buffer(s.index))
-
-    def _pushpull(self, key, grad, out, priority):
-        # DistDelay.pushpull without its argument checks, which ran twice per tensor and step
-        # (docs/design.md §8): the trainer's keys and arrays are right by construction, and
-        # the store checks each array's size once, at its first use.
-        self._parts.rounds.send_next(key, [grad], out, priority, exchange=True)
-
-    def _push_and_pull_compressed(self, key, grad, out, priority):
-        self._kv.push(key, grad, priority=priority)
-        self._parts.rounds.pull_compressed(key, out=out, priority=priority)
 
     def _weights_before_switch(self, t):
         """At the switch, before its pushes (whose pulls overwrite the weights): a copy of

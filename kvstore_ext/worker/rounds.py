@@ -1,9 +1,10 @@
 """A worker's rounds: the store's ``rounds`` part (``DistDelay.delayed.rounds``).
 
 Every push of a trained key is this worker's next round of it (docs/design.md §2.2). This
-part sends the rounds of ``DistDelay.push`` and ``pushpull``, flagged on the finish counter
-(§5) before a round's first push, scaled by this worker's own batch size
-(:meth:`Rounds.scale_gradients`) and divided by AMP's all-finite flag
+part sends the rounds of ``DistDelay.push`` and ``pushpull``, and those of the delayed
+update's synchronous steps (:meth:`Rounds.exchange`, without the store's per-call checks),
+flagged on the finish counter (§5) before a round's first push, scaled by this worker's own
+batch size (:meth:`Rounds.scale_gradients`) and divided by AMP's all-finite flag
 (:meth:`Rounds.set_finite_flag`, §11); and it offers the delayed update what it needs of
 them: compressed pulls (§2.12), the global overflow flags, what a push sent, its send
 buffer, and how many rounds a key has had.
@@ -37,6 +38,20 @@ class Rounds(object):
         is ``pushpull``. `key` is checked (``Session.checked_lists``)."""
         tensor, finite = self._next_round(key, exchange)
         self.send(tensor, grads, outs, priority, self._gradient_factor(), finite)
+
+    def exchange(self, key, grad, out, priority):
+        """A synchronous step's round of a trained tensor: push `grad` (one array, this
+        worker's sum over its devices) and pull the weights after it into `out` (one array
+        per device) in one request per chunk, as ``DistDelay.pushpull`` without its argument
+        checks (the delayed update's keys and arrays are right by construction; docs/design.md
+        §8)."""
+        self.send_next(key, [grad], out, priority, exchange=True)
+
+    def push_then_pull_compressed(self, key, grad, out, priority):
+        """:meth:`exchange` with compressed pulls: the round as ``DistDelay.push`` (without
+        its checks), then :meth:`pull_compressed` of the same round (docs/design.md §2.12)."""
+        self.send_next(key, [grad], None, priority, exchange=False)
+        self.pull_compressed(key, out=out, priority=priority)
 
     def _next_round(self, key, exchange):
         """`key`'s tensor and the all-finite flag of its next round, flagged on the finish
