@@ -79,6 +79,11 @@ def _measured_periods(k):
     return max(2, -(-MEASURED_STEPS // k))
 
 
+def _mean_step_ms(issued):
+    """The mean step, in ms, of `issued`: (t, perf_counter) of consecutive steps, in order."""
+    return 1e3 * (issued[-1][1] - issued[0][1]) / (len(issued) - 1)
+
+
 def choose(step_ms, wait_ms, push_bytes, pull_bytes, candidates=CANDIDATES, margin=MARGIN):
     """The k to use, from a synchronous step's measurements (see the module docstring).
 
@@ -198,7 +203,7 @@ class AutoDelay(object):
                          max(0, len(steady) - 1))
             return stay
         steps = len(steady) - 1
-        step_ms = 1e3 * (steady[-1][1] - steady[0][1]) / steps
+        step_ms = _mean_step_ms(steady)
         wait_ms = 1e3 * sum(self._times.wait(r) for r in self._sampled) / len(self._sampled)
         self._warmup_ms = step_ms
         sizes = self._update.round_bytes()
@@ -234,7 +239,7 @@ class AutoDelay(object):
             _LOG.info("DelayedTrainer: delay='auto' keeps delay=%d: no measurement to compare "
                       '(a resumed job)', k)
             return keep
-        step_ms = 1e3 * (self._delayed[-1][1] - self._delayed[0][1]) / (len(self._delayed) - 1)
+        step_ms = _mean_step_ms(self._delayed)
         bound = self._warmup_ms * (1 + FALLBACK_MARGIN)
         slower = step_ms > bound
         _LOG.info("DelayedTrainer: delay='auto' measured delayed steps %d-%d: %.1f ms a step "

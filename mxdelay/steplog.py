@@ -100,7 +100,7 @@ class StepTimes(object):
         # One thread per kind of wait, each in step order: the gradients of a later step
         # can be ready before the pull of an earlier one has arrived.
         self._gradients = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-g')
-        self.communication = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-c')
+        self._communication = concurrent.futures.ThreadPoolExecutor(1, 'mxdelay-steplog-c')
 
     def record(self, t, batch_size):
         """Step `t` of `batch_size` samples is issued: its record ``(t, batch_size, pulled,
@@ -110,7 +110,12 @@ class StepTimes(object):
         gradients = [_marker(a) for a in gradients]
         communication = [_marker(a) for a in communication]
         return (t, batch_size, pulled, now, self._gradients.submit(_ready, gradients),
-                self.communication.submit(_ready, communication))
+                self._communication.submit(_ready, communication))
+
+    def after_recorded(self, fn, *args):
+        """Run ``fn(*args)`` on the communication thread: after the waits of every step
+        recorded so far, off the training loop's thread."""
+        self._communication.submit(fn, *args)
 
     def wall_and_wait(self, window):
         """Seconds from `window`'s first record to its last, and the waits of its steps
@@ -159,7 +164,7 @@ class StepLog(object):
             window, self._steps = self._steps, self._steps[-1:]
             if self._bytes is None:
                 self._bytes = self._update.round_bytes()
-            self._times.communication.submit(self._report, window, self._update.rank)
+            self._times.after_recorded(self._report, window, self._update.rank)
 
     def _report(self, window, rank):
         """Log the steps of `window` after its first (which opens it)."""
