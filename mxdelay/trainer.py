@@ -85,8 +85,8 @@ class DelayedTrainer(gluon.Trainer):
         measures the warm-up's steady steps (from step 3) and, at the switch, the job takes
         k=4 if it is estimated faster than the warm-up's step, or stays synchronous; over two
         periods (at least 8 steps) after a settling one it compares the delayed steps with
-        the warm-up's, and if they are slower it runs synchronously for the rest of the
-        job. Every choice is logged (INFO) with the arguments that pin it (e.g. ``delay=4,
+        the warm-up's (both by wall clock), and if they are more than 15% slower
+        (``autodelay.FALLBACK_MARGIN``) it runs synchronously for the rest of the job. Every choice is logged (INFO) with the arguments that pin it (e.g. ``delay=4,
         slack=4``); :mod:`mxdelay.autodelay` and docs/design.md §1.2. Needs
         ``warmup_steps >= 5``.
     warmup_steps : int, default 200

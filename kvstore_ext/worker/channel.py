@@ -219,8 +219,7 @@ class ServerLink(object):
 
     def agree(self, error, barrier):
         """:meth:`CommandChannel.agree` after this worker's issued work."""
-        wait_for_issued_work()
-        return self.channel.agree(error, barrier)
+        return self.vote(error, barrier)[0]
 
     def vote(self, error, barrier, value=None):
         """:meth:`CommandChannel.vote` after this worker's issued work."""

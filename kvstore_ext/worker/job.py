@@ -36,12 +36,7 @@ class Job(object):
     def decide(self, value=None):
         """Collective: every worker gets worker 0's `value` (a small JSON value: a decision
         only worker 0 takes; the other workers' `value` is ignored). A vote of
-        :meth:`agree` whose ballot carries the value (docs/design.md §4.4).
-
-        Raises
-        ------
-        RuntimeError
-            If a worker failed (none does here: the ballot carries no error).
+        :meth:`agree` whose ballot carries the value and no error (docs/design.md §4.4).
         """
         self._session.ensure_started()
         mine = value if self._session.rank == 0 else None
